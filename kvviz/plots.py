@@ -1,0 +1,238 @@
+"""kvviz.plots: every figure the playground draws, as plotly `go.Figure`s built from plain data.
+
+Functions here take lists, dicts and numpy arrays (never tensors, never Gradio objects) and return a figure; they
+compute nothing but layout. Every axis carries a title with its unit, so a figure read out of context still says
+what it measures. One colour per format across all figures: `format_colors()` fixes it from the order given.
+
+    import kvviz.plots as P
+    fig = P.memory_vs_context([1024, 2048], {"fp16": [0.1, 0.2]}, {"L4 24 GB": 24.0})
+    fig.show()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+# Colour-blind-safe palette (Okabe-Ito, then plotly's defaults) so neighbouring formats stay distinguishable.
+_PALETTE = [
+    "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000",
+    "#636EFA", "#EF553B", "#00CC96", "#AB63FA",
+]
+_TEMPLATE = "plotly_white"
+_FONT = dict(family="Inter, Arial, sans-serif", size=12)
+
+
+def format_colors(names: Sequence[str]) -> dict[str, str]:
+    """One stable colour per name, in the order given (cycled past the palette's length)."""
+    return {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(names)}
+
+
+def _layout(fig: go.Figure, title: str, height: int = 380, **kw) -> go.Figure:
+    fig.update_layout(
+        title=dict(text=title, x=0.01, xanchor="left", font=dict(size=14)),
+        template=_TEMPLATE, font=_FONT, height=height,
+        margin=dict(l=60, r=20, t=60, b=50),
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
+        **kw,
+    )
+    return fig
+
+
+def empty_figure(message: str = "Run the tab to draw this figure.") -> go.Figure:
+    """A blank figure holding one line of text: the placeholder before a computation has run."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, font=dict(size=14, color="#666"),
+                       xref="paper", yref="paper", x=0.5, y=0.5)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, "", height=260)
+
+
+def _finite(values: Sequence[float | None]) -> list[float | None]:
+    """Plotly draws None as a gap; NaN and inf become None so a missing metric leaves a gap, not a spike."""
+    out: list[float | None] = []
+    for v in values:
+        out.append(None if v is None or not np.isfinite(float(v)) else float(v))
+    return out
+
+
+# --- Compare -------------------------------------------------------------------------------------------------
+
+
+def metrics_bars(names: Sequence[str], columns: Mapping[str, Sequence[float | None]]) -> go.Figure:
+    """One bar panel per metric, one bar per format.
+
+    names: format labels, in display order. columns: {"KL (nats/token)": [one value per name], ...}; each key is the
+    panel's y-axis title and must carry its unit in parentheses. A None or NaN value leaves the bar out.
+    """
+    assert columns, "metrics_bars needs at least one metric column"
+    for title, vals in columns.items():
+        assert len(vals) == len(names), f"column {title!r} has {len(vals)} values for {len(names)} formats"
+    n = len(columns)
+    fig = make_subplots(rows=1, cols=n, subplot_titles=[t.split(" (")[0] for t in columns],
+                        horizontal_spacing=0.35 / max(n, 1) + 0.03)
+    colors = format_colors(names)
+    for col, (title, vals) in enumerate(columns.items(), start=1):
+        fig.add_trace(go.Bar(x=list(names), y=_finite(vals), marker_color=[colors[n_] for n_ in names],
+                             name=title, showlegend=False,
+                             hovertemplate="%{x}<br>%{y:.4g}<extra>" + title + "</extra>"), row=1, col=col)
+        fig.update_yaxes(title_text=title, row=1, col=col, title_font=dict(size=11))
+        fig.update_xaxes(title_text="format (K/V spec)", tickangle=-35, row=1, col=col,
+                         title_font=dict(size=11))
+    return _layout(fig, "Quality and cost per format (baseline: fp16 cache)", height=380)
+
+
+def needle_chart(depths_pct: Sequence[float], rates_by_format: Mapping[str, Sequence[float]],
+                 context_tokens: int) -> go.Figure:
+    """Needle-in-a-haystack retrieval rate against the needle's depth, one line per format.
+
+    depths_pct: needle positions as % of the context (0 = start). rates_by_format: {format: [rate in 0..1 per depth]}.
+    """
+    fig = go.Figure()
+    colors = format_colors(list(rates_by_format))
+    for name, rates in rates_by_format.items():
+        assert len(rates) == len(depths_pct), f"{name}: {len(rates)} rates for {len(depths_pct)} depths"
+        fig.add_trace(go.Scatter(x=list(depths_pct), y=[None if r is None else 100.0 * r for r in rates],
+                                 mode="lines+markers", name=name, line=dict(color=colors[name], width=2)))
+    fig.update_xaxes(title_text="needle depth (% of context)", range=[-3, 103])
+    fig.update_yaxes(title_text="retrieval rate (%)", range=[-5, 105])
+    return _layout(fig, f"Needle in a haystack at {context_tokens} tokens of context")
+
+
+# --- K outliers ----------------------------------------------------------------------------------------------
+
+
+def channel_profile(series: Mapping[str, Sequence[float]], title: str, y_title: str = "|x| max over tokens (abs. value)",
+                    outliers: Sequence[int] = ()) -> go.Figure:
+    """Per-channel magnitude, one bar series per entry (K pre-RoPE, K post-RoPE, V, rotated K...).
+
+    series: {label: [value per channel]} of equal lengths (head_dim). outliers: channel indices to mark.
+    """
+    assert series, "channel_profile needs at least one series"
+    lengths = {len(v) for v in series.values()}
+    assert len(lengths) == 1, f"series have different channel counts: {sorted(lengths)}"
+    channels = list(range(lengths.pop()))
+    fig = go.Figure()
+    colors = format_colors(list(series))
+    for name, vals in series.items():
+        fig.add_trace(go.Bar(x=channels, y=_finite(vals), name=name, marker_color=colors[name], opacity=0.85))
+    if outliers:
+        top = max(max(_v for _v in _finite(v) if _v is not None) for v in series.values())
+        fig.add_trace(go.Scatter(x=list(outliers), y=[top * 1.06] * len(outliers), mode="markers+text",
+                                 text=[str(c) for c in outliers], textposition="top center",
+                                 marker=dict(symbol="triangle-down", size=9, color="#D55E00"),
+                                 name="outlier channel"))
+    fig.update_xaxes(title_text="channel (index in head_dim)")
+    fig.update_yaxes(title_text=y_title)
+    return _layout(fig, title, barmode="group", bargap=0.15)
+
+
+def layer_channel_heatmap(values: np.ndarray | Sequence[Sequence[float]], title: str,
+                          z_title: str = "|K| max (abs. value)") -> go.Figure:
+    """A layer x channel heatmap. values: [layers, channels] (e.g. per-channel |K| max per layer, heads merged)."""
+    z = np.asarray(values, dtype=float)
+    assert z.ndim == 2, f"layer_channel_heatmap expects [layers, channels], got shape {z.shape}"
+    fig = go.Figure(go.Heatmap(z=z, x=list(range(z.shape[1])), y=list(range(z.shape[0])), colorscale="Viridis",
+                               colorbar=dict(title=dict(text=z_title, side="right")),
+                               hovertemplate="layer %{y}, channel %{x}<br>%{z:.3g}<extra></extra>"))
+    fig.update_xaxes(title_text="channel (index in head_dim)")
+    fig.update_yaxes(title_text="layer (index)")
+    return _layout(fig, title, height=420)
+
+
+# --- Quantization error --------------------------------------------------------------------------------------
+
+
+def error_heatmap(values: np.ndarray | Sequence[Sequence[float]], title: str,
+                  z_title: str = "|x - x̂| (abs. value)", token_labels: Sequence[str] | None = None) -> go.Figure:
+    """A token x channel error map. values: [tokens, channels]; token_labels: one string per token (hover only)."""
+    z = np.asarray(values, dtype=float)
+    assert z.ndim == 2, f"error_heatmap expects [tokens, channels], got shape {z.shape}"
+    custom = None
+    if token_labels is not None:
+        assert len(token_labels) == z.shape[0], f"{len(token_labels)} token labels for {z.shape[0]} tokens"
+        custom = [[lab] * z.shape[1] for lab in token_labels]
+    fig = go.Figure(go.Heatmap(z=z, colorscale="Magma", reversescale=True, customdata=custom,
+                               colorbar=dict(title=dict(text=z_title, side="right")),
+                               hovertemplate=("token %{y}" + (" %{customdata}" if custom else "")
+                                              + ", channel %{x}<br>%{z:.3g}<extra></extra>")))
+    fig.update_xaxes(title_text="channel (index in head_dim)")
+    fig.update_yaxes(title_text="token (position)", autorange="reversed")
+    return _layout(fig, title, height=420)
+
+
+def layer_error_lines(errors_by_format: Mapping[str, Sequence[float]], title: str,
+                      y_title: str = "relative error (‖x - x̂‖ / ‖x‖)") -> go.Figure:
+    """Per-layer relative error, one line per format. errors_by_format: {format: [error per layer]}."""
+    fig = go.Figure()
+    colors = format_colors(list(errors_by_format))
+    for name, errs in errors_by_format.items():
+        fig.add_trace(go.Scatter(x=list(range(len(errs))), y=_finite(errs), mode="lines+markers", name=name,
+                                 line=dict(color=colors[name], width=2), marker=dict(size=5)))
+    fig.update_xaxes(title_text="layer (index)")
+    fig.update_yaxes(title_text=y_title, type="log")
+    return _layout(fig, title)
+
+
+def granularity_heatmaps(maps: Mapping[str, np.ndarray | Sequence[Sequence[float]]], title: str,
+                         z_title: str = "|x - x̂| (abs. value)",
+                         subtitles: Mapping[str, str] | None = None) -> go.Figure:
+    """Side-by-side token x channel error maps on one colour scale (per-token vs per-channel vs per-tensor...).
+
+    maps: {label: [tokens, channels]}, all the same shape. subtitles: optional extra text under each label
+    (e.g. its relative error). A shared zmax makes the panels comparable at a glance.
+    """
+    assert maps, "granularity_heatmaps needs at least one map"
+    arrays = {k: np.asarray(v, dtype=float) for k, v in maps.items()}
+    shapes = {a.shape for a in arrays.values()}
+    assert len(shapes) == 1, f"maps have different shapes: {sorted(shapes)}"
+    finite = [a[np.isfinite(a)] for a in arrays.values()]
+    zmax = max((float(f.max()) for f in finite if f.size), default=1.0) or 1.0
+    names = list(arrays)
+    heads = [f"{n}<br><sup>{subtitles[n]}</sup>" if subtitles and n in subtitles else n for n in names]
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=heads, shared_yaxes=True,
+                        horizontal_spacing=0.03)
+    for i, name in enumerate(names, start=1):
+        fig.add_trace(go.Heatmap(z=arrays[name], zmin=0.0, zmax=zmax, colorscale="Magma", reversescale=True,
+                                 showscale=(i == len(names)),
+                                 colorbar=dict(title=dict(text=z_title, side="right")),
+                                 hovertemplate=name + "<br>token %{y}, channel %{x}<br>%{z:.3g}<extra></extra>"),
+                      row=1, col=i)
+        fig.update_xaxes(title_text="channel (index)", row=1, col=i)
+    fig.update_yaxes(title_text="token (position)", autorange="reversed", row=1, col=1)
+    for i in range(2, len(names) + 1):
+        fig.update_yaxes(title_text="token (position)", title_font=dict(size=1, color="rgba(0,0,0,0)"),
+                         autorange="reversed", row=1, col=i)
+    fig = _layout(fig, title, height=420)
+    fig.update_layout(margin=dict(t=90))
+    return fig
+
+
+# --- Memory --------------------------------------------------------------------------------------------------
+
+
+def memory_vs_context(contexts: Sequence[int], gb_by_format: Mapping[str, Sequence[float]],
+                      capacities_gb: Mapping[str, float], title: str = "KV cache memory against context length",
+                      log_x: bool = True) -> go.Figure:
+    """KV-cache memory against context length, one line per format, with one dashed line per GPU capacity.
+
+    contexts: token counts (x). gb_by_format: {format: [GB per context]}. capacities_gb: {"L4 24 GB": GB free for
+    the KV cache on that GPU (capacity minus weights)}; drawn as horizontal lines.
+    """
+    fig = go.Figure()
+    colors = format_colors(list(gb_by_format))
+    for name, gbs in gb_by_format.items():
+        assert len(gbs) == len(contexts), f"{name}: {len(gbs)} values for {len(contexts)} contexts"
+        fig.add_trace(go.Scatter(x=list(contexts), y=_finite(gbs), mode="lines", name=name,
+                                 line=dict(color=colors[name], width=2.5),
+                                 hovertemplate=name + "<br>%{x:,} tokens: %{y:.3g} GB<extra></extra>"))
+    for label, gb in capacities_gb.items():
+        fig.add_hline(y=gb, line=dict(color="#888", dash="dash", width=1),
+                      annotation_text=label, annotation_position="top left", annotation_font_size=10)
+    fig.update_xaxes(title_text="context length (tokens)", type="log" if log_x else "linear")
+    fig.update_yaxes(title_text="KV cache memory (GB)", type="log", rangemode="tozero")
+    return _layout(fig, title, height=440)

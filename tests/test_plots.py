@@ -1,0 +1,111 @@
+"""Tests for kvviz.plots: every figure builds from plain data, has data in it, and titles every axis with a unit.
+
+Run: python -m pytest tests/test_plots.py -q
+"""
+
+import math
+import re
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+import kvviz.plots as P
+
+_UNIT = re.compile(r"\(.+\)")
+
+
+def _used_axes(fig: go.Figure) -> set[str]:
+    """Layout names ("xaxis", "yaxis2", ...) of the axes that some trace draws on."""
+    used = set()
+    for tr in fig.data:
+        xa = getattr(tr, "xaxis", None) or "x"
+        ya = getattr(tr, "yaxis", None) or "y"
+        used.add("xaxis" + xa[1:])
+        used.add("yaxis" + ya[1:])
+    return used
+
+
+def _assert_axes_titled(fig: go.Figure) -> None:
+    for name in _used_axes(fig):
+        axis = fig.layout[name]
+        text = axis.title.text if axis.title else None
+        assert text, f"{name} has no title"
+        assert _UNIT.search(text), f"{name} title {text!r} names no unit in parentheses"
+    for tr in fig.data:
+        if isinstance(tr, go.Heatmap) and tr.showscale is not False:
+            assert tr.colorbar.title.text and _UNIT.search(tr.colorbar.title.text), "colour bar lacks a unit"
+
+
+def _assert_has_data(fig: go.Figure) -> None:
+    assert fig.data, "figure has no traces"
+    for tr in fig.data:
+        if isinstance(tr, go.Heatmap):
+            assert np.asarray(tr.z).size > 0
+        else:
+            assert len(tr.y) > 0
+
+
+def _figures():
+    rng = np.random.default_rng(0)
+    names = ["fp16", "fp8", "k8v4", "k4v8"]
+    yield P.metrics_bars(names, {"KL (nats/token)": [0, 0.01, 0.02, 0.2], "top-1 (%)": [100, 99, 98, 80],
+                                 "perplexity (exp nats)": [10, 10.1, 10.2, 13], "cache (MiB)": [4, 2, 1.5, 1.5]})
+    yield P.needle_chart([0, 25, 50, 75, 100], {"fp16": [1, 1, 1, 1, 1], "int4": [1, 0.5, 0.2, 0.6, 1]}, 2048)
+    yield P.channel_profile({"K pre-RoPE": rng.random(64), "K post-RoPE": rng.random(64)}, "K", outliers=[3, 17])
+    yield P.layer_channel_heatmap(rng.random((30, 64)), "layers")
+    yield P.error_heatmap(rng.random((12, 64)), "error", token_labels=[f"t{i}" for i in range(12)])
+    yield P.layer_error_lines({"int4": rng.random(30) + 0.01, "int8": rng.random(30) * 0.1 + 0.001}, "per layer")
+    yield P.granularity_heatmaps({"per-token": rng.random((12, 64)), "per-channel": rng.random((12, 64)),
+                                  "per-tensor": rng.random((12, 64))}, "granularity",
+                                 subtitles={"per-token": "rel. err 0.1"})
+    yield P.memory_vs_context([1024, 4096, 32768], {"fp16": [0.1, 0.4, 3.2], "fp8": [0.05, 0.2, 1.6]},
+                              {"L4 24 GB": 20.0, "H100 80 GB": 70.0})
+
+
+@pytest.mark.parametrize("fig", list(_figures()), ids=lambda f: f.layout.title.text[:30] or "untitled")
+def test_figure_has_data_and_titled_axes(fig):
+    assert isinstance(fig, go.Figure)
+    _assert_has_data(fig)
+    _assert_axes_titled(fig)
+    fig.to_json()  # serializable for gr.Plot
+
+
+def test_empty_figure_is_a_figure_with_a_message():
+    fig = P.empty_figure("nothing yet")
+    assert isinstance(fig, go.Figure)
+    assert fig.layout.annotations[0].text == "nothing yet"
+
+
+def test_nan_and_inf_become_gaps():
+    fig = P.metrics_bars(["a", "b", "c"], {"KL (nats/token)": [0.1, math.nan, math.inf]})
+    assert list(fig.data[0].y) == [0.1, None, None]
+
+
+def test_format_colors_are_stable_and_distinct():
+    c = P.format_colors(["fp16", "fp8", "k8v4"])
+    assert len(set(c.values())) == 3
+    assert P.format_colors(["fp16", "fp8"])["fp8"] == c["fp8"]
+
+
+@pytest.mark.parametrize("call", [
+    lambda: P.metrics_bars(["a", "b"], {"KL (nats/token)": [0.1]}),
+    lambda: P.needle_chart([0, 50], {"fp16": [1.0]}, 100),
+    lambda: P.channel_profile({"a": [1, 2], "b": [1, 2, 3]}, "x"),
+    lambda: P.layer_channel_heatmap([1, 2, 3], "x"),
+    lambda: P.error_heatmap(np.zeros((2, 3)), "x", token_labels=["a"]),
+    lambda: P.granularity_heatmaps({"a": np.zeros((2, 3)), "b": np.zeros((3, 3))}, "x"),
+    lambda: P.memory_vs_context([1, 2], {"fp16": [1.0]}, {}),
+])
+def test_mismatched_shapes_fail_loudly(call):
+    with pytest.raises(AssertionError):
+        call()
+
+
+def test_plots_never_import_gradio():
+    import ast
+    import inspect
+    tree = ast.parse(inspect.getsource(P))
+    names = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not any("gradio" in (m or "") for m in names | mods)
