@@ -1,0 +1,166 @@
+"""`Format` (a spec turned into quantize / dequantize / byte accounting) and `QTensor` (what it stores).
+
+A Format is data plus pure functions: it dispatches to its family's codec (`floats`, `ints`, `fp4`), applies the
+optional Hadamard rotation (`/rot`, QuaRot), and accounts for every byte it stores.
+
+    fmt = get_format("int4/channel/g32/asym")
+    q = fmt.quantize(x)          # x: [..., tokens, head_dim] float
+    x_hat = fmt.dequantize(q)    # same shape and dtype as x
+    q.nbytes == fmt.nbytes_for(x.shape)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from . import floats, fp4, groups, ints
+from .packing import hadamard, rotate
+from .spec import BASES, SpecParts
+
+_CODECS = {"float": floats, "int": ints, "fp4": fp4}
+# Bytes of one stored scale / zero point by family and granularity.
+_SCALE_BYTES = {"int": 2, "float": 4, "fp4": 1}
+
+
+@dataclass(frozen=True)
+class QTensor:
+    """A quantized tensor as stored. x was [..., T, D]; see kvviz.formats for every field's layout.
+
+    data:         the element codes ([..., T, D * bits / 8] uint8 when packed, else [..., T, D]);
+    scale:        per-group scales (token: [..., T, D / g]; channel: [..., ceil(T / N), D]) or None;
+    zero:         asym group minimums, shaped like the scale that holds the group's scale, or None;
+    tensor_scale: fp32 per-tensor [] or per-head [..., H, 1, 1] scale, or None.
+    """
+
+    fmt: "Format"
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    data: torch.Tensor
+    scale: torch.Tensor | None = None
+    zero: torch.Tensor | None = None
+    tensor_scale: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes really held: packed data + scales + zero points + per-tensor scalars."""
+        parts = (self.data, self.scale, self.zero, self.tensor_scale)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+
+@dataclass(frozen=True)
+class Format:
+    """One KV storage format, parsed from a spec string. Build it with `get_format`."""
+
+    parts: SpecParts = field(repr=False)
+
+    spec = property(lambda self: self.parts.canonical, doc="canonical spec string")
+    base = property(lambda self: self.parts.base, doc="base format name")
+    granularity = property(lambda self: self.parts.granularity, doc="token | channel | tensor | head | None")
+    group = property(lambda self: self.parts.group, doc="group size (head_dim for token, tokens for channel)")
+    asym = property(lambda self: self.parts.asym, doc="asymmetric (zero point) int format")
+    rot = property(lambda self: self.parts.rot, doc="Hadamard rotation over head_dim before quantizing")
+    kind = property(lambda self: BASES[self.parts.base].kind, doc="float | int | fp4")
+    bits = property(lambda self: BASES[self.parts.base].bits, doc="bits per stored element")
+
+    def __repr__(self) -> str:
+        return f"Format({self.spec!r})"
+
+    @property
+    def lossless_for(self) -> tuple[torch.dtype, ...]:
+        """Input dtypes this format stores exactly (fp16 and bf16 casts, without /rot)."""
+        if self.rot or self.base not in ("fp16", "bf16"):
+            return ()
+        return (floats.DTYPES[self.base],)
+
+    # -- quantize / dequantize ---------------------------------------------------------------------------------
+    def quantize(self, x: torch.Tensor, scale: float | torch.Tensor | None = None) -> QTensor:
+        """x: float [..., tokens, head_dim] -> QTensor.
+
+        `scale`: a static fp32 scale for per-tensor (a number) or per-head ([H] or [..., H, 1, 1]) formats, e.g.
+        calibrated or loaded from a scale file; None computes it from x.
+        """
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise ValueError(f"{self.spec}.quantize expects a float tensor [..., tokens, head_dim], got {type(x).__name__}.")
+        groups.check_shape(x.shape, self.granularity, self.group)
+        self._check_head_dim(x.shape[-1])
+        work = rotate(x) if self.rot else x
+        fields = _CODECS[self.kind].encode(self, work, self._static_scale(scale, x))
+        return QTensor(fmt=self, shape=tuple(x.shape), dtype=x.dtype, **fields)
+
+    def dequantize(self, q: QTensor) -> torch.Tensor:
+        """QTensor -> tensor of the original shape and dtype."""
+        if not isinstance(q, QTensor):
+            raise ValueError(f"{self.spec}.dequantize expects a QTensor from quantize(), got {type(q).__name__}.")
+        x = _CODECS[self.kind].decode(self, q)  # fp32 [..., T, D]
+        if self.rot:
+            x = x @ hadamard(x.shape[-1], x.device)  # H is its own inverse
+        return x.to(q.dtype)
+
+    def roundtrip(self, x: torch.Tensor, scale: float | torch.Tensor | None = None) -> torch.Tensor:
+        """dequantize(quantize(x)): what attention would read back."""
+        return self.dequantize(self.quantize(x, scale))
+
+    def _check_head_dim(self, d: int) -> None:
+        per_byte = 8 // self.bits if self.bits < 8 else 1
+        if d % per_byte:
+            raise ValueError(f"{self.spec} packs {per_byte} values a byte: head_dim {d} must be a multiple of it.")
+        if self.granularity == "token" and self.group and d % self.group:
+            raise ValueError(f"{self.spec} needs head_dim to be a multiple of {self.group}, got {d}.")
+
+    def _static_scale(self, scale, x: torch.Tensor) -> torch.Tensor | None:
+        if scale is None:
+            return None
+        if self.granularity not in ("tensor", "head"):
+            raise ValueError(
+                f"A static scale applies to per-tensor or per-head formats; {self.spec} computes its own scales."
+            )
+        s = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+        if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
+            raise ValueError(f"Static scales must be finite and positive, got {scale!r}.")
+        if self.granularity == "tensor":
+            if s.numel() != 1:
+                raise ValueError(f"{self.spec} takes one per-tensor scale, got {s.numel()} values.")
+            return s.reshape(())
+        heads = x.shape[-3]
+        if s.numel() not in (1, heads):
+            raise ValueError(f"{self.spec} takes one scale per head ({heads}), got {s.numel()} values.")
+        shape = groups.scale_shape(tuple(x.shape), "head", None)
+        return s.reshape(-1, 1, 1).expand(shape).contiguous() if s.numel() == heads else s.reshape(()).expand(shape).contiguous()
+
+    # -- byte accounting ---------------------------------------------------------------------------------------
+    def _group_bytes(self) -> int:
+        """Bytes stored per scale group: the scale, plus the zero point for asym."""
+        per = _SCALE_BYTES[self.kind]
+        return per * (2 if self.asym else 1)
+
+    def bits_per_value(self, head_dim: int) -> float:
+        """Stored bits per element: element bits + per-group scale and zero-point bits (per-token or per-channel).
+
+        Per-tensor and per-head scalars are not per-element: `static_bytes` counts them.
+        """
+        if self.granularity in (None, "tensor", "head"):
+            return float(self.bits)
+        per_group = self.group if self.group else head_dim  # token groups default to the whole head_dim
+        return self.bits + 8 * self._group_bytes() / per_group
+
+    def static_bytes(self, shape: tuple[int, ...]) -> int:
+        """Bytes of fp32 per-tensor / per-head scalars (and zero points) for an x of `shape`."""
+        if self.base == "nvfp4":
+            return 4
+        if self.granularity == "tensor":
+            return 4 * (2 if self.asym else 1)
+        if self.granularity == "head":
+            return 4 * (2 if self.asym else 1) * math.prod(shape[:-2])
+        return 0
+
+    def nbytes_for(self, shape: tuple[int, ...]) -> int:
+        """Exact bytes `quantize` of an x of `shape` holds (partial channel groups included)."""
+        shape = tuple(shape)
+        groups.check_shape(shape, self.granularity, self.group)
+        data = math.prod(shape) * self.bits // 8
+        if self.granularity in ("token", "channel"):
+            data += math.prod(groups.scale_shape(shape, self.granularity, self.group)) * self._group_bytes()
+        return data + self.static_bytes(shape)

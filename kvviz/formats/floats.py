@@ -1,0 +1,59 @@
+"""Float formats: fp16 and bf16 casts, and OCP FP8 (E4M3FN, max 448; E5M2, max 57344) with fp32 scales.
+
+fp16/bf16 are plain casts that saturate at the type's largest finite value. FP8 stores `x / scale` clamped to
++-max (saturating, as serving engines do) and cast with torch's round-to-nearest-even; with `scale=1.0` the codes
+are exactly torch's own `float8_e4m3fn` / `float8_e5m2` casts of the clamped input. The default scale is one fp32
+per tensor: `amax / max` computed from the data (the dynamic choice transformers' fp8 cache makes at prefill),
+or a static one passed in (1.0, calibrated, or loaded from a scale file). `/token`, `/channel`, `/head` give one
+fp32 scale per group instead.
+
+Non-finite inputs: each such element is stored as NaN (these types have NaN); scales come from the finite values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import groups
+
+DTYPES = {
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+
+def max_value(base: str) -> float:
+    """Largest finite value of the element type (448 for E4M3FN, 57344 for E5M2, 65504 for fp16)."""
+    return float(torch.finfo(DTYPES[base]).max)
+
+
+def _nan_where_nonfinite(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(x), x, torch.full((), float("nan"), dtype=x.dtype, device=x.device))
+
+
+def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
+    """x: [..., T, D] float -> QTensor fields."""
+    dtype, fmax = DTYPES[fmt.base], max_value(fmt.base)
+    if fmt.granularity is None:  # a plain cast
+        data = _nan_where_nonfinite(x.float()).clamp(-fmax, fmax).to(dtype)
+        return {"data": data}
+    gran, group = fmt.granularity, fmt.group
+    if scale is None:
+        amax = groups.reduce(x, gran, group, "absmax")
+        scale = torch.where(amax > 0, amax / fmax, torch.ones((), device=x.device))
+    s = groups.expand(scale, gran, group, x.shape)
+    data = _nan_where_nonfinite(x.float() / s).clamp(-fmax, fmax).to(dtype)
+    if gran in ("tensor", "head"):
+        return {"data": data, "tensor_scale": scale}
+    return {"data": data, "scale": scale}
+
+
+def decode(fmt, q) -> torch.Tensor:
+    """QTensor -> fp32 x_hat [..., T, D]."""
+    x = q.data.float()
+    if fmt.granularity is None:
+        return x
+    s = q.tensor_scale if q.scale is None else q.scale
+    return x * groups.expand(s.float(), fmt.granularity, fmt.group, q.shape)

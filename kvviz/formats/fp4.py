@@ -1,0 +1,89 @@
+"""FP4 (E2M1) block formats: OCP MX v1.0 `mxfp4` (block 32), SGLang's `fp4_mx_block16`, and NVIDIA's `nvfp4`.
+
+E2M1 holds +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}; a code is bit 3 sign, bits 2-1 exponent, bit 0 mantissa. Elements round
+to nearest, ties to even (the code with mantissa bit 0), and saturate to +-6 (E2M1 has no Inf or NaN).
+
+MX (OCP Microscaling Formats v1.0, section 6.3): one E8M0 shared scale per block along head_dim,
+`X = 2**(floor(log2(amax)) - 2)` where 2 is E2M1's largest exponent; the exponent is clamped to E8M0's
+-127..127, an all-zero block takes 2**-127, and a block holding Inf or NaN gets the NaN scale 0xFF.
+NVFP4: block 16 with an E4M3 scale `amax_block / 6` (RNE) relative to one fp32 tensor scale `amax / (448 * 6)`;
+a block holding Inf or NaN gets the E4M3 NaN scale. Both: a non-finite element makes its block NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import groups
+from .packing import pack, unpack
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # between code c and c + 1
+E2M1_MAX = 6.0
+E2M1_EMAX = 2  # 6 = 1.5 * 2**2
+E4M3_MAX = 448.0
+E8M0_NAN = 0xFF
+
+
+def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
+    """fp32 values -> uint8 E2M1 codes (0..15), round-to-nearest-even, saturating at +-6; NaN -> +0."""
+    mag = v.abs()
+    code = torch.zeros(v.shape, dtype=torch.uint8, device=v.device)
+    for c, mid in enumerate(_MIDPOINTS):
+        # A tie goes to the even code: up when c + 1 is even, so c odd compares >=.
+        up = mag >= mid if c % 2 else mag > mid
+        code += up.to(torch.uint8)
+    return code | ((v < 0).to(torch.uint8) << 3)
+
+
+def e2m1_decode(code: torch.Tensor) -> torch.Tensor:
+    """uint8 E2M1 codes -> fp32 values."""
+    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=code.device)
+    mag = lut[(code & 7).long()]
+    return torch.where((code & 8) > 0, -mag, mag)
+
+
+def _mx_encode(fmt, x: torch.Tensor) -> dict:
+    block = fmt.group
+    amax = groups.reduce(x, "token", block, "absmax")  # [..., T, D/block] fp32
+    _, exp = torch.frexp(amax)  # amax = m * 2**exp, m in [0.5, 1): floor(log2(amax)) = exp - 1
+    e = torch.where(amax > 0, exp - 1 - E2M1_EMAX, torch.full_like(exp, -127)).clamp(-127, 127)
+    v = torch.ldexp(x.float(), groups.expand(-e, "token", block, x.shape).float())  # exact: a power of two
+    scale = (e + 127).to(torch.uint8)
+    bad = groups.reduce(x, "token", block, "nonfinite")
+    scale = torch.where(bad, torch.full_like(scale, E8M0_NAN), scale)
+    return {"data": pack(e2m1_encode(v), 4), "scale": scale}
+
+
+def _nv_encode(fmt, x: torch.Tensor) -> dict:
+    block = fmt.group
+    amax_t = groups.reduce(x, "tensor", None, "absmax")
+    tensor_scale = torch.where(amax_t > 0, amax_t / (E4M3_MAX * E2M1_MAX), torch.ones((), device=x.device))
+    amax_b = groups.reduce(x, "token", block, "absmax")
+    block_scale = (amax_b / E2M1_MAX / tensor_scale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    bad = groups.reduce(x, "token", block, "nonfinite")
+    block_scale = torch.where(bad, torch.full((), float("nan"), device=x.device), block_scale.float()).to(
+        torch.float8_e4m3fn
+    )
+    eff = groups.expand(block_scale.float() * tensor_scale, "token", block, x.shape)
+    v = torch.where(eff > 0, x.float() / eff, torch.zeros((), device=x.device))
+    return {"data": pack(e2m1_encode(v), 4), "scale": block_scale, "tensor_scale": tensor_scale}
+
+
+def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
+    """x: [..., T, D] float -> QTensor fields."""
+    if scale is not None:
+        raise ValueError(f"{fmt.spec} computes its block scales from the data; pass no static scale.")
+    return _nv_encode(fmt, x) if fmt.base == "nvfp4" else _mx_encode(fmt, x)
+
+
+def decode(fmt, q) -> torch.Tensor:
+    """QTensor -> fp32 x_hat [..., T, D]."""
+    values = e2m1_decode(unpack(q.data, 4))
+    if fmt.base == "nvfp4":
+        s = q.scale.float() * q.tensor_scale
+    else:
+        e = q.scale.int() - 127
+        one = torch.ones((), device=q.scale.device)
+        s = torch.where(q.scale == E8M0_NAN, one * float("nan"), torch.ldexp(one, e.float()))
+    return values * groups.expand(s, "token", fmt.group, q.shape)

@@ -1,0 +1,79 @@
+"""Scale groups: which elements of x [..., T, D] share one scale, as reductions and their inverse broadcast.
+
+Layouts of a per-group tensor (a scale or a zero point) for x: [..., T, D]:
+- token, group g along head_dim:   [..., T, D // g]
+- channel, group N along tokens:   [..., ceil(T / N), D]  (the last group may be partial)
+- tensor:                          []                      (one scalar)
+- head:                            [..., H, 1, 1]          (x is [..., H, T, D])
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def check_shape(shape: torch.Size | tuple[int, ...], granularity: str | None, group: int | None) -> None:
+    """ValueError when x's shape cannot be split into this layout's groups."""
+    if len(shape) < 2:
+        raise ValueError(f"Expected x shaped [..., tokens, head_dim], got shape {tuple(shape)}.")
+    if granularity == "token" and group is not None and shape[-1] % group:
+        raise ValueError(f"head_dim {shape[-1]} is not a multiple of the group size {group}; pick /g{math.gcd(shape[-1], group)} or no /g.")
+    if granularity == "head" and len(shape) < 3:
+        raise ValueError(f"/head needs x shaped [..., heads, tokens, head_dim], got shape {tuple(shape)}.")
+
+
+def scale_shape(shape: tuple[int, ...], granularity: str | None, group: int | None) -> tuple[int, ...]:
+    """Shape of one per-group tensor for an x of `shape` (empty tuple for per-tensor)."""
+    *lead, t, d = shape
+    if granularity == "token":
+        return (*lead, t, d // (group or d))
+    if granularity == "channel":
+        return (*lead, math.ceil(t / group), d)
+    if granularity == "head":
+        return (*lead, 1, 1)
+    return ()
+
+
+def _grouped(x: torch.Tensor, granularity: str, group: int | None) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """View x so that each group is one set of reduced dims; returns (view, dims to reduce)."""
+    if granularity == "token":
+        g = group or x.shape[-1]
+        return x.reshape(*x.shape[:-1], x.shape[-1] // g, g), (-1,)  # [..., T, D/g, g]
+    if granularity == "channel":
+        t = x.shape[-2]
+        pad = -t % group
+        if pad:  # repeating the last token leaves the partial group's min and max unchanged
+            x = torch.cat([x, x[..., -1:, :].expand(*x.shape[:-2], pad, x.shape[-1])], dim=-2)
+        return x.reshape(*x.shape[:-2], x.shape[-2] // group, group, x.shape[-1]), (-2,)  # [..., T/N, N, D]
+    if granularity == "head":
+        return x, (-2, -1)
+    return x, tuple(range(x.dim()))
+
+
+def reduce(x: torch.Tensor, granularity: str, group: int | None, op: str) -> torch.Tensor:
+    """Per-group `op` over x in ("absmax", "min", "max", "nonfinite"); non-finite elements count as 0.
+
+    Returns the per-group tensor in the module's layout, dtype fp32 (bool for "nonfinite").
+    """
+    if op == "nonfinite":
+        view, dims = _grouped(~torch.isfinite(x), granularity, group)
+        out = view.amax(dim=dims, keepdim=granularity == "head")
+        return out
+    xf = torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device)).float()
+    if op == "absmax":
+        xf = xf.abs()
+    view, dims = _grouped(xf, granularity, group)
+    reducer = torch.amin if op == "min" else torch.amax
+    return reducer(view, dim=dims, keepdim=granularity == "head")
+
+
+def expand(s: torch.Tensor, granularity: str, group: int | None, shape: tuple[int, ...]) -> torch.Tensor:
+    """Broadcast a per-group tensor back to x's `shape` (a view where possible)."""
+    if granularity == "token":
+        g = shape[-1] // s.shape[-1]
+        return s.unsqueeze(-1).expand(*s.shape, g).reshape(shape)
+    if granularity == "channel":
+        return s.repeat_interleave(group, dim=-2)[..., : shape[-2], :]
+    return s.expand(shape) if s.dim() else s

@@ -1,0 +1,166 @@
+"""Spec strings: `BASE[/GRANULARITY][/gN][/asym][/rot]`, pairs `k=SPEC,v=SPEC`, presets.
+
+This module only parses and validates; it knows the base formats' rules (which granularities each accepts, its
+fixed block) through the `BASES` table and nothing about how values are encoded.
+
+    >>> parse_spec("int4/channel/g32/asym")
+    SpecParts(base='int4', granularity='channel', group=32, asym=True, rot=False)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+GRANULARITIES = ("token", "channel", "tensor", "head")
+ALIASES = {"fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "float16": "fp16", "bfloat16": "bf16"}
+CHANNEL_GROUP = 32  # KIVI's group of tokens for per-channel scales
+
+
+@dataclass(frozen=True)
+class BaseInfo:
+    """What a base format is: element kind and bits, and which scale layouts it accepts."""
+
+    kind: str  # "float" (casts and fp8), "int", "fp4"
+    bits: int  # bits per stored element
+    default_granularity: str | None  # None: a plain cast, no scale
+    granularities: tuple[str, ...]  # accepted granularities
+    block: int | None = None  # fixed block along head_dim (MX / NV FP4); None: free
+    summary: str = ""
+
+
+BASES: dict[str, BaseInfo] = {
+    "fp16": BaseInfo("float", 16, None, (), summary="IEEE half; saturates at +-65504"),
+    "bf16": BaseInfo("float", 16, None, (), summary="bfloat16"),
+    "fp8_e4m3": BaseInfo("float", 8, "tensor", GRANULARITIES, summary="OCP E4M3FN, max 448"),
+    "fp8_e5m2": BaseInfo("float", 8, "tensor", GRANULARITIES, summary="OCP E5M2, max 57344"),
+    "int8": BaseInfo("int", 8, "token", GRANULARITIES, summary="symmetric +-127, fp16 scales"),
+    "int4": BaseInfo("int", 4, "token", GRANULARITIES, summary="symmetric +-7, two per byte"),
+    "int2": BaseInfo("int", 2, "token", GRANULARITIES, summary="symmetric +-1, four per byte"),
+    "mxfp4": BaseInfo("fp4", 4, "token", ("token",), block=32, summary="OCP MX E2M1, E8M0 scale per 32"),
+    "fp4_mx_block16": BaseInfo("fp4", 4, "token", ("token",), block=16, summary="E2M1, E8M0 scale per 16"),
+    "nvfp4": BaseInfo("fp4", 4, "token", ("token",), block=16, summary="E2M1, E4M3 scale per 16 + fp32"),
+}
+
+PRESETS: dict[str, str] = {
+    "k8v4": "k=int8,v=int4",
+    "k4v8": "k=int4,v=int8",
+    "kivi2": "k=int2/channel/g32/asym,v=int2/token/g32/asym",
+    "kivi4": "k=int4/channel/g32/asym,v=int4/token/g32/asym",
+}
+# KIVI keeps the most recent tokens in full precision; its presets carry that window.
+PRESET_RESIDUAL: dict[str, int] = {"kivi2": 32, "kivi4": 32}
+
+_GROUP = re.compile(r"^g(\d+)$")
+
+
+@dataclass(frozen=True)
+class SpecParts:
+    """A parsed single-tensor spec."""
+
+    base: str
+    granularity: str | None
+    group: int | None
+    asym: bool
+    rot: bool
+
+    @property
+    def canonical(self) -> str:
+        """The shortest spec string naming this format (defaults left out)."""
+        info = BASES[self.base]
+        parts = [self.base]
+        if self.granularity != info.default_granularity:
+            parts.append(self.granularity)
+        if self.group is not None and self.group != _default_group(info, self.granularity):
+            parts.append(f"g{self.group}")
+        if self.asym:
+            parts.append("asym")
+        if self.rot:
+            parts.append("rot")
+        return "/".join(parts)
+
+
+def _default_group(info: BaseInfo, granularity: str | None) -> int | None:
+    if info.block is not None:
+        return info.block
+    if granularity == "channel":
+        return CHANNEL_GROUP
+    return None
+
+
+def valid_names() -> str:
+    """One sentence listing what a spec may contain, for error messages."""
+    return (
+        f"base formats: {', '.join(BASES)} (alias fp8 = fp8_e4m3); options: /{'|/'.join(GRANULARITIES)}, /gN, "
+        f"/asym (int only), /rot; pairs: k=SPEC,v=SPEC; presets: {', '.join(PRESETS)}"
+    )
+
+
+def parse_spec(spec: str) -> SpecParts:
+    """Parse one spec string; ValueError with the valid names when it is not one."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"Empty KV format spec. Use one of the {valid_names()}.")
+    fields = [f.strip().lower() for f in spec.strip().split("/")]
+    base = ALIASES.get(fields[0], fields[0])
+    if base not in BASES:
+        raise ValueError(f"Unknown KV format {fields[0]!r} in {spec!r}. Valid {valid_names()}.")
+    info = BASES[base]
+    granularity, group, asym, rot = None, None, False, False
+    for field in fields[1:]:
+        match = _GROUP.match(field)
+        if field in GRANULARITIES:
+            if granularity is not None:
+                raise ValueError(f"{spec!r} names two granularities; give at most one of {', '.join(GRANULARITIES)}.")
+            granularity = field
+        elif match:
+            group = int(match.group(1))
+            if group < 1:
+                raise ValueError(f"Group size in {spec!r} must be a positive integer, like /g32.")
+        elif field == "asym":
+            asym = True
+        elif field == "rot":
+            rot = True
+        else:
+            raise ValueError(f"Unknown option {field!r} in {spec!r}. Valid {valid_names()}.")
+    if info.default_granularity is None and (granularity or group or asym):
+        raise ValueError(f"{base} is a plain cast with no scales: drop the options from {spec!r} (only /rot applies).")
+    granularity = granularity or info.default_granularity
+    if granularity is not None and granularity not in info.granularities:
+        raise ValueError(
+            f"{base} takes only a per-token block scale; {spec!r} asks for {granularity!r}. Drop that option."
+        )
+    if asym and info.kind != "int":
+        raise ValueError(f"/asym applies to int formats only, not {base} ({spec!r}).")
+    if info.block is not None and group not in (None, info.block):
+        other = "fp4_mx_block16" if base == "mxfp4" else "mxfp4"
+        raise ValueError(
+            f"{base} uses a fixed block of {info.block} along head_dim; drop /g{group} (or use {other})."
+        )
+    if group is not None and granularity in ("tensor", "head"):
+        raise ValueError(f"/g{group} needs token or channel granularity, not {granularity!r} ({spec!r}).")
+    if group is None:
+        group = _default_group(info, granularity)
+    return SpecParts(base, granularity, group, asym, rot)
+
+
+def split_pair(spec: str) -> tuple[str, str, str, int]:
+    """Split a pair spec, a single spec or a preset into (k_spec, v_spec, display name, residual window)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"Empty KV spec. Use a preset ({', '.join(PRESETS)}), one spec, or k=SPEC,v=SPEC.")
+    text = spec.strip()
+    key = text.lower()
+    if key in PRESETS:
+        k, v, _, _ = split_pair(PRESETS[key])
+        return k, v, key, PRESET_RESIDUAL.get(key, 0)
+    if "=" not in text:
+        return text, text, text, 0
+    sides: dict[str, str] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip().lower()
+        if not sep or name not in ("k", "v") or name in sides or not value.strip():
+            raise ValueError(f"Malformed pair spec {spec!r}: write it as k=SPEC,v=SPEC, e.g. k=int8,v=int4.")
+        sides[name] = value.strip()
+    if set(sides) != {"k", "v"}:
+        raise ValueError(f"Pair spec {spec!r} must name both k= and v=, e.g. k=int8,v=int4.")
+    return sides["k"], sides["v"], text, 0
