@@ -108,7 +108,8 @@ class Format:
         if d % per_byte:
             raise ValueError(f"{self.spec} packs {per_byte} values a byte: head_dim {d} must be a multiple of it.")
         if self.granularity == "token" and self.group and d % self.group:
-            raise ValueError(f"{self.spec} needs head_dim to be a multiple of {self.group}, got {d}.")
+            hint = "" if self.parts.base in ("mxfp4", "fp4_mx_block16", "nvfp4") else f" (pick /g{math.gcd(d, self.group)})"
+            raise ValueError(f"{self.spec} needs head_dim to be a multiple of {self.group}, got {d}{hint}.")
 
     def _static_scale(self, scale, x: torch.Tensor) -> torch.Tensor | None:
         if scale is None:
@@ -160,6 +161,7 @@ class Format:
         """Exact bytes `quantize` of an x of `shape` holds (partial channel groups included)."""
         shape = tuple(shape)
         groups.check_shape(shape, self.granularity, self.group)
+        self._check_head_dim(shape[-1])
         data = math.prod(shape) * self.bits // 8
         if self.granularity in ("token", "channel"):
             data += math.prod(groups.scale_shape(shape, self.granularity, self.group)) * self._group_bytes()

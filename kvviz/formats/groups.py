@@ -18,8 +18,6 @@ def check_shape(shape: torch.Size | tuple[int, ...], granularity: str | None, gr
     """ValueError when x's shape cannot be split into this layout's groups."""
     if len(shape) < 2:
         raise ValueError(f"Expected x shaped [..., tokens, head_dim], got shape {tuple(shape)}.")
-    if granularity == "token" and group is not None and shape[-1] % group:
-        raise ValueError(f"head_dim {shape[-1]} is not a multiple of the group size {group}; pick /g{math.gcd(shape[-1], group)} or no /g.")
     if granularity == "head" and len(shape) < 3:
         raise ValueError(f"/head needs x shaped [..., heads, tokens, head_dim], got shape {tuple(shape)}.")
 
