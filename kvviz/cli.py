@@ -1,0 +1,156 @@
+"""kvviz's command line: `python -m kvviz COMMAND ...` (`python -m kvviz --help` lists the commands).
+
+    python -m kvviz memory --model llama-3.1-70b --context 32768 --formats fp16,fp8,k8v4,mxfp4 --gpu h100-80gb
+
+Adding a command: write `_add_NAME(parser)` (its arguments) and `_run_NAME(args) -> int` (its work), and add one
+`Command` to `COMMANDS`. A bad argument, or a ValueError from the library, ends in one line on stderr and exit
+status 2; nothing else is caught, so a bug still shows its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from kvviz import memory
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `kvviz memory: error: ... (see --help)`, exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of tokens, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+# ---- memory ---------------------------------------------------------------------------------------------------
+
+
+def _add_memory(p: argparse.ArgumentParser) -> None:
+    shape = p.add_argument_group("model (a preset, or custom dimensions)")
+    shape.add_argument("--model", help=f"model preset: {', '.join(memory.MODEL_PRESETS)}")
+    shape.add_argument("--layers", type=_positive_int, help="custom: number of layers")
+    shape.add_argument("--kv-heads", type=_positive_int, help="custom: KV heads per layer")
+    shape.add_argument("--head-dim", type=_positive_int, help="custom: head dimension")
+    shape.add_argument("--params", type=_positive_float, help="custom: parameters in billions (for --gpu)")
+    p.add_argument("--context", type=_positive_int, required=True, help="tokens per sequence, e.g. 32768")
+    p.add_argument("--formats", default="fp16,fp8,k8v4,mxfp4",
+                   help="comma-separated KV specs, pairs or presets (default: %(default)s)")
+    gpu = p.add_argument_group("GPU fit")
+    gpu.add_argument("--gpu", help=f"GPU preset: {', '.join(memory.GPU_PRESETS)}")
+    gpu.add_argument("--gpus", type=_positive_int, default=1, help="number of GPUs the model is sharded over")
+    gpu.add_argument("--weight-bits", type=_positive_float, default=16,
+                     help="bits per weight: 16 (bf16, default), 8, 4")
+    gpu.add_argument("--reserve", type=float, default=0.1,
+                     help="fraction of GPU memory kept for activations and the runtime (default 0.1)")
+
+
+def _model_from_args(args: argparse.Namespace) -> memory.ModelPreset:
+    custom = {"--layers": args.layers, "--kv-heads": args.kv_heads, "--head-dim": args.head_dim}
+    if args.model is not None:
+        given = [flag for flag, value in custom.items() if value is not None]
+        if given or args.params is not None:
+            raise ValueError(f"give either --model or custom dimensions, not both (drop {', '.join(given) or '--params'}).")
+        return memory.get_model_preset(args.model)
+    missing = [flag for flag, value in custom.items() if value is None]
+    if missing:
+        raise ValueError(f"give --model, or all of --layers, --kv-heads and --head-dim (missing {', '.join(missing)}).")
+    if args.gpu is not None and args.params is None:
+        raise ValueError("--gpu with custom dimensions needs --params (parameters in billions) to count the weights.")
+    return memory.ModelPreset("custom", args.layers, args.kv_heads, args.head_dim, q_heads=args.kv_heads,
+                              params=(args.params or 0) * 1e9, hidden=0, max_context=None)
+
+
+def _run_memory(args: argparse.Namespace) -> int:
+    model = _model_from_args(args)
+    fit = dict(gpus=args.gpus, weight_bytes_per_param=args.weight_bits / 8, reserve_fraction=args.reserve)
+    gpu = None if args.gpu is None else memory.get_gpu_preset(args.gpu)
+    rows = memory.memory_table(model, args.formats, args.context, gpu, **fit)
+    print(f"{model.name}: {model.layers} layers, {model.kv_heads} KV heads x head_dim {model.head_dim}; "
+          f"{args.context:,} tokens per sequence")
+    header = ["format", "K/V bits/value", "GB/sequence", "vs fp16"]
+    if gpu is not None:
+        budget = memory.kv_budget_bytes(model, gpu, **fit)
+        print(f"{args.gpus} x {gpu.name} ({gpu.memory_gb:g} GB each): weights {model.params * fit['weight_bytes_per_param'] / memory.GB:.1f} GB "
+              f"at {args.weight_bits:g} bits, {args.reserve:.0%} reserved, {max(budget, 0) / memory.GB:.1f} GB for the KV cache")
+        if budget <= 0:
+            print("The weights do not fit: try more --gpus or fewer --weight-bits.")
+        header += ["longest context", f"batch @ {args.context:,}"]
+    table = [header]
+    for row in rows:
+        line = [row["format"], f"{row['k_bits']:g}/{row['v_bits']:g}", f"{row['gb_per_sequence']:.2f}",
+                f"{row['tokens_vs_fp16']:.2f}x"]
+        if gpu is not None:
+            line += [f"{row['max_context']:,}" + ("*" if row["beyond_model_context"] else ""), f"{row['max_batch']:,}"]
+        table.append(line)
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    print()
+    for r in table:
+        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))))
+    if any(row["beyond_model_context"] for row in rows):
+        print(f"\n* beyond the model's {model.max_context:,}-token trained context: the cache fits, the model was not "
+              "trained that long.")
+    print("\nGB = 10^9 bytes; bits/value include scales; vs fp16 = how many times the tokens of fp16 fit in the "
+          "same memory.")
+    return 0
+
+
+# ---- registry -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name, one-line help, argument setup and the function that runs it (-> exit status)."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: list[Command] = [
+    Command("memory", "KV-cache bytes per format for a model, and what fits on a GPU", _add_memory, _run_memory),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `kvviz` argument parser with one subparser per entry of COMMANDS."""
+    parser = _Parser(prog="kvviz", description="kvviz: a KV-cache quantization playground.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for cmd in COMMANDS:
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+        p.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` (default sys.argv[1:]), run the command, return its exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args._run(args)
+    except ValueError as err:  # the library's user-facing errors: one line, no traceback
+        print(f"kvviz {args.command}: error: {err}", file=sys.stderr)
+        return 2
