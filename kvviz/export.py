@@ -1,0 +1,189 @@
+"""vLLM and SGLang flags for a kvviz KV spec: which `--kv-cache-dtype` each engine offers for it, or that it has none.
+
+    >>> export_commands("fp8_e4m3")["sglang"]["cli"]
+    'python -m sglang.launch_server --model-path MODEL --kv-cache-dtype fp8_e4m3 --quantization-param-path scales.json'
+    >>> export_commands("k8v4")["vllm"]["supported"]
+    False
+
+A format is reported as supported only when the engine stores the same thing: same element format, same scale
+granularity. Otherwise `supported` is False, `cli`/`python` are empty, and `note` names the closest engine option
+(if any) and how it differs. Nothing is mapped silently.
+
+Sources (checked against the engines' own code as found in public repositories, late 2026; flags move between
+releases, so the notes say from which release a value exists):
+- vLLM `vllm/config/cache.py` `CacheDType`: "auto", "float16", "bfloat16", "fp8" (= E4M3 on CUDA), "fp8_e4m3",
+  "fp8_e5m2", "fp8_inc", "fp8_ds_mla"; recent releases (0.24+) add "int8_per_token_head", "fp8_per_token_head"
+  (dynamic per token-head fp32 scales, Triton attention backend only), "int4_per_token_head" (asymmetric with a
+  rotation), "nvfp4" (0.25+, Blackwell) and TurboQuant modes. FP8 per-tensor scales come from the checkpoint
+  (`k_scale`/`v_scale`, e.g. written by llm-compressor) or `--calculate-kv-scales` (computed on the first batch);
+  without either they are 1.0.
+- SGLang `server_args.py` `--kv-cache-dtype` choices: "auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16",
+  "nvfp4", "fp4_mx_block16" ("fp4_e2m1" is deprecated in favour of fp4_mx_block16). FP8 scales come from the
+  checkpoint or `--quantization-param-path scales.json` ({"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor":
+  {tp_rank: {layer: scale}}}}, one per-tensor scale per layer used for both K and V; see kvviz.calibrate). The
+  FP4 modes compute their block scales on the fly and take no file.
+"""
+
+from __future__ import annotations
+
+from kvviz.formats import Format, KVSpec, parse_kv
+
+ENGINES = ("vllm", "sglang")
+_SCALES_FILE = "scales.json"
+
+
+def export_commands(spec: "str | KVSpec", model: str = "MODEL", scales_path: str | None = _SCALES_FILE) -> dict:
+    """Engine flags for one KV spec (a pair "k=int8,v=int4", one spec for both, or a preset).
+
+    model: the model id or path to put in the commands. scales_path: the calibrated scale file to pass to SGLang
+    for FP8 E4M3 (`kvviz.calibrate.save_scales` writes it); None leaves it out (SGLang then uses 1.0).
+
+    Returns {"vllm": {...}, "sglang": {...}}, each
+        {"supported": bool, "kv_cache_dtype": str | None, "cli": str, "python": str, "note": str}
+    where cli/python are empty strings when unsupported. Raises ValueError on a bad spec.
+    """
+    kv = parse_kv(spec)
+    return {
+        "vllm": _vllm(kv, model),
+        "sglang": _sglang(kv, model, scales_path),
+    }
+
+
+def export_table(specs: list[str], model: str = "MODEL") -> list[dict]:
+    """One row per spec for the UI: {"spec", "vllm", "sglang"} with each engine's kv_cache_dtype or None."""
+    rows = []
+    for spec in specs:
+        out = export_commands(spec, model)
+        rows.append({"spec": parse_kv(spec).spec,
+                     **{e: out[e]["kv_cache_dtype"] if out[e]["supported"] else None for e in ENGINES}})
+    return rows
+
+
+# ---- per engine ---------------------------------------------------------------------------------------------
+
+
+def _result(supported: bool, dtype: str | None, cli: str, python: str, note: str) -> dict:
+    if not supported:
+        cli = python = ""
+    return {"supported": supported, "kv_cache_dtype": dtype if supported else None, "cli": cli, "python": python,
+            "note": note}
+
+
+def _pair_problem(kv: KVSpec, engine: str) -> str | None:
+    """Both engines take one dtype for K and V and keep no full-precision residual window."""
+    if kv.k != kv.v:
+        return (f"{engine} stores K and V in one --kv-cache-dtype; a mixed pair ({kv.spec}) is not available "
+                "there. Pick one format for both, e.g. the K format.")
+    if kv.residual:
+        return (f"{engine} has no full-precision residual window (the {kv.name} preset keeps the last "
+                f"{kv.residual} tokens unquantized), and no per-channel int2/int4 KV dtype.")
+    return None
+
+
+def _vllm(kv: KVSpec, model: str) -> dict:
+    problem = _pair_problem(kv, "vLLM")
+    if problem:
+        extra = (" The closest built-in mode is turboquant_k8v4 (vLLM 0.28+), a different quantizer (rotation + "
+                 "codebooks), not kvviz's per-token int8/int4." if kv.k.base == "int8" and kv.v.base == "int4" else "")
+        return _result(False, None, "", "", problem + extra)
+    fmt = kv.k
+    dtype, note = _vllm_dtype(fmt)
+    if dtype is None:
+        return _result(False, None, "", "", note)
+    flags = f"--kv-cache-dtype {dtype}"
+    kwargs = f'kv_cache_dtype="{dtype}"'
+    if dtype == "fp8_e4m3":
+        flags += " --calculate-kv-scales"
+        kwargs += ", calculate_kv_scales=True"
+    cli = f"vllm serve {model} {flags}"
+    python = f'from vllm import LLM\nllm = LLM(model="{model}", {kwargs})'
+    return _result(True, dtype, cli, python, note)
+
+
+def _vllm_dtype(fmt: Format) -> tuple[str | None, str]:
+    """(vLLM kv_cache_dtype or None, note) for one format."""
+    if fmt.rot and fmt.base != "int4":
+        return None, f"vLLM has no Hadamard-rotated {fmt.base} KV cache; drop /rot."
+    if fmt.base == "fp16":
+        return "float16", "Unquantized half precision (\"auto\" does the same for an fp16 model)."
+    if fmt.base == "bf16":
+        return "bfloat16", "Unquantized bfloat16 (\"auto\" does the same for a bf16 model)."
+    if fmt.base in ("fp8_e4m3", "fp8_e5m2"):
+        if fmt.granularity == "tensor":
+            if fmt.base == "fp8_e5m2":
+                return "fp8_e5m2", "E5M2 per-tensor; vLLM uses no scale for E5M2 (its range covers K/V)."
+            return "fp8_e4m3", ("E4M3 with one scale per layer for K and one for V. --calculate-kv-scales computes "
+                                "them on the first batch; a checkpoint with k_scale/v_scale (e.g. from "
+                                "llm-compressor) provides calibrated ones; without either they are 1.0, which "
+                                "vLLM warns may hurt accuracy. \"fp8\" is the same as fp8_e4m3 on CUDA.")
+        if fmt.granularity == "token" and fmt.base == "fp8_e4m3" and fmt.group is None:
+            return "fp8_per_token_head", ("Dynamic fp32 scale per token and head (vLLM 0.24+, Triton attention "
+                                          "backend only: --attention-backend TRITON_ATTN; needs SM89+).")
+        return None, (f"vLLM has no {fmt.granularity}-granularity {fmt.base} KV cache; per-tensor fp8_e4m3/"
+                      "fp8_e5m2 (and per-token-head fp8_per_token_head for E4M3) are the options.")
+    if fmt.base == "int8":
+        if fmt.granularity == "token" and fmt.group is None and not fmt.asym:
+            return "int8_per_token_head", ("Symmetric int8 with one scale per token and head (vLLM 0.24+, Triton "
+                                           "attention backend only). vLLM stores fp32 scales, kvviz fp16: 2 bytes "
+                                           "more per token-head there.")
+        return None, ("vLLM's only int8 KV mode is int8_per_token_head (symmetric, one scale per token-head over "
+                      f"head_dim); {fmt.spec} differs in granularity, grouping or zero point.")
+    if fmt.base == "int4":
+        return None, ("vLLM has no plain int4 KV dtype. Its closest, int4_per_token_head (0.28+), is asymmetric "
+                      f"with a rotation, not the same quantizer as kvviz's {fmt.spec}.")
+    if fmt.base == "nvfp4":
+        return "nvfp4", ("NVFP4: E2M1 with E4M3 scales per 16 values and a per-tensor fp32 scale (vLLM 0.25+, "
+                         "Blackwell GPUs).")
+    if fmt.base in ("mxfp4", "fp4_mx_block16"):
+        return None, f"vLLM has no MX-style FP4 ({fmt.base}) KV cache; its FP4 KV cache is nvfp4."
+    return None, f"vLLM has no {fmt.base} KV cache dtype."
+
+
+def _sglang(kv: KVSpec, model: str, scales_path: str | None) -> dict:
+    problem = _pair_problem(kv, "SGLang")
+    if problem:
+        return _result(False, None, "", "", problem)
+    fmt = kv.k
+    dtype, note = _sglang_dtype(fmt)
+    if dtype is None:
+        return _result(False, None, "", "", note)
+    flags = f"--kv-cache-dtype {dtype}"
+    kwargs = f'kv_cache_dtype="{dtype}"'
+    if dtype == "fp8_e4m3":
+        if scales_path:
+            flags += f" --quantization-param-path {scales_path}"
+            kwargs += f', quantization_param_path="{scales_path}"'
+            note += (f" {scales_path}: per-layer scales in SGLang's JSON layout, from kvviz.calibrate.save_scales "
+                     "on your own prompts.")
+        else:
+            note += " Without --quantization-param-path (or k_scale/v_scale in the checkpoint) the scales are 1.0."
+    cli = f"python -m sglang.launch_server --model-path {model} {flags}"
+    python = f'import sglang as sgl\nllm = sgl.Engine(model_path="{model}", {kwargs})'
+    return _result(True, dtype, cli, python, note)
+
+
+def _sglang_dtype(fmt: Format) -> tuple[str | None, str]:
+    """(SGLang --kv-cache-dtype or None, note) for one format."""
+    if fmt.rot:
+        return None, "SGLang has no Hadamard-rotated KV cache; drop /rot."
+    if fmt.base == "fp16":
+        return "auto", "\"auto\" keeps the model dtype: fp16 only when the model runs in fp16 (--dtype float16)."
+    if fmt.base == "bf16":
+        return "bf16", "Unquantized bfloat16."
+    if fmt.base in ("fp8_e4m3", "fp8_e5m2"):
+        if fmt.granularity != "tensor":
+            return None, (f"SGLang's FP8 KV cache uses one scale per layer; {fmt.spec} ({fmt.granularity} scales) "
+                          f"is not available. Use {fmt.base} (per-tensor).")
+        if fmt.base == "fp8_e5m2":
+            return "fp8_e5m2", "E5M2 per-tensor. The scale file is for E4M3 only (its dtype must be float8_e4m3fn)."
+        return "fp8_e4m3", "E4M3 with one per-tensor scale per layer, shared by K and V."
+    if fmt.base == "fp4_mx_block16":
+        return "fp4_mx_block16", ("E2M1 with an E8M0 scale per 16 values, computed on the fly (experimental; CUDA "
+                                  "12.8+, PyTorch 2.8+).")
+    if fmt.base == "nvfp4":
+        return "nvfp4", ("E2M1 with E4M3 scales per 16 values and a per-tensor scale (experimental; CUDA 12.8+, "
+                         "PyTorch 2.8+).")
+    if fmt.base == "mxfp4":
+        return None, ("SGLang's MX FP4 KV cache uses blocks of 16 (fp4_mx_block16), not OCP's 32: pick "
+                      "fp4_mx_block16 to see what SGLang stores.")
+    return None, f"SGLang has no integer KV cache dtype ({fmt.spec}); its options are FP8 and FP4."
