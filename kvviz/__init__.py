@@ -5,3 +5,16 @@ The public API is re-exported here; everything else is private to its module.
 
 from .formats import FORMAT_NAMES, PRESETS, Format, KVSpec, QTensor, get_format, parse_kv
 from .memory import GPU_PRESETS, MODEL_PRESETS, get_model_preset, kv_cache_bytes, max_batch, max_context
+
+# Model loading and the quantized cache import transformers (seconds): loaded on first use, so that
+# `import kvviz` (formats, memory model, CLI) stays fast.
+_LAZY = {"load_model": "models", "tiny_model": "models", "describe_model": "models",
+         "QuantizedKVCache": "cache"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
