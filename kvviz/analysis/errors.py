@@ -1,0 +1,133 @@
+"""Quantization error of captured K/V: token x channel maps, per-layer relative error, attention-output error,
+and per-token / per-channel / per-tensor / per-head scales compared on the same data.
+
+Every function takes KV specs as kvviz.parse_kv does ("int4", "k=int8,v=int4", "kivi2"): K tensors are quantized
+with the pair's K format, V with its V format. Quantization runs on one layer at a time, [kv_heads, T, head_dim],
+as the cache stores it, so a per-tensor scale is one per layer and a per-head scale one per head. A preset's
+full-precision residual window (kivi: the last 32 tokens) is kept exact, as the cache keeps it.
+
+Relative error: ||x - x_hat||_F / ||x||_F.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kvviz.analysis.capture import KVCapture
+from kvviz.formats import FORMAT_NAMES, KVSpec, get_format, parse_kv
+
+GRANULARITY_ORDER = ("token", "channel", "head", "tensor")
+
+
+def relative_error(x: torch.Tensor, x_hat: torch.Tensor) -> float:
+    """||x - x_hat|| / ||x|| (Frobenius) as a float; 0 for an all-zero x that is reproduced exactly."""
+    den = x.float().norm()
+    num = (x.float() - x_hat.float()).norm()
+    return float(num / den) if den > 0 else float(num > 0)
+
+
+def _side(which: str) -> str:
+    return "v" if which == "values" else "k"
+
+
+def _roundtrip_layer(cap: KVCapture, kv: KVSpec, which: str, layer: int) -> torch.Tensor:
+    """[kv_heads, T, D] float32: the layer's tensor after quantize + dequantize with the pair's K or V format."""
+    x = cap.tensor(which)[layer]  # [Hkv, T, D]
+    fmt = kv.v if which == "values" else kv.k
+    x_hat = fmt.roundtrip(x).float()
+    if kv.residual:
+        keep = min(kv.residual, x.shape[1])
+        x_hat[:, x.shape[1] - keep:] = x[:, x.shape[1] - keep:]
+    return x_hat
+
+
+def error_map(cap: KVCapture, spec: str, layer: int, head: int, which: str = "keys_post") -> np.ndarray:
+    """|x - x_hat| for one layer and KV head: [tokens, head_dim] float32 (numpy)."""
+    kv = parse_kv(spec)
+    x = cap.tensor(which)
+    if not (0 <= layer < x.shape[0] and 0 <= head < x.shape[1]):
+        raise ValueError(f"layer must be in 0..{x.shape[0] - 1} and head in 0..{x.shape[1] - 1}; "
+                         f"got layer {layer}, head {head}.")
+    x_hat = _roundtrip_layer(cap, kv, which, layer)
+    return (x[layer, head] - x_hat[head]).abs().numpy()
+
+
+def error_maps(cap: KVCapture, specs: list[str], layer: int, head: int, which: str = "keys_post") -> dict:
+    """{spec: error_map(...)} for several specs on the same layer and head."""
+    return {spec: error_map(cap, spec, layer, head, which) for spec in specs}
+
+
+def layer_errors(cap: KVCapture, specs: list[str]) -> dict:
+    """Per-layer relative error of post-RoPE K and of V: {spec: {"k": [layers], "v": [layers]}} (numpy)."""
+    out = {}
+    for spec in specs:
+        kv = parse_kv(spec)
+        out[spec] = {
+            side: np.array([relative_error(cap.tensor(which)[l], _roundtrip_layer(cap, kv, which, l))
+                            for l in range(cap.layers)])
+            for side, which in (("k", "keys_post"), ("v", "values"))
+        }
+    return out
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+    """softmax(q k^T * scaling + causal mask) v. q: [Hq, T, D], k/v: [Hkv, T, D] (GQA) -> [Hq, T, D]."""
+    groups = q.shape[0] // k.shape[0]
+    assert groups * k.shape[0] == q.shape[0], f"{q.shape[0]} query heads do not share {k.shape[0]} KV heads evenly"
+    k = k.repeat_interleave(groups, dim=0)  # [Hq, T, D]
+    v = v.repeat_interleave(groups, dim=0)
+    scores = (q @ k.transpose(-1, -2)) * scaling  # [Hq, T, T]
+    t = q.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v  # [Hq, T, D]
+
+
+def attention_errors(cap: KVCapture, specs: list[str]) -> dict:
+    """Relative error of each layer's attention output when K and V are quantized, for the prompt's own
+    queries (exact Q, causal mask): {spec: [layers]} (numpy). This is the error the next layer sees."""
+    exact = [_causal_attention(cap.queries[l], cap.keys_post[l], cap.values[l], cap.scaling)
+             for l in range(cap.layers)]
+    out = {}
+    for spec in specs:
+        kv = parse_kv(spec)
+        errs = []
+        for l in range(cap.layers):
+            k_hat = _roundtrip_layer(cap, kv, "keys_post", l)
+            v_hat = _roundtrip_layer(cap, kv, "values", l)
+            errs.append(relative_error(exact[l], _causal_attention(cap.queries[l], k_hat, v_hat, cap.scaling)))
+        out[spec] = np.array(errs)
+    return out
+
+
+def scale_comparison(cap: KVCapture, base: str = "int8", layer: int = 0, head: int = 0,
+                     which: str = "keys_post", rot: bool = True) -> dict:
+    """One element format under every scale granularity it accepts, on the same layer (lesson 2).
+
+    Returns {spec: {"granularity": str, "rot": bool, "rel_error": float (whole layer), "error_map": [T, D] for
+    `head`, "bits_per_value": float}}, ordered token, channel, head, tensor, then the same with /rot when
+    rot=True. A per-tensor scale is stretched by K's outlier channels; per-token and per-channel scales are not;
+    the rotation spreads the outliers out.
+    """
+    if base not in FORMAT_NAMES:
+        raise ValueError(f"Unknown base format {base!r}; choose one of {', '.join(FORMAT_NAMES)}.")
+    x = cap.tensor(which)
+    out = {}
+    for use_rot in (False, True) if rot else (False,):
+        for gran in GRANULARITY_ORDER:
+            spec = f"{base}/{gran}" + ("/rot" if use_rot else "")
+            try:
+                fmt = get_format(spec)
+            except ValueError:
+                continue  # this base does not take this granularity (e.g. MX FP4: token blocks only)
+            kv = KVSpec(k=fmt, v=fmt, name=fmt.spec)
+            x_hat = _roundtrip_layer(cap, kv, which, layer)
+            out[fmt.spec] = {
+                "granularity": gran,
+                "rot": use_rot,
+                "rel_error": relative_error(x[layer], x_hat),
+                "error_map": (x[layer, head] - x_hat[head]).abs().numpy(),
+                "bits_per_value": fmt.bits_per_value(cap.head_dim),
+            }
+    return out

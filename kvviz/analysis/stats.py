@@ -1,0 +1,95 @@
+"""Per-channel statistics of captured K/V: magnitude, kurtosis, outlier channels, and the Hadamard-rotated view.
+
+The outlier rule (one place, `outlier_mask`): a channel of one head is an outlier when its largest magnitude over
+the prompt's tokens exceeds `OUTLIER_FACTOR` times the median of that head's per-channel largest magnitudes,
+
+    amax[c] = max_t |x[t, c]|,    outlier[c] = amax[c] > OUTLIER_FACTOR * median_c(amax)
+
+The median (not the mean) keeps the few huge channels from raising their own bar. On SmolLM2-135M post-RoPE K
+carries a handful of such channels per head while V has almost none (lesson 1).
+
+Kurtosis is Pearson's, E[(x - mu)^4] / sigma^4 over tokens: 3 for a Gaussian; heavy-tailed channels score higher.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kvviz.analysis.capture import KVCapture
+from kvviz.formats import rotate
+
+OUTLIER_FACTOR = 4.0
+
+
+def outlier_mask(amax: torch.Tensor, factor: float = OUTLIER_FACTOR) -> torch.Tensor:
+    """amax [..., D] -> bool [..., D]: amax > factor * median over the last axis (see the module docstring)."""
+    if not factor > 0:
+        raise ValueError(f"outlier factor must be positive, got {factor}.")
+    median = amax.median(dim=-1, keepdim=True).values  # [..., 1]
+    return amax > factor * median
+
+
+def channel_stats(x: torch.Tensor, factor: float = OUTLIER_FACTOR) -> dict:
+    """Statistics per channel over the token axis. x: [..., tokens, head_dim].
+
+    Returns numpy arrays, each [..., head_dim] unless noted:
+      amax, mean_abs, kurtosis, outlier (bool);
+      amax_ratio [...]: the largest amax over the median amax (how far the worst channel stands out).
+    """
+    x = x.float()
+    amax = x.abs().amax(dim=-2)  # [..., D]
+    mean_abs = x.abs().mean(dim=-2)
+    centered = x - x.mean(dim=-2, keepdim=True)
+    var = centered.pow(2).mean(dim=-2)
+    kurt = centered.pow(4).mean(dim=-2) / var.clamp(min=1e-12).pow(2)
+    median = amax.median(dim=-1).values.clamp(min=1e-12)  # [...]
+    return {
+        "amax": amax.numpy(),
+        "mean_abs": mean_abs.numpy(),
+        "kurtosis": kurt.numpy(),
+        "outlier": outlier_mask(amax, factor).numpy(),
+        "amax_ratio": (amax.amax(dim=-1) / median).numpy(),
+    }
+
+
+def capture_stats(cap: KVCapture, which: str = "keys_post", factor: float = OUTLIER_FACTOR) -> dict:
+    """channel_stats of every layer and head of one captured tensor: arrays [layers, kv_heads, head_dim]
+    (amax_ratio [layers, kv_heads]), plus "outliers": {(layer, head): [channel, ...]} for the non-empty ones."""
+    stats = channel_stats(cap.tensor(which), factor)
+    mask = stats["outlier"]
+    stats["outliers"] = {(int(l), int(h)): np.flatnonzero(mask[l, h]).tolist()
+                         for l in range(mask.shape[0]) for h in range(mask.shape[1]) if mask[l, h].any()}
+    stats["factor"] = factor
+    return stats
+
+
+def kv_outlier_summary(cap: KVCapture, factor: float = OUTLIER_FACTOR) -> dict:
+    """Lesson 1 in numbers, per layer: outlier channels (summed over heads) and the worst amax ratio for
+    pre-RoPE K, post-RoPE K and V. Returns {"keys_pre"|"keys_post"|"values": {"outliers": [L], "amax_ratio": [L]}}."""
+    out = {}
+    for which in ("keys_pre", "keys_post", "values"):
+        s = channel_stats(cap.tensor(which), factor)
+        out[which] = {"outliers": s["outlier"].sum(axis=(1, 2)), "amax_ratio": s["amax_ratio"].max(axis=1)}
+    return out
+
+
+def rotation_view(cap: KVCapture, layer: int, head: int, which: str = "keys_post",
+                  factor: float = OUTLIER_FACTOR) -> dict:
+    """The same head before and after the normalized Hadamard rotation over head_dim (what `/rot` formats store).
+
+    Returns {"original": channel_stats, "rotated": channel_stats, "x": [T, D], "x_rot": [T, D]} (numpy): the
+    rotation spreads an outlier channel's energy over all channels, so amax_ratio and kurtosis fall.
+    """
+    x = _head(cap, which, layer, head)  # [T, D]
+    x_rot = rotate(x)  # [T, D]
+    return {"original": channel_stats(x, factor), "rotated": channel_stats(x_rot, factor),
+            "x": x.numpy(), "x_rot": x_rot.numpy()}
+
+
+def _head(cap: KVCapture, which: str, layer: int, head: int) -> torch.Tensor:
+    x = cap.tensor(which)
+    if not (0 <= layer < x.shape[0] and 0 <= head < x.shape[1]):
+        raise ValueError(f"layer must be in 0..{x.shape[0] - 1} and head in 0..{x.shape[1] - 1}; "
+                         f"got layer {layer}, head {head}.")
+    return x[layer, head]
