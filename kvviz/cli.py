@@ -71,7 +71,8 @@ def _model_from_args(args: argparse.Namespace) -> memory.ModelPreset:
     if args.model is not None:
         given = [flag for flag, value in custom.items() if value is not None]
         if given or args.params is not None:
-            raise ValueError(f"give either --model or custom dimensions, not both (drop {', '.join(given) or '--params'}).")
+            drop = ", ".join(given) or "--params"
+            raise ValueError(f"give either --model or custom dimensions, not both (drop {drop}).")
         return memory.get_model_preset(args.model)
     missing = [flag for flag, value in custom.items() if value is None]
     if missing:
@@ -92,14 +93,15 @@ def _run_memory(args: argparse.Namespace) -> int:
     header = ["format", "K/V bits/value", "GB/sequence", "vs fp16"]
     if gpu is not None:
         budget = memory.kv_budget_bytes(model, gpu, **fit)
-        print(f"{args.gpus} x {gpu.name} ({gpu.memory_gb:g} GB each): weights {model.params * fit['weight_bytes_per_param'] / memory.GB:.1f} GB "
-              f"at {args.weight_bits:g} bits, {args.reserve:.0%} reserved, {max(budget, 0) / memory.GB:.1f} GB for the KV cache")
+        weights_gb = model.params * fit["weight_bytes_per_param"] / memory.GB
+        print(f"{args.gpus} x {gpu.name} ({gpu.memory_gb:g} GB each): weights {weights_gb:.1f} GB at "
+              f"{args.weight_bits:g} bits, {args.reserve:.0%} reserved, {max(budget, 0) / memory.GB:.1f} GB for the KV cache")
         if budget <= 0:
             print("The weights do not fit: try more --gpus or fewer --weight-bits.")
         header += ["longest context", f"batch @ {args.context:,}"]
     table = [header]
     for row in rows:
-        line = [row["format"], f"{row['k_bits']:g}/{row['v_bits']:g}", f"{row['gb_per_sequence']:.2f}",
+        line = [row["format"], f"{row['k_bits']:g}/{row['v_bits']:g}", f"{row['gb']:.2f}",
                 f"{row['tokens_vs_fp16']:.2f}x"]
         if gpu is not None:
             line += [f"{row['max_context']:,}" + ("*" if row["beyond_model_context"] else ""), f"{row['max_batch']:,}"]

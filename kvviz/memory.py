@@ -232,14 +232,15 @@ def split_formats(text: str) -> list[str]:
     return items
 
 
-def memory_table(model, formats, context: int, gpu=None, gpus: int = 1, weight_bytes_per_param: float = 2,
-                 reserve_fraction: float = 0.1) -> list[dict]:
-    """One row (a plain dict) per KV format for `model` at `context` tokens: what the CLI and the UI show.
+def memory_table(model, formats, context: int, gpu=None, batch: int = 1, gpus: int = 1,
+                 weight_bytes_per_param: float = 2, reserve_fraction: float = 0.1) -> list[dict]:
+    """One row (a plain dict) per KV format for `model`, `batch` sequences of `context` tokens: what the CLI
+    and the UI show. `formats`: a list of specs, or one comma-separated string (see split_formats).
 
-    Keys: format, k_bits, v_bits (bits per value, scales included), bytes_per_sequence, gb_per_sequence,
+    Keys: format, k_bits, v_bits (bits per value, scales included), bytes and gb (the whole cache),
     tokens_vs_fp16 (how many times the tokens of fp16 fit in the same bytes), and with a `gpu`: max_context
-    (longest context for one sequence), beyond_model_context (max_context > the model's trained window) and
-    max_batch (largest batch at `context`); those three are None without a GPU.
+    (longest context at `batch`), beyond_model_context (max_context > the model's trained window) and max_batch
+    (largest batch at `context`); those three are None without a GPU.
     """
     m = get_model_preset(model)
     if isinstance(formats, str):
@@ -247,25 +248,26 @@ def memory_table(model, formats, context: int, gpu=None, gpus: int = 1, weight_b
     if not formats:
         raise ValueError("Give at least one KV format, e.g. fp16, fp8 or k8v4.")
     _check_count(context, "context (tokens)", 1)
-    fp16 = model_kv_bytes(m, context, "fp16")
+    _check_count(batch, "batch", 1)
+    fp16 = model_kv_bytes(m, context, "fp16", batch=batch)
+    fit = dict(gpus=gpus, weight_bytes_per_param=weight_bytes_per_param, reserve_fraction=reserve_fraction)
     rows = []
     for spec in formats:
         k_fmt, v_fmt = _kv_formats(spec, None)
-        nbytes = model_kv_bytes(m, context, k_fmt, v_fmt)
+        nbytes = model_kv_bytes(m, context, k_fmt, v_fmt, batch=batch)
         row = {
             "format": spec if isinstance(spec, str) else getattr(spec, "name", str(spec)),
             "k_bits": k_fmt.bits_per_value(m.head_dim),
             "v_bits": v_fmt.bits_per_value(m.head_dim),
-            "bytes_per_sequence": nbytes,
-            "gb_per_sequence": nbytes / GB,
+            "bytes": nbytes,
+            "gb": nbytes / GB,
             "tokens_vs_fp16": fp16 / nbytes,
             "max_context": None,
             "beyond_model_context": None,
             "max_batch": None,
         }
         if gpu is not None:
-            fit = dict(gpus=gpus, weight_bytes_per_param=weight_bytes_per_param, reserve_fraction=reserve_fraction)
-            longest = max_context(m, gpu, k_fmt, v_fmt, **fit)
+            longest = max_context(m, gpu, k_fmt, v_fmt, batch=batch, **fit)
             row["max_context"] = longest
             row["beyond_model_context"] = m.max_context is not None and longest > m.max_context
             row["max_batch"] = max_batch(m, gpu, context, k_fmt, v_fmt, **fit)

@@ -70,7 +70,9 @@ def test_bytes_equal_the_registry_for_one_sequence(spec, seq_len):
 def test_static_scales_are_counted_once_per_layer():
     fmt = kvviz.get_format("int8/head")
     one = fmt.nbytes_for((1, 4, 100, 64))
-    assert kv_cache_bytes(2, 4, 64, 100, batch=3, k="int8/head") == 2 * 2 * (3 * one - 2 * fmt.static_bytes((1, 4, 100, 64)))
+    static = fmt.static_bytes((1, 4, 100, 64))
+    assert static > 0
+    assert kv_cache_bytes(2, 4, 64, 100, batch=3, k="int8/head") == 2 * 2 * (3 * one - 2 * static)
 
 
 @pytest.mark.parametrize("seq_len", [0, 31, 32, 33, 100, 128])
@@ -136,11 +138,18 @@ def test_nothing_fits_when_the_weights_do_not():
 def test_memory_table_rows():
     rows = memory.memory_table("llama-3.1-70b", "fp16,k=int8,v=int4,mxfp4", 32768, "h100-80gb", gpus=4)
     assert [r["format"] for r in rows] == ["fp16", "k=int8,v=int4", "mxfp4"]
-    assert rows[0]["bytes_per_sequence"] == 10_737_418_240 and rows[0]["tokens_vs_fp16"] == 1
+    assert rows[0]["bytes"] == 10_737_418_240 and rows[0]["tokens_vs_fp16"] == 1
     assert (rows[1]["k_bits"], rows[1]["v_bits"]) == (8.125, 4.125)
     assert rows[2]["max_context"] == max_context("llama-3.1-70b", "h100-80gb", "mxfp4", gpus=4)
     assert rows[2]["beyond_model_context"] is True
     assert memory.memory_table("smollm2-135m", ["fp8"], 512)[0]["max_batch"] is None
+
+
+def test_memory_table_at_a_batch():
+    (row,) = memory.memory_table("llama-3.1-8b", ["k8v4"], 4096, "l4", batch=3)
+    assert row["bytes"] == memory.model_kv_bytes("llama-3.1-8b", 4096, "k8v4", batch=3)
+    assert row["max_context"] == max_context("llama-3.1-8b", "l4", "k8v4", batch=3)
+    assert row["max_batch"] == max_batch("llama-3.1-8b", "l4", 4096, "k8v4")
 
 
 def test_split_formats_keeps_pairs_whole():
