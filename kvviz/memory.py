@@ -24,9 +24,10 @@ Seed check: a 70B-class model (80 layers, 8 KV heads, head_dim 128) at 32K token
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from kvviz.formats import get_format, parse_kv
+from kvviz.formats import Format, get_format, parse_kv
 
 GB = 10**9  # decimal gigabyte: GPU vendors' unit, and the unit of every figure this module reports
 _FP16_BYTES = 2  # residual-window tokens are held in fp16
@@ -103,9 +104,11 @@ def get_gpu_preset(name: str | GpuPreset) -> GpuPreset:
 def _kv_formats(k, v):
     """(K Format, V Format) from one spec / pair / preset / KVSpec in `k`, or a K and a V spec."""
     if v is None:
-        kv = k if hasattr(k, "k") and hasattr(k, "v") else parse_kv(k)
+        if isinstance(k, Format):
+            return k, k
+        kv = parse_kv(k)
         return kv.k, kv.v
-    return (k if hasattr(k, "nbytes_for") else get_format(k)), (v if hasattr(v, "nbytes_for") else get_format(v))
+    return (k if isinstance(k, Format) else get_format(k)), (v if isinstance(v, Format) else get_format(v))
 
 
 def _check_count(value, what: str, minimum: int = 0) -> int:
@@ -116,17 +119,13 @@ def _check_count(value, what: str, minimum: int = 0) -> int:
 
 def _tensor_bytes(fmt, batch: int, kv_heads: int, head_dim: int, seq_len: int) -> int:
     """Bytes one layer's K (or V) cache holds in `fmt`: [batch, kv_heads, seq_len, head_dim]."""
-    shape = (batch, kv_heads, seq_len, head_dim)
-    one_seq = (1, kv_heads, seq_len, head_dim)
-    # Static scales are per layer (and head), shared by the batch: count them for one sequence only.
-    dynamic = fmt.nbytes_for(shape) - fmt.static_bytes(shape)
-    static = fmt.static_bytes(one_seq)
-    if fmt.granularity == "channel":
-        residual = seq_len % fmt.group
-        quantized = (batch, kv_heads, seq_len - residual, head_dim)
-        dynamic = fmt.nbytes_for(quantized) - fmt.static_bytes(quantized)
-        dynamic += batch * kv_heads * residual * head_dim * _FP16_BYTES
-    return dynamic + static
+    # channel formats quantize whole groups of tokens; the rest waits in an fp16 residual window
+    residual = seq_len % fmt.group if fmt.granularity == "channel" else 0
+    quantized = (batch, kv_heads, seq_len - residual, head_dim)
+    # static scales are per layer (and head), shared by the batch: counted for one sequence only
+    dynamic = fmt.nbytes_for(quantized) - fmt.static_bytes(quantized)
+    static = fmt.static_bytes((1, kv_heads, seq_len, head_dim))
+    return dynamic + static + batch * kv_heads * residual * head_dim * _FP16_BYTES
 
 
 def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, seq_len: int, batch: int = 1,
@@ -165,23 +164,15 @@ def kv_budget_bytes(model, gpu, gpus: int = 1, weight_bytes_per_param: float = 2
 
 
 def _largest(fits, step: int = 1) -> int:
-    """Largest n >= 0 with fits(n), where fits holds on multiples of `step` up to a point (monotone there)
-    and, between two multiples, holds up to a point too. 0 when nothing fits."""
-    if not fits(step):
-        m = 0
-    else:
-        hi = 2
-        while fits(hi * step):
-            hi *= 2
-        lo = hi // 2  # fits(lo * step), not fits(hi * step)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid * step) else (lo, mid)
-        m = lo
-    n = m * step
-    while n + 1 < (m + 1) * step and fits(n + 1):
-        n += 1
-    return n
+    """Largest n >= 0 with fits(n) (0 when none), where fits(n) only fails from some n on among multiples of
+    `step`, and no n past the first failing multiple fits (it may fail and hold again between two multiples)."""
+    lo, hi = 0, 1  # invariant: fits(lo * step), not fits(hi * step), once hi is found
+    while fits(hi * step):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid * step) else (lo, mid)
+    return max(n for n in range(lo * step, (lo + 1) * step) if n == lo * step or fits(n))
 
 
 def max_context(model, gpu, k="fp16", v=None, batch: int = 1, gpus: int = 1, weight_bytes_per_param: float = 2,
@@ -196,8 +187,8 @@ def max_context(model, gpu, k="fp16", v=None, batch: int = 1, gpus: int = 1, wei
     k_fmt, v_fmt = _kv_formats(k, v)
     _check_count(batch, "batch", 1)
     # channel formats' bytes drop when a group fills (the fp16 residual turns into packed data): search on
-    # whole groups, then extend inside the next one.
-    step = max([f.group for f in (k_fmt, v_fmt) if f.granularity == "channel"], default=1)
+    # whole groups of both K and V, then extend inside the next one.
+    step = math.lcm(*[f.group for f in (k_fmt, v_fmt) if f.granularity == "channel"], 1)
     if budget <= 0:
         return 0
     return _largest(lambda t: kv_cache_bytes(m.layers, m.kv_heads, m.head_dim, t, batch, k_fmt, v_fmt) <= budget,
@@ -213,8 +204,7 @@ def max_batch(model, gpu, context: int, k="fp16", v=None, gpus: int = 1, weight_
     k_fmt, v_fmt = _kv_formats(k, v)
     if budget <= 0:
         return 0
-    return _largest(lambda b: b == 0 or kv_cache_bytes(m.layers, m.kv_heads, m.head_dim, context, b, k_fmt,
-                                                       v_fmt) <= budget)
+    return _largest(lambda b: kv_cache_bytes(m.layers, m.kv_heads, m.head_dim, context, b, k_fmt, v_fmt) <= budget)
 
 
 def split_formats(text: str) -> list[str]:

@@ -86,6 +86,7 @@ def test_channel_formats_keep_an_fp16_residual_window(seq_len):
 
 @pytest.mark.parametrize("spec", ["k8v4", "k=int8,v=int4", "kivi2"])
 def test_pair_specs_and_presets(spec):
+    assert kv_cache_bytes(2, 4, 64, 64, k=kvviz.get_format("int4")) == kv_cache_bytes(2, 4, 64, 64, k="int4")
     kv = kvviz.parse_kv(spec)
     assert kv_cache_bytes(2, 4, 64, 64, k=spec) == kv_cache_bytes(2, 4, 64, 64, k=kv.k.spec, v=kv.v.spec)
     assert kv_cache_bytes(2, 4, 64, 64, k=kv) == kv_cache_bytes(2, 4, 64, 64, k=spec)
@@ -107,14 +108,15 @@ def test_max_context_grows_as_bits_shrink():
     assert longest[0] < longest[-1]
 
 
-@pytest.mark.parametrize("spec", ["fp16", "fp8", "k8v4", "kivi2", "int2/channel/g32/asym"])
+@pytest.mark.parametrize("spec", ["fp16", "fp8", "k8v4", "kivi2", "int2/channel/g32/asym",
+                                  "k=int4/channel/g16/asym,v=int2/channel/g24"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_max_context_is_the_longest_that_fits(spec, batch):
     m = kvviz.get_model_preset("llama-3.1-8b")
     budget = memory.kv_budget_bytes(m, "a10g")
     t = max_context(m, "a10g", spec, batch=batch)
     assert kv_cache_bytes(m.layers, m.kv_heads, m.head_dim, t, batch, spec) <= budget
-    for longer in range(t + 1, t + 65):  # channel formats shrink when a group fills: look past one group
+    for longer in range(t + 1, t + 97):  # channel formats shrink when a group fills: look past whole groups
         assert kv_cache_bytes(m.layers, m.kv_heads, m.head_dim, longer, batch, spec) > budget
 
 
