@@ -80,7 +80,8 @@ MODEL_PRESETS: dict[str, ModelPreset] = {m.name: m for m in _MODELS}
 _GPUS = [
     GpuPreset("l4", 24), GpuPreset("a10g", 24), GpuPreset("rtx-4090", 24),
     GpuPreset("a100-40gb", 40), GpuPreset("a100-80gb", 80), GpuPreset("h100-80gb", 80),
-    GpuPreset("h200", 141), GpuPreset("b200", 192),
+    GpuPreset("h200", 141),
+    GpuPreset("b200", 192),  # the B200 datasheet's figure; DGX B200 systems list 1,440 GB for 8 GPUs (180 each)
 ]
 GPU_PRESETS: dict[str, GpuPreset] = {g.name: g for g in _GPUS}
 
