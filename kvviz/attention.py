@@ -10,7 +10,8 @@ value are plain tensors and this is exactly transformers' SDPA path. Once a `Qua
   packed buffers in place; a multi-token query (teacher forcing, chunked prefill) uses the reference.
 
 `KVVIZ_BACKEND=auto|torch|triton` picks the backend (auto: triton when CUDA is available and triton imports, torch
-otherwise; `TRITON_INTERPRET=1` lets an explicit `triton` run on the CPU). Triton and CUDA are probed here, once.
+otherwise; `TRITON_INTERPRET=1` lets an explicit `triton` run on the CPU). CUDA and Triton are probed once, Triton
+through kernels/_triton.py (the one module that imports it).
 Select the function with `model.set_attn_implementation("kvviz")` (kvviz.load_model and kvviz.tiny_model do).
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import os
 from typing import Any
 
@@ -48,8 +48,9 @@ class PackedKV:
     zero:         same shape as `scale` for asymmetric formats, else None.
     tensor_scale: fp32 static scale: shape [] (tensor granularity, fp8 default, nvfp4 global) or
                   [batch, kv_heads, 1, 1] (head granularity); else None.
-    tail:         [batch, kv_heads, seq_len - n_quantized, head_dim] in the model dtype: the residual window plus,
-                  for channel formats, the partial group not yet quantized. Positions follow the quantized ones.
+    tail:         [batch, kv_heads, seq_len - n_quantized, head_dim], 16-bit (the model dtype when that is fp16 or
+                  bf16, else fp16): the residual window plus, for channel formats, the partial group not yet
+                  quantized. Its positions follow the quantized ones.
     dtype:        the model dtype (of the query, and of what `dequantize` returns).
 
     Deliberately no `.shape`: handing a PackedKV to an attention function other than "kvviz" fails with the
@@ -88,11 +89,12 @@ class PackedKV:
 
     def dequantize(self) -> torch.Tensor:
         """The reference read: [batch, kv_heads, seq_len, head_dim] in `dtype` (quantized part dequantized)."""
+        tail = self.tail.to(self.dtype)
         q = self.qtensor()
         if q is None:
-            return self.tail
+            return tail
         history = self.fmt.dequantize(q)  # [B, Hkv, n_quantized, D]
-        return torch.cat([history, self.tail], dim=2) if self.tail.shape[2] else history
+        return torch.cat([history, tail], dim=2) if tail.shape[2] else history
 
     def __getattr__(self, name):
         raise AttributeError(
@@ -105,15 +107,12 @@ class PackedKV:
 
 @functools.cache
 def _probe() -> dict:
-    """Probe CUDA and Triton once per process."""
-    cuda = torch.cuda.is_available()
-    triton = importlib.util.find_spec("triton") is not None
-    if triton:
-        try:
-            import triton as _triton  # noqa: F401  (import can fail without a working compiler toolchain)
-        except ImportError:
-            triton = False
-    return {"cuda": cuda, "triton": triton, "interpret": os.environ.get("TRITON_INTERPRET") == "1"}
+    """CUDA and Triton, probed once per process; Triton itself through kernels/_triton.py, its one importer."""
+    try:
+        from kernels import _triton
+    except ImportError:  # kernels/ not importable (repository root not on sys.path): no fused path
+        return {"cuda": torch.cuda.is_available(), "triton": False, "usable": False}
+    return {"cuda": torch.cuda.is_available(), "triton": _triton.triton is not None, "usable": _triton.triton_usable()}
 
 
 def active_backend() -> str:
@@ -124,7 +123,7 @@ def active_backend() -> str:
     probe = _probe()
     if wanted == "auto":
         return "triton" if probe["cuda"] and probe["triton"] else "torch"
-    if wanted == "triton" and not (probe["triton"] and (probe["cuda"] or probe["interpret"])):
+    if wanted == "triton" and not probe["usable"]:
         raise ValueError(
             "KVVIZ_BACKEND=triton needs triton and a CUDA GPU (or TRITON_INTERPRET=1 to run it on the CPU); "
             f"found triton={probe['triton']}, cuda={probe['cuda']}. Set KVVIZ_BACKEND=torch or auto."
@@ -136,21 +135,31 @@ def active_backend() -> str:
 
 def _triton_decode(module, query: torch.Tensor, key: PackedKV, value: PackedKV,
                    attention_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
-    """Fused decode attention over packed K/V; the kernels engineer's hook.
+    """Fused decode attention over the packed buffers, read in place (kernels.decode_attention).
 
     query: [batch, q_heads, 1, head_dim] (model dtype, RoPE applied); key/value: PackedKV (see above);
-    attention_mask: None or bool [batch, 1, 1, seq_len] (True = attend; left padding is False);
-    GQA: q head h reads kv head h // (q_heads // kv_heads). Returns [batch, 1, q_heads, head_dim] in query.dtype.
+    attention_mask: None or [batch, 1, 1, seq_len] (bool, True = attend; left padding is False);
+    GQA: q head h reads kv head h // (q_heads // kv_heads). Returns [batch, 1, q_heads, head_dim], query's dtype.
     """
     try:
-        from kernels import decode_attention
+        from kernels.decode import decode_attention  # not `from kernels`: the jit submodule shares the name
+        from kernels.packed import side_from_format
     except ImportError as err:
         raise RuntimeError(
-            "KVVIZ_BACKEND=triton, but the fused kernel kernels.decode_attention is not available yet "
-            f"({err}). Set KVVIZ_BACKEND=torch to use the reference path."
+            f"KVVIZ_BACKEND=triton, but the fused kernel kernels.decode_attention is unavailable ({err}). "
+            "Run from the repository root, or set KVVIZ_BACKEND=torch to use the reference path."
         ) from err
-    out = decode_attention(query, key, value, attention_mask=attention_mask, scaling=scaling)
-    return out.transpose(1, 2).contiguous()
+    k_side, v_side = (
+        side_from_format(p.fmt, p.data, p.scale, p.zero, p.tensor_scale, head_dim=p.head_dim,
+                         n_packed=p.n_quantized, tail=p.tail)
+        for p in (key, value)
+    )
+    kv_mask = None
+    if attention_mask is not None:
+        mask = attention_mask[:, 0, -1, :]  # [B, seq_len]: the one query row
+        kv_mask = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    out = decode_attention(query[:, :, 0], k_side, v_side, key.seq_len, sm_scale=scaling, kv_mask=kv_mask)
+    return out.unsqueeze(1)  # [B, Hq, D] -> [B, 1, Hq, D]
 
 
 def _bottom_right_causal(q_len: int, kv_len: int, device) -> torch.Tensor:

@@ -1,0 +1,204 @@
+"""Tests for kvviz.cache.QuantizedKVCache on tiny random-weight models and synthetic K/V.
+
+Lossless specs ("fp16" on a float16 model, "bf16" on a bfloat16 one) must give DynamicCache's greedy tokens
+exactly; lossy ones must hold exactly the bytes kvviz.kv_cache_bytes predicts, quantize each token once, and
+survive batch > 1 with padding, GQA, beam search, reset and crop.
+
+    python -m pytest tests/test_cache.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import kvviz
+from kvviz.attention import PackedKV
+from kvviz.cache import QuantizedKVCache, QuantizedKVLayer
+from kvviz.models import TINY_ARCHS, tiny_model
+
+PROMPTS = ["hello world, this is kvviz", "hi"]  # different lengths: the short one is left-padded
+TINY_KIVI = "k=int2/channel/g16/asym,v=int2/token/g16/asym"  # kivi2 with groups that fit head_dim 16
+LOSSY = ["k8v4", "int4", "fp8", "fp8_e5m2/token", "int8/head", "nvfp4", "int4/rot", TINY_KIVI]
+
+
+def _generate(model, tok, cache, n=12, **kwargs):
+    return model.generate(**tok(PROMPTS), max_new_tokens=n, do_sample=False, cache=cache, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------ exactness
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("dtype,spec", [(torch.float16, "fp16"), (torch.bfloat16, "bf16")])
+def test_lossless_spec_matches_dynamic_cache_exactly(arch, dtype, spec):
+    """fp16 / bf16 casts store the model's own dtype bit for bit: tokens must equal DynamicCache's."""
+    model, tok = tiny_model(arch, dtype=dtype)
+    want = _generate(model, tok, DynamicCache(config=model.config))
+    cache = QuantizedKVCache(model.config, spec)
+    got = _generate(model, tok, cache)
+    assert torch.equal(got, want)
+    assert cache.get_seq_length() == want.shape[1] - 1  # the last token is sampled, never fed back
+
+
+def test_lossless_beam_search_matches_dynamic_cache():
+    model, tok = tiny_model("llama", dtype=torch.float16)
+    want = _generate(model, tok, DynamicCache(config=model.config), n=8, num_beams=3)
+    got = _generate(model, tok, QuantizedKVCache(model.config, "fp16"), n=8, num_beams=3)
+    assert torch.equal(got, want)
+
+
+def test_teacher_forced_chunk_against_a_cache_matches_dynamic_cache():
+    """q_len > 1 over an existing cache (teacher forcing) uses the bottom-right causal mask."""
+    model, tok = tiny_model("qwen2", dtype=torch.float16)
+    ids = tok(["a longer prompt for kvviz"])["input_ids"]
+    logits = []
+    for cache in (DynamicCache(config=model.config), QuantizedKVCache(model.config, "fp16")):
+        with torch.no_grad():
+            model(input_ids=ids[:, :10], cache=cache, use_cache=True)
+            logits.append(model(input_ids=ids[:, 10:], cache=cache, use_cache=True).logits)
+    assert torch.equal(logits[0], logits[1])
+
+
+@pytest.mark.parametrize("spec", LOSSY)
+def test_lossy_specs_generate_with_batch_and_padding(spec):
+    model, tok = tiny_model("mistral")
+    cache = QuantizedKVCache(model.config, spec)
+    out = _generate(model, tok, cache, n=6)
+    assert out.shape == (2, len(PROMPTS[0]) + 6)
+    assert isinstance(cache.layers[0].update(*([torch.zeros(2, 2, 1, 16)] * 2))[0], PackedKV)
+
+
+# ------------------------------------------------------------------------------------------ bytes
+
+@pytest.mark.parametrize("spec", LOSSY + ["fp16", "fp4_mx_block16", "int8/tensor", "k=int4/channel/g16,v=int8"])
+@pytest.mark.parametrize("batch,tokens", [(1, 37), (3, 16)])
+def test_nbytes_equals_the_memory_model(spec, batch, tokens):
+    """Synthetic fp16 K/V through every layer: the bytes held equal kv_cache_bytes for the same shape."""
+    model, _ = tiny_model("llama")
+    cache = QuantizedKVCache(model.config, spec)
+    x = torch.randn(batch, 2, tokens, 16, dtype=torch.float16)
+    for layer in range(2):
+        cache.update(x[:, :, :-5], x[:, :, :-5], layer)
+        for t in range(tokens - 5, tokens):
+            cache.update(x[:, :, t : t + 1], x[:, :, t : t + 1], layer)
+    want = kvviz.kv_cache_bytes(2, 2, 16, tokens, batch, k=spec)
+    assert cache.nbytes() == want
+
+
+def test_nbytes_counts_the_residual_window():
+    fmt = kvviz.get_format("int4")
+    layer = QuantizedKVLayer(fmt, fmt, residual=8)
+    x = torch.randn(1, 2, 30, 64, dtype=torch.float16)
+    layer.update(x, x)
+    assert layer.k.n_quantized == 22 and layer.k.tail.shape[2] == 8
+    assert layer.nbytes() == 2 * (fmt.nbytes_for((1, 2, 22, 64)) + 2 * 8 * 64 * 2)
+
+
+# ------------------------------------------------------------------------------------------ quantize once
+
+@pytest.mark.parametrize("spec,residual", [("int8", 0), ("int4/asym", 4), ("fp8", 0), ("nvfp4", 0),
+                                           ("int4/channel/g32/asym", 0), ("int2/channel/g32/asym", 32)])
+def test_each_token_is_quantized_once(spec, residual):
+    fmt = kvviz.get_format(spec)
+    layer = QuantizedKVLayer(fmt, fmt, residual=residual)
+    x = torch.randn(2, 3, 200, 64)
+    layer.update(x[:, :, :50], x[:, :, :50])
+    history = layer.k.packed().data.clone()
+    for t in range(50, 200):
+        layer.update(x[:, :, t : t + 1], x[:, :, t : t + 1])
+    packed = layer.k.packed()
+    assert layer.k.tokens_quantized == packed.n_quantized  # no token went through quantize twice
+    assert torch.equal(packed.data[:, :, : history.shape[2]], history)  # history never rewritten
+    assert packed.seq_len == 200
+    # quantizing as it arrived == quantizing all at once (per-token formats, from the prefill's static scale)
+    if fmt.granularity == "token" and fmt.base != "nvfp4" and residual == 0:
+        want = fmt.roundtrip(x)
+        assert torch.equal(packed.dequantize(), want)
+
+
+def test_buffers_grow_by_doubling_and_handles_are_views():
+    fmt = kvviz.get_format("int8")
+    layer = QuantizedKVLayer(fmt, fmt)
+    x = torch.randn(1, 2, 300, 64)
+    layer.update(x[:, :, :1], x[:, :, :1])
+    capacities = set()
+    for t in range(1, 300):
+        layer.update(x[:, :, t : t + 1], x[:, :, t : t + 1])
+        capacities.add(layer.k.fields["data"].buf.shape[2])
+    assert capacities == {64, 128, 256, 512}
+    packed = layer.k.packed()
+    assert packed.data.data_ptr() == layer.k.fields["data"].buf.data_ptr()  # in place, no copy
+
+
+def test_static_scales_from_the_prefill_then_fixed():
+    fmt = kvviz.get_format("fp8")
+    layer = QuantizedKVLayer(fmt, fmt)
+    x = torch.randn(1, 2, 20, 64)
+    layer.update(x[:, :, :10], x[:, :, :10])
+    scale = layer.k.static.clone()
+    assert torch.allclose(scale, x[:, :, :10].abs().amax() / 448.0)  # transformers' fp8 cache rule
+    layer.update(10 * x[:, :, 10:], 10 * x[:, :, 10:])  # louder tokens saturate, the scale stays
+    assert torch.equal(layer.k.static, scale)
+
+
+def test_given_scales_are_used():
+    model, _ = tiny_model("llama")
+    cache = QuantizedKVCache(model.config, "fp8", scales={0: (0.5, 0.25), "1": (1.0, 1.0)})
+    x = torch.randn(1, 2, 4, 16)
+    cache.update(x, x, 0)
+    assert float(cache.layers[0].k.static) == 0.5 and float(cache.layers[0].v.static) == 0.25
+
+
+# ------------------------------------------------------------------------------------------ cache API
+
+def test_seq_length_reset_mask_sizes_and_crop():
+    model, tok = tiny_model("llama")
+    cache = QuantizedKVCache(model.config, "k8v4", residual=4)
+    _generate(model, tok, cache, n=5)
+    n = len(PROMPTS[0]) + 4
+    assert cache.get_seq_length() == n and cache.get_mask_sizes(1, 0) == (n + 1, 0)
+    cache.crop(-2)
+    assert cache.get_seq_length() == n - 2
+    cache.crop(-10)  # into the quantized part: per-token formats just drop rows
+    assert cache.get_seq_length() == n - 12
+    cache.reset()
+    assert cache.get_seq_length() == 0 and cache.nbytes() == 0
+    _generate(model, tok, cache, n=3)  # reusable after reset
+    assert cache.get_seq_length() == len(PROMPTS[0]) + 2
+
+
+def test_reorder_cache_moves_rows():
+    fmt = kvviz.get_format("int4/channel/g32/asym")
+    layer = QuantizedKVLayer(fmt, fmt, residual=3)
+    x = torch.randn(3, 2, 40, 64)
+    layer.update(x, x)
+    before = layer.k.packed().dequantize()
+    layer.reorder_cache(torch.tensor([2, 0, 0]))
+    after = layer.k.packed().dequantize()
+    assert torch.equal(after, before[[2, 0, 0]])
+
+
+@pytest.mark.parametrize("spec,kwargs,match", [
+    ("int3", {}, "int"),
+    ("k=int8", {}, "both k= and v="),
+    ("kivi2", {}, "head_dim"),  # g32 groups do not fit the tiny model's head_dim 16
+    ("int8", {"residual": -1}, "residual"),
+    ("int8", {"scales": {0: (1.0, 1.0), 1: (1.0, 1.0)}}, "Static scales"),
+    ("fp8", {"scales": {0: (1.0, 1.0)}}, "layer 1"),
+    ("int8/tensor/asym", {}, "zero point"),
+])
+def test_bad_arguments_raise_value_error(spec, kwargs, match):
+    model, _ = tiny_model("llama")
+    with pytest.raises(ValueError, match=match):
+        QuantizedKVCache(model.config, spec, **kwargs)
+
+
+def test_packed_handle_refuses_other_attention_functions():
+    model, tok = tiny_model("llama")
+    model.set_attn_implementation("sdpa")
+    try:
+        with pytest.raises(AttributeError, match="set_attn_implementation"):
+            _generate(model, tok, QuantizedKVCache(model.config, "int8"), n=3)
+    finally:
+        model.set_attn_implementation("kvviz")
