@@ -1,0 +1,135 @@
+"""Tests for kvviz.attention: backend choice, the PackedKV handle, the torch reference path, and the fused
+Triton decode path (run on the CPU through TRITON_INTERPRET=1, in a subprocess so the interpreter is set before
+triton is first imported) against the reference.
+
+    python -m pytest tests/test_attention.py -q
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+import kvviz
+from kvviz import attention
+from kvviz.attention import PackedKV, _bottom_right_causal, active_backend, kvviz_attention_forward
+from kvviz.cache import QuantizedKVLayer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class _Module(torch.nn.Module):
+    """What the attention function reads off the calling attention module."""
+
+    num_key_value_groups = 2
+    is_causal = True
+    training = False
+
+
+@pytest.mark.parametrize("value,want", [("torch", "torch"), ("TORCH", "torch"), ("", None), ("auto", None)])
+def test_backend_from_env(monkeypatch, value, want):
+    monkeypatch.setenv("KVVIZ_BACKEND", value)
+    auto = "triton" if attention._probe()["cuda"] and attention._probe()["triton"] else "torch"
+    assert active_backend() == (want or auto)
+
+
+def test_bad_backend_names_the_choices(monkeypatch):
+    monkeypatch.setenv("KVVIZ_BACKEND", "cuda")
+    with pytest.raises(ValueError, match="auto, torch, triton"):
+        active_backend()
+
+
+def test_triton_without_a_device_is_refused_clearly(monkeypatch):
+    monkeypatch.setenv("KVVIZ_BACKEND", "triton")
+    monkeypatch.setattr(attention, "_probe", lambda: {"cuda": False, "triton": True, "usable": False})
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        active_backend()
+
+
+def test_plain_tensors_take_the_sdpa_path_exactly():
+    q, k, v = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 3, 16), torch.randn(2, 2, 3, 16)
+    got, _ = kvviz_attention_forward(_Module(), q, k, v, None, scaling=0.25)
+    want, _ = sdpa_attention_forward(_Module(), q, k, v, None, scaling=0.25)
+    assert torch.equal(got, want)
+
+
+def test_bottom_right_causal_mask():
+    m = _bottom_right_causal(2, 4, "cpu")[0, 0]
+    assert m.tolist() == [[True, True, True, False], [True, True, True, True]]
+
+
+def _packed(spec: str, tokens: int = 40, residual: int = 0):
+    fmt = kvviz.get_format(spec)
+    layer = QuantizedKVLayer(fmt, fmt, residual=residual)
+    x = torch.randn(2, 2, tokens, 16)
+    layer.update(x[:, :, :-1], x[:, :, :-1])
+    k, v = layer.update(x[:, :, -1:], x[:, :, -1:])
+    return x, k, v
+
+
+def test_packed_handle_fields_and_dequantize():
+    x, k, _ = _packed("int4/channel/g16/asym", tokens=40, residual=4)
+    assert isinstance(k, PackedKV) and k.seq_len == 40 and k.n_quantized == 32 and k.head_dim == 16
+    assert k.data.shape == (2, 2, 32, 8) and k.scale.shape == (2, 2, 2, 16) and k.zero.shape == k.scale.shape
+    assert k.tail.shape == (2, 2, 8, 16) and k.tail.dtype == torch.float16
+    deq = k.dequantize()
+    assert deq.shape == (2, 2, 40, 16) and deq.dtype == torch.float32
+    assert torch.allclose(deq[:, :, 32:], x[:, :, 32:], atol=1e-2)  # the tail is only fp16-rounded
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_packed_path_is_dequantize_then_sdpa(q_len):
+    _, k, v = _packed("int8")
+    q = torch.randn(2, 4, q_len, 16)
+    got, _ = kvviz_attention_forward(_Module(), q, k, v, None, scaling=0.25)
+    mask = _bottom_right_causal(q_len, k.seq_len, "cpu") if q_len > 1 else None
+    want, _ = sdpa_attention_forward(_Module(), q, k.dequantize(), v.dequantize(), mask, scaling=0.25)
+    assert torch.equal(got, want)
+
+
+_TRITON_SCRIPT = textwrap.dedent("""
+    import os, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    import kvviz
+    from kvviz.attention import active_backend, kvviz_attention_forward
+    from kvviz.cache import QuantizedKVLayer
+
+    class M(torch.nn.Module):
+        num_key_value_groups = 2
+        is_causal = True
+
+    worst = 0.0
+    for spec, residual in [("int8", 0), ("int4/channel/g16/asym", 3), ("nvfp4", 0), ("fp8", 2)]:
+        fmt = kvviz.get_format(spec)
+        layer = QuantizedKVLayer(fmt, fmt, residual=residual)
+        x = torch.randn(2, 2, 50, 16)
+        layer.update(x[:, :, :49], x[:, :, :49])
+        k, v = layer.update(x[:, :, 49:], x[:, :, 49:])
+        q = torch.randn(2, 4, 1, 16)
+        mask = torch.ones(2, 1, 1, 50, dtype=torch.bool)
+        mask[1, :, :, :7] = False  # left padding of the second sequence
+        out = {}
+        for backend in ("torch", "triton"):
+            os.environ["KVVIZ_BACKEND"] = backend
+            assert active_backend() == backend
+            out[backend] = kvviz_attention_forward(M(), q, k, v, mask, scaling=0.25)[0]
+        assert out["triton"].shape == out["torch"].shape == (2, 1, 4, 16)
+        worst = max(worst, (out["triton"] - out["torch"]).abs().max().item())
+    print(worst)
+""")
+
+
+def test_triton_backend_matches_the_reference_in_the_interpreter():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, str(REPO)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert float(proc.stdout.strip().splitlines()[-1]) < 1e-5
