@@ -1,0 +1,34 @@
+"""The one place that imports and probes Triton; every other module asks here.
+
+Triton is optional: without it (or without CUDA and without TRITON_INTERPRET=1) the callers take the torch
+reference path. `TRITON_INTERPRET=1` must be in the environment before triton is first imported (the interpreter
+runs the kernels on the CPU through numpy, which is how CI tests them).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU path works without triton installed
+    triton = None
+    tl = None
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_usable(device: torch.device | str | None = None) -> bool:
+    """True when a Triton kernel can run on tensors of `device`: CUDA with triton, or the CPU interpreter."""
+    if triton is None:
+        return False
+    if device is None:
+        return torch.cuda.is_available() or interpreting()
+    device = torch.device(device)
+    return device.type == "cuda" or (device.type == "cpu" and interpreting())

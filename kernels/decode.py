@@ -1,0 +1,191 @@
+"""Launcher for the split-K quantized decode attention in `kernels/jit/decode_attention.py`.
+
+`decode_attention` checks shapes, picks block sizes and the split count, turns each side's optional tensors into
+constexpr flags, applies Hadamard rotations outside the kernel (q . (k' H) = (q H) . k'; out = (P V') H), and
+launches the two stages. Without a usable Triton (no CUDA, no TRITON_INTERPRET=1, or triton not installed) it runs
+the float64 reference instead, so the CPU path always works.
+
+    out = decode_attention(q, k, v, lengths)   # q: [B, Hq, D] -> out: [B, Hq, D], q's dtype
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels._triton import triton_usable
+from kernels.packed import PackedSide
+from kernels.reference import decode_attention_reference
+
+_MAX_SPLITS = 64  # stage 2 holds every split of one row in registers
+_MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost (q load, partial store) dominates
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1  # the interpreter runs programs one after another: fewer is faster
+
+
+def _per_head(t: torch.Tensor | None, batch: int, heads: int, device) -> torch.Tensor | None:
+    """A per-tensor / per-head scalar as contiguous fp32 [B * Hkv]."""
+    if t is None:
+        return None
+    t = t.detach().to(device=device, dtype=torch.float32).reshape(-1)
+    if t.numel() == 1:
+        t = t.expand(batch * heads)
+    elif t.numel() == heads:
+        t = t.repeat(batch)
+    assert t.numel() == batch * heads, f"tensor scale holds {t.numel()} values; want 1, Hkv or B*Hkv"
+    return t.contiguous()
+
+
+def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, head_dim: int):
+    """(pointer and stride arguments, constexpr flags) of one side, in the order _decode_stage1 takes them."""
+    assert side.data.shape[:2] == (batch, heads), (
+        f"packed data is [B, Hkv, cap, packed_dim] = {tuple(side.data.shape)}; want B={batch}, Hkv={heads}"
+    )
+    assert side.head_dim == head_dim, f"side head_dim {side.head_dim} != q head_dim {head_dim}"
+    data = side.data
+    if data.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        data = data.view(torch.uint8)  # decoded with integer bit arithmetic in the kernel
+    assert data.stride(-1) == 1, "packed data must be contiguous along its last dim"
+    scale, zero, sfmt = side.scale, None, 0
+    if side.scale_kind is not None:
+        assert scale.stride(-1) == 1, "scales must be contiguous along their last dim"
+        if scale.dtype == torch.uint8:
+            sfmt = 1  # E8M0
+        elif scale.dtype == torch.float8_e4m3fn:
+            scale, sfmt = scale.view(torch.uint8), 2
+        zero = side.zero
+        if zero is not None:
+            assert zero.shape == side.scale.shape and zero.stride(-1) == 1, "zero must be shaped as scale"
+    tensor_scale = _per_head(side.tensor_scale, batch, heads, data.device)
+    tensor_zero = _per_head(side.zero, batch, heads, data.device) if side.scale_kind is None else None
+    assert not ((zero is not None or tensor_zero is not None) and tensor_scale is not None and side.scale_kind), (
+        "a group zero point together with a tensor scale is not a kvviz layout"
+    )
+    group = side.group_size
+    fold = side.scale_kind is None or (side.scale_kind == "token" and group >= head_dim)
+    n_packed = lengths if side.n_packed is None else torch.as_tensor(side.n_packed, device=data.device)
+    n_packed = n_packed.to(device=data.device, dtype=torch.int32).expand(batch).contiguous()
+    tail = side.tail
+    if tail is not None:
+        assert tail.dim() == 4 and tail.shape[:2] == (batch, heads) and tail.shape[3] == head_dim, (
+            f"tail must be [B, Hkv, R, D], got {tuple(tail.shape)}"
+        )
+        assert tail.stride(-1) == 1, "tail must be contiguous along head_dim"
+    s = scale if scale is not None else data  # placeholders for absent tensors are never read
+    z = zero if zero is not None else s
+    t = tail if tail is not None else data
+    args = [
+        data, data.stride(0), data.stride(1), data.stride(2),
+        s, s.stride(0), s.stride(1), s.stride(2),
+        z, z.stride(0), z.stride(1), z.stride(2),
+        t, t.stride(0), t.stride(1), t.stride(2),
+        tensor_scale if tensor_scale is not None else n_packed,
+        tensor_zero if tensor_zero is not None else n_packed,
+        n_packed,
+    ]
+    elem = {"float": 0, "int": 1, "fp8_e4m3": 2, "fp8_e5m2": 3, "e2m1": 4}[side.elem]
+    flags = dict(
+        ELEM=elem, BITS=min(side.bits, 16), OFFSET=side.offset,
+        SCALE={None: 0, "token": 1, "channel": 2}[side.scale_kind], SFMT=sfmt, GROUP=max(group, 1), FOLD=fold,
+        ZERO=zero is not None, TENSOR=tensor_scale is not None, TZERO=tensor_zero is not None, TAIL=tail is not None,
+    )
+    return args, flags
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: PackedSide,
+    v: PackedSide,
+    lengths: torch.Tensor | int,
+    num_splits: int | None = None,
+    sm_scale: float | None = None,
+    *,
+    kv_mask: torch.Tensor | None = None,
+    max_length: int | None = None,
+    block_n: int | None = None,
+    precision: str = "ieee",
+) -> torch.Tensor:
+    """Decode attention of one new query token per sequence over a packed, quantized KV cache.
+
+    q:        [B, Hq, D] float (fp32 compute inside); Hq a multiple of Hkv (GQA: q head i reads kv head i // G)
+    k, v:     PackedSide (see kernels/packed.py): data [B, Hkv, cap, D * bits / 8], scales, zeros, tail, rotation
+    lengths:  [B] int (or one int): valid tokens per sequence; token t reads the packed buffers when
+              t < side.n_packed[b], else the side's full-precision tail at t - n_packed[b]
+    num_splits: token-range splits per (b, kv head); None picks one from the SM count and max_length
+    sm_scale: softmax scale, default 1/sqrt(D)
+    kv_mask:  optional bool [B, >= max(lengths)] (True = attend), e.g. left padding or a sliding window
+    max_length: an upper bound on lengths, to size splits without a device sync (default lengths.max())
+    precision: tl.dot input precision on GPU: "ieee" (fp32), "tf32x3" or "tf32"
+    Returns [B, Hq, D] in q's dtype.
+    """
+    if q.dim() != 3:
+        raise ValueError(f"decode_attention takes one query token per sequence, q: [B, Hq, D]; got {tuple(q.shape)}.")
+    batch, hq, head_dim = q.shape
+    hkv = k.data.shape[1]
+    if hq % hkv:
+        raise ValueError(f"Query heads ({hq}) must be a multiple of KV heads ({hkv}).")
+    if isinstance(lengths, int):
+        lengths = torch.full((batch,), lengths, dtype=torch.int32, device=q.device)
+    lengths = lengths.to(device=q.device, dtype=torch.int32).reshape(batch).contiguous()
+    sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    if not triton_usable(q.device):
+        return decode_attention_reference(q, k, v, lengths, sm_scale, kv_mask).to(device=q.device, dtype=q.dtype)
+
+    from kernels.jit.decode_attention import LOG2E, _decode_stage1, _decode_stage2
+
+    qk = q if k.rotation is None else (q.float() @ k.rotation.to(q.device, torch.float32))  # [B, Hq, D]
+    assert qk.stride(-1) == 1, "q must be contiguous along head_dim"
+    gqa = hq // hkv
+    block_d = max(16, _next_pow2(head_dim))
+    block_n = block_n or (64 if block_d <= 64 else 32)
+    block_g = max(16, _next_pow2(gqa))
+    if max_length is None:
+        max_length = int(lengths.max()) if batch else 0
+    if num_splits is None:
+        want = math.ceil(2 * _sm_count(q.device) / max(1, batch * hkv))
+        num_splits = min(want, math.ceil(max_length / _MIN_TOKENS_PER_SPLIT), _MAX_SPLITS)
+    num_splits = max(1, min(int(num_splits), _MAX_SPLITS))
+    tokens_per_split = math.ceil(max(1, max_length) / num_splits / block_n) * block_n
+    num_splits = max(1, math.ceil(max_length / tokens_per_split))
+
+    k_args, k_flags = _side_args(k, lengths, batch, hkv, head_dim)
+    v_args, v_flags = _side_args(v, lengths, batch, hkv, head_dim)
+    flags = {f"K_{name}": value for name, value in k_flags.items()}
+    flags.update({f"V_{name}": value for name, value in v_flags.items()})
+    if kv_mask is not None:
+        assert kv_mask.dim() == 2 and kv_mask.shape[0] == batch and kv_mask.shape[1] >= max_length, (
+            f"kv_mask must be [B, >= max(lengths)] = [{batch}, >= {max_length}], got {tuple(kv_mask.shape)}"
+        )
+        mask = kv_mask.to(device=q.device, dtype=torch.uint8).contiguous()  # [B, L]: 1 byte per token
+    else:
+        mask = lengths  # placeholder, never read
+    out = torch.empty(batch, hq, head_dim, device=q.device, dtype=torch.float32 if v.rotation is not None else q.dtype)
+    single = num_splits == 1
+    # Partials (m, l, acc) per query head and split, fp32; one split writes `out` directly.
+    mid_o = torch.empty(batch * hq, 1 if single else num_splits, block_d, device=q.device, dtype=torch.float32)
+    mid_ml = torch.empty(batch * hq, 1 if single else num_splits, 2, device=q.device, dtype=torch.float32)
+    _decode_stage1[(batch * hkv, num_splits)](
+        qk, qk.stride(0), qk.stride(1), *k_args, *v_args,
+        lengths, mask, mask.stride(0), mid_o, mid_ml, out, sm_scale * LOG2E, tokens_per_split, num_splits,
+        H_KV=hkv, GQA=gqa, HEAD_DIM=head_dim, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
+        PRECISION=precision, HAS_MASK=kv_mask is not None, SINGLE_SPLIT=single, num_warps=4, **flags,
+    )
+    if not single:
+        _decode_stage2[(batch * hkv,)](
+            mid_o, mid_ml, out, num_splits,
+            GQA=gqa, HEAD_DIM=head_dim, BLOCK_G=block_g, BLOCK_S=max(2, _next_pow2(num_splits)), BLOCK_D=block_d,
+            num_warps=4,
+        )
+    if v.rotation is not None:
+        out = (out @ v.rotation.to(q.device, torch.float32)).to(q.dtype)
+    return out
+

@@ -1,0 +1,294 @@
+"""Triton jit code for split-K ("flash-decoding") attention over a packed, quantized KV cache. Jit only: the
+launcher that picks block sizes and constexpr flags is `kernels/decode.py`.
+
+Stage 1, grid (B * Hkv, num_splits): one program owns one KV head, all G = Hq / Hkv query heads that read it
+(GQA; G padded to BLOCK_G >= 16 rows for tl.dot) and one contiguous range of tokens. It streams that range in
+blocks of BLOCK_N tokens, loads the packed K and V bytes once, decodes them in registers, and runs an online
+softmax in base 2. Per-token scales (one scale over all of head_dim, plus tensor / head scales) are folded:
+    score = (q . codes) * s_k + sum(q) * z_k,    out += (p * s_v) @ codes + sum(p * z_v)
+Group scales (gN along head_dim, MX / NV blocks, channel scales along tokens) vary inside a row, so those tiles
+are dequantized before the dot. Tokens past n_packed come from the full-precision tail buffer in the same loop.
+Writes partial (m, l, acc) per split.
+Stage 2, grid (B * Hkv): merges the splits' partials of the G query heads:
+    out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s,   M = max_s m_s.
+With one split, stage 1 normalizes and writes the output itself and stage 2 is skipped.
+
+Bytes moved per token per KV head: K and V rows of D * bits / 8 bytes each, plus their scales; q, the partials
+and the output are O(Hq * D * num_splits) per sequence, negligible at long context.
+
+Element decoders use integer bit arithmetic (fp8, E2M1, E8M0) so results are bit-exact on every backend,
+including the CPU interpreter.
+"""
+
+from kernels._triton import tl, triton
+
+# ELEM codes (constexpr): how one stored element becomes fp32.
+ELEM_NATIVE, ELEM_UINT, ELEM_E4M3, ELEM_E5M2, ELEM_E2M1 = 0, 1, 2, 3, 4
+# SCALE codes (constexpr): which per-group scale tensor a side carries.
+SCALE_NONE, SCALE_TOKEN, SCALE_CHANNEL = 0, 1, 2
+# SCALE_FMT codes (constexpr): how a scale element becomes fp32.
+SFMT_NATIVE, SFMT_E8M0, SFMT_E4M3 = 0, 1, 2
+
+LOG2E = 1.4426950408889634  # 1/ln(2): softmax runs on exp2
+
+
+@triton.jit
+def _fp8_to_f32(b, EXP: tl.constexpr):
+    """OCP fp8 bytes (int32 0..255) to fp32. EXP=4: E4M3FN (no inf; S.1111.111 is NaN); EXP=5: E5M2."""
+    MAN: tl.constexpr = 7 - EXP
+    e = (b >> MAN) & ((1 << EXP) - 1)
+    m = b & ((1 << MAN) - 1)
+    # Normal numbers: rebuild the fp32 bit pattern, exponent rebased from bias 2^(EXP-1)-1 to 127.
+    normal = (((e + (128 - (1 << (EXP - 1)))) << 23) | (m << (23 - MAN))).to(tl.float32, bitcast=True)
+    if EXP == 4:
+        sub = m.to(tl.float32) * 0.001953125  # subnormal: m * 2^-9
+        mag = tl.where(e == 0, sub, normal)
+        mag = tl.where((b & 0x7F) == 0x7F, float("nan"), mag)
+    else:
+        sub = m.to(tl.float32) * 1.52587890625e-05  # subnormal: m * 2^-16
+        mag = tl.where(e == 0, sub, normal)
+        mag = tl.where(e == 31, tl.where(m == 0, float("inf"), float("nan")), mag)
+    return tl.where((b & 0x80) != 0, -mag, mag)
+
+
+@triton.jit
+def _e2m1_to_f32(c):
+    """FP4 E2M1 codes (int32 0..15: sign, 2 exponent bits, 1 mantissa bit) to fp32: +-{0,.5,1,1.5,2,3,4,6}."""
+    e = (c >> 1) & 3
+    m = c & 1
+    normal = (((e + 126) << 23) | (m << 22)).to(tl.float32, bitcast=True)  # (1 + m/2) * 2^(e-1)
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.5, normal)
+    return tl.where((c & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _e8m0_to_f32(b):
+    """E8M0 scale bytes (int32) to fp32: 2^(b-127); 0xFF is NaN; b = 0 is the fp32 subnormal 2^-127."""
+    x = (b << 23).to(tl.float32, bitcast=True)
+    x = tl.where(b == 0, 5.877471754111438e-39, x)
+    return tl.where(b == 255, float("nan"), x)
+
+
+@triton.jit
+def _load_scale(ptrs, mask, SFMT: tl.constexpr):
+    """Load scale elements and decode them to fp32 (masked lanes: 0). SFMT 1: E8M0 bytes, 2: E4M3 bytes."""
+    raw = tl.load(ptrs, mask=mask, other=0)
+    if SFMT == 1:
+        return _e8m0_to_f32(raw.to(tl.int32))
+    if SFMT == 2:
+        return _fp8_to_f32(raw.to(tl.int32), 4)
+    return raw.to(tl.float32)
+
+
+@triton.jit
+def _load_side(
+    data, stride_dt, scale, stride_st, zero, stride_zt, tail, stride_tt, ts, tz,
+    offs_n, offs_d, n_packed, n_valid,
+    ELEM: tl.constexpr, BITS: tl.constexpr, OFFSET: tl.constexpr,
+    SCALE: tl.constexpr, SFMT: tl.constexpr, GROUP: tl.constexpr, FOLD: tl.constexpr,
+    HAS_ZERO: tl.constexpr, HAS_TAIL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    """One [BLOCK_N, BLOCK_D] tile of one side, as (x, row_scale, row_zero) with value = x * row_scale + row_zero.
+
+    FOLD (a scale per token over all of head_dim, or none): x holds the decoded codes and the token's scale and
+    zero come back per row, for the caller to fold into scores / probabilities. Otherwise x is fully dequantized
+    and row_scale is the tensor scale. Tail rows (n_packed <= t < n_valid) hold the full-precision tokens with
+    row_scale 1, row_zero 0; rows past n_valid are 0.
+    Bytes read: BLOCK_N * HEAD_DIM * BITS / 8 of data, plus BLOCK_N * HEAD_DIM / GROUP scales (and zeros).
+    """
+    in_packed = offs_n < n_packed  # [BLOCK_N]
+    d_mask = offs_d < HEAD_DIM  # [BLOCK_D]
+    if BITS < 8:
+        PER_BYTE: tl.constexpr = 8 // BITS
+        offs_b = tl.arange(0, BLOCK_D // PER_BYTE)
+        mask_b = in_packed[:, None] & (offs_b < HEAD_DIM // PER_BYTE)[None, :]
+        raw = tl.load(data + offs_n[:, None] * stride_dt + offs_b[None, :], mask=mask_b, other=0).to(tl.int32)
+        shifts = tl.arange(0, PER_BYTE) * BITS
+        codes = (raw[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)  # [BLOCK_N, BLOCK_D/PB, PB]
+        codes = tl.reshape(codes, [BLOCK_N, BLOCK_D])  # element PB*i + j: byte i, bits j*BITS..
+        if ELEM == 4:
+            x = _e2m1_to_f32(codes)
+        else:
+            x = (codes - OFFSET).to(tl.float32)
+    else:
+        mask = in_packed[:, None] & d_mask[None, :]
+        ptrs = data + offs_n[:, None] * stride_dt + offs_d[None, :]
+        if ELEM == 0:
+            x = tl.load(ptrs, mask=mask, other=0).to(tl.float32)
+        elif ELEM == 1:
+            x = (tl.load(ptrs, mask=mask, other=0).to(tl.int32) - OFFSET).to(tl.float32)
+        else:
+            x = _fp8_to_f32(tl.load(ptrs, mask=mask, other=0).to(tl.int32), ELEM + 2)
+
+    row_scale = tl.zeros([BLOCK_N], dtype=tl.float32) + ts
+    row_zero = tl.zeros([BLOCK_N], dtype=tl.float32) + tz
+    if SCALE == 1:
+        if FOLD:
+            if SFMT == 0:  # a plain float scale per token: no decode helper (cheap in the interpreter too)
+                row_scale = row_scale * tl.load(scale + offs_n * stride_st, mask=in_packed, other=0.0).to(tl.float32)
+            else:
+                row_scale = row_scale * _load_scale(scale + offs_n * stride_st, in_packed, SFMT)
+            if HAS_ZERO:
+                row_zero = tl.load(zero + offs_n * stride_zt, mask=in_packed, other=0.0).to(tl.float32)
+        else:
+            s_mask = in_packed[:, None] & d_mask[None, :]
+            s_ptrs = scale + offs_n[:, None] * stride_st + (offs_d // GROUP)[None, :]
+            if SFMT == 0:
+                x = x * tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
+            else:
+                x = x * _load_scale(s_ptrs, s_mask, SFMT)
+            if HAS_ZERO:
+                # x = u * s * ts + z: the zero goes in ahead of the tensor scale (ts is 1 when zeros exist).
+                z_ptrs = zero + offs_n[:, None] * stride_zt + (offs_d // GROUP)[None, :]
+                x = x + tl.load(z_ptrs, mask=s_mask, other=0.0).to(tl.float32)
+    elif SCALE == 2:
+        s_mask = in_packed[:, None] & d_mask[None, :]
+        rows = offs_n // GROUP
+        x = x * tl.load(scale + rows[:, None] * stride_st + offs_d[None, :], mask=s_mask, other=0.0).to(tl.float32)
+        if HAS_ZERO:
+            x = x + tl.load(zero + rows[:, None] * stride_zt + offs_d[None, :], mask=s_mask, other=0.0).to(tl.float32)
+
+    if HAS_TAIL:
+        in_tail = (offs_n >= n_packed) & (offs_n < n_valid)
+        t_rows = tl.maximum(offs_n - n_packed, 0)
+        t = tl.load(tail + t_rows[:, None] * stride_tt + offs_d[None, :], mask=in_tail[:, None] & d_mask[None, :],
+                    other=0.0).to(tl.float32)
+        x = tl.where(in_packed[:, None], x, t)
+        row_scale = tl.where(in_packed, row_scale, 1.0)
+        row_zero = tl.where(in_packed, row_zero, 0.0)
+    else:
+        x = tl.where(in_packed[:, None], x, 0.0)
+    return x, row_scale, row_zero
+
+
+@triton.jit
+def _decode_stage1(
+    Q, stride_qb, stride_qh,
+    K, stride_kb, stride_kh, stride_kt, KS, stride_ksb, stride_ksh, stride_kst, KZ, stride_kzb, stride_kzh,
+    stride_kzt, KT, stride_ktb, stride_kth, stride_ktt, K_TS, K_TZ, K_NP,
+    V, stride_vb, stride_vh, stride_vt, VS, stride_vsb, stride_vsh, stride_vst, VZ, stride_vzb, stride_vzh,
+    stride_vzt, VT, stride_vtb, stride_vth, stride_vtt, V_TS, V_TZ, V_NP,
+    LENGTHS, MASK, stride_mb, MID_O, MID_ML, OUT, qk_scale, tokens_per_split, num_splits,
+    H_KV: tl.constexpr, GQA: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_MASK: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    K_ELEM: tl.constexpr, K_BITS: tl.constexpr, K_OFFSET: tl.constexpr, K_SCALE: tl.constexpr,
+    K_SFMT: tl.constexpr, K_GROUP: tl.constexpr, K_FOLD: tl.constexpr, K_ZERO: tl.constexpr,
+    K_TENSOR: tl.constexpr, K_TZERO: tl.constexpr, K_TAIL: tl.constexpr,
+    V_ELEM: tl.constexpr, V_BITS: tl.constexpr, V_OFFSET: tl.constexpr, V_SCALE: tl.constexpr,
+    V_SFMT: tl.constexpr, V_GROUP: tl.constexpr, V_FOLD: tl.constexpr, V_ZERO: tl.constexpr,
+    V_TENSOR: tl.constexpr, V_TZERO: tl.constexpr, V_TAIL: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = pid_bh // H_KV
+    h = pid_bh % H_KV
+    length = tl.load(LENGTHS + b)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, length)
+    k_np = tl.minimum(tl.load(K_NP + b), length)
+    v_np = tl.minimum(tl.load(V_NP + b), length)
+    # Per-tensor / per-head scale and zero of this (b, h): fp32 [B * Hkv] each, read only when present.
+    k_ts = 1.0
+    k_tz = 0.0
+    v_ts = 1.0
+    v_tz = 0.0
+    if K_TENSOR:
+        k_ts = tl.load(K_TS + pid_bh)
+    if K_TZERO:
+        k_tz = tl.load(K_TZ + pid_bh)
+    if V_TENSOR:
+        v_ts = tl.load(V_TS + pid_bh)
+    if V_TZERO:
+        v_tz = tl.load(V_TZ + pid_bh)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < GQA
+    d_mask = offs_d < HEAD_DIM
+    # q rows h*G .. h*G+G-1: [BLOCK_G, BLOCK_D], pre-scaled by sm_scale / ln 2 for exp2.
+    q = tl.load(Q + b * stride_qb + (h * GQA + offs_g)[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32) * qk_scale
+    q_sum = tl.sum(q, axis=1)  # [BLOCK_G]: multiplies per-token K zero points
+
+    k_base = K + b * stride_kb + h * stride_kh
+    ks_base = KS + b * stride_ksb + h * stride_ksh
+    kz_base = KZ + b * stride_kzb + h * stride_kzh
+    kt_base = KT + b * stride_ktb + h * stride_kth
+    v_base = V + b * stride_vb + h * stride_vh
+    vs_base = VS + b * stride_vsb + h * stride_vsh
+    vz_base = VZ + b * stride_vzb + h * stride_vzh
+    vt_base = VT + b * stride_vtb + h * stride_vth
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k, k_rs, k_rz = _load_side(
+            k_base, stride_kt, ks_base, stride_kst, kz_base, stride_kzt, kt_base, stride_ktt, k_ts, k_tz,
+            offs_n, offs_d, k_np, length,
+            K_ELEM, K_BITS, K_OFFSET, K_SCALE, K_SFMT, K_GROUP, K_FOLD, K_ZERO, K_TAIL, BLOCK_N, BLOCK_D, HEAD_DIM,
+        )  # k: [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N]
+        s = s * k_rs[None, :] + q_sum[:, None] * k_rz[None, :]
+        valid = offs_n < end
+        if HAS_MASK:  # attention mask (left padding, sliding window): 1 byte per token
+            valid &= tl.load(MASK + b * stride_mb + offs_n, mask=valid, other=0) != 0
+        s = tl.where(valid[None, :], s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked block must not make NaNs
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])  # [BLOCK_G, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+
+        v, v_rs, v_rz = _load_side(
+            v_base, stride_vt, vs_base, stride_vst, vz_base, stride_vzt, vt_base, stride_vtt, v_ts, v_tz,
+            offs_n, offs_d, v_np, length,
+            V_ELEM, V_BITS, V_OFFSET, V_SCALE, V_SFMT, V_GROUP, V_FOLD, V_ZERO, V_TAIL, BLOCK_N, BLOCK_D, HEAD_DIM,
+        )  # v: [BLOCK_N, BLOCK_D]
+        acc = acc * alpha[:, None] + tl.dot(p * v_rs[None, :], v, input_precision=PRECISION)
+        acc += tl.sum(p * v_rz[None, :], axis=1)[:, None]
+        m_i = m_new
+
+    rows = pid_bh * GQA + offs_g  # == b * Hq + h * G + g
+    if SINGLE_SPLIT:  # one split per row: normalize and write the output, no stage 2
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(OUT + rows[:, None] * HEAD_DIM + offs_d[None, :], out.to(OUT.dtype.element_ty),
+                 mask=g_mask[:, None] & d_mask[None, :])
+    else:  # partials: MID_ML [B*Hq, num_splits, 2] (m, l), MID_O [B*Hq, num_splits, BLOCK_D], fp32
+        ml = MID_ML + (rows * num_splits + split) * 2
+        tl.store(ml, m_i, mask=g_mask)
+        tl.store(ml + 1, l_i, mask=g_mask)
+        o = MID_O + (rows[:, None] * num_splits + split) * BLOCK_D + offs_d[None, :]
+        tl.store(o, acc, mask=g_mask[:, None])
+
+
+@triton.jit
+def _decode_stage2(
+    MID_O, MID_ML, OUT, num_splits,
+    GQA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Grid (B * Hkv,): merge the splits of the G query heads of one KV head. Reads num_splits * (D + 2) fp32
+    per query head, writes D values in OUT's dtype (OUT: contiguous [B, Hq, D])."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = tl.program_id(0) * GQA + offs_g  # b * Hq + query head
+    gs_mask = (offs_g < GQA)[:, None] & (offs_s < num_splits)[None, :]  # [BLOCK_G, BLOCK_S]
+    ml = MID_ML + (rows[:, None] * num_splits + offs_s[None, :]) * 2
+    m = tl.load(ml, mask=gs_mask, other=float("-inf"))  # empty splits hold -inf
+    l = tl.load(ml + 1, mask=gs_mask, other=0.0)
+    m_max = tl.max(m, axis=1)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # a row with nothing to attend to: every weight 0
+    w = tl.exp2(m - m_max[:, None])  # [BLOCK_G, BLOCK_S]
+    o = MID_O + (rows[:, None, None] * num_splits + offs_s[None, :, None]) * BLOCK_D + offs_d[None, None, :]
+    acc = tl.load(o, mask=gs_mask[:, :, None], other=0.0)  # [BLOCK_G, BLOCK_S, BLOCK_D]
+    num = tl.sum(acc * w[:, :, None], axis=1)  # [BLOCK_G, BLOCK_D]
+    den = tl.sum(l * w, axis=1)
+    out = num / tl.where(den > 0, den, 1.0)[:, None]
+    tl.store(OUT + rows[:, None] * HEAD_DIM + offs_d[None, :], out.to(OUT.dtype.element_ty),
+             mask=(offs_g < GQA)[:, None] & (offs_d < HEAD_DIM)[None, :])

@@ -1,0 +1,124 @@
+"""`PackedSide`: one side (K or V) of a packed KV cache, described with plain tensors and simple values.
+
+The kernels and their references read only this; they never import kvviz. `side_from_format` maps anything
+with kvviz `Format` attributes (`base`, `kind`, `bits`, `granularity`, `group`, `asym`, `rot`) onto it by duck
+typing. Layout (the kvviz QTensor layout, with a batch and a kv-head axis in front, a token capacity `cap`):
+
+    data          [B, Hkv, cap, D * bits // 8]  fp16/bf16/fp32 (casts), int8 (int8 sym), uint8 (int8 asym, int4,
+                                                int2, E2M1: element 2i in the low nibble; int2: 4i+j at bits 2j),
+                                                float8_e4m3fn / float8_e5m2 (fp8)
+    scale         token:   [B, Hkv, cap, D // group]          fp16 / fp32 / uint8 E8M0 / float8_e4m3fn
+                  channel: [B, Hkv, ceil(cap / group), D]     group = tokens per scale row
+    zero          asym only, shaped as the tensor holding the group's scale (x = u * scale + zero): as `scale`
+                  for token / channel kinds, as `tensor_scale` when scale_kind is None
+    tensor_scale  fp32 [] (per tensor) or any shape holding Hkv or B * Hkv values (per head)
+    tail          [B, Hkv, R, D] float: full-precision tokens at logical positions n_packed .. n_packed + R - 1
+    rotation      [D, D]: stored values are x @ rotation^T, i.e. dequantize(data) @ rotation = x
+
+Dequantized value of token t, channel d (packed tokens t < n_packed):
+    x = (decode(code) [* scale] [* tensor_scale] [+ zero]) @ rotation   (scale, zero per group; absent = 1, 0)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+ELEMS = ("float", "int", "fp8_e4m3", "fp8_e5m2", "e2m1")
+SCALE_KINDS = (None, "token", "channel")
+
+
+@dataclass(frozen=True)
+class PackedSide:
+    """One packed side of a KV cache; see the module docstring for every tensor's layout."""
+
+    data: torch.Tensor
+    head_dim: int
+    elem: str = "float"  # how a stored element decodes: float (native cast) | int | fp8_e4m3 | fp8_e5m2 | e2m1
+    bits: int = 16  # bits per stored element: 16, 8, 4, 2
+    offset: int = 0  # int codes: value = u - offset (2**(bits-1) for int4/int2 sym, else 0)
+    scale: torch.Tensor | None = None
+    scale_kind: str | None = None  # None | "token" | "channel" (tensor / head scales live in tensor_scale)
+    group: int | None = None  # token: channels per scale (default head_dim); channel: tokens per scale row
+    zero: torch.Tensor | None = None
+    tensor_scale: torch.Tensor | None = None
+    n_packed: torch.Tensor | int | None = None  # [B] tokens held in `data`; None: every valid token
+    tail: torch.Tensor | None = None
+    rotation: torch.Tensor | None = None
+
+    def __post_init__(self):
+        assert self.elem in ELEMS, f"elem must be one of {ELEMS}, got {self.elem!r}"
+        assert self.scale_kind in SCALE_KINDS, f"scale_kind must be one of {SCALE_KINDS}, got {self.scale_kind!r}"
+        assert self.bits in (16, 8, 4, 2) or (self.bits == 32 and self.elem == "float"), f"bits={self.bits}"
+        assert self.data.dim() == 4, f"data must be [B, Hkv, cap, packed_dim], got {tuple(self.data.shape)}"
+        per_byte = 8 // self.bits if self.bits < 8 else 1
+        assert self.head_dim % per_byte == 0 and self.data.shape[-1] == self.head_dim // per_byte, (
+            f"data's last dim {self.data.shape[-1]} does not hold head_dim {self.head_dim} at {self.bits} bits"
+        )
+        if self.scale_kind in ("token", "channel"):
+            assert self.scale is not None and self.scale.dim() == 4, "token/channel scales are [B, Hkv, rows, cols]"
+        if self.zero is not None and self.scale_kind in ("token", "channel"):
+            assert self.zero.shape == self.scale.shape, "zero must have the shape of scale"
+
+    @property
+    def group_size(self) -> int:
+        """Channels per token scale (token kind) or tokens per scale row (channel kind)."""
+        if self.scale_kind == "token":
+            return self.group or self.head_dim
+        if self.scale_kind == "channel":
+            assert self.group, "channel scales need a token group"
+            return self.group
+        return 0
+
+    def with_(self, **changes) -> "PackedSide":
+        """A copy with some fields replaced."""
+        return replace(self, **changes)
+
+
+def hadamard(n: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """Normalized Sylvester Hadamard matrix [n, n] (n a power of two): H = H^T = H^-1."""
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"A Hadamard rotation needs a power-of-two head_dim; got {n}. Drop /rot for this model.")
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)  # (2m, 2m)
+    return (h / math.sqrt(n)).to(device=device, dtype=dtype)
+
+
+def side_from_format(
+    fmt,
+    data: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    zero: torch.Tensor | None = None,
+    tensor_scale: torch.Tensor | None = None,
+    *,
+    head_dim: int | None = None,
+    n_packed: torch.Tensor | int | None = None,
+    tail: torch.Tensor | None = None,
+    rotation: torch.Tensor | None = None,
+) -> PackedSide:
+    """Describe packed buffers of a kvviz-like format `fmt` (duck-typed: base, kind, bits, granularity, group,
+    asym, rot). data/scale/zero/tensor_scale are laid out as kvviz's QTensor fields with [B, Hkv] in front.
+    A rot format without `rotation` gets the normalized Sylvester Hadamard matrix."""
+    bits = int(fmt.bits)
+    per_byte = 8 // bits if bits < 8 else 1
+    head_dim = head_dim or data.shape[-1] * per_byte
+    if fmt.kind == "fp4":
+        elem = "e2m1"
+    elif fmt.kind == "int":
+        elem = "int" if bits < 8 else "float"  # int8 sym (int8) and asym (uint8) load natively
+    elif bits == 8:
+        elem = "fp8_e5m2" if "e5m2" in fmt.base else "fp8_e4m3"
+    else:
+        elem = "float"
+    offset = 2 ** (bits - 1) if fmt.kind == "int" and bits < 8 and not fmt.asym else 0
+    scale_kind = fmt.granularity if fmt.granularity in ("token", "channel") else None
+    if rotation is None and getattr(fmt, "rot", False):
+        rotation = hadamard(head_dim, device=data.device)
+    return PackedSide(
+        data=data, head_dim=head_dim, elem=elem, bits=bits, offset=offset,
+        scale=scale if scale_kind else None, scale_kind=scale_kind, group=fmt.group if scale_kind else None,
+        zero=zero, tensor_scale=tensor_scale, n_packed=n_packed, tail=tail, rotation=rotation,
+    )

@@ -1,0 +1,132 @@
+"""Torch references for the kernels: dequantize a `PackedSide` and run decode attention, in float64.
+
+Written for clarity, not speed: every element decodes through a lookup built from torch's own dtypes (fp8 via
+`view`, E2M1 from the OCP MX table, E8M0 as 2**(byte - 127)), so the reference shares no code with the kernels.
+
+    x = dequantize_side(side, lengths)                       # [B, Hkv, T, D] float64, T = max(lengths)
+    out = decode_attention_reference(q, k, v, lengths)       # [B, Hq, D] float64
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels.packed import PackedSide
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # OCP MX v1.0 FP4 magnitudes by code & 7
+
+
+def _as_lengths(lengths, batch: int) -> torch.Tensor:
+    if isinstance(lengths, int):
+        return torch.full((batch,), lengths, dtype=torch.int64)
+    return torch.as_tensor(lengths).to(device="cpu", dtype=torch.int64).reshape(batch)
+
+
+def _per_head(t: torch.Tensor | None, batch: int, heads: int) -> torch.Tensor | None:
+    """A per-tensor / per-head scalar as [B, Hkv, 1, 1] float64."""
+    if t is None:
+        return None
+    t = t.detach().to("cpu", torch.float64).reshape(-1)
+    if t.numel() == 1:
+        t = t.expand(batch * heads)
+    elif t.numel() == heads:
+        t = t.repeat(batch)
+    assert t.numel() == batch * heads, f"tensor scale holds {t.numel()} values; want 1, Hkv or B*Hkv"
+    return t.reshape(batch, heads, 1, 1)
+
+
+def decode_elements(side: PackedSide) -> torch.Tensor:
+    """Decode every stored element: [B, Hkv, cap, D] float64 (before scales)."""
+    data = side.data.detach().cpu()
+    if side.elem == "float":
+        return data.to(torch.float64)
+    if side.elem in ("fp8_e4m3", "fp8_e5m2"):
+        dtype = torch.float8_e4m3fn if side.elem == "fp8_e4m3" else torch.float8_e5m2
+        return data.view(torch.uint8).view(dtype).to(torch.float64)
+    per_byte = 8 // side.bits
+    shifts = torch.arange(per_byte, dtype=torch.int64) * side.bits
+    codes = (data.to(torch.int64).unsqueeze(-1) >> shifts) & ((1 << side.bits) - 1)  # [B, Hkv, cap, D/pb, pb]
+    codes = codes.flatten(-2)  # [B, Hkv, cap, D]: element pb*i + j from byte i, bits j*bits..
+    if side.elem == "int":
+        return (codes - side.offset).to(torch.float64)
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float64)
+    mag = table[codes & 7]
+    return torch.where((codes & 8) != 0, -mag, mag)
+
+
+def decode_scale(scale: torch.Tensor) -> torch.Tensor:
+    """Scale tensor to float64: uint8 is E8M0 (2**(b-127), 255 = NaN); float8_e4m3fn and floats cast."""
+    scale = scale.detach().cpu()
+    if scale.dtype == torch.uint8:
+        out = torch.pow(2.0, scale.to(torch.float64) - 127)
+        return torch.where(scale == 255, torch.full_like(out, float("nan")), out)
+    return scale.to(torch.float64)
+
+
+def dequantize_side(side: PackedSide, lengths) -> torch.Tensor:
+    """Logical tokens 0..max(lengths)-1 of one side: [B, Hkv, T, D] float64 (packed, then tail; zeros past a
+    batch row's length)."""
+    b, h, cap, _ = side.data.shape
+    lengths = _as_lengths(lengths, b)
+    t_max = int(lengths.max()) if b else 0
+    x = decode_elements(side)  # [B, Hkv, cap, D]
+    d = side.head_dim
+    if side.scale_kind == "token":
+        s = decode_scale(side.scale).repeat_interleave(side.group_size, dim=-1)[..., :d]  # [B, Hkv, cap, D]
+        x = x * s[..., :cap, :]
+    elif side.scale_kind == "channel":
+        s = decode_scale(side.scale).repeat_interleave(side.group_size, dim=-2)[..., :cap, :]  # [B, Hkv, cap, D]
+        x = x * s
+    ts = _per_head(side.tensor_scale, b, h)
+    if ts is not None:
+        x = x * ts
+    if side.zero is not None:
+        if side.scale_kind == "token":
+            x = x + decode_scale(side.zero).repeat_interleave(side.group_size, dim=-1)[..., :cap, :d]
+        elif side.scale_kind == "channel":
+            x = x + decode_scale(side.zero).repeat_interleave(side.group_size, dim=-2)[..., :cap, :]
+        else:
+            x = x + _per_head(side.zero, b, h)
+    n_packed = lengths if side.n_packed is None else _as_lengths(side.n_packed, b)
+    out = torch.zeros(b, h, t_max, d, dtype=torch.float64)
+    for i in range(b):
+        n, length = int(n_packed[i]), int(lengths[i])
+        assert n <= cap, f"n_packed {n} exceeds the packed capacity {cap}"
+        take = min(n, length)
+        out[i, :, :take] = x[i, :, :take]
+        if length > n:
+            assert side.tail is not None and side.tail.shape[2] >= length - n, "tokens past n_packed need a tail"
+            out[i, :, n:length] = side.tail[i, :, : length - n].detach().cpu().to(torch.float64)
+    if side.rotation is not None:
+        out = out @ side.rotation.detach().cpu().to(torch.float64)
+    return out
+
+
+def decode_attention_reference(
+    q: torch.Tensor, k: PackedSide, v: PackedSide, lengths, sm_scale: float | None = None,
+    kv_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode attention in float64. q: [B, Hq, D]; kv_mask: optional bool [B, >= max(lengths)], True = attend.
+    Returns [B, Hq, D] float64 (zeros for a row with no token to attend to)."""
+    b, hq, d = q.shape
+    hkv = k.data.shape[1]
+    assert hq % hkv == 0, f"q heads {hq} must be a multiple of kv heads {hkv}"
+    lengths = _as_lengths(lengths, b)
+    keys, values = dequantize_side(k, lengths), dequantize_side(v, lengths)  # [B, Hkv, T, D]
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+    qd = q.detach().cpu().to(torch.float64).view(b, hkv, hq // hkv, d)  # [B, Hkv, G, D]
+    out = torch.zeros(b, hkv, hq // hkv, d, dtype=torch.float64)
+    for i in range(b):
+        n = int(lengths[i])
+        if n == 0:
+            continue
+        scores = qd[i] @ keys[i, :, :n].transpose(-1, -2) * scale  # [Hkv, G, n]
+        if kv_mask is not None:
+            keep = kv_mask[i, :n].detach().cpu().bool()
+            if not bool(keep.any()):
+                continue
+            scores = scores.masked_fill(~keep, float("-inf"))
+        out[i] = torch.softmax(scores, dim=-1) @ values[i, :, :n]  # [Hkv, G, D]
+    return out.view(b, hq, d)

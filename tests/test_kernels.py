@@ -1,0 +1,345 @@
+"""Triton kernels (kernels/) against their float64 torch references, in the CPU interpreter (TRITON_INTERPRET=1).
+
+Decode attention: relative error (max |out - ref| / max |ref|) <= 1e-3 with fp32 compute, for every format x GQA
+ratio {1, 3, 8} x length {1, 17, 300} x split count {1, 2, 4}. The interpreter is slow, so the full cross product
+runs for a fast subset (int4 per token, nvfp4, KIVI-style int2 per channel with a full-precision tail) and a
+covering design runs for every other format: each format sees every GQA ratio, every length and every split count
+at least once (3 runs per format, a Latin square). quant_pack: bit-exact against kvviz.formats.
+
+    python -m pytest tests/test_kernels.py -q
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # must precede the first import of a jit module
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import kernels  # noqa: E402
+import kvviz.formats as F  # noqa: E402
+from kernels import (  # noqa: E402
+    PackedSide,
+    decode_attention,
+    decode_attention_reference,
+    dequantize_side,
+    quant_pack,
+    quant_pack_supported,
+    side_from_format,
+)
+
+pytestmark = pytest.mark.skipif(not kernels.triton_usable(), reason="needs triton on CUDA or TRITON_INTERPRET=1")
+
+GQAS = (1, 3, 8)
+LENGTHS = (1, 17, 300)
+SPLITS = (1, 2, 4)
+FAST = ("int4", "nvfp4", "int2/channel/g32/asym")
+COVERED = (
+    "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3/token", "fp8_e5m2/head", "fp8_e4m3/channel",
+    "int8", "int8/asym", "int8/g16", "int8/tensor", "int4/asym", "int4/g8", "int4/g16/asym", "int4/head/asym",
+    "int4/channel/g32/asym", "int2", "int2/asym", "int2/g16/asym", "mxfp4", "fp4_mx_block16",
+    "int4/rot", "fp8_e4m3/rot", "int8/asym/rot",
+)
+PACKABLE = (
+    "int8", "int4", "int2", "int8/asym", "int4/asym", "int2/asym", "int8/g16", "int4/g8", "int4/g16/asym",
+    "int2/g16/asym", "fp8_e4m3/token", "fp8_e5m2/token", "fp8_e4m3/token/g16", "fp8_e4m3", "fp8_e5m2/head",
+    "int8/tensor", "int4/head", "mxfp4", "fp4_mx_block16", "nvfp4", "int4/rot", "nvfp4/rot",
+)
+TOL = 1e-3
+BATCH, KV_HEADS, HEAD_DIM = 2, 2, 32  # the sweeps use one KV head: the interpreter pays per program
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref| / max |ref|: the relative error every decode test bounds."""
+    return ((out.double().cpu() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def make_side(fmt, x: torch.Tensor, n_packed: int | None = None, spare: int = 5) -> PackedSide:
+    """Quantize x [B, Hkv, T, D] as a cache would: the first n_packed tokens (default all) packed into buffers with
+    `spare` rows of extra capacity (so strides include it), the rest kept as a full-precision tail."""
+    t = x.shape[2]
+    n = t if n_packed is None else n_packed
+    q = fmt.quantize(x[:, :, : max(n, 1)])  # kvviz.formats cannot pack 0 tokens: slice an empty view below
+
+    def in_buffer(a: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+        if a is None or a.dim() < 4:
+            return a
+        buf = torch.zeros(*a.shape[:2], a.shape[2] + spare, *a.shape[3:], dtype=a.dtype)
+        buf[:, :, : a.shape[2]] = a
+        return buf[:, :, :rows]
+
+    rows = n
+    srows = None if q.scale is None else (-(-n // fmt.group) if fmt.granularity == "channel" else n)
+    tail = x[:, :, n:] if n < t else None
+    return side_from_format(
+        fmt, in_buffer(q.data, rows), in_buffer(q.scale, srows), q.zero if q.scale is None else in_buffer(q.zero, srows),
+        q.tensor_scale,
+        n_packed=n if tail is not None else None, tail=tail,
+    )
+
+
+def kv_data(length: int, head_dim: int = HEAD_DIM, kv_heads: int = KV_HEADS, seed: int = 0):
+    """Random K (with two outlier channels, like post-RoPE keys) and V: [B, Hkv, length, D] fp32 each."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(BATCH, kv_heads, length, head_dim, generator=g)
+    k[..., 3] *= 8.0
+    k[..., head_dim - 2] += 4.0
+    v = torch.randn(BATCH, kv_heads, length, head_dim, generator=g)
+    return k, v
+
+
+def run_case(k_spec: str, v_spec: str, gqa: int, length: int, splits: int, head_dim: int = HEAD_DIM,
+             kv_heads: int = 1, channel_tail: bool = True, **kwargs) -> float:
+    """Decode with both sides quantized; returns the relative error against the float64 reference."""
+    kfmt, vfmt = F.get_format(k_spec), F.get_format(v_spec)
+    kx, vx = kv_data(length, head_dim, kv_heads)
+    lengths = torch.tensor([length, (length + 1) // 2])
+
+    def packed(fmt):  # channel formats keep their partial group unquantized, as the cache does
+        return (length // fmt.group) * fmt.group if channel_tail and fmt.granularity == "channel" else None
+
+    k = make_side(kfmt, kx, packed(kfmt))
+    v = make_side(vfmt, vx, packed(vfmt))
+    q = torch.randn(BATCH, kv_heads * gqa, head_dim, generator=torch.Generator().manual_seed(1))
+    out = decode_attention(q, k, v, lengths, num_splits=splits, **kwargs)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    return rel_err(out, decode_attention_reference(q, k, v, lengths))
+
+
+# ------------------------------------------------------------------------------------------ decode attention
+
+@pytest.mark.parametrize("splits", (1, 4))
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("gqa", GQAS)
+@pytest.mark.parametrize("spec", FAST)
+def test_decode_full_product(spec, gqa, length, splits):
+    assert run_case(spec, spec, gqa, length, splits) <= TOL
+
+
+def _covering_cases():
+    for i, spec in enumerate(COVERED):
+        for j in range(3):  # a Latin square: every format meets each GQA ratio, length and split count once
+            yield pytest.param(spec, GQAS[j], LENGTHS[(j + i) % 3], SPLITS[(j + 2 * i) % 3], id=f"{spec}-{j}")
+
+
+@pytest.mark.parametrize("spec,gqa,length,splits", list(_covering_cases()))
+def test_decode_covering(spec, gqa, length, splits):
+    assert run_case(spec, spec, gqa, length, splits) <= TOL
+
+
+@pytest.mark.parametrize("pair", ("k8v4", "k4v8", "kivi2", "kivi4", "k=fp8_e4m3/token,v=nvfp4", "k=int4/rot,v=mxfp4"))
+def test_decode_kv_pairs(pair):
+    kv = F.parse_kv(pair)
+    assert run_case(kv.k.spec, kv.v.spec, 3, 300, 2, kv_heads=2) <= TOL
+
+
+def test_decode_partial_channel_group_packed():
+    """A channel format whose last group is partial and packed anyway (no tail) reads its scale row t // N."""
+    assert run_case("int4/channel/g32/asym", "int2/channel/g32/asym", 3, 77, 2, kv_heads=2, channel_tail=False) <= TOL
+
+
+@pytest.mark.parametrize("spec,head_dim", [("nvfp4", 16), ("int4/g16/asym", 16), ("int8", 64), ("mxfp4", 64)])
+def test_decode_head_dims(spec, head_dim):
+    """head_dim 16 folds nvfp4's single block scale into the scores; 64 takes two MX blocks."""
+    assert run_case(spec, spec, 3, 40, 2, head_dim=head_dim) <= TOL
+
+
+def test_decode_tail_longer_for_k_than_v():
+    """K and V may hold different numbers of packed tokens (KIVI K per channel, V per token): each side switches
+    to its own tail at its own n_packed, and a row shorter than n_packed never reads its tail."""
+    kx, vx = kv_data(90)
+    kfmt, vfmt = F.get_format("int2/channel/g32/asym"), F.get_format("int4/g16/asym")
+    k = make_side(kfmt, kx, 64)
+    v = make_side(vfmt, vx, 85)
+    q = torch.randn(BATCH, KV_HEADS * 8, HEAD_DIM)
+    lengths = torch.tensor([90, 50])
+    out = decode_attention(q, k, v, lengths, num_splits=3, block_n=16)
+    assert rel_err(out, decode_attention_reference(q, k, v, lengths)) <= TOL
+
+
+def test_decode_mask_and_empty_rows():
+    """kv_mask (left padding) drops tokens, a fully masked block leaves no NaN, a length-0 row returns zeros."""
+    kx, vx = kv_data(70)
+    fmt = F.get_format("int8")
+    k, v = make_side(fmt, kx), make_side(fmt, vx)
+    q = torch.randn(BATCH, KV_HEADS * 3, HEAD_DIM)
+    mask = torch.ones(BATCH, 70, dtype=torch.bool)
+    mask[0, :40] = False  # left padding longer than one 16-token block
+    lengths = torch.tensor([70, 0])
+    out = decode_attention(q, k, v, lengths, num_splits=4, kv_mask=mask, block_n=16)
+    ref = decode_attention_reference(q, k, v, lengths, kv_mask=mask)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) <= TOL
+    assert out[1].abs().max() == 0
+
+
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+def test_decode_half_query(dtype):
+    """Model-dtype queries and tails: fp32 inside, output in the query's dtype."""
+    kx, vx = kv_data(50)
+    fmt = F.get_format("int4/channel/g32/asym")
+    k = make_side(fmt, kx.to(dtype), 32)
+    v = make_side(F.get_format("int4/asym"), vx.to(dtype))
+    q = torch.randn(BATCH, KV_HEADS * 3, HEAD_DIM).to(dtype)
+    out = decode_attention(q, k, v, 50)
+    assert out.dtype == dtype
+    assert rel_err(out, decode_attention_reference(q, k, v, 50)) <= 1e-2  # one rounding to the half output
+
+
+def test_decode_default_splits_and_sm_scale():
+    kx, vx = kv_data(300)
+    fmt = F.get_format("fp8_e4m3/token")
+    k, v = make_side(fmt, kx), make_side(fmt, vx)
+    q = torch.randn(BATCH, KV_HEADS, HEAD_DIM)
+    out = decode_attention(q, k, v, 300, sm_scale=0.3)
+    assert rel_err(out, decode_attention_reference(q, k, v, 300, sm_scale=0.3)) <= TOL
+
+
+def test_decode_without_triton_uses_reference(monkeypatch):
+    """The CPU path never needs triton: without it decode_attention is the float64 reference in q's dtype."""
+    import kernels.decode
+
+    monkeypatch.setattr(kernels.decode, "triton_usable", lambda device=None: False)
+    kx, vx = kv_data(20)
+    fmt = F.get_format("int4")
+    k, v = make_side(fmt, kx), make_side(fmt, vx)
+    q = torch.randn(BATCH, KV_HEADS * 3, HEAD_DIM)
+    out = decode_attention(q, k, v, 20)
+    assert torch.equal(out, decode_attention_reference(q, k, v, 20).float())
+
+
+def test_decode_rejects_bad_shapes():
+    kx, vx = kv_data(4)
+    fmt = F.get_format("int8")
+    k, v = make_side(fmt, kx), make_side(fmt, vx)
+    with pytest.raises(ValueError, match="one query token"):
+        decode_attention(torch.randn(BATCH, KV_HEADS, 1, HEAD_DIM), k, v, 4)
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        decode_attention(torch.randn(BATCH, 3, HEAD_DIM), k, v, 4)
+
+
+# ------------------------------------------------------------------------------------------ reference layout
+
+@pytest.mark.parametrize("spec", FAST + COVERED + ("fp8_e4m3/token/g16", "int8/head"))
+def test_reference_dequantize_matches_formats(spec):
+    """The reference reads the packed layout exactly as kvviz.formats writes it."""
+    fmt = F.get_format(spec)
+    x, _ = kv_data(40)
+    q = fmt.quantize(x)
+    side = side_from_format(fmt, q.data, q.scale, q.zero, q.tensor_scale)
+    torch.testing.assert_close(dequantize_side(side, 40).float(), fmt.dequantize(q), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ element codecs
+
+if kernels.triton_usable():
+    from kernels._triton import tl, triton
+    from kernels.jit.decode_attention import _e2m1_to_f32, _e8m0_to_f32, _fp8_to_f32
+    from kernels.jit.quant_pack import _e2m1_encode, _f32_to_fp8
+
+    @triton.jit
+    def _codec(codes, values, out_dec, out_enc, N: tl.constexpr, OP: tl.constexpr):
+        """Run the kernels' element codecs on N codes / values (OP: 0 E4M3, 1 E5M2, 2 E8M0, 3 E2M1)."""
+        i = tl.arange(0, N)
+        c = tl.load(codes + i).to(tl.int32)
+        v = tl.load(values + i)
+        if OP == 0:
+            tl.store(out_dec + i, _fp8_to_f32(c, 4))
+            tl.store(out_enc + i, _f32_to_fp8(v, 4))
+        elif OP == 1:
+            tl.store(out_dec + i, _fp8_to_f32(c, 5))
+            tl.store(out_enc + i, _f32_to_fp8(v, 5))
+        elif OP == 2:
+            tl.store(out_dec + i, _e8m0_to_f32(c))
+        else:
+            tl.store(out_dec + i, _e2m1_to_f32(c & 15))
+            tl.store(out_enc + i, _e2m1_encode(v))
+
+
+@pytest.mark.parametrize("op,dtype", [(0, torch.float8_e4m3fn), (1, torch.float8_e5m2)])
+def test_fp8_codec_exhaustive(op, dtype):
+    """All 256 fp8 codes decode as torch's view does; every code and every midpoint between neighbours encodes
+    (RNE) as torch's cast does."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    exact = codes.view(dtype).float()
+    finite = exact[torch.isfinite(exact)].unique()  # sorted
+    mids = (finite[1:].double() + finite[:-1].double()) / 2
+    values = torch.cat([finite, mids.float(), torch.tensor([float("nan")])])
+    n = 1024
+    values = torch.cat([values, torch.zeros(n - values.numel())])
+    dec, enc = torch.empty(n), torch.empty(n, dtype=torch.int32)
+    _codec[(1,)](torch.cat([codes, codes, codes, codes]), values, dec, enc, N=n, OP=op)
+    torch.testing.assert_close(dec[:256], exact, equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(enc.to(torch.uint8), values.to(dtype).view(torch.uint8))
+
+
+def test_e8m0_and_e2m1_codecs():
+    codes = torch.arange(256, dtype=torch.uint8)
+    dec, enc = torch.empty(256), torch.empty(256, dtype=torch.int32)
+    values = torch.linspace(-7, 7, 256)
+    values[:9] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5])  # ties go to the even code
+    _codec[(1,)](codes, values, dec, enc, N=256, OP=2)
+    expected = torch.where(codes == 255, float("nan"), torch.pow(2.0, codes.double() - 127)).float()
+    torch.testing.assert_close(dec, expected, equal_nan=True, rtol=0, atol=0)
+    _codec[(1,)](codes, values, dec, enc, N=256, OP=3)
+    torch.testing.assert_close(dec, F.e2m1_decode(codes & 15), rtol=0, atol=0)
+    assert torch.equal(enc.to(torch.uint8), F.e2m1_encode(values))
+
+
+# ------------------------------------------------------------------------------------------ quantize and pack
+
+def _pack_and_compare(spec: str, x: torch.Tensor, pos: int = 3, spare: int = 4) -> None:
+    fmt = F.get_format(spec)
+    b, h, t, d = x.shape
+    assert quant_pack_supported(fmt, d)
+    q = fmt.quantize(x)
+    cap = pos + t + spare
+    data = torch.full((b, h, cap, q.data.shape[-1]), 7, dtype=torch.uint8).view(q.data.dtype)
+    scale = zero = None
+    if q.scale is not None:
+        scale = torch.zeros(b, h, cap, q.scale.shape[-1], dtype=q.scale.dtype)
+        zero = None if q.zero is None else torch.zeros(b, h, cap, q.zero.shape[-1], dtype=q.zero.dtype)
+    quant_pack(fmt, x, data, scale, zero, pos=pos, tensor_scale=q.tensor_scale)
+    bytes_of = lambda a: a.contiguous().view(torch.uint8)  # noqa: E731  (NaN payloads compare too)
+    assert torch.equal(bytes_of(data[:, :, pos : pos + t]), bytes_of(q.data)), f"{spec}: codes differ"
+    assert torch.equal(bytes_of(data[:, :, :pos]), torch.full_like(bytes_of(data[:, :, :pos]), 7)), "wrote before pos"
+    if scale is not None:
+        assert torch.equal(bytes_of(scale[:, :, pos : pos + t]), bytes_of(q.scale)), f"{spec}: scales differ"
+    if zero is not None:
+        assert torch.equal(bytes_of(zero[:, :, pos : pos + t]), bytes_of(q.zero)), f"{spec}: zeros differ"
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
+@pytest.mark.parametrize("spec", PACKABLE)
+def test_quant_pack_bit_exact(spec, dtype):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(BATCH, KV_HEADS, 5, HEAD_DIM, generator=g) * torch.rand(BATCH, KV_HEADS, 5, 1, generator=g) * 3
+    x[0, 0, 1, 3] = 20.0  # an outlier channel
+    x[1, 1, 2] = 0.0  # an all-zero token: smallest scales
+    _pack_and_compare(spec, x.to(dtype))
+
+
+@pytest.mark.parametrize("spec", ("int8", "int4/g16/asym", "fp8_e4m3/token", "fp8_e5m2/token", "mxfp4", "nvfp4"))
+def test_quant_pack_non_finite(spec):
+    """Inf / NaN inputs: the group's scale becomes NaN exactly as kvviz.formats stores it."""
+    x = torch.randn(1, 2, 4, HEAD_DIM)
+    x[0, 0, 1, 5] = float("inf")
+    x[0, 1, 2, 20] = float("nan")
+    x[0, 1, 3, 0] = float("-inf")
+    if spec == "nvfp4":
+        x[0, 0] = torch.nan_to_num(x[0, 0], posinf=0.0)  # NV's tensor scale must stay finite
+    _pack_and_compare(spec, x)
+
+
+def test_quant_pack_many_tokens_and_rejections():
+    """A prefill-sized append spans several token blocks; channel formats are left to kvviz.formats."""
+    x = torch.randn(1, 2, 37, 64)
+    _pack_and_compare("int4/asym", x, pos=0)
+    assert not quant_pack_supported(F.get_format("int2/channel/g32/asym"), 64)
+    assert not quant_pack_supported(F.get_format("int4"), 96)
+    with pytest.raises(ValueError, match="fmt.quantize"):
+        quant_pack(F.get_format("int4/channel/g32/asym"), x, torch.zeros(1, 2, 40, 32, dtype=torch.uint8))
