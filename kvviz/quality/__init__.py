@@ -1,0 +1,40 @@
+"""Output quality of KV formats: side-by-side generation, teacher-forced KL / top-1, perplexity, needle retrieval.
+
+    from kvviz import quality
+    report = quality.compare(model, tok, prompt, ["fp8_e4m3", "k8v4", "k4v8", "kivi2"], max_new_tokens=32)
+    report.table()                       # one row per format: mean KL, top-1, divergence, bytes, tokens/s
+    for update in quality.compare_stream(model, tok, prompt, specs):   # partial texts per step (the UI streams)
+        ...
+    quality.perplexity(model, tok, ["fp8_e4m3", "int4"])               # WikiText-2 slice, strided windows
+    quality.needle(model, tok, ["fp8_e4m3", "int4"])                   # retrieval rate against needle depth
+
+Metrics come from one batched decode loop whose rows each hold their own format (kvviz.quality.rows); tokens/s
+come from each format's own cache and attention backend (kvviz.quality.speed).
+"""
+
+from kvviz.quality.compare import (FormatResult, QualityReport, StreamUpdate, compare, compare_stream, kl_top1,
+                                   prefill)
+from kvviz.quality.needle import DEPTHS, haystack, needle
+from kvviz.quality.perplexity import perplexity, wikitext
+from kvviz.quality.rows import RowStackCache
+from kvviz.quality.speed import decode_speed, load_prefill, make_cache, timed_decode
+
+__all__ = [
+    "DEPTHS",
+    "FormatResult",
+    "QualityReport",
+    "RowStackCache",
+    "StreamUpdate",
+    "compare",
+    "compare_stream",
+    "decode_speed",
+    "haystack",
+    "kl_top1",
+    "load_prefill",
+    "make_cache",
+    "needle",
+    "perplexity",
+    "prefill",
+    "timed_decode",
+    "wikitext",
+]

@@ -1,0 +1,189 @@
+"""Side-by-side generation for several KV formats: baseline greedy text, free-running text per format with its
+first divergence, and teacher-forced per-step KL(baseline || format) and top-1 agreement.
+
+One prefill (DynamicCache, the prompt attends to its own unquantized K/V as in vLLM) serves every format: its K/V
+are copied into each format's cache. Then ONE batched decode loop (kvviz.quality.rows.RowStackCache) runs
+1 + 2 x len(specs) rows: row 0 the exact baseline (greedy), then per format a teacher-forced row (fed the baseline's
+tokens) and a free-running row (fed its own greedy tokens). Step 0's token comes from the shared prefill, so it is
+the same everywhere; KL and top-1 are measured on the decode steps 1..N-1, where the format's cache is read.
+
+    for update in compare_stream(model, tok, "Once upon a time", ["fp8_e4m3", "k8v4", "int4"], max_new_tokens=32):
+        if update.report is None: show(update.texts)      # partial texts per format, each step
+    report = compare(model, tok, prompt, specs)           # QualityReport (the stream's last item)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from kvviz.attention import active_backend
+from kvviz.formats import parse_kv
+from kvviz.quality.rows import RowStackCache
+from kvviz.quality.speed import decode_speed
+
+METRICS_BACKEND = "torch reference, batched (dequantized K/V + SDPA)"
+
+
+@dataclass
+class FormatResult:
+    """One format's outcome. kl, top1: [steps] over decode steps 1..N-1 (nats; bool)."""
+
+    name: str  # as the caller wrote it
+    spec: str  # canonical KVSpec string
+    text: str  # free-running continuation
+    token_ids: list[int]
+    first_divergence: int | None  # first index where the free-running tokens differ from the baseline's
+    kl: np.ndarray
+    top1: np.ndarray
+    cache_bytes: int  # the teacher-forced row's cache (prompt + continuation), kvviz.QuantizedKVCache.nbytes()
+    bits_per_value: float
+    tokens_per_s: float | None = None  # its own cache and attention backend, when measured (speed_tokens > 0)
+
+    @property
+    def mean_kl(self) -> float:
+        return float(self.kl.mean()) if self.kl.size else 0.0
+
+    @property
+    def top1_rate(self) -> float:
+        return float(self.top1.mean()) if self.top1.size else 1.0
+
+
+@dataclass
+class QualityReport:
+    """The whole comparison. baseline_bytes: a DynamicCache's K/V for the same tokens, in the model dtype."""
+
+    prompt: str
+    prompt_tokens: int
+    baseline_text: str
+    baseline_ids: list[int]
+    baseline_bytes: int
+    formats: list[FormatResult]
+    seconds: float  # wall time of prefill + batched decode
+    baseline_tokens_per_s: float | None = None
+    metrics_backend: str = METRICS_BACKEND
+    speed_backend: str = field(default_factory=active_backend)
+
+    def table(self) -> list[dict]:
+        """One plain row per format for a table widget."""
+        return [{"format": f.name, "spec": f.spec, "mean_kl": f.mean_kl, "top1": f.top1_rate,
+                 "first_divergence": f.first_divergence, "cache_bytes": f.cache_bytes,
+                 "bytes_vs_baseline": f.cache_bytes / self.baseline_bytes, "bits_per_value": f.bits_per_value,
+                 "tokens_per_s": f.tokens_per_s} for f in self.formats]
+
+
+@dataclass
+class StreamUpdate:
+    """One step of compare_stream: partial texts, and the final report on the last update (else None)."""
+
+    step: int
+    baseline: str
+    texts: dict[str, str]
+    report: QualityReport | None = None
+
+
+def _encode(tokenizer, prompt) -> torch.Tensor:
+    if isinstance(prompt, torch.Tensor):
+        return prompt.reshape(1, -1)
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError("The prompt must be a non-empty string.")
+    return tokenizer(prompt, return_tensors="pt")["input_ids"][:, :]
+
+
+def _check_specs(specs) -> list:
+    if isinstance(specs, str) or not specs:
+        raise ValueError("specs must be a non-empty list of KV specs, e.g. ['fp8_e4m3', 'k8v4'].")
+    return [parse_kv(s) for s in specs]  # ValueError on a bad spec, before any compute
+
+
+def kl_top1(base_logits: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row KL(base || other) in nats and top-1 agreement. base_logits, logits: [rows, vocab] -> ([rows], [rows])."""
+    lp = torch.log_softmax(base_logits.double(), dim=-1)
+    lq = torch.log_softmax(logits.double(), dim=-1)
+    kl = (lp.exp() * (lp - lq)).sum(-1).clamp(min=0.0)
+    return kl, base_logits.argmax(-1) == logits.argmax(-1)
+
+
+@torch.no_grad()
+def prefill(model, ids: torch.Tensor):
+    """The prompt through a DynamicCache: (cache, last-position logits [1, vocab])."""
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids.to(model.device), cache=cache, use_cache=True, logits_to_keep=1)
+    return cache, out.logits[:, -1].float()
+
+
+@torch.no_grad()
+def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: int = 32, scales: dict | None = None,
+                   speed_tokens: int = 0) -> Iterator[StreamUpdate]:
+    """Generator form of `compare`: one StreamUpdate per generated token, the last one carrying the report."""
+    kvs = _check_specs(specs)
+    if max_new_tokens < 2:
+        raise ValueError("max_new_tokens must be at least 2 (step 0 comes from the shared prefill).")
+    names = [str(s) for s in specs]
+    n = len(kvs)
+    ids = _encode(tokenizer, prompt)
+    t0 = time.perf_counter()
+    dyn, logits0 = prefill(model, ids)
+    # rows: 0 baseline | 1..n teacher-forced | n+1..2n free-running
+    stack = RowStackCache(model.config, [None] + kvs + kvs, scales=scales)
+    stack.load_prefill(dyn)
+    first = int(logits0.argmax(-1))
+    base_ids, free_ids = [first], [[first] for _ in range(n)]
+    kl_steps, top1_steps = [], []
+    decode = lambda row_ids: tokenizer.decode(row_ids, skip_special_tokens=True)  # noqa: E731
+    yield StreamUpdate(0, decode(base_ids), {names[j]: decode(free_ids[j]) for j in range(n)})
+    for step in range(1, max_new_tokens):
+        inp = torch.tensor([[base_ids[-1]]] * (n + 1) + [[f[-1]] for f in free_ids], device=model.device)  # [2n+1, 1]
+        logits = model(input_ids=inp, cache=stack, use_cache=True).logits[:, -1].float()  # [2n+1, vocab]
+        kl, top1 = kl_top1(logits[:1].expand(n, -1), logits[1 : n + 1])
+        kl_steps.append(kl.cpu())
+        top1_steps.append(top1.cpu())
+        base_ids.append(int(logits[0].argmax()))
+        for j in range(n):
+            free_ids[j].append(int(logits[n + 1 + j].argmax()))
+        yield StreamUpdate(step, decode(base_ids), {names[j]: decode(free_ids[j]) for j in range(n)})
+    seconds = time.perf_counter() - t0
+
+    kl_arr = torch.stack(kl_steps, dim=1).numpy()  # [n, steps]
+    top1_arr = torch.stack(top1_steps, dim=1).numpy()
+    head_dim = stack.layers[0].keys.shape[-1]
+    speeds = {}
+    base_speed = None
+    if speed_tokens > 0:
+        base_speed = decode_speed(model, dyn, None, base_ids[0], speed_tokens)
+        speeds = {j: decode_speed(model, dyn, kvs[j], base_ids[0], speed_tokens, scales) for j in range(n)}
+    results = []
+    for j, kv in enumerate(kvs):
+        diverge = next((i for i, (a, b) in enumerate(zip(base_ids, free_ids[j])) if a != b), None)
+        results.append(FormatResult(
+            name=names[j], spec=kv.spec, text=decode(free_ids[j]), token_ids=free_ids[j], first_divergence=diverge,
+            kl=kl_arr[j], top1=top1_arr[j], cache_bytes=stack.row_nbytes(1 + j),
+            bits_per_value=kv.bits_per_value(head_dim), tokens_per_s=speeds.get(j)))
+    tokens = ids.shape[1] + max_new_tokens - 1  # tokens held after the last step
+    cfg = model.config.get_text_config(decoder=True)
+    baseline_bytes = 2 * cfg.num_hidden_layers * tokens * stack.layers[0].keys.shape[1] * head_dim * \
+        stack.layers[0].keys.element_size()
+    report = QualityReport(prompt=prompt if isinstance(prompt, str) else "", prompt_tokens=ids.shape[1],
+                           baseline_text=decode(base_ids), baseline_ids=base_ids, baseline_bytes=baseline_bytes,
+                           formats=results, seconds=seconds, baseline_tokens_per_s=base_speed)
+    yield StreamUpdate(max_new_tokens - 1, report.baseline_text, {r.name: r.text for r in results}, report)
+
+
+def compare(model, tokenizer, prompt, specs: list[str], max_new_tokens: int = 32, scales: dict | None = None,
+            speed_tokens: int = 0) -> QualityReport:
+    """Compare KV formats on one prompt (see the module docstring). prompt: a string or token ids [1, T].
+
+    specs: KV specs ("fp8_e4m3", "k=int8,v=int4", "kivi2", ...). scales: static scales for per-tensor formats,
+    {layer: (k_scale, v_scale)} (kvviz.calibrate.KVScales.for_cache()). speed_tokens > 0 also times that many
+    decode steps of each format's own cache with the active attention backend (tokens_per_s).
+    """
+    last = None
+    for last in compare_stream(model, tokenizer, prompt, specs, max_new_tokens, scales, speed_tokens):
+        pass
+    assert last is not None and last.report is not None, "compare_stream ended without a report"
+    return last.report

@@ -1,0 +1,83 @@
+"""Perplexity on the WikiText-2 test slice in assets/ (CC BY-SA 3.0, Merity et al. 2016; see
+assets/WIKITEXT-2-LICENSE.md), with K/V read back from each format's cache.
+
+Each window of `window` tokens starts with a prefill of its first `prefill_tokens` tokens (a prompt: it attends to
+its own unquantized K/V, and per-tensor fp8 scales come from it, as from any prompt), then the rest goes through
+the cache in chunks of `chunk` tokens: every chunk's queries attend to the quantized history and to their own
+tokens as stored (the cache quantizes on append, before attention reads), as in decoding. Only the tokens after
+the prefill are scored. Windows start every `stride` tokens (default: `window`, no overlap). The defaults (2 windows x 512 tokens) are sized for a 2-core
+CPU; the numbers compare formats, they are not the model's published perplexity (the `<unk>`-tokenized text and
+short windows raise it).
+
+    ppl = perplexity(model, tok, ["fp8_e4m3", "int4"])   # {"ppl": {"baseline": ..., "fp8_e4m3": ..., ...}, ...}
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import torch
+
+from kvviz.formats import parse_kv
+from kvviz.quality.speed import make_cache
+
+WIKITEXT = Path(__file__).resolve().parents[2] / "assets" / "wikitext-2-test.txt"
+
+
+@functools.lru_cache(maxsize=2)
+def wikitext(path: str | None = None) -> str:
+    """The WikiText-2 test slice bundled in assets/ (or another text file)."""
+    p = Path(path) if path else WIKITEXT
+    if not p.is_file():
+        raise ValueError(f"The WikiText-2 slice is missing at {p}; it ships in the repository's assets/ directory.")
+    return p.read_text(encoding="utf-8")
+
+
+@torch.no_grad()
+def _window_nll(model, ids: torch.Tensor, spec, prefill_tokens: int, chunk: int, scales: dict | None) -> torch.Tensor:
+    """Negative log-likelihoods [W - P] of tokens P..W-1 of one window ids [1, W] through a fresh cache (P =
+    prefill_tokens)."""
+    cache = make_cache(model, spec, scales)
+    p = prefill_tokens
+    logits = [model(input_ids=ids[:, :p], cache=cache, use_cache=True, logits_to_keep=1).logits]  # predicts token P
+    for start in range(p, ids.shape[1] - 1, chunk):
+        stop = min(start + chunk, ids.shape[1] - 1)
+        logits.append(model(input_ids=ids[:, start:stop], cache=cache, use_cache=True).logits)
+    logp = torch.log_softmax(torch.cat(logits, dim=1)[0].double(), dim=-1)  # [W - P, vocab]
+    target = ids[0, p:]  # [W - P]
+    return -logp.gather(-1, target[:, None])[:, 0]
+
+
+def perplexity(model, tokenizer, specs: list[str], windows: int = 2, window: int = 512, stride: int | None = None,
+               prefill_tokens: int = 128, chunk: int = 128, text: str | None = None,
+               scales: dict | None = None) -> dict:
+    """Perplexity of the baseline (DynamicCache) and of each spec on the same windows.
+
+    Returns {"ppl": {"baseline" | spec: float}, "nll": {name: [mean NLL per window]}, "windows": int,
+    "window": int, "tokens_scored": int} (names: "baseline", then the specs as given). Raises ValueError when the text is too short for the windows asked.
+    """
+    if isinstance(specs, str):
+        raise ValueError("specs must be a list of KV specs, e.g. ['fp8_e4m3', 'int4'].")
+    for s in specs:
+        parse_kv(s)
+    if windows < 1 or chunk < 1 or not 1 <= prefill_tokens < window:
+        raise ValueError(f"need windows >= 1, chunk >= 1 and 1 <= prefill_tokens < window; got windows={windows}, "
+                         f"chunk={chunk}, prefill_tokens={prefill_tokens}, window={window}.")
+    stride = stride or window
+    ids = tokenizer(text if text is not None else wikitext(), return_tensors="pt")["input_ids"]  # [1, N]
+    need = (windows - 1) * stride + window
+    if ids.shape[1] < need:
+        raise ValueError(f"The text has {ids.shape[1]} tokens; {windows} windows of {window} every {stride} need "
+                         f"{need}. Ask for fewer or shorter windows.")
+    ids = ids.to(model.device)
+    names = ["baseline"] + [str(s) for s in specs]
+    nll: dict[str, list[float]] = {n: [] for n in names}
+    for w in range(windows):
+        win = ids[:, w * stride : w * stride + window]
+        for name, spec in zip(names, [None] + list(specs)):
+            nll[name].append(float(_window_nll(model, win, spec, prefill_tokens, chunk, scales).mean()))
+    ppl = {n: math.exp(sum(v) / len(v)) for n, v in nll.items()}
+    return {"ppl": ppl, "nll": nll, "windows": windows, "window": window,
+            "tokens_scored": windows * (window - prefill_tokens)}

@@ -1,0 +1,117 @@
+"""Tests for kvviz.quality on tiny random-weight models: exact specs score KL 0 / top-1 1, lossy ones do not, the
+batched per-row-format decode equals each format's own cache, perplexity and needle run end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kvviz import quality
+from kvviz.cache import QuantizedKVCache
+from kvviz.models import tiny_model
+
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
+LOSSY = ["int2", "k=int8,v=int4", "int4/channel/g32/asym", "fp8_e4m3", "nvfp4"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model("llama")
+
+
+@pytest.mark.parametrize("dtype,exact", [(torch.bfloat16, "bf16"), (torch.float16, "fp16")])
+def test_full_precision_spec_is_exact(dtype, exact):
+    model, tok = tiny_model("llama", dtype=dtype)
+    report = quality.compare(model, tok, PROMPT, [exact, "int2"], max_new_tokens=16)
+    full, lossy = report.formats
+    assert full.mean_kl == 0.0 and full.top1_rate == 1.0 and full.first_divergence is None
+    assert full.text == report.baseline_text and full.token_ids == report.baseline_ids
+    assert lossy.mean_kl > 0.0 and lossy.kl.shape == (15,) and lossy.top1.shape == (15,)
+
+
+def test_report_fields(tiny):
+    model, tok = tiny
+    report = quality.compare(model, tok, PROMPT, ["fp16", *LOSSY], max_new_tokens=12, speed_tokens=2)
+    assert len(report.baseline_ids) == 12 and report.prompt_tokens == len(tok.encode(PROMPT))
+    assert report.speed_backend in ("torch", "triton") and "batched" in report.metrics_backend
+    rows = {r["format"]: r for r in report.table()}
+    assert list(rows) == ["fp16", *LOSSY]
+    assert rows["fp16"]["bytes_vs_baseline"] == pytest.approx(0.5)  # fp16 of an fp32 model
+    assert rows["int2"]["cache_bytes"] < rows["fp8_e4m3"]["cache_bytes"] < rows["fp16"]["cache_bytes"]
+    assert all(r["tokens_per_s"] > 0 for r in rows.values()) and report.baseline_tokens_per_s > 0
+    assert rows["int2"]["mean_kl"] > rows["fp8_e4m3"]["mean_kl"] > 0
+    for f in report.formats:
+        if f.first_divergence is not None:
+            assert f.token_ids[: f.first_divergence] == report.baseline_ids[: f.first_divergence]
+            assert f.token_ids[f.first_divergence] != report.baseline_ids[f.first_divergence]
+
+
+def test_batched_rows_match_each_formats_own_cache(tiny):
+    """The batched per-row-format decode gives the KL a format's own QuantizedKVCache gives alone."""
+    model, tok = tiny
+    report = quality.compare(model, tok, PROMPT, LOSSY, max_new_tokens=10)
+    ids = tok(PROMPT, return_tensors="pt")["input_ids"]
+    cont = torch.tensor([report.baseline_ids])
+    base_cache, _ = quality.prefill(model, ids)
+    with torch.no_grad():
+        base = torch.cat([model(input_ids=cont[:, i : i + 1], cache=base_cache).logits[:, -1] for i in range(9)])
+        for result in report.formats:
+            dyn, _ = quality.prefill(model, ids)
+            cache = quality.load_prefill(QuantizedKVCache(model.config, result.name), dyn)
+            logits = torch.cat([model(input_ids=cont[:, i : i + 1], cache=cache).logits[:, -1] for i in range(9)])
+            kl, top1 = quality.kl_top1(base, logits)
+            np.testing.assert_allclose(kl.numpy(), result.kl, rtol=1e-3, atol=1e-6)
+            assert cache.nbytes() == result.cache_bytes
+
+
+def test_stream_yields_every_step_then_the_report(tiny):
+    model, tok = tiny
+    updates = list(quality.compare_stream(model, tok, PROMPT, ["int4", "fp8"], max_new_tokens=6))
+    assert [u.step for u in updates] == [0, 1, 2, 3, 4, 5, 5]
+    assert all(u.report is None for u in updates[:-1]) and updates[-1].report is not None
+    assert set(updates[2].texts) == {"int4", "fp8"}
+    assert len(updates[-1].baseline) >= len(updates[1].baseline)
+
+
+@pytest.mark.parametrize("kwargs", [dict(specs=[]), dict(specs="int4"), dict(specs=["int3"]),
+                                    dict(specs=["int4"], max_new_tokens=1), dict(specs=["int4"], prompt="")])
+def test_compare_rejects_bad_input(tiny, kwargs):
+    model, tok = tiny
+    args = dict(prompt=PROMPT, max_new_tokens=4) | kwargs
+    with pytest.raises(ValueError):
+        quality.compare(model, tok, **args)
+
+
+def test_kl_top1():
+    a = torch.tensor([[2.0, 0.0, -1.0]])
+    kl, top1 = quality.kl_top1(a, a)
+    assert kl.item() == 0.0 and top1.item()
+    kl, top1 = quality.kl_top1(a, torch.tensor([[0.0, 2.0, -1.0]]))
+    assert kl.item() > 0 and not top1.item()
+
+
+def test_perplexity(tiny):
+    model, tok = tiny
+    res = quality.perplexity(model, tok, ["bf16", "int2"], windows=2, window=48, prefill_tokens=16, chunk=8)
+    assert list(res["ppl"]) == ["baseline", "bf16", "int2"] and res["tokens_scored"] == 64
+    assert res["ppl"]["baseline"] > 1 and res["ppl"]["int2"] != res["ppl"]["baseline"]
+    assert res["ppl"]["bf16"] == pytest.approx(res["ppl"]["baseline"], rel=0.05)
+    with pytest.raises(ValueError, match="windows"):
+        quality.perplexity(model, tok, ["int4"], windows=1000, window=512)
+    with pytest.raises(ValueError):
+        quality.perplexity(model, tok, ["int4"], window=16, prefill_tokens=16)
+
+
+def test_needle_runs(tiny):
+    model, tok = tiny
+    res = quality.needle(model, tok, ["fp16", "int2"], context_tokens=160, depths=(0.0, 1.0), answer_tokens=3)
+    assert list(res["retrieved"]) == ["baseline", "fp16", "int2"]
+    assert all(len(v) == 2 for v in res["retrieved"].values()) and len(res["needles"]) == 2
+    assert all(0.0 <= r <= 1.0 for r in res["rate"].values())
+    prompt, question = quality.haystack(tok, 200, 0.5, "12345")
+    assert abs(prompt.shape[1] + question.shape[1] - 200) <= 2
+    with pytest.raises(ValueError):
+        quality.haystack(tok, 20, 0.5, "1")
+    with pytest.raises(ValueError):
+        quality.haystack(tok, 200, 1.5, "1")
