@@ -57,9 +57,9 @@ class KVScales:
         """One scale per layer for K and V together, as SGLang's file holds it: max(k, v)."""
         return tuple(max(a, b) for a, b in zip(self.k, self.v))
 
-    def for_cache(self) -> dict:
-        """{"k": fp32 [layers], "v": fp32 [layers]}: the form QuantizedKVCache(scales=...) takes."""
-        return {"k": torch.tensor(self.k, dtype=torch.float32), "v": torch.tensor(self.v, dtype=torch.float32)}
+    def for_cache(self) -> dict[int, tuple[float, float]]:
+        """{layer: (k_scale, v_scale)}: the form kvviz.QuantizedKVCache(scales=...) takes."""
+        return {i: (k, v) for i, (k, v) in enumerate(zip(self.k, self.v))}
 
 
 @torch.no_grad()

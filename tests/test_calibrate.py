@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kvviz import analysis
+from kvviz.cache import QuantizedKVCache
 from kvviz.calibrate import (KVScales, calibrate_scales, load_scales, save_scales, scales_from_json,
                              scales_to_json)
 from kvviz.models import tiny_model
@@ -31,7 +32,20 @@ def test_amax_scales_match_the_capture(tiny):
         assert scales.k[layer] == pytest.approx(k_amax / 448, rel=1e-6)
         assert scales.v[layer] == pytest.approx(v_amax / 448, rel=1e-6)
     for_cache = scales.for_cache()
-    assert for_cache["k"].shape == (scales.num_layers,) and for_cache["k"].dtype == torch.float32
+    assert for_cache == {i: (scales.k[i], scales.v[i]) for i in range(scales.num_layers)}
+
+
+def test_scales_feed_the_cache(tiny):
+    model, tok = tiny
+    scales = calibrate_scales(model, tok, PROMPTS)
+    cache = QuantizedKVCache(model.config, "fp8_e4m3", scales=scales.for_cache())
+    ids = tok(PROMPTS[1], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        model(input_ids=ids, cache=cache, use_cache=True)
+    heads, dim = model.config.num_key_value_heads, model.config.head_dim
+    packed_k, packed_v = cache.update(torch.zeros(1, heads, 1, dim), torch.zeros(1, heads, 1, dim), 1)
+    assert packed_k.tensor_scale.item() == pytest.approx(scales.k[1])
+    assert packed_v.tensor_scale.item() == pytest.approx(scales.v[1])
 
 
 def test_percentile_scales_are_smaller(tiny):
