@@ -32,11 +32,13 @@ def format_colors(names: Sequence[str]) -> dict[str, str]:
 
 
 def _layout(fig: go.Figure, title: str, height: int = 380, **kw) -> go.Figure:
+    """Shared look: title top left, legend in one band between the title and the plot, units on the axes."""
     fig.update_layout(
-        title=dict(text=title, x=0.01, xanchor="left", font=dict(size=14)),
+        title=dict(text=title, x=0.01, xanchor="left", y=0.985, yanchor="top", yref="container",
+                   font=dict(size=14)),
         template=_TEMPLATE, font=_FONT, height=height,
-        margin=dict(l=60, r=20, t=60, b=50),
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
+        margin=dict(l=60, r=20, t=100, b=50),
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0.0, font=dict(size=11)),
         **kw,
     )
     return fig
@@ -165,14 +167,22 @@ def error_heatmap(values: np.ndarray | Sequence[Sequence[float]], title: str,
     return _layout(fig, title, height=420)
 
 
-def layer_error_lines(errors_by_format: Mapping[str, Sequence[float]], title: str,
+def layer_error_lines(errors_by_format: Mapping[str, Sequence[float] | Mapping[str, Sequence[float]]], title: str,
                       y_title: str = "relative error (‖x - x̂‖ / ‖x‖)") -> go.Figure:
-    """Per-layer relative error, one line per format. errors_by_format: {format: [error per layer]}."""
+    """Per-layer relative error, one colour per format.
+
+    errors_by_format: {format: [error per layer]}, or {format: {"K": [...], "V": [...]}} to draw several series of a
+    format in its colour, told apart by dash (solid, dash, dot).
+    """
     fig = go.Figure()
     colors = format_colors(list(errors_by_format))
+    dashes = ("solid", "dash", "dot", "dashdot")
     for name, errs in errors_by_format.items():
-        fig.add_trace(go.Scatter(x=list(range(len(errs))), y=_finite(errs), mode="lines+markers", name=name,
-                                 line=dict(color=colors[name], width=2), marker=dict(size=5)))
+        series = errs.items() if isinstance(errs, Mapping) else [("", errs)]
+        for i, (sub, vals) in enumerate(series):
+            fig.add_trace(go.Scatter(x=list(range(len(vals))), y=_finite(vals), mode="lines+markers",
+                                     name=f"{name} · {sub}" if sub else name, marker=dict(size=5),
+                                     line=dict(color=colors[name], width=2, dash=dashes[i % len(dashes)])))
     fig.update_xaxes(title_text="layer (index)")
     fig.update_yaxes(title_text=y_title, type="log")
     return _layout(fig, title)
@@ -207,9 +217,7 @@ def granularity_heatmaps(maps: Mapping[str, np.ndarray | Sequence[Sequence[float
     for i in range(2, len(names) + 1):
         fig.update_yaxes(title_text="token (position)", title_font=dict(size=1, color="rgba(0,0,0,0)"),
                          autorange="reversed", row=1, col=i)
-    fig = _layout(fig, title, height=420)
-    fig.update_layout(margin=dict(t=90))
-    return fig
+    return _layout(fig, title, height=440)
 
 
 # --- Memory --------------------------------------------------------------------------------------------------
@@ -236,3 +244,18 @@ def memory_vs_context(contexts: Sequence[int], gb_by_format: Mapping[str, Sequen
     fig.update_xaxes(title_text="context length (tokens)", type="log" if log_x else "linear")
     fig.update_yaxes(title_text="KV cache memory (GB)", type="log", rangemode="tozero")
     return _layout(fig, title, height=440)
+
+
+# --- Export --------------------------------------------------------------------------------------------------
+
+
+def layer_scales(scales: Mapping[str, Sequence[float]], title: str) -> go.Figure:
+    """Per-layer per-tensor scales (x = fp8 * scale), one line per series (K, V, the file's shared one)."""
+    fig = go.Figure()
+    colors = format_colors(list(scales))
+    for name, vals in scales.items():
+        fig.add_trace(go.Scatter(x=list(range(len(vals))), y=_finite(vals), mode="lines+markers", name=name,
+                                 line=dict(color=colors[name], width=2, dash="dot" if "file" in name else "solid")))
+    fig.update_xaxes(title_text="layer (index)")
+    fig.update_yaxes(title_text="scale (|x| per FP8 unit)", type="log")
+    return _layout(fig, title)

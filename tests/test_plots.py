@@ -56,9 +56,11 @@ def _figures():
     yield P.layer_channel_heatmap(rng.random((30, 64)), "layers")
     yield P.error_heatmap(rng.random((12, 64)), "error", token_labels=[f"t{i}" for i in range(12)])
     yield P.layer_error_lines({"int4": rng.random(30) + 0.01, "int8": rng.random(30) * 0.1 + 0.001}, "per layer")
+    yield P.layer_error_lines({"int4": {"K": rng.random(30), "V": rng.random(30)}}, "per layer, K and V")
     yield P.granularity_heatmaps({"per-token": rng.random((12, 64)), "per-channel": rng.random((12, 64)),
                                   "per-tensor": rng.random((12, 64))}, "granularity",
                                  subtitles={"per-token": "rel. err 0.1"})
+    yield P.layer_scales({"K": [0.01, 0.02], "V": [0.005, 0.004]}, "scales")
     yield P.memory_vs_context([1024, 4096, 32768], {"fp16": [0.1, 0.4, 3.2], "fp8": [0.05, 0.2, 1.6]},
                               {"L4 24 GB": 20.0, "H100 80 GB": 70.0})
 
