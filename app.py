@@ -1,29 +1,76 @@
 """kvviz app: the Gradio playground for KV-cache quantization.
 
-Placeholder page until the tabs land: `build_demo()` returns a `gr.Blocks` with no side effects at import.
+`build_demo()` returns the page as a `gr.Blocks` (no side effects at import; the model loads on first use). The
+tabs live in `kvviz/ui/` (one module per tab); the seven lessons of DESIGN.md are one-click buttons
+(`kvviz/ui/lessons.py`); figures come from `kvviz/plots.py`.
 
 Run: `make run` (or `python app.py`) serves http://127.0.0.1:7860; GRADIO_SERVER_NAME and GRADIO_SERVER_PORT
-override the address (the Dockerfile sets GRADIO_SERVER_NAME=0.0.0.0).
+override the address (Spaces and the Dockerfile set them). KVVIZ_MODEL picks the model (default: the bundled
+SmolLM2-135M-Instruct); KVVIZ_CONCURRENCY bounds concurrent model computations (default 1).
+
+api_names (for gradio_client): compare, needle, outliers, error_map, memory, export, check_scales.
 """
+
+from __future__ import annotations
 
 import os
 
 import gradio as gr
 
+from kvviz.ui import common, compare, errors, export, i18n, lessons, memory, outliers
+from kvviz.ui.i18n import t
+
+CSS = """
+.kv-columns {display: flex; gap: 10px; overflow-x: auto; align-items: stretch;}
+.kv-col {flex: 1 1 0; min-width: 190px; border: 1px solid var(--border-color-primary); border-radius: 8px;
+         padding: 8px 10px; background: var(--block-background-fill);}
+.kv-col h4 {margin: 0 0 4px 0; font-size: 0.95em;}
+.kv-col .kv-meta {font-size: 0.8em; color: var(--body-text-color-subdued); margin-bottom: 6px;}
+.kv-col .kv-text {white-space: pre-wrap; font-size: 0.9em; line-height: 1.45;}
+.kv-col mark {background: #ffd8a8; color: inherit; border-radius: 3px; padding: 0 1px;}
+.kv-col .kv-after {color: #b35900;}
+#kv-lessons button {font-size: 0.85em; min-height: 2.4em;}
+#kv-header {font-size: 0.9em;}
+"""
+
 
 def build_demo() -> gr.Blocks:
-    """Build the kvviz page: a title and a one-paragraph introduction."""
+    """The whole page: title, language switch, header, lesson buttons and the five tabs."""
+    tr = i18n.Translator()
     with gr.Blocks(title="kvviz: KV-cache quantization playground") as demo:
-        gr.Markdown(
-            "# kvviz: KV-cache quantization playground\n"
-            "See what quantizing a language model's KV cache does to memory, to the keys and values themselves, "
-            "and to the text the model writes."
-        )
+        with gr.Row(equal_height=True):
+            with gr.Column(scale=5):
+                tr(gr.Markdown(t("title")), value="title")
+                tr(gr.Markdown(t("subtitle")), value="subtitle")
+            with gr.Column(scale=1, min_width=170):
+                lang = tr(gr.Radio(list(i18n.LANGUAGES), value="English", label=t("language"),
+                                   elem_id="kv-lang"), label="language")
+        gr.Markdown(common.header_markdown(), elem_id="kv-header")
+        tr(gr.Markdown(t("lessons")), value="lessons")
+        with gr.Row(elem_id="kv-lessons"):
+            lesson_buttons = [tr(gr.Button(t(f"lesson{i}"), size="sm"), value=f"lesson{i}") for i in range(1, 8)]
+        with gr.Tabs() as tabs:
+            parts = {}
+            for tab_id, module in (("compare", compare), ("outliers", outliers), ("errors", errors),
+                                   ("memory", memory), ("export", export)):
+                with tr(gr.Tab(t(f"tab_{tab_id}"), id=tab_id, elem_id=f"tab-{tab_id}"), label=f"tab_{tab_id}"):
+                    parts[tab_id] = module.build(tr)
+        lessons.wire(lesson_buttons, tabs, parts)
+        lang.change(lambda choice: tr.updates(i18n.lang_code(choice)), lang, tr.components,
+                    api_visibility="private", queue=False)
+        demo.load(i18n.choice_from_request, None, lang, api_visibility="private", queue=False)
     return demo
 
 
+def launch(demo: gr.Blocks, **kwargs):
+    """Queue and launch `demo` with the app's CSS; kwargs go to Blocks.launch (server_name, server_port...)."""
+    demo.queue(default_concurrency_limit=common.concurrency(), max_size=64)
+    return demo.launch(css=CSS, theme=gr.themes.Soft(), **kwargs)
+
+
 if __name__ == "__main__":
-    build_demo().launch(
+    launch(
+        build_demo(),
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
     )

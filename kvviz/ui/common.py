@@ -1,0 +1,270 @@
+"""kvviz.ui.common: what every tab shares: the model (loaded once, lazily), input checks, error translation.
+
+- `get_model(progress)`: the process-wide model, loaded on first use under a lock, with a progress bar. It is
+  read-only once loaded; every result a user sees is returned from their own call, so users never share results.
+- `user_errors`: wraps a callback so a library ValueError reaches the user as a gr.Error message (no traceback)
+  and the app keeps serving. Works for plain and generator (streaming) callbacks.
+- `check_int`, `check_prompt`, `spec_list`: the input checks at the UI boundary, raising ValueError with a
+  sentence that says what to do.
+
+Model choice: env KVVIZ_MODEL (default: the bundled SmolLM2-135M-Instruct); a tiny random model name from
+`kvviz.models` makes tests fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+from collections.abc import Callable, Iterable
+
+import gradio as gr
+
+import kvviz
+
+MAX_FORMATS = 6  # columns the Compare tab shows side by side, baseline included
+DEFAULT_MODEL = "smollm2-135m"  # kvviz.models.DEFAULT_MODEL: the bundled SmolLM2-135M-Instruct
+_CONCURRENCY_ENV = "KVVIZ_CONCURRENCY"
+
+
+def model_name() -> str:
+    """The model this process serves: env KVVIZ_MODEL, else the bundled default."""
+    return os.environ.get("KVVIZ_MODEL", "").strip() or DEFAULT_MODEL
+
+
+def concurrency() -> int:
+    """How many model computations run at once (env KVVIZ_CONCURRENCY, default 1: a 2-core CPU Space)."""
+    text = os.environ.get(_CONCURRENCY_ENV, "1")
+    assert text.isdigit() and int(text) >= 1, f"{_CONCURRENCY_ENV} must be a positive integer, got {text!r}"
+    return int(text)
+
+
+class _ModelHolder:
+    """Loads the model once per process, on first use, under a lock (two first requests load it once)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loaded = None
+
+    def get(self, progress: gr.Progress | None = None):
+        if self._loaded is not None:
+            return self._loaded
+        with self._lock:
+            if self._loaded is None:
+                if progress is not None:
+                    progress(0.0, desc=f"Loading model {model_name()} (first use only)…")
+                self._loaded = _load(model_name())
+                if progress is not None:
+                    progress(1.0, desc="Model loaded")
+        return self._loaded
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded is not None
+
+
+_MODEL = _ModelHolder()
+
+
+def _load(name: str):
+    """(model, tokenizer) for `name`: "tiny-llama" (or tiny-qwen2, tiny-mistral) builds kvviz's random-weight
+    test model; anything else goes to kvviz.models.load_model (bundled default, local directory, hub id)."""
+    from kvviz import models
+
+    if name.startswith("tiny-"):
+        return models.tiny_model(name.removeprefix("tiny-"))
+    return models.load_model(None if name == DEFAULT_MODEL else name)
+
+
+def get_model(progress: gr.Progress | None = None):
+    """The process-wide loaded model (see kvviz.models.load_model for what it holds)."""
+    return _MODEL.get(progress)
+
+
+def model_shape() -> tuple[int, int] | None:
+    """(layers, kv_heads) of the configured model without loading its weights, when cheaply known; else None.
+
+    Sizes the layer and head sliders at build time: tiny models are built (milliseconds), the bundled default
+    and other presets are read from kvviz.memory's presets, a loaded model is described directly.
+    """
+    from kvviz import memory, models
+
+    name = model_name()
+    if _MODEL.loaded:
+        d = models.describe_model(_MODEL.get()[0])
+        return d["layers"], d["kv_heads"]
+    if name.startswith("tiny-"):
+        d = models.describe_model(models.tiny_model(name.removeprefix("tiny-"))[0])
+        return d["layers"], d["kv_heads"]
+    if name in memory.MODEL_PRESETS:
+        p = memory.MODEL_PRESETS[name]
+        return p.layers, p.kv_heads
+    return None
+
+
+def layer_head_inputs(default_layer_fraction: float = 0.62):
+    """(layer, head) input components sized to the model: sliders when its shape is known, else numbers."""
+    shape = model_shape()
+    # 0.62: layer 18 of SmolLM2's 30, where post-RoPE K's outlier channels stand out most against V's.
+    if shape is None:
+        return (gr.Number(0, label="Layer", precision=0, minimum=0),
+                gr.Number(0, label="KV head", precision=0, minimum=0))
+    layers, heads = shape
+    return (gr.Slider(0, layers - 1, value=int(default_layer_fraction * (layers - 1)), step=1, label="Layer"),
+            gr.Slider(0, heads - 1, value=0, step=1, label="KV head"))
+
+
+def device_name() -> str:
+    """The device computations run on: "cuda (NVIDIA ...)" or "cpu"."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda ({torch.cuda.get_device_name(0)})"
+    return "cpu"
+
+
+def backend_name() -> str:
+    """The attention backend that decodes from the quantized cache: "triton" or "torch"."""
+    from kvviz import attention
+
+    return attention.active_backend()
+
+
+def header_markdown() -> str:
+    """One line: which model, device and attention backend produce every number on the page."""
+    state = "loaded" if _MODEL.loaded else "loads on first use"
+    return (f"**Model** `{model_name()}` ({state}) · **device** `{device_name()}` · "
+            f"**attention backend** `{backend_name()}`")
+
+
+# --- errors and checks ---------------------------------------------------------------------------------------
+
+
+def user_errors(fn: Callable) -> Callable:
+    """Turn a ValueError raised by `fn` (or by the library under it) into gr.Error: a message, not a traceback."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def gen_wrapper(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except ValueError as e:
+                raise gr.Error(str(e), print_exception=False) from None
+        return gen_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ValueError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+    return wrapper
+
+
+def table(rows: list[list], headers: list[str]):
+    """A gr.Dataframe value: rows under headers (a pandas DataFrame, which the API returns as headers + data)."""
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=headers)
+
+
+def check_int(value, what: str, lo: int, hi: int) -> int:
+    """`value` as an int in [lo, hi]; ValueError naming the field and the range otherwise."""
+    if value is None or isinstance(value, bool):
+        raise ValueError(f"{what} is missing: enter a whole number from {lo} to {hi}.")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a whole number from {lo} to {hi}, got {value!r}.") from None
+    if not number.is_integer() or not lo <= number <= hi:
+        raise ValueError(f"{what} must be a whole number from {lo} to {hi}, got {value!r}.")
+    return int(number)
+
+
+def check_float(value, what: str, lo: float, hi: float) -> float:
+    """`value` as a float in [lo, hi]; ValueError naming the field and the range otherwise."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number from {lo:g} to {hi:g}, got {value!r}.") from None
+    if not lo <= number <= hi:
+        raise ValueError(f"{what} must be a number from {lo:g} to {hi:g}, got {value!r}.")
+    return number
+
+
+def check_prompt(prompt) -> str:
+    """The prompt, stripped; ValueError when there is none (the length limit is the library's to check)."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("The prompt is empty: type some text or pick one of the examples.")
+    return prompt.strip()
+
+
+def spec_list(chosen: Iterable[str] | None, custom: str | None, limit: int = MAX_FORMATS) -> list[str]:
+    """The K/V specs picked (checkboxes) plus those typed (one per line or ';'-separated), validated, deduplicated.
+
+    Each is parsed with kvviz.parse_kv, so an unknown format raises the registry's ValueError (which lists the
+    valid names). Order: as picked, then as typed.
+    """
+    items = [c for c in (chosen or []) if c]
+    for line in (custom or "").replace(";", "\n").splitlines():
+        if line.strip():
+            items.append(line.strip())
+    out: list[str] = []
+    seen: set[str] = set()
+    for spec in items:
+        canonical = kvviz.parse_kv(spec).spec
+        if canonical not in seen:
+            seen.add(canonical)
+            out.append(spec)
+    if len(out) > limit:
+        raise ValueError(f"{len(out)} formats chosen; compare at most {limit} at once (untick some).")
+    return out
+
+
+# --- prompts and captures ------------------------------------------------------------------------------------
+
+EXAMPLES = [
+    "The capital of France is",
+    ("A transformer's KV cache stores the keys and values of every past token, so the model does not recompute "
+     "them at each step. For long contexts this cache, not the weights, is what fills the GPU."),
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+    "대한민국의 수도는 서울이고, 일본의 수도는",
+]
+MAX_ANALYSIS_TOKENS = 512  # the K-outlier and error tabs look at one prompt; more tokens add little but time
+
+
+def prompt_token_ids(tokenizer, prompt: str, limit: int) -> list[int]:
+    """Token ids of the checked prompt; ValueError when it is empty or longer than `limit` tokens."""
+    prompt = check_prompt(prompt)
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"][0].tolist()
+    if len(ids) > limit:
+        raise ValueError(f"The prompt is {len(ids):,} tokens long; this view takes at most {limit:,}. "
+                         "Shorten it.")
+    return ids
+
+
+@functools.lru_cache(maxsize=4)
+def _capture_cached(prompt: str):
+    from kvviz.analysis.capture import capture_kv
+
+    model, tok = get_model()
+    return capture_kv(model, tok, prompt, max_tokens=MAX_ANALYSIS_TOKENS)
+
+
+def capture(prompt, progress: gr.Progress | None = None):
+    """K (pre/post RoPE), V and Q of every layer for `prompt` (kvviz.analysis KVCapture), cached per prompt.
+
+    The cache is keyed by the prompt text alone: the same text gives the same capture to whoever asks, so it
+    shares no user's result with another. Raises ValueError for an empty or too long prompt.
+    """
+    model, tok = get_model(progress)
+    prompt_token_ids(tok, prompt, MAX_ANALYSIS_TOKENS)
+    if progress is not None:
+        progress(0.5, desc="Capturing K and V of every layer…")
+    return _capture_cached(prompt.strip())
+
+
+def check_layer_head(cap, layer, head) -> tuple[int, int]:
+    """Layer and head as ints within the captured model's shape (ValueError naming the range otherwise)."""
+    return (check_int(layer, "Layer", 0, cap.layers - 1), check_int(head, "KV head", 0, cap.kv_heads - 1))

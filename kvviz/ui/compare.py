@@ -1,0 +1,198 @@
+"""kvviz.ui.compare: the Compare tab: the same prompt generated through several KV formats, side by side.
+
+Texts stream as `kvviz.quality.compare_stream` decodes all formats as one batch; the first divergence from the
+fp16 baseline is marked. When the run ends, a table and bar charts give teacher-forced KL and top-1, cache bytes
+and tokens/s (each format's own cache and attention backend). The needle test runs on demand.
+api_names:
+    compare(prompt, specs, custom_specs, max_new_tokens, with_perplexity)
+      -> (columns html, metrics table, metrics figure, status)
+      (a generator: the columns update once per generated token; perplexity on WikiText-2 when asked)
+    needle(specs, custom_specs, context_tokens) -> (needle figure, status)
+"""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+from kvviz import plots, quality
+from kvviz.attention import active_backend
+from kvviz.formats import parse_kv
+
+from .common import (EXAMPLES, check_int, get_model, model_name, prompt_token_ids, spec_list, table,
+                     user_errors)
+from .i18n import Translator, t
+
+TAB = "compare"  # the tab id in app.py; prefixes elem_ids the browser test finds
+
+SPEC_CHOICES = ["fp8_e4m3", "fp8_e5m2", "int8", "k8v4", "k4v8", "int4", "kivi4", "kivi2", "mxfp4", "nvfp4"]
+DEFAULT_SPECS = ["fp8_e4m3", "k8v4", "k4v8", "int4"]
+BASELINE = "exact (baseline)"  # the unquantized cache, in the model's dtype
+MAX_NEW_TOKENS = 128
+MAX_PROMPT_TOKENS = 2048  # on a 2-core CPU a longer prefill through every format takes minutes
+SPEED_TOKENS = 8  # decode steps timed per format for tokens/s
+PPL_WINDOWS, PPL_WINDOW = 1, 512  # one 512-token WikiText-2 window: seconds per format on a 2-core CPU
+
+
+def _divergence(text: str, baseline: str) -> int | None:
+    """Character index where `text` first differs from `baseline` (None: no difference yet)."""
+    for i, (a, b) in enumerate(zip(text, baseline)):
+        if a != b:
+            return i
+    return None if len(text) == len(baseline) or len(text) < len(baseline) else len(baseline)
+
+
+def _marked(text: str, baseline: str | None) -> str:
+    """HTML of `text`: the word where it leaves the baseline in <mark>, what follows in the divergence colour."""
+    if baseline is None:
+        return html.escape(text)
+    i = _divergence(text, baseline)
+    if i is None:
+        return html.escape(text)
+    start = max(text.rfind(" ", 0, i), text.rfind("\n", 0, i)) + 1  # back to the start of the word
+    end = min([j for j in (text.find(" ", i + 1), text.find("\n", i + 1)) if j != -1], default=len(text))
+    return (html.escape(text[:start]) + "<mark>" + html.escape(text[start:end]) + "</mark>"
+            + f"<span class='kv-after'>{html.escape(text[end:])}</span>")
+
+
+def _columns(baseline: str, texts: dict[str, str], meta: dict[str, str]) -> str:
+    cols = [(BASELINE, baseline, None)] + [(name, txt, baseline) for name, txt in texts.items()]
+    parts = []
+    for name, txt, base in cols:
+        parts.append(f"<div class='kv-col'><h4>{html.escape(name)}</h4>"
+                     f"<div class='kv-meta'>{html.escape(meta.get(name, ''))}</div>"
+                     f"<div class='kv-text'>{_marked(txt, base)}</div></div>")
+    return f"<div class='kv-columns'>{''.join(parts)}</div>"
+
+
+def _metrics(report, dtype: str, elsize: int, ppl: dict | None) -> tuple[list[str], list[list], dict]:
+    """Table headers and rows (baseline first) and the bar chart's columns, from a QualityReport.
+    dtype, elsize: the model's dtype name and bytes per element, which the exact baseline cache holds.
+    ppl: kvviz.quality.perplexity's {"baseline" | name: perplexity}, or None when not measured."""
+    headers = ["format", "spec", "bits/value", "mean KL (nats/token)", "top-1 agreement (%)",
+               "first divergence (token)", "cache (KiB)", "cache vs exact", "tokens/s", "perplexity"]
+    base_tps = report.baseline_tokens_per_s
+    rows = [[BASELINE, dtype, 8 * elsize, 0.0, 100.0, "-", round(report.baseline_bytes / 1024, 1), "1.00×",
+             None if base_tps is None else round(base_tps, 1), _ppl(ppl, "baseline")]]
+    for f in report.formats:
+        rows.append([f.name, f.spec, round(f.bits_per_value, 3), round(f.mean_kl, 5), round(100 * f.top1_rate, 1),
+                     "none" if f.first_divergence is None else f.first_divergence,
+                     round(f.cache_bytes / 1024, 1), f"{f.cache_bytes / report.baseline_bytes:.2f}×",
+                     None if f.tokens_per_s is None else round(f.tokens_per_s, 1), _ppl(ppl, f.name)])
+    columns = {
+        "mean KL (nats/token)": [r[3] for r in rows],
+        "top-1 agreement (%)": [r[4] for r in rows],
+        "cache (KiB)": [r[6] for r in rows],
+        "decode speed (tokens/s)": [r[8] for r in rows],
+    }
+    if ppl is not None:
+        columns["perplexity (WikiText-2)"] = [r[9] for r in rows]
+    return headers, rows, columns
+
+
+def _ppl(ppl: dict | None, name: str) -> float | None:
+    return None if ppl is None else round(ppl[name], 3)
+
+
+def _positions(model) -> int:
+    """The model's position limit (max_position_embeddings), or a huge number when the config lacks one."""
+    return int(getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", 0) or 1 << 30)
+
+
+def _check_prompt_fits(tok, model, prompt: str, new_tokens: int) -> int:
+    limit = min(MAX_PROMPT_TOKENS, _positions(model) - new_tokens)
+    return len(prompt_token_ids(tok, prompt, limit))
+
+
+@user_errors
+def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, progress=gr.Progress()):
+    """Stream every format's text side by side; end with the metrics table and chart."""
+    new_tokens = check_int(max_new_tokens, "Max new tokens", 2, MAX_NEW_TOKENS)
+    names = spec_list(specs, custom_specs)
+    if not names:
+        raise ValueError("Pick at least one format to compare with the fp16 baseline.")
+    model, tok = get_model(progress)
+    n_prompt = _check_prompt_fits(tok, model, prompt, new_tokens)
+    empty = plots.empty_figure("Metrics appear when generation ends.")
+    status = f"Prefilling {n_prompt} prompt tokens, then decoding {len(names)} formats + baseline as one batch…"
+    yield _columns("", {n: "" for n in names}, {}), None, empty, status
+    for update in quality.compare_stream(model, tok, prompt.strip(), names, new_tokens, speed_tokens=SPEED_TOKENS):
+        if update.report is None:
+            yield (_columns(update.baseline, update.texts, {}), gr.skip(), gr.skip(),
+                   f"Token {update.step + 1} of {new_tokens}…")
+            continue
+        report = update.report
+        ppl = None
+        if with_perplexity:
+            yield gr.skip(), gr.skip(), gr.skip(), "Measuring perplexity on WikiText-2 through every format's cache…"
+            ppl = quality.perplexity(model, tok, names, windows=PPL_WINDOWS, window=PPL_WINDOW)["ppl"]
+        headers, rows, columns = _metrics(report, str(model.dtype).removeprefix("torch."), model.dtype.itemsize,
+                                          ppl)
+        meta = {r[0]: f"KL {r[3]:.4f} · top-1 {r[4]:.0f}% · {r[7]} bytes" for r in rows[1:]}
+        meta[BASELINE] = f"{report.prompt_tokens} prompt tokens · unquantized {rows[0][1]} K/V"
+        fig = plots.metrics_bars([r[0] for r in rows], columns)
+        done = (f"Done in {report.seconds:.1f} s on `{model_name()}`. KL and top-1 are teacher-forced on the "
+                f"baseline's tokens ({report.metrics_backend}); tokens/s: each format's own cache, "
+                f"`{report.speed_backend}` attention backend, batch 1, {SPEED_TOKENS} steps.")
+        yield (_columns(report.baseline_text, {f.name: f.text for f in report.formats}, meta),
+               table(rows, headers), fig, done)
+
+
+@user_errors
+def needle(specs, custom_specs, context_tokens, progress=gr.Progress()):
+    """Retrieval rate against needle depth for the chosen formats (and the fp16 baseline)."""
+    names = spec_list(specs, custom_specs)
+    context = check_int(context_tokens, "Context length", 256, 8192)
+    model, tok = get_model(progress)
+    positions = _positions(model)
+    if context + 32 > positions:
+        raise ValueError(f"A {context}-token haystack plus the question does not fit in this model's "
+                         f"{positions} positions; use at most {positions - 32} tokens.")
+    progress(0.2, desc=f"Hiding needles in {context} tokens of haystack, {len(names) + 1} formats…")
+    result = quality.needle(model, tok, names, context_tokens=context)
+    rates = {name: [float(hit) for hit in hits] for name, hits in result["retrieved"].items()}
+    fig = plots.needle_chart([100 * d for d in result["depths"]], rates, result["context_tokens"])
+    found = ", ".join(f"`{n}` {100 * r:.0f}%" for n, r in result["rate"].items())
+    return fig, (f"One needle per depth in {context} tokens of WikiText-2, `{model_name()}`, answers read through "
+                 f"each format's cache. Retrieved: {found}.")
+
+
+def build(tr: Translator) -> dict:
+    """Lay out the Compare tab inside the current gr.Tab; returns its components by name."""
+    c: dict = {}
+    tr(gr.Markdown(t("compare_intro")), value="compare_intro")
+    with gr.Row():
+        with gr.Column(scale=3):
+            c["prompt"] = tr(gr.Textbox(EXAMPLES[3], lines=3, label=t("prompt"), placeholder=t("prompt_ph")),
+                             label="prompt", placeholder="prompt_ph")
+            gr.Examples(EXAMPLES, c["prompt"])
+        with gr.Column(scale=2, min_width=280):
+            c["specs"] = tr(gr.CheckboxGroup(SPEC_CHOICES, value=DEFAULT_SPECS, label=t("specs")), label="specs")
+            c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1),
+                             label="custom_specs", info="custom_specs_info")
+            c["max_new"] = tr(gr.Slider(2, MAX_NEW_TOKENS, value=24, step=1, label=t("max_new_tokens")),
+                              label="max_new_tokens")
+            c["ppl"] = tr(gr.Checkbox(False, label=t("with_ppl")), label="with_ppl")
+            c["run"] = tr(gr.Button(t("run"), variant="primary", elem_id=f"{TAB}-run"), value="run")
+    c["status"] = gr.Markdown(elem_id="compare-status", label="status")
+    c["columns"] = tr(gr.HTML(label=t("outputs"), elem_id="compare-columns"), label="outputs")
+    with gr.Row():
+        c["table"] = tr(gr.Dataframe(label=t("metrics"), wrap=True), label="metrics")
+    c["fig"] = gr.Plot(plots.empty_figure(), label="metrics per format", show_label=False)
+    with tr(gr.Accordion(t("needle_title"), open=False, elem_id=f"{TAB}-needle"), label="needle_title"):
+        tr(gr.Markdown(t("needle_intro")), value="needle_intro")
+        with gr.Row():
+            c["needle_ctx"] = tr(gr.Slider(256, 8192, value=768, step=128, label=t("needle_context")),
+                                 label="needle_context")
+            c["needle_run"] = tr(gr.Button(t("needle_run"), elem_id=f"{TAB}-needle-run"), value="needle_run")
+        c["needle_status"] = gr.Markdown(label="needle status")
+        c["needle_fig"] = gr.Plot(plots.empty_figure(), label="needle in a haystack", show_label=False)
+    c["inputs"] = [c["prompt"], c["specs"], c["custom"], c["max_new"], c["ppl"]]
+    c["outputs"] = [c["columns"], c["table"], c["fig"], c["status"]]
+    needle_io = ([c["specs"], c["custom"], c["needle_ctx"]], [c["needle_fig"], c["needle_status"]])
+    c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model"), "needle": (needle, *needle_io, "model")}
+    c["run"].click(run, c["inputs"], c["outputs"], api_name="compare", concurrency_id="model",
+                   show_progress="minimal")
+    c["needle_run"].click(needle, *needle_io, api_name="needle", concurrency_id="model")
+    return c

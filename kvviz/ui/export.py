@@ -1,0 +1,139 @@
+"""kvviz.ui.export: the Export tab: vLLM / SGLang flags and code for a format, and calibrated SGLang scales.
+
+Commands come from `kvviz.export`; per-layer scales from `kvviz.calibrate`, measured on the user's prompts with
+the loaded model. A format an engine lacks is shown as unsupported with the engine's closest option in words.
+api_names:
+    export(spec, model_id, calib_prompts)
+      -> (commands markdown, support table, scales JSON text, scales file, per-layer scales figure)
+    check_scales(file) -> summary markdown (a malformed file is a gr.Error naming what is wrong)
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import gradio as gr
+
+from kvviz import calibrate, plots
+from kvviz import export as kv_export
+from kvviz.formats import parse_kv
+
+from .common import get_model, model_name, model_shape, table, user_errors
+from .i18n import Translator, t
+
+TAB = "export"  # the tab id in app.py; prefixes elem_ids the browser test finds
+
+FORMAT_CHOICES = ["fp8_e4m3", "fp8_e5m2", "fp16", "bf16", "int8", "fp8_e4m3/token", "k8v4", "kivi4", "mxfp4",
+                  "fp4_mx_block16", "nvfp4"]
+SUPPORT_FORMATS = ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3/token", "int8", "int4", "k8v4", "kivi2",
+                   "mxfp4", "fp4_mx_block16", "nvfp4"]
+DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_PROMPTS = ("The KV cache stores the keys and values of every past token.\n"
+                   "Quantizing it to 8 bits halves its memory.\n"
+                   "Paris is the capital of France, and Seoul is the capital of South Korea.")
+MAX_PROMPTS = 32
+MAX_PROMPT_CHARS = 4000
+
+
+def _commands_markdown(spec: str, out: dict) -> str:
+    parts = [f"### `{parse_kv(spec).spec}`"]
+    for engine, title in (("vllm", "vLLM"), ("sglang", "SGLang")):
+        r = out[engine]
+        if r["supported"]:
+            parts.append(f"**{title}**: supported, `--kv-cache-dtype {r['kv_cache_dtype']}`\n\n"
+                         f"```bash\n{r['cli']}\n```\n```python\n{r['python']}\n```\n{r['note']}")
+        else:
+            parts.append(f"**{title}**: **not supported.** {r['note']}")
+    return "\n\n".join(parts)
+
+
+def _support_table(model_id: str) -> list[list[str]]:
+    """Every common format against both engines: the dtype flag, or ✗."""
+    return [[row["spec"], row["vllm"] or "✗ unsupported", row["sglang"] or "✗ unsupported"]
+            for row in kv_export.export_table(SUPPORT_FORMATS, model_id)]
+
+
+@user_errors
+def run(spec, model_id, calib_prompts, progress=gr.Progress()):
+    """Commands for `spec`, the support table and, given prompts, per-layer FP8 scales as SGLang's JSON."""
+    spec = (spec or "").strip()
+    if not spec:
+        raise ValueError("Pick a KV format (e.g. fp8_e4m3) to export.")
+    model_id = (model_id or "").strip() or DEFAULT_MODEL_ID
+    if any(c.isspace() for c in model_id):
+        raise ValueError(f"The model id {model_id!r} contains spaces; give a hub id or a path without spaces.")
+    out = kv_export.export_commands(spec, model_id, scales_path="scales.json")
+    prompts = [p.strip() for p in (calib_prompts or "").splitlines() if p.strip()]
+    if len(prompts) > MAX_PROMPTS:
+        raise ValueError(f"{len(prompts)} calibration prompts given; use at most {MAX_PROMPTS}.")
+    if any(len(p) > MAX_PROMPT_CHARS for p in prompts):
+        raise ValueError(f"A calibration prompt is longer than {MAX_PROMPT_CHARS} characters; split or shorten it.")
+    md = _commands_markdown(spec, out)
+    support = table(_support_table(model_id), ["format", "vLLM --kv-cache-dtype", "SGLang --kv-cache-dtype"])
+    kv = parse_kv(spec)
+    if kv.k.base != "fp8_e4m3" or kv.k.granularity != "tensor":
+        note = ("\n\n_SGLang's scale file holds per-layer FP8 E4M3 per-tensor scales; pick fp8_e4m3 to calibrate "
+                "one on your prompts._")
+        return md + note, support, "", None, plots.empty_figure("Scales are calibrated for fp8_e4m3 only.")
+    if not prompts:
+        return (md + "\n\n_Add calibration prompts to get per-layer scales._", support, "", None,
+                plots.empty_figure("Add calibration prompts to calibrate scales."))
+    model, tok = get_model(progress)
+    progress(0.3, desc=f"Calibrating per-layer scales on {len(prompts)} prompt(s)…")
+    scales = calibrate.calibrate_scales(model, tok, prompts)
+    doc = calibrate.scales_to_json(scales, model_type=getattr(model.config, "model_type", None))
+    text = json.dumps(doc, indent=2)
+    path = Path(tempfile.mkdtemp(prefix="kvviz-scales-")) / "scales.json"
+    path.write_text(text + "\n")
+    fig = plots.layer_scales({"K (post-RoPE)": scales.k, "V": scales.v, "file (max of K, V)": scales.shared()},
+                             f"Calibrated FP8 E4M3 scales per layer ({len(prompts)} prompt(s), {model_name()})")
+    md += (f"\n\n**Scales**: calibrated on {len(prompts)} prompt(s) with `{model_name()}` (amax / 448 per layer). "
+           "SGLang applies one scale per layer to both K and V, so the file holds the larger of the two. Save it as "
+           "`scales.json` beside the command above.")
+    return md, support, text, str(path), fig
+
+
+@user_errors
+def check_scales(file):
+    """Read an uploaded SGLang scale file and summarize it; a malformed one raises a clear message."""
+    if file is None:
+        raise ValueError("Upload a scale file (JSON) first.")
+    path = file if isinstance(file, str) else getattr(file, "path", None) or getattr(file, "name", None)
+    shape = model_shape()
+    scales = calibrate.load_scales(path, num_layers=shape[0] if shape else None)
+    shared = scales.shared()
+    return (f"Valid SGLang scale file for {scales.num_layers} layers (matches `{model_name()}`): scales from "
+            f"{min(shared):.4g} to {max(shared):.4g}.")
+
+
+def build(tr: Translator) -> dict:
+    """Lay out the Export tab inside the current gr.Tab; returns its components by name."""
+    c: dict = {}
+    tr(gr.Markdown(t("export_intro")), value="export_intro")
+    with gr.Row():
+        with gr.Column(scale=1, min_width=280):
+            c["spec"] = tr(gr.Dropdown(FORMAT_CHOICES, value="fp8_e4m3", allow_custom_value=True,
+                                       label=t("export_format")), label="export_format")
+            c["model_id"] = gr.Textbox(DEFAULT_MODEL_ID, label="Model id or path for the commands")
+            c["prompts"] = tr(gr.Textbox(DEFAULT_PROMPTS, lines=4, label=t("calib_prompts")), label="calib_prompts")
+            c["run"] = tr(gr.Button(t("run"), variant="primary", elem_id=f"{TAB}-run"), value="run")
+        with gr.Column(scale=2):
+            c["commands"] = gr.Markdown(elem_id="export-commands", label="commands")
+            c["table"] = gr.Dataframe(label="Which engine supports which format", wrap=True)
+    with gr.Row():
+        with gr.Column(scale=2):
+            c["json"] = tr(gr.Code(language="json", label=t("calib_file"), lines=8), label="calib_file")
+            c["file"] = gr.File(label="scales.json", interactive=False)
+            c["scales_fig"] = gr.Plot(plots.empty_figure(), label="calibrated scales", show_label=False)
+        with gr.Column(scale=1):
+            c["upload"] = tr(gr.File(label=t("scale_upload"), file_types=[".json"]), label="scale_upload")
+            c["check"] = tr(gr.Button(t("check")), value="check")
+            c["check_out"] = gr.Markdown(label="scale file check")
+    c["inputs"] = [c["spec"], c["model_id"], c["prompts"]]
+    c["outputs"] = [c["commands"], c["table"], c["json"], c["file"], c["scales_fig"]]
+    c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model")}
+    c["run"].click(run, c["inputs"], c["outputs"], api_name="export", concurrency_id="model")
+    c["check"].click(check_scales, c["upload"], c["check_out"], api_name="check_scales", concurrency_limit=4)
+    return c

@@ -1,0 +1,237 @@
+"""kvviz.ui.i18n: the playground's English and Korean strings, and the switch that relabels the page.
+
+Strings live in two flat dicts keyed alike (a test checks that they are). Tabs register each translatable component
+with a `Translator` as they build it: `tr(gr.Button(t("run", "en")), value="run")`. The language radio's change
+event then returns `tr.updates(lang)`, one `gr.update` per registered component, so switching language is one
+round trip and touches no per-user state on the server.
+
+Computed results (tables, figures, library messages) stay in English: they are data, and the library speaks
+English. What the student reads to understand a view (intros, labels, the lesson buttons) is translated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+LANGUAGES = {"English": "en", "한국어": "ko"}
+
+EN: dict[str, str] = {
+    "title": "# kvviz: KV-cache quantization playground",
+    "subtitle": ("Quantize a real language model's KV cache and see what it does: to the keys and values themselves, "
+                 "to memory, and to the text the model writes. Pick a lesson below or open a tab."),
+    "language": "Language",
+    "lessons": "### Seven lessons, one click each",
+    "lesson1": "1 · K has outlier channels, V doesn't",
+    "lesson2": "2 · Per-tensor scales fail, per-token/channel don't",
+    "lesson3": "3 · K is sensitive, V tolerant (k8v4 vs k4v8)",
+    "lesson4": "4 · E4M3 beats E5M2 for KV",
+    "lesson5": "5 · int4 loses the middle of a long context",
+    "lesson6": "6 · Scales eat into the savings",
+    "lesson7": "7 · Fused dequantization is faster",
+    "tab_compare": "Compare",
+    "tab_outliers": "K outliers",
+    "tab_errors": "Quantization error",
+    "tab_memory": "Memory",
+    "tab_export": "Export",
+    "prompt": "Prompt",
+    "prompt_ph": "Type a prompt, or pick an example below.",
+    "layer": "Layer",
+    "head": "KV head",
+    "run": "Run",
+    # Compare
+    "compare_intro": (
+        "**What you see:** the same model answering the same prompt, once per KV-cache format, side by side. "
+        "The unquantized cache is the baseline; the first word where a format's text leaves the baseline is "
+        "<mark>highlighted</mark>. KL and top-1 are measured teacher-forced on the baseline's tokens, so they compare "
+        "like with like even after the texts part ways. Try k8v4 against k4v8: the same bytes, but K is the "
+        "sensitive half."),
+    "specs": "Formats to compare (the unquantized baseline always runs)",
+    "custom_specs": "More formats (custom)",
+    "custom_specs_info": "One K/V spec per line, e.g. k=int8,v=int4 or fp8_e5m2 or int4/channel/g32/asym",
+    "max_new_tokens": "Max new tokens",
+    "with_ppl": "Also measure perplexity on WikiText-2 (adds seconds per format)",
+    "outputs": "Generated text (first divergence from the baseline highlighted)",
+    "metrics": "Metrics per format",
+    "needle_intro": ("**Needle in a haystack:** hide a fact at several depths of a long context and ask for it back. "
+                     "int4 tends to lose facts from the middle first."),
+    "needle_title": "Needle in a haystack: long-context retrieval (lesson 5)",
+    "needle_run": "Run needle test",
+    "needle_context": "Context length (tokens)",
+    # Outliers
+    "outliers_intro": (
+        "**What you see:** the largest |value| each channel of the keys (K) and values (V) reaches over your prompt, "
+        "for one layer and KV head. After RoPE a few K channels carry magnitudes many times the rest; V has no "
+        "such channels. A Hadamard rotation mixes channels and spreads those outliers out."),
+    "outliers_why": (
+        "**Why it matters.** A scale shared by a whole tensor must stretch to fit the outlier channels, so every "
+        "other channel is left with a handful of levels. One scale per channel (KIVI's per-channel K) gives each "
+        "outlier channel its own range; a Hadamard rotation flattens the outliers before quantizing. V has no "
+        "outlier channels and is read as a weighted average over tokens, where errors partly cancel, so one scale "
+        "per token (over head_dim) suits it."),
+    # Errors
+    "errors_intro": (
+        "**What you see:** where quantization error lands. The heatmap is |x − x̂| per token and channel for one "
+        "format, layer and head; the line chart is each layer's relative error for every format you pick; the "
+        "three maps below quantize the same tensor with one scale per token, per channel and per tensor, on one "
+        "colour scale."),
+    "error_format": "Format for the heatmaps",
+    "error_formats": "Formats for the per-layer chart",
+    "which": "Tensor",
+    # Memory
+    "memory_intro": (
+        "**What you see:** KV-cache memory against context length for a real model's shape, one line per format, "
+        "with dashed lines at what each GPU has left beside the weights. Scale storage is counted: at head_dim 64 "
+        "with short groups, it takes a visible bite out of the savings."),
+    "model_preset": "Model",
+    "custom_dims": "Custom model dimensions (used when Model is 'custom')",
+    "layers": "Layers",
+    "kv_heads": "KV heads",
+    "head_dim": "Head dim",
+    "weights_gb": "Weights (GB)",
+    "batch": "Batch size",
+    "ctx_min": "Shortest context (tokens)",
+    "ctx_max": "Longest context (tokens)",
+    "memory_formats": "Formats",
+    "fit_table": ("Per GPU: the longest context that fits at this batch size · the largest batch that fits at the "
+                  "longest context above"),
+    # Export
+    "export_intro": (
+        "**What you see:** the flags and code that serve the model with this KV-cache format in vLLM and SGLang, "
+        "and per-layer scales calibrated on your prompts as SGLang's scale file. A format an engine does not "
+        "support is marked as such, never mapped to a different one."),
+    "export_format": "Format",
+    "calib_prompts": "Calibration prompts (one per line)",
+    "calib_file": "SGLang scale file (calibrated on your prompts)",
+    "scale_upload": "Check a scale file (JSON)",
+    "check": "Check file",
+}
+
+KO: dict[str, str] = {
+    "title": "# kvviz: KV 캐시 양자화 실습장",
+    "subtitle": ("실제 언어 모델의 KV 캐시를 양자화하고, 그 결과가 키와 값, 메모리, 그리고 모델이 쓰는 글에 어떤 영향을 "
+                 "주는지 직접 확인하세요. 아래 레슨을 고르거나 탭을 여세요."),
+    "language": "언어",
+    "lessons": "### 일곱 가지 레슨, 각각 한 번의 클릭",
+    "lesson1": "1 · K에는 이상치 채널이 있고 V에는 없다",
+    "lesson2": "2 · 텐서 단위 스케일은 실패, 토큰/채널 단위는 성공",
+    "lesson3": "3 · K는 민감하고 V는 관대하다 (k8v4 vs k4v8)",
+    "lesson4": "4 · KV에는 E4M3가 E5M2보다 낫다",
+    "lesson5": "5 · int4는 긴 문맥의 중간을 놓친다",
+    "lesson6": "6 · 스케일 저장이 절감분을 갉아먹는다",
+    "lesson7": "7 · 역양자화를 커널에 융합하면 빨라진다",
+    "tab_compare": "비교",
+    "tab_outliers": "K 이상치",
+    "tab_errors": "양자화 오차",
+    "tab_memory": "메모리",
+    "tab_export": "내보내기",
+    "prompt": "프롬프트",
+    "prompt_ph": "프롬프트를 입력하거나 아래 예시를 고르세요.",
+    "layer": "레이어",
+    "head": "KV 헤드",
+    "run": "실행",
+    "compare_intro": (
+        "**보고 있는 것:** 같은 모델이 같은 프롬프트에 답하되, KV 캐시 포맷만 바꿔 나란히 보여줍니다. 양자화하지 않은 "
+        "캐시가 기준이며, 각 포맷의 글이 기준에서 처음 갈라지는 단어를 <mark>강조</mark>합니다. KL과 top-1은 기준 토큰으로 "
+        "teacher forcing 하여 측정하므로, 글이 갈라진 뒤에도 같은 조건에서 비교됩니다. k8v4와 k4v8을 비교해 보세요: "
+        "바이트는 같지만 민감한 쪽은 K입니다."),
+    "specs": "비교할 포맷 (양자화하지 않은 기준은 항상 실행)",
+    "custom_specs": "추가 포맷 (직접 입력)",
+    "custom_specs_info": "한 줄에 K/V 스펙 하나, 예: k=int8,v=int4 또는 fp8_e5m2 또는 int4/channel/g32/asym",
+    "max_new_tokens": "최대 생성 토큰 수",
+    "with_ppl": "WikiText-2 퍼플렉서티도 측정 (포맷마다 몇 초 추가)",
+    "outputs": "생성된 글 (기준과 처음 갈라지는 곳 강조)",
+    "metrics": "포맷별 지표",
+    "needle_intro": ("**건초더미 속 바늘:** 긴 문맥의 여러 깊이에 사실 하나를 숨기고 다시 물어봅니다. int4는 중간에 있는 "
+                     "사실부터 잃는 경향이 있습니다."),
+    "needle_title": "건초더미 속 바늘: 긴 문맥에서 찾아내기 (레슨 5)",
+    "needle_run": "바늘 테스트 실행",
+    "needle_context": "문맥 길이 (토큰)",
+    "outliers_intro": (
+        "**보고 있는 것:** 한 레이어, 한 KV 헤드에서 프롬프트 전체에 걸쳐 키(K)와 값(V)의 각 채널이 도달하는 최대 |값|. "
+        "RoPE 이후 몇몇 K 채널은 나머지의 몇 배에 이르는 크기를 가지지만, V에는 그런 채널이 없습니다. 아다마르(Hadamard) "
+        "회전은 채널을 섞어 이상치를 고르게 퍼뜨립니다."),
+    "outliers_why": (
+        "**왜 중요한가.** 텐서 전체가 스케일 하나를 공유하면 그 스케일이 이상치 채널에 맞춰 늘어나, 나머지 채널에는 "
+        "몇 개의 레벨만 남습니다. 채널마다 스케일을 두면(KIVI의 채널 단위 K) 이상치 채널도 제 범위를 가지며, 아다마르 "
+        "회전은 양자화 전에 이상치를 평평하게 만듭니다. V에는 이상치 채널이 없고 토큰에 대한 가중 평균으로 읽혀 오차가 "
+        "일부 상쇄되므로, 토큰마다 스케일 하나(head_dim 방향)면 충분합니다."),
+    "errors_intro": (
+        "**보고 있는 것:** 양자화 오차가 어디에 생기는지. 히트맵은 한 포맷·레이어·헤드에서 토큰과 채널별 |x − x̂|, 선 "
+        "그래프는 고른 포맷마다 각 레이어의 상대 오차, 아래 세 맵은 같은 텐서를 토큰 단위·채널 단위·텐서 단위 스케일로 "
+        "양자화한 결과를 같은 색 척도로 보여줍니다."),
+    "error_format": "히트맵에 쓸 포맷",
+    "error_formats": "레이어별 그래프에 쓸 포맷",
+    "which": "텐서",
+    "memory_intro": (
+        "**보고 있는 것:** 실제 모델 형태에서 문맥 길이에 따른 KV 캐시 메모리, 포맷마다 선 하나, 그리고 가중치를 뺀 뒤 각 "
+        "GPU에 남는 용량을 점선으로 보여줍니다. 스케일 저장도 계산에 넣습니다: head_dim 64에 그룹이 짧으면 절감분이 "
+        "눈에 띄게 줄어듭니다."),
+    "model_preset": "모델",
+    "custom_dims": "직접 입력한 모델 크기 (모델이 'custom'일 때 사용)",
+    "layers": "레이어 수",
+    "kv_heads": "KV 헤드 수",
+    "head_dim": "헤드 차원",
+    "weights_gb": "가중치 (GB)",
+    "batch": "배치 크기",
+    "ctx_min": "가장 짧은 문맥 (토큰)",
+    "ctx_max": "가장 긴 문맥 (토큰)",
+    "memory_formats": "포맷",
+    "fit_table": "GPU별: 현재 배치 크기에서 들어가는 최장 문맥 · 위의 최장 문맥에서 들어가는 최대 배치",
+    "export_intro": (
+        "**보고 있는 것:** 이 KV 캐시 포맷으로 vLLM과 SGLang에서 모델을 서빙하는 플래그와 코드, 그리고 여러분의 "
+        "프롬프트로 보정한 레이어별 스케일(SGLang 스케일 파일). 엔진이 지원하지 않는 포맷은 다른 포맷으로 몰래 바꾸지 "
+        "않고 그대로 표시합니다."),
+    "export_format": "포맷",
+    "calib_prompts": "보정용 프롬프트 (한 줄에 하나)",
+    "calib_file": "SGLang 스케일 파일 (여러분의 프롬프트로 보정)",
+    "scale_upload": "스케일 파일 검사 (JSON)",
+    "check": "파일 검사",
+}
+
+STRINGS = {"en": EN, "ko": KO}
+
+
+def t(key: str, lang: str = "en") -> str:
+    """The string for `key` in `lang` ("en" or "ko"); English when the language lacks it."""
+    assert key in EN, f"unknown UI string key {key!r}"
+    return STRINGS.get(lang, EN).get(key, EN[key])
+
+
+def lang_code(choice: str | None) -> str:
+    """Map the radio's choice ("English", "한국어") or a code ("ko") to a code; unknown means English."""
+    if choice in LANGUAGES:
+        return LANGUAGES[choice]
+    return choice if choice in STRINGS else "en"
+
+
+class Translator:
+    """Remembers which component attribute shows which string key, to relabel them all on a language switch."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Any, dict[str, str]]] = []
+
+    def __call__(self, component: Any, **attr_keys: str) -> Any:
+        """Register `component`; attr_keys maps an attribute (label, value, info, placeholder) to a string key."""
+        for key in attr_keys.values():
+            assert key in EN, f"unknown UI string key {key!r}"
+        self._items.append((component, attr_keys))
+        return component
+
+    @property
+    def components(self) -> list[Any]:
+        return [c for c, _ in self._items]
+
+    def updates(self, lang: str) -> list[Any]:
+        """One gr.update per registered component, in registration order, with every attribute in `lang`."""
+        return [gr.update(**{attr: t(key, lang) for attr, key in keys.items()}) for _, keys in self._items]
+
+
+def choice_from_request(request: gr.Request) -> str:
+    """The language radio's starting value for this visitor: `?lang=ko` wins, else the browser's first language."""
+    query = dict(request.query_params) if request is not None else {}
+    if query.get("lang") in ("ko", "en"):
+        return "한국어" if query["lang"] == "ko" else "English"
+    accept = request.headers.get("accept-language", "") if request is not None else ""
+    return "한국어" if accept.lower().startswith("ko") else "English"

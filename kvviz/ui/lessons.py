@@ -1,0 +1,57 @@
+"""kvviz.ui.lessons: the seven lessons of DESIGN.md ("What the app must teach"), one button each.
+
+A lesson button opens its tab, fills the inputs that show the lesson, and runs the tab's action: one click, then
+the student reads the tab's opening sentence and the figure. Each tab's `build()` returns its components by name
+and its actions as `actions[name] = (fn, inputs, outputs, concurrency_id)`; a lesson names the tab, the settings and the action.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+
+@dataclass(frozen=True)
+class Lesson:
+    tab: str  # tab id in app.py
+    settings: dict = field(default_factory=dict)  # component name in the tab's parts -> value
+    action: str | None = "run"  # the tab's action to run after filling the inputs
+
+
+LESSONS: tuple[Lesson, ...] = (
+    # 1. K has a few huge channels post-RoPE, V does not.
+    Lesson("outliers", {"head": 0}),
+    # 2. Per-tensor scales are ruined by those outliers; per-token / per-channel are not; rotation spreads them.
+    Lesson("errors", {"format": "int4", "which": "K (post-RoPE)", "head": 0}),
+    # 3. K is sensitive, V tolerant: k8v4 beats k4v8 at the same bytes.
+    Lesson("compare", {"specs": ["k8v4", "k4v8"], "custom": ""}),
+    # 4. E4M3 more precise, E5M2 more range: for KV, E4M3 wins.
+    Lesson("errors", {"format": "fp8_e5m2", "formats": ["fp8_e4m3", "fp8_e5m2"], "which": "K (post-RoPE)"}),
+    # 5. int4 loses retrieval from the middle of a long context.
+    Lesson("compare", {"specs": ["int4", "k8v4"], "custom": ""}, action="needle"),
+    # 6. Scale storage eats into the savings at small head_dim / short groups.
+    Lesson("memory", {"model": "smollm2-135m", "formats": ["fp16", "int4", "int4/g16", "int2"],
+                      "custom": "int4/g8\nint2/g8", "batch": 1}),
+    # 7. Dequantizing outside the attention kernel can make a smaller cache slower; fusing fixes that.
+    Lesson("compare", {"specs": ["int8", "int4"], "custom": ""}),
+)
+
+
+def wire(buttons: list[gr.Button], tabs: gr.Tabs, parts: dict[str, dict]) -> None:
+    """Connect lesson button i to LESSONS[i]: select the tab, set the inputs, then run the tab's action."""
+    assert len(buttons) == len(LESSONS), f"{len(buttons)} lesson buttons for {len(LESSONS)} lessons"
+    for button, lesson in zip(buttons, LESSONS):
+        tab = parts[lesson.tab]
+        missing = [k for k in lesson.settings if k not in tab]
+        assert not missing, f"tab {lesson.tab!r} has no components {missing}"
+        targets = [tab[k] for k in lesson.settings]
+        values = list(lesson.settings.values())
+
+        def fill(_tab=lesson.tab, _values=values):
+            return (gr.Tabs(selected=_tab), *_values)
+
+        event = button.click(fill, None, [tabs, *targets], api_visibility="private", queue=False)
+        if lesson.action is not None and lesson.action in tab["actions"]:
+            fn, inputs, outputs, concurrency_id = tab["actions"][lesson.action]
+            event.then(fn, inputs, outputs, api_visibility="private", concurrency_id=concurrency_id)

@@ -1,0 +1,99 @@
+"""kvviz.ui.outliers: the K-outliers tab: which channels of K carry huge magnitudes, before and after RoPE, against V.
+
+Statistics come from `kvviz.analysis` (capture, per-channel amax, the outlier rule, the Hadamard-rotated view).
+api_name `outliers`:
+    outliers(prompt, layer, head)
+      -> (pre vs post RoPE figure, K vs V figure, rotated figure, layer x channel heatmap, outlier summary markdown)
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+import numpy as np
+
+from kvviz import plots
+from kvviz.analysis.stats import OUTLIER_FACTOR, capture_stats, rotation_view
+
+from .common import EXAMPLES, capture, check_layer_head, layer_head_inputs, user_errors
+from .i18n import Translator, t
+
+TAB = "outliers"  # the tab id in app.py; prefixes elem_ids the browser test finds
+
+
+def _channels(stats: dict, layer: int, head: int) -> str:
+    """'3 (12.1), 17 (9.8)': a head's outlier channels with their |x| max, largest first, or 'none'."""
+    chans = stats["outliers"].get((layer, head), [])
+    if not chans:
+        return "none"
+    amax = stats["amax"][layer, head]
+    chans = sorted(chans, key=lambda c: -amax[c])
+    return ", ".join(f"{c} ({amax[c]:.3g})" for c in chans)
+
+
+@user_errors
+def run(prompt, layer, head, progress=gr.Progress()):
+    """Per-channel magnitudes of K and V for one layer/head, the rotated view and the layer x channel map."""
+    cap = capture(prompt, progress)
+    layer, head = check_layer_head(cap, layer, head)
+    stats = {w: capture_stats(cap, w) for w in ("keys_pre", "keys_post", "values")}
+    where = f"layer {layer}, KV head {head}, {len(cap.tokens)} tokens"
+
+    amax = {w: stats[w]["amax"][layer, head] for w in stats}  # each [head_dim]
+    post_outliers = stats["keys_post"]["outliers"].get((layer, head), [])
+    fig_rope = plots.channel_profile({"K pre-RoPE": amax["keys_pre"], "K post-RoPE": amax["keys_post"]},
+                                     f"K per channel, before and after RoPE ({where})",
+                                     y_title="|K| max over tokens (abs. value)", outliers=post_outliers)
+    fig_kv = plots.channel_profile({"K post-RoPE": amax["keys_post"], "V": amax["values"]},
+                                   f"K beside V ({where})", y_title="|x| max over tokens (abs. value)",
+                                   outliers=post_outliers)
+    rot = rotation_view(cap, layer, head, "keys_post")
+    fig_rot = plots.channel_profile({"K post-RoPE": rot["original"]["amax"],
+                                     "K post-RoPE, Hadamard-rotated": rot["rotated"]["amax"]},
+                                    f"Hadamard rotation spreads the outliers ({where})",
+                                    y_title="|K| max over tokens (abs. value)")
+    heat = plots.layer_channel_heatmap(stats["keys_post"]["amax"][:, head, :],
+                                       f"Post-RoPE |K| max per layer and channel (KV head {head})",
+                                       z_title="|K| max (abs. value)")
+
+    ratio = {w: float(stats[w]["amax_ratio"][layer, head]) for w in stats}
+    md = (f"**Outlier channels** (|x| max above {OUTLIER_FACTOR:g}× the head's median channel), {where}:\n\n"
+          f"- K post-RoPE: {_channels(stats['keys_post'], layer, head)}; largest channel / median = "
+          f"**{ratio['keys_post']:.1f}×**\n"
+          f"- K pre-RoPE: {_channels(stats['keys_pre'], layer, head)}; {ratio['keys_pre']:.1f}×\n"
+          f"- V: {_channels(stats['values'], layer, head)}; {ratio['values']:.1f}×\n"
+          f"- K post-RoPE after a Hadamard rotation: {float(rot['original']['amax_ratio']):.1f}× → "
+          f"**{float(rot['rotated']['amax_ratio']):.1f}×** (kurtosis "
+          f"{float(np.mean(rot['original']['kurtosis'])):.1f} → {float(np.mean(rot['rotated']['kurtosis'])):.1f}, "
+          "mean over channels; 3 is Gaussian)\n\n"
+          f"Over all layers and heads: K post-RoPE has {sum(map(len, stats['keys_post']['outliers'].values()))} "
+          f"outlier channels, V has {sum(map(len, stats['values']['outliers'].values()))}.")
+    return fig_rope, fig_kv, fig_rot, heat, md
+
+
+def build(tr: Translator) -> dict:
+    """Lay out the K-outliers tab inside the current gr.Tab; returns its components by name."""
+    c: dict = {}
+    tr(gr.Markdown(t("outliers_intro")), value="outliers_intro")
+    with gr.Row():
+        with gr.Column(scale=3):
+            c["prompt"] = tr(gr.Textbox(EXAMPLES[1], lines=3, label=t("prompt"), placeholder=t("prompt_ph")),
+                             label="prompt", placeholder="prompt_ph")
+            gr.Examples(EXAMPLES, c["prompt"])
+        with gr.Column(scale=1, min_width=220):
+            layer, head = layer_head_inputs()
+            c["layer"] = tr(layer, label="layer")
+            c["head"] = tr(head, label="head")
+            c["run"] = tr(gr.Button(t("run"), variant="primary", elem_id=f"{TAB}-run"), value="run")
+    c["summary"] = gr.Markdown(elem_id="outliers-summary", label="outlier channels")
+    with gr.Row():
+        c["fig_rope"] = gr.Plot(plots.empty_figure(), label="K pre vs post RoPE", show_label=False)
+        c["fig_kv"] = gr.Plot(plots.empty_figure(), label="K beside V", show_label=False)
+    with gr.Row():
+        c["fig_rot"] = gr.Plot(plots.empty_figure(), label="Hadamard-rotated K", show_label=False)
+        c["heat"] = gr.Plot(plots.empty_figure(), label="layer x channel heatmap", show_label=False)
+    tr(gr.Markdown(t("outliers_why")), value="outliers_why")
+    c["inputs"] = [c["prompt"], c["layer"], c["head"]]
+    c["outputs"] = [c["fig_rope"], c["fig_kv"], c["fig_rot"], c["heat"], c["summary"]]
+    c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model")}
+    c["run"].click(run, c["inputs"], c["outputs"], api_name="outliers", concurrency_id="model")
+    return c

@@ -1,0 +1,248 @@
+"""API test: every api_name of the running app, called through gradio_client with real inputs and with bad ones.
+
+The app runs as `python app.py` on a free localhost port (tests/app_server.py) with the tiny random model, so
+each call takes well under a second once the app is up. Bad inputs must come back as a clear message (gradio's
+AppError carrying our text), never a traceback, and the app must keep serving afterwards.
+
+Run: python -m pytest tests/test_app_api.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from gradio_client import Client, handle_file
+
+from app_server import serve_app
+
+API_NAMES = ("compare", "needle", "outliers", "error_map", "memory", "export", "check_scales")
+PROMPT = "The capital of France is Paris, and the capital of Korea is"
+MEMORY_OK = ("llama-3.1-8b", 32, 8, 128, 8.0, 1, 1024, 131072, ["fp16", "k8v4"], "", ["l4", "h100-80gb"])
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serve_app(model="tiny-llama") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return Client(server.url, verbose=False)
+
+
+def _error(client, *args, api_name: str) -> str:
+    """Call expecting a user error; returns its message (gradio_client raises AppError with it)."""
+    with pytest.raises(Exception) as info:
+        client.predict(*args, api_name=f"/{api_name}")
+    message = str(info.value)
+    assert "Traceback" not in message, f"{api_name} leaked a traceback: {message}"
+    return message
+
+
+def _traces(plot: dict) -> list:
+    assert plot["type"] == "plotly", plot.keys()
+    return json.loads(plot["plot"])["data"]
+
+
+def test_every_api_name_is_exposed(client):
+    names = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])
+    assert {f"/{n}" for n in API_NAMES} <= names, names
+
+
+# --- compare -------------------------------------------------------------------------------------------------
+
+
+def test_compare_streams_texts_and_ends_with_metrics(client):
+    job = client.submit(PROMPT, ["fp8_e4m3", "k8v4"], "k=int4,v=int8", 8, True, api_name="/compare")
+    columns, table, fig, status = job.result(timeout=120)
+    assert len(job.outputs()) >= 3, "compare should stream partial texts before its final result"
+    for name in ("exact (baseline)", "fp8_e4m3", "k8v4", "k=int4,v=int8"):
+        assert name in columns
+    rows = table["data"]
+    assert [r[0] for r in rows] == ["exact (baseline)", "fp8_e4m3", "k8v4", "k=int4,v=int8"]
+    assert table["headers"][3] == "mean KL (nats/token)"
+    assert all(r[3] >= 0 for r in rows) and rows[0][3] == 0
+    assert len(_traces(fig)) == 5  # KL, top-1, cache, tokens/s, perplexity panels
+    assert all(r[9] > 1 for r in rows)  # perplexity
+    assert "Done in" in status
+
+
+@pytest.mark.parametrize("args, message", [
+    (("", ["k8v4"], "", 8, False), "prompt is empty"),
+    (("   ", ["k8v4"], "", 8, False), "prompt is empty"),
+    ((PROMPT, ["k8v4"], "int5", 8, False), "Unknown KV format 'int5'"),
+    ((PROMPT, [], "", 8, False), "Pick at least one format"),
+    ((PROMPT, ["k8v4"], "", 1000, False), "Value 1000 is greater than maximum value 128"),  # gradio's slider check
+    ((PROMPT, ["int8"], "int4\nint2\nfp8\nmxfp4\nnvfp4\nkivi2", 8, False), "compare at most 6 at once"),
+    (("x" * 1100, ["k8v4"], "", 8, False), "The prompt is 1,100 tokens long"),
+])
+def test_compare_rejects_bad_input(client, args, message):
+    assert message in _error(client, *args, api_name="compare")
+
+
+# --- needle --------------------------------------------------------------------------------------------------
+
+
+def test_needle_draws_retrieval_against_depth(client):
+    fig, status = client.predict(["int4"], "", 256, api_name="/needle")
+    traces = _traces(fig)
+    assert {t["name"] for t in traces} >= {"baseline", "int4"}
+    assert all(0 <= y <= 100 for t in traces for y in t["y"] if y is not None)
+
+
+def test_needle_rejects_a_context_out_of_range(client):
+    assert "Value 5 is less than minimum value 256" in _error(client, ["int4"], "", 5, api_name="needle")
+    assert "does not fit in this model's 1024 positions" in _error(client, ["int4"], "", 2048, api_name="needle")
+
+
+# --- outliers ------------------------------------------------------------------------------------------------
+
+
+def test_outliers_draws_four_figures_and_names_channels(client):
+    *figs, summary = client.predict(PROMPT, 1, 0, api_name="/outliers")
+    assert len(figs) == 4 and all(_traces(f) for f in figs)
+    assert {t["name"] for t in _traces(figs[0])} >= {"K pre-RoPE", "K post-RoPE"}
+    assert {t["name"] for t in _traces(figs[1])} >= {"K post-RoPE", "V"}
+    assert "Outlier channels" in summary and "V:" in summary
+
+
+@pytest.mark.parametrize("args, message", [
+    (("", 0, 0), "prompt is empty"),
+    ((PROMPT, 7, 0), "Value 7 is greater than maximum value 1"),  # gradio's slider check, before ours
+    ((PROMPT, 0, -1), "Value -1 is less than minimum value 0"),
+    ((PROMPT, 0.5, 0), "Layer must be a whole number"),
+    (("y" * 600, 0, 0), "this view takes at most 512"),
+])
+def test_outliers_rejects_bad_input(client, args, message):
+    assert message in _error(client, *args, api_name="outliers")
+
+
+# --- error_map -----------------------------------------------------------------------------------------------
+
+
+def test_error_map_draws_heatmap_layers_and_granularities(client):
+    heat, layers, gran, summary = client.predict(PROMPT, "int4", ["int8", "int4", "mxfp4"], "k8v4", "V", 1, 1,
+                                                 api_name="/error_map")
+    assert _traces(heat)[0]["type"] == "heatmap"
+    names = {t["name"] for t in _traces(layers)}
+    assert {"int8 · K", "int8 · V", "k8v4 · K"} <= names
+    assert len(_traces(gran)) >= 3  # per-token, per-channel, per-tensor (+ rotated)
+    assert "mxfp4" in summary and "Skipped" in summary  # head_dim 16 cannot hold 32-blocks: skipped, not fatal
+
+
+@pytest.mark.parametrize("args, message", [
+    (("", "int4", ["int8"], "", "V", 0, 0), "prompt is empty"),
+    ((PROMPT, "int5", ["int8"], "", "V", 0, 0), "Unknown KV format 'int5'"),
+    ((PROMPT, "int4", ["int8"], "nope/token", "V", 0, 0), "Unknown KV format 'nope'"),
+    ((PROMPT, "int4", ["int8"], "", "V", 0, 99), "Value 99 is greater than maximum value 1"),
+    ((PROMPT, "int4", ["int8"], "", "Q", 0, 0), "'Q' (type: <class 'str'>) is not in the list of choices"),
+])
+def test_error_map_rejects_bad_input(client, args, message):
+    assert message in _error(client, *args, api_name="error_map")
+
+
+# --- memory --------------------------------------------------------------------------------------------------
+
+
+def test_memory_lines_table_and_formula(client):
+    fig, table, formula = client.predict(*MEMORY_OK, api_name="/memory")
+    traces = _traces(fig)
+    assert [t["name"] for t in traces] == ["fp16", "k8v4"]
+    assert traces[0]["y"][-1] == pytest.approx(17.179869184)  # 2 x 32 x 8 x 131072 x 128 x 2 bytes, in GB
+    assert [r[0] for r in table["data"]] == ["fp16", "k8v4"]
+    assert any("l4" in h for h in table["headers"])
+    assert "2 × 32 × 1 × 8 × 131,072 × 128 × 16 ÷ 8 = **17.18 GB**" in formula
+
+
+def test_memory_custom_model_dimensions(client):
+    args = ("custom", 80, 8, 128, 70.6, 1, 1024, 32768, ["fp16"], "", [])
+    fig, _, formula = client.predict(*args, api_name="/memory")
+    assert _traces(fig)[0]["y"][-1] == pytest.approx(10.737418240)  # the seed's 70B check: 10.7 GB at 32K
+
+
+@pytest.mark.parametrize("change, message", [
+    ({0: "gpt-9"}, "Value: gpt-9 is not in the list of choices"),  # gradio's dropdown check
+    ({9: "int5"}, "Unknown KV format 'int5'"),
+    ({6: 4096, 7: 1024}, "shortest context (4096) must be below the longest (1024)"),
+    ({7: 10**9}, "Longest context must be a whole number from 1 to 16777216"),
+    ({5: 0}, "Batch size must be a whole number from 1 to 65536"),
+    ({0: "custom", 1: 0}, "Layers must be a whole number from 1 to 1024"),
+    ({8: [], 9: ""}, "Pick at least one format"),
+])
+def test_memory_rejects_bad_input(client, change, message):
+    args = [change.get(i, a) for i, a in enumerate(MEMORY_OK)]
+    assert message in _error(client, *args, api_name="memory")
+
+
+# --- export --------------------------------------------------------------------------------------------------
+
+
+def test_export_fp8_commands_and_calibrated_scales(client, tmp_path):
+    md, table, text, path, fig = client.predict("fp8_e4m3", "my-org/my-model", "Hello there.\nKV caches are big.",
+                                                api_name="/export")
+    assert "vllm serve my-org/my-model --kv-cache-dtype fp8_e4m3" in md
+    assert "--quantization-param-path scales.json" in md
+    doc = json.loads(text)
+    assert doc["kv_cache"]["dtype"] == "float8_e4m3fn"
+    assert len(doc["kv_cache"]["scaling_factor"]["0"]) == 2  # tiny model: 2 layers
+    assert json.load(open(path)) == doc  # the download holds the same document
+    assert [r[0] for r in table["data"]][:3] == ["fp16", "bf16", "fp8_e4m3"]
+    assert len(_traces(fig)) == 3
+
+
+def test_export_marks_an_unsupported_format(client):
+    md, table, text, path, _ = client.predict("k8v4", "m", "", api_name="/export")
+    assert md.count("not supported") == 2 and text == "" and path is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (("int5", "m", ""), "Unknown KV format 'int5'"),
+    (("", "m", ""), "Pick a KV format"),
+    (("fp8_e4m3", "my model", ""), "contains spaces"),
+    (("fp8_e4m3", "m", "p\n" * 40), "use at most 32"),
+])
+def test_export_rejects_bad_input(client, args, message):
+    assert message in _error(client, *args, api_name="export")
+
+
+def test_check_scales_accepts_a_good_file_and_explains_a_bad_one(client, tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": {"0": 0.1, "1": 0.2}}}}))
+    assert "Valid SGLang scale file for 2 layers" in client.predict(handle_file(str(good)), api_name="/check_scales")
+    cases = {
+        "broken.json": ("{not json", "is not valid JSON"),
+        "dtype.json": (json.dumps({"kv_cache": {"dtype": "int8", "scaling_factor": {"0": {"0": 1}}}}),
+                       "kv_cache.dtype must be"),
+        "negative.json": (json.dumps({"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": {"0": -1}}}}),
+                          "scales must be positive"),
+        "layers.json": (json.dumps({"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": {"0": 1.0}}}}),
+                        "holds scales for 1 layers but the model has 2"),
+    }
+    for name, (content, message) in cases.items():
+        bad = tmp_path / name
+        bad.write_text(content)
+        assert message in _error(client, handle_file(str(bad)), api_name="check_scales"), name
+
+
+# --- the app keeps serving; users get their own results --------------------------------------------------------
+
+
+def test_app_serves_after_errors_and_keeps_users_apart(server):
+    """Two users at once, different prompts: each gets the outliers of their own prompt."""
+    prompts = {"a": "Alpha beta gamma delta.", "b": "Zebra yak xylophone walrus vulture."}
+    results: dict[str, str] = {}
+
+    def user(key):
+        results[key] = Client(server.url, verbose=False).predict(prompts[key], 0, 0, api_name="/outliers")[-1]
+
+    threads = [threading.Thread(target=user, args=(k,)) for k in prompts]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert set(results) == {"a", "b"}
+    assert f"{len(prompts['a'])} tokens" in results["a"]  # the byte tokenizer: one token per character
+    assert f"{len(prompts['b'])} tokens" in results["b"]

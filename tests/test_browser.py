@@ -1,0 +1,153 @@
+"""Browser test: the app in Debian's Chromium (Playwright), every tab run as a user would, every plot drawn.
+
+Opens the app (served by `python app.py`, tiny model by default), then for each tab: opens it, clicks its Run
+button, waits until every plotly figure in the tab has traces drawn in the DOM, checks that no error toast shows,
+and saves a screenshot. Also switches the page to Korean and back, and runs one lesson button.
+
+Screenshots go to $KVVIZ_SCREENSHOTS when set (`make screenshots` sets it to assets/ and uses the real model),
+else to pytest's temporary directory, so CI never rewrites tracked files. $KVVIZ_TEST_MODEL picks the model
+(default tiny-llama).
+
+Run: python -m pytest tests/test_browser.py -q       (needs /usr/bin/chromium: `apt-get install -y chromium`)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from app_server import serve_app
+
+CHROMIUM = "/usr/bin/chromium"
+playwright_api = pytest.importorskip("playwright.sync_api")
+pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} missing: apt-get install chromium")
+
+MODEL = os.environ.get("KVVIZ_TEST_MODEL", "tiny-llama")
+# A real model's first call converts and loads it (~1 min on a 2-core CPU); the tiny one answers at once.
+RUN_TIMEOUT_MS = 60_000 if MODEL.startswith("tiny-") else 300_000
+MAX_SCREENSHOT_BYTES = 300_000
+TABS = ("compare", "outliers", "errors", "memory", "export")
+
+# JS: for every plotly figure inside `root`, how many drawn marks (bars, lines, points, heatmap images) it holds.
+_COUNT_MARKS = """(root) => Array.from(root.querySelectorAll('.js-plotly-plot')).map(p =>
+    p.querySelectorAll('.trace path, .trace .point, .cartesianlayer image, .layer-below image').length)"""
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serve_app(model=MODEL) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    target = os.environ.get("KVVIZ_SCREENSHOTS")
+    path = Path(target) if target else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        pg = browser.new_page(viewport={"width": 1280, "height": 900}, locale="en-US")
+        pg.goto(server.url, wait_until="networkidle")
+        pg.wait_for_selector("#tab-memory-button, [role=tab]", timeout=30_000)
+        yield pg
+        browser.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_toasts(request):
+    """Each test starts without the toasts an earlier one left (they stay up for 10 s)."""
+    if "page" in request.fixturenames:
+        pg = request.getfixturevalue("page")
+        for close in pg.locator(".toast-close").all():
+            close.click()
+    yield
+
+
+def _open_tab(page, tab: str) -> None:
+    page.locator(f"#tab-{tab}-button").click()
+    page.locator(f"#tab-{tab}").wait_for(state="visible")
+
+
+def _error_toasts(page) -> list[str]:
+    return [t.strip() for t in page.locator(".toast-body.error").all_inner_texts()]
+
+
+def _wait_for_plots(page, tab: str, server) -> list[int]:
+    root = page.locator(f"#tab-{tab}")
+    try:
+        page.wait_for_function(f"""() => {{
+            const root = document.querySelector('#tab-{tab}');
+            const counts = ({_COUNT_MARKS})(root);
+            return (counts.length > 0 && counts.every(n => n > 0)) || document.querySelector('.toast-body.error');
+        }}""", timeout=RUN_TIMEOUT_MS)
+    except playwright_api.TimeoutError:
+        raise AssertionError(f"{tab}: plots never drew data; marks per plot {root.evaluate(_COUNT_MARKS)}; "
+                             f"error toasts {_error_toasts(page)}\nserver log:\n{server.log_tail()}") from None
+    assert not _error_toasts(page), f"{tab}: error shown: {_error_toasts(page)}"
+    return root.evaluate(_COUNT_MARKS)
+
+
+def _screenshot(page, shots: Path, name: str) -> Path:
+    """A viewport PNG, reduced to a 256-colour palette so it stays well under MAX_SCREENSHOT_BYTES."""
+    from PIL import Image
+
+    path = shots / f"screenshot-{name}.png"
+    page.screenshot(path=str(path), full_page=False)
+    Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+    return path
+
+
+@pytest.mark.parametrize("tab", TABS)
+def test_tab_runs_and_draws(page, server, shots, tab):
+    _open_tab(page, tab)
+    page.locator(f"#{tab}-run").click()
+    if tab == "compare":  # the needle chart sits in a closed accordion: open it and run the test too
+        page.locator("#compare-needle").get_by_text("Needle in a haystack").click()
+        page.locator("#compare-needle-run").click()
+    counts = _wait_for_plots(page, tab, server)
+    assert all(n > 0 for n in counts), f"{tab}: a plot without data: {counts}"
+    page.wait_for_timeout(300)  # let the last output settle (tables, markdown) before checking and shooting
+    assert not _error_toasts(page), f"{tab}: error shown: {_error_toasts(page)}"
+    page.locator(f"#tab-{tab}").scroll_into_view_if_needed()
+    path = _screenshot(page, shots, tab)
+    assert 0 < path.stat().st_size < MAX_SCREENSHOT_BYTES, f"{path} is {path.stat().st_size} bytes"
+
+
+def test_bad_input_shows_an_error_and_the_app_keeps_serving(page, server):
+    _open_tab(page, "memory")
+    custom = page.locator("#tab-memory textarea").first
+    custom.fill("int5")
+    page.locator("#memory-run").click()
+    page.locator(".toast-body.error").first.wait_for(timeout=20_000)
+    assert any("Unknown KV format 'int5'" in t for t in _error_toasts(page)), _error_toasts(page)
+    for close in page.locator(".toast-close").all():
+        close.click()
+    custom.fill("int4/g8")
+    page.locator("#memory-run").click()
+    page.wait_for_function("() => document.querySelector('#memory-formula').innerText.includes('int4/g8')",
+                           timeout=RUN_TIMEOUT_MS)
+    assert not _error_toasts(page)
+
+
+def test_language_switch_relabels_the_page(page):
+    page.get_by_label("한국어").check()
+    page.get_by_role("tab", name="메모리").wait_for(timeout=10_000)
+    page.get_by_label("English").check()
+    page.get_by_role("tab", name="Memory").wait_for(timeout=10_000)
+
+
+def test_lesson_button_opens_its_tab_and_runs(page, server):
+    page.get_by_role("button", name="6 · Scales eat into the savings").click()
+    page.locator("#tab-memory").wait_for(state="visible")
+    _wait_for_plots(page, "memory", server)
+    assert "int4/g8" in page.locator("#memory-formula").inner_text()
