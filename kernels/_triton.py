@@ -29,6 +29,19 @@ def triton_usable(device: torch.device | str | None = None) -> bool:
     if triton is None:
         return False
     if device is None:
-        return torch.cuda.is_available() or interpreting()
+        return torch.cuda.is_available() or _interpreter_ready()
     device = torch.device(device)
-    return device.type == "cuda" or (device.type == "cpu" and interpreting())
+    return device.type == "cuda" or (device.type == "cpu" and _interpreter_ready())
+
+
+def _interpreter_ready() -> bool:
+    # triton decorates its own library (tl.sum, ...) when first imported: TRITON_INTERPRET=1 must have been set by
+    # then, or interpreted kernels fail calling them.
+    return interpreting() and type(tl.sum).__name__ == "InterpretedFunction"
+
+
+def triton_ready() -> bool:
+    """Triton kernels can run here: CUDA, or TRITON_INTERPRET=1 set before triton was imported (tests)."""
+    if triton is None:
+        return False
+    return torch.cuda.is_available() or _interpreter_ready()

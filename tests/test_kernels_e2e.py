@@ -1,0 +1,89 @@
+"""End to end: a tiny random Llama decodes through a kvviz.QuantizedKVCache with the fused Triton backend and with
+the torch reference backend, and both give the same logits, for every format (and the presets' K/V pairs).
+
+On a CPU the Triton kernels run in the interpreter: tests/conftest.py sets TRITON_INTERPRET=1 before triton is first
+imported (triton decorates its own library functions then). The prompts are left-padded
+(the kernel's kv_mask) and long enough that KIVI's 32-token residual window and channel groups both fill.
+
+    python -m pytest tests/test_kernels_e2e.py -q
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # tests/conftest.py sets it first; this covers running the file on its own
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import kernels._triton  # noqa: E402
+import kvviz  # noqa: E402
+from kvviz import attention  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not kernels._triton.triton_ready(), reason=kernels._triton.triton_ready.__doc__)
+
+# Every base format at its default granularity, the other granularities, asym, rot, and the presets' pairs.
+SPECS = (
+    "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3/token", "fp8_e5m2/head", "int8", "int8/asym", "int8/tensor",
+    "int4", "int4/g8/asym", "int4/head", "int2", "int2/asym", "int4/channel/g16/asym", "fp4_mx_block16", "nvfp4",
+    "int4/rot", "k8v4", "kivi2", "kivi4",
+)
+SHORT = ("The quick brown fox jumps", "Hello")  # left padding: the second row's first tokens are masked
+LONG = ("The quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs, then", "Hello")
+STEPS = 2
+TOL = 1e-4  # max |logits_triton - logits_torch| / max |logits_torch|, fp32 model
+
+
+@pytest.fixture(autouse=True)
+def _fresh_probe():
+    """The attention module caches its Triton probe: refresh it around each test."""
+    attention._probe.cache_clear()
+    yield
+    attention._probe.cache_clear()
+
+
+def _model(head_dim: int):
+    model, tok = kvviz.tiny_model("llama")
+    if head_dim != model.config.head_dim:  # MX blocks of 32 need a wider head than the tiny model's 16
+        from transformers import AutoModelForCausalLM
+
+        config = model.config
+        config.head_dim = head_dim
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attention.ATTN_NAME).eval()
+    return model, tok
+
+
+def _decode_logits(model, tok, spec: str, backend: str, monkeypatch) -> torch.Tensor:
+    """Prefill the left-padded prompts, then STEPS teacher-forced decode steps: logits [STEPS, B, vocab]."""
+    monkeypatch.setenv("KVVIZ_BACKEND", backend)
+    assert attention.active_backend() == backend
+    kv = kvviz.parse_kv(spec)
+    long = kv.residual or "channel" in (kv.k.granularity, kv.v.granularity)  # so that groups and windows fill
+    enc = tok(list(LONG if long else SHORT), return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    cache = kvviz.QuantizedKVCache(model.config, spec)
+    out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+    logits = []
+    forced = torch.tensor([[101, 102], [32, 33]])  # fixed next tokens: both backends see the same
+    with torch.no_grad():
+        for step in range(STEPS):
+            mask = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=mask.dtype)], dim=1)
+            out = model(input_ids=forced[step][:, None], attention_mask=mask, past_key_values=cache, use_cache=True)
+            logits.append(out.logits[:, -1].float())
+    return torch.stack(logits)
+
+
+@pytest.mark.parametrize("spec", SPECS + ("mxfp4",))
+def test_triton_and_torch_backends_agree(spec, monkeypatch):
+    kv = kvviz.parse_kv(spec)
+    wide = any(f.granularity == "token" and (f.group or 0) > 16 for f in (kv.k, kv.v))  # mxfp4, kivi's g32
+    model, tok = _model(32 if wide else 16)
+    with torch.no_grad():
+        ref = _decode_logits(model, tok, spec, "torch", monkeypatch)
+        got = _decode_logits(model, tok, spec, "triton", monkeypatch)
+    assert torch.isfinite(got).all()
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert err <= TOL, f"{spec}: triton and torch logits differ by {err:.2e} (relative)"
