@@ -10,6 +10,7 @@ the float64 reference instead, so the CPU path always works.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -26,6 +27,7 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+@functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -134,6 +136,7 @@ def decode_attention(
     if hq % hkv:
         raise ValueError(f"Query heads ({hq}) must be a multiple of KV heads ({hkv}).")
     if isinstance(lengths, int):
+        max_length = lengths if max_length is None else max_length  # no device sync to size the splits
         lengths = torch.full((batch,), lengths, dtype=torch.int32, device=q.device)
     lengths = lengths.to(device=q.device, dtype=torch.int32).reshape(batch).contiguous()
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
