@@ -23,7 +23,7 @@ TINY_KIVI = "k=int2/channel/g16/asym,v=int2/token/g16/asym"  # kivi2 with groups
 LOSSY = ["k8v4", "int4", "fp8", "fp8_e5m2/token", "int8/head", "nvfp4", "int4/rot", TINY_KIVI]
 
 
-def _generate(model, tok, cache, n=12, **kwargs):
+def _generate(model, tok, cache, n=8, **kwargs):
     return model.generate(**tok(PROMPTS), max_new_tokens=n, do_sample=False, cache=cache, **kwargs)
 
 

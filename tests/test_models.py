@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import kvviz
+
 from kvviz.models import TINY_ARCHS, ByteTokenizer, describe_model, load_model, tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,3 +102,19 @@ def test_default_model_loads_offline(monkeypatch):
     enc = tok(["The capital of France is"], return_tensors="pt")
     out = model.generate(**enc, max_new_tokens=3, do_sample=False)
     assert "Paris" in tok.decode(out[0, enc["input_ids"].shape[1]:])
+
+
+@needs_bundled
+def test_default_model_generates_through_a_k8v4_cache(monkeypatch):
+    from kvviz.cache import QuantizedKVCache
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, tok = load_model()
+    enc = tok(["The capital of France is"], return_tensors="pt")
+    cache = QuantizedKVCache(model.config, "k8v4")
+    out = model.generate(**enc, max_new_tokens=4, do_sample=False, cache=cache)
+    assert "Paris" in tok.decode(out[0, enc["input_ids"].shape[1]:])
+    n = out.shape[1] - 1
+    assert cache.get_seq_length() == n
+    # fp32 model: no tail with k8v4, so the bytes held are exactly the memory model's
+    assert cache.nbytes() == kvviz.kv_cache_bytes(30, 3, 64, n, k="k8v4")
