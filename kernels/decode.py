@@ -57,13 +57,13 @@ def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, 
     if data.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         data = data.view(torch.uint8)  # decoded with integer bit arithmetic in the kernel
     assert data.stride(-1) == 1, "packed data must be contiguous along its last dim"
-    scale, zero, sfmt = side.scale, None, 0
+    scale, zero, sfmt = side.scale, None, 0  # SFMT_NATIVE
     if side.scale_kind is not None:
         assert scale.stride(-1) == 1, "scales must be contiguous along their last dim"
         if scale.dtype == torch.uint8:
-            sfmt = 1  # E8M0
+            sfmt = 1  # SFMT_E8M0
         elif scale.dtype == torch.float8_e4m3fn:
-            scale, sfmt = scale.view(torch.uint8), 2
+            scale, sfmt = scale.view(torch.uint8), 2  # SFMT_E4M3: NV FP4 block scales
         zero = side.zero
         if zero is not None:
             assert zero.shape == side.scale.shape and zero.stride(-1) == 1, "zero must be shaped as scale"
@@ -94,10 +94,14 @@ def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, 
         tensor_zero if tensor_zero is not None else n_packed,
         n_packed,
     ]
-    elem = {"float": 0, "int": 1, "fp8_e4m3": 2, "fp8_e5m2": 3, "e2m1": 4}[side.elem]
+    from kernels.jit import decode_attention as jit
+
+    elem = {"float": jit.ELEM_NATIVE, "int": jit.ELEM_UINT, "fp8_e4m3": jit.ELEM_E4M3, "fp8_e5m2": jit.ELEM_E5M2,
+            "e2m1": jit.ELEM_E2M1}[side.elem]
+    scale_code = {None: jit.SCALE_NONE, "token": jit.SCALE_TOKEN, "channel": jit.SCALE_CHANNEL}[side.scale_kind]
     flags = dict(
         ELEM=elem, BITS=min(side.bits, 16), OFFSET=side.offset,
-        SCALE={None: 0, "token": 1, "channel": 2}[side.scale_kind], SFMT=sfmt, GROUP=max(group, 1), FOLD=fold,
+        SCALE=scale_code, SFMT=sfmt, GROUP=max(group, 1), FOLD=fold,
         ZERO=zero is not None, TENSOR=tensor_scale is not None, TZERO=tensor_zero is not None, TAIL=tail is not None,
     )
     return args, flags

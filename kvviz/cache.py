@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
-from kvviz.attention import PackedKV
+from kvviz.attention import PackedKV, active_backend
 from kvviz.formats import Format, KVSpec, parse_kv
 
 __all__ = ["PackedKV", "QuantizedKVCache", "QuantizedKVLayer"]
@@ -47,16 +47,20 @@ class _Buffer:
         self.buf = template[:, :, :0].clone()  # [B, H, 0, *rest], dtype and trailing shape of the field
         self.n = 0
 
-    def append(self, x: torch.Tensor) -> None:
-        """x: [B, H, t, *rest]."""
-        need = self.n + x.shape[2]
+    def reserve(self, t: int) -> torch.Tensor:
+        """Make room for t more rows; returns the whole buffer (rows self.n .. self.n + t - 1 are free)."""
+        need = self.n + t
         if need > self.buf.shape[2]:
             cap = max(need, 2 * self.buf.shape[2], _MIN_CAPACITY)
             new = self.buf.new_empty((*self.buf.shape[:2], cap, *self.buf.shape[3:]))
             new[:, :, : self.n] = self.buf[:, :, : self.n]
             self.buf = new
-        self.buf[:, :, self.n : need] = x
-        self.n = need
+        return self.buf
+
+    def append(self, x: torch.Tensor) -> None:
+        """x: [B, H, t, *rest]."""
+        self.reserve(x.shape[2])[:, :, self.n : self.n + x.shape[2]] = x
+        self.n += x.shape[2]
 
     def view(self) -> torch.Tensor:
         return self.buf[:, :, : self.n]  # a view: strides keep the spare capacity
@@ -141,12 +145,30 @@ class _Side:
         excess = work.shape[2] - self.residual
         n_q = excess - excess % self.fmt.group if self.fmt.granularity == "channel" else excess
         if n_q > 0:
-            q = self._quantize_raw(work[:, :, :n_q])
-            for name, buf in self.fields.items():
-                buf.append(getattr(q, name))
+            if not self._pack_in_place(work[:, :, :n_q]):
+                q = self._quantize_raw(work[:, :, :n_q])
+                for name, buf in self.fields.items():
+                    buf.append(getattr(q, name))
             self.tokens_quantized += n_q
             self.quantize_calls += 1
         self.tail = work[:, :, max(n_q, 0):].to(self.tail.dtype).contiguous()
+
+    def _pack_in_place(self, x: torch.Tensor) -> bool:
+        """With the Triton backend, quantize x [B, H, t, D] and write it straight into the buffers with the fused
+        kernels.quant_pack (bit-identical to _quantize_raw); False when that path does not apply."""
+        if active_backend() != "triton":
+            return False
+        from kernels.pack import quant_pack, quant_pack_supported
+
+        if not quant_pack_supported(self.fmt, x.shape[3]):
+            return False
+        t = x.shape[2]
+        bufs = {name: buf.reserve(t) for name, buf in self.fields.items()}
+        quant_pack(self.fmt, x, bufs["data"], bufs.get("scale"), bufs.get("zero"), pos=self.fields["data"].n,
+                   tensor_scale=self.static)
+        for buf in self.fields.values():
+            buf.n += t
+        return True
 
     # -- read ----------------------------------------------------------------------------------------------------
     def packed(self) -> PackedKV:
