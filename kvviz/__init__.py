@@ -9,7 +9,11 @@ from .memory import GPU_PRESETS, MODEL_PRESETS, get_model_preset, kv_cache_bytes
 # Model loading and the quantized cache import transformers (seconds): loaded on first use, so that
 # `import kvviz` (formats, memory model, CLI) stays fast.
 _LAZY = {"load_model": "models", "tiny_model": "models", "describe_model": "models",
-         "QuantizedKVCache": "cache"}
+         "QuantizedKVCache": "cache",
+         # analysis, quality, calibration and export (kvviz/analysis, kvviz/quality, calibrate.py, export.py)
+         "capture_kv": "analysis", "compare": "quality", "compare_stream": "quality", "perplexity": "quality",
+         "needle": "quality", "KVScales": "calibrate", "calibrate_scales": "calibrate", "save_scales": "calibrate",
+         "load_scales": "calibrate", "export_commands": "export"}
 
 
 def __getattr__(name):

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from kvviz import memory
+from kvviz import bench, memory
 
 
 class _Parser(argparse.ArgumentParser):
@@ -133,6 +133,7 @@ class Command:
 
 COMMANDS: list[Command] = [
     Command("memory", "KV-cache bytes per format for a model, and what fits on a GPU", _add_memory, _run_memory),
+    Command("bench", bench.HELP, bench.add_arguments, bench.run),  # kvviz/bench.py (imports torch when run)
 ]
 
 

@@ -36,7 +36,7 @@ class FormatResult:
 
     name: str  # as the caller wrote it
     spec: str  # canonical KVSpec string
-    text: str  # free-running continuation
+    text: str  # free-running continuation ("" when run with free_running=False)
     token_ids: list[int]
     first_divergence: int | None  # first index where the free-running tokens differ from the baseline's
     kl: np.ndarray
@@ -119,7 +119,7 @@ def prefill(model, ids: torch.Tensor):
 
 @torch.no_grad()
 def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: int = 32, scales: dict | None = None,
-                   speed_tokens: int = 0) -> Iterator[StreamUpdate]:
+                   speed_tokens: int = 0, free_running: bool = True) -> Iterator[StreamUpdate]:
     """Generator form of `compare`: one StreamUpdate per generated token, the last one carrying the report."""
     kvs = _check_specs(specs)
     if max_new_tokens < 2:
@@ -129,8 +129,8 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
     ids = _encode(tokenizer, prompt)
     t0 = time.perf_counter()
     dyn, logits0 = prefill(model, ids)
-    # rows: 0 baseline | 1..n teacher-forced | n+1..2n free-running
-    stack = RowStackCache(model.config, [None] + kvs + kvs, scales=scales)
+    # rows: 0 baseline | 1..n teacher-forced | n+1..2n free-running (when free_running)
+    stack = RowStackCache(model.config, [None] + kvs + (kvs if free_running else []), scales=scales)
     stack.load_prefill(dyn)
     first = int(logits0.argmax(-1))
     base_ids, free_ids = [first], [[first] for _ in range(n)]
@@ -138,13 +138,14 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
     decode = lambda row_ids: tokenizer.decode(row_ids, skip_special_tokens=True)  # noqa: E731
     yield StreamUpdate(0, decode(base_ids), {names[j]: decode(free_ids[j]) for j in range(n)})
     for step in range(1, max_new_tokens):
-        inp = torch.tensor([[base_ids[-1]]] * (n + 1) + [[f[-1]] for f in free_ids], device=model.device)  # [2n+1, 1]
-        logits = model(input_ids=inp, cache=stack, use_cache=True).logits[:, -1].float()  # [2n+1, vocab]
+        free_inp = [[f[-1]] for f in free_ids] if free_running else []
+        inp = torch.tensor([[base_ids[-1]]] * (n + 1) + free_inp, device=model.device)  # [rows, 1]
+        logits = model(input_ids=inp, cache=stack, use_cache=True).logits[:, -1].float()  # [rows, vocab]
         kl, top1 = kl_top1(logits[:1].expand(n, -1), logits[1 : n + 1])
         kl_steps.append(kl.cpu())
         top1_steps.append(top1.cpu())
         base_ids.append(int(logits[0].argmax()))
-        for j in range(n):
+        for j in range(n if free_running else 0):
             free_ids[j].append(int(logits[n + 1 + j].argmax()))
         yield StreamUpdate(step, decode(base_ids), {names[j]: decode(free_ids[j]) for j in range(n)})
     seconds = time.perf_counter() - t0
@@ -159,7 +160,10 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
         speeds = {j: decode_speed(model, dyn, kvs[j], base_ids[0], speed_tokens, scales) for j in range(n)}
     results = []
     for j, kv in enumerate(kvs):
-        diverge = next((i for i, (a, b) in enumerate(zip(base_ids, free_ids[j])) if a != b), None)
+        if free_running:
+            diverge = next((i for i, (a, b) in enumerate(zip(base_ids, free_ids[j])) if a != b), None)
+        else:
+            free_ids[j], diverge = [], None
         results.append(FormatResult(
             name=names[j], spec=kv.spec, text=decode(free_ids[j]), token_ids=free_ids[j], first_divergence=diverge,
             kl=kl_arr[j], top1=top1_arr[j], cache_bytes=stack.row_nbytes(1 + j),
@@ -175,15 +179,17 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
 
 
 def compare(model, tokenizer, prompt, specs: list[str], max_new_tokens: int = 32, scales: dict | None = None,
-            speed_tokens: int = 0) -> QualityReport:
+            speed_tokens: int = 0, free_running: bool = True) -> QualityReport:
     """Compare KV formats on one prompt (see the module docstring). prompt: a string or token ids [1, T].
 
     specs: KV specs ("fp8_e4m3", "k=int8,v=int4", "kivi2", ...). scales: static scales for per-tensor formats,
     {layer: (k_scale, v_scale)} (kvviz.calibrate.KVScales.for_cache()). speed_tokens > 0 also times that many
     decode steps of each format's own cache with the active attention backend (tokens_per_s).
+    free_running=False skips the free-running rows (text "", token_ids [], first_divergence None): metrics only,
+    half the rows.
     """
     last = None
-    for last in compare_stream(model, tokenizer, prompt, specs, max_new_tokens, scales, speed_tokens):
+    for last in compare_stream(model, tokenizer, prompt, specs, max_new_tokens, scales, speed_tokens, free_running):
         pass
     assert last is not None and last.report is not None, "compare_stream ended without a report"
     return last.report

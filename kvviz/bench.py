@@ -1,0 +1,224 @@
+"""`python -m kvviz bench`: decode speed, cache bytes and teacher-forced quality of every KV format, against
+DynamicCache and transformers' own QuantizedCache, on the default model on the CPU, in one run.
+
+    python -m kvviz bench                       # the README's table (a few tens of minutes on 2 CPU cores)
+    python -m kvviz bench --quick               # a small smoke run (short context, few tokens)
+
+What is measured (one model load, one 1K-token prefill shared by every cache):
+- tokens/s: greedy decode after a ~`--context`-token prompt, batch 1, each cache loaded with the same prefill K/V.
+  Caches are timed in interleaved rounds and the best round is kept, so a busy machine penalizes all alike.
+- bytes: what the cache holds after the run (kvviz: cache.nbytes(); DynamicCache: its tensors) against the memory
+  model, kvviz.kv_cache_bytes(), for the same token count.
+- KL / top-1: teacher-forced over `--prompts` WikiText-2 passages of `--prompt-tokens` tokens, `--tf-tokens`
+  decode steps each, against the exact (DynamicCache) run. kvviz's formats run as rows of one batch
+  (kvviz.quality.compare); transformers' caches run one by one through the same loop.
+- side by side: kvviz.quality.compare of 8 formats (free-running text + metrics) against one baseline generation
+  of the same length.
+
+transformers 5.24's QuantizedCache backends are "quanto" (optimum-quanto, int2/int4, group 64, residual window),
+"hqq" (not installed here) and "fp8" (per-tensor E4M3 scale fixed at the first update, no residual).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import time
+
+HELP = "decode speed, cache bytes and KL of every KV format vs DynamicCache and transformers' QuantizedCache"
+SIDE_BY_SIDE = ["fp8_e4m3", "fp8_e5m2", "int8", "int4", "k8v4", "k4v8", "kivi2", "nvfp4"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="model name or path (default: the bundled SmolLM2-135M)")
+    p.add_argument("--context", type=int, default=1024, help="prompt tokens before the timed decode (default 1024)")
+    p.add_argument("--decode-tokens", type=int, default=16, help="timed decode steps per round (default 16)")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds, best kept (default 2)")
+    p.add_argument("--prompts", type=int, default=3, help="teacher-forced prompts (default 3)")
+    p.add_argument("--prompt-tokens", type=int, default=128, help="tokens per teacher-forced prompt (default 128)")
+    p.add_argument("--tf-tokens", type=int, default=96, help="teacher-forced decode steps per prompt (default 96)")
+    p.add_argument("--formats", default=None, help="comma-separated kvviz specs (default: every base format + presets)")
+    p.add_argument("--quick", action="store_true", help="smoke run: context 256, 4 decode tokens, 1 prompt x 16 steps")
+
+
+def run(args: argparse.Namespace) -> int:
+    """CLI entry: run the benchmark, print the markdown table."""
+    if args.quick:
+        args.context, args.decode_tokens, args.rounds = 256, 4, 1
+        args.prompts, args.prompt_tokens, args.tf_tokens = 1, 96, 16
+    for name in ("context", "decode_tokens", "rounds", "prompts", "prompt_tokens", "tf_tokens"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer.")
+    formats = None if args.formats is None else [f.strip() for f in args.formats.split(",") if f.strip()]
+    result = run_bench(args.model, formats, args.context, args.decode_tokens, args.rounds, args.prompts,
+                       args.prompt_tokens, args.tf_tokens, progress=True)
+    print(markdown(result))
+    return 0
+
+
+def default_formats() -> list[str]:
+    from kvviz.formats import FORMAT_NAMES, PRESETS
+
+    return list(FORMAT_NAMES) + list(PRESETS)
+
+
+def _transformers_caches(model) -> dict:
+    """name -> factory of an empty transformers QuantizedCache (None when its backend is not installed)."""
+    import importlib.util
+
+    from transformers.cache_utils import QuantizedCache
+
+    out = {"tf fp8 (per-tensor)": lambda: QuantizedCache("fp8", model.config)}
+    if importlib.util.find_spec("optimum") and importlib.util.find_spec("optimum.quanto"):
+        out["tf quanto int4 (residual 1)"] = lambda: QuantizedCache("quanto", model.config, nbits=4, residual_length=1)
+        out["tf quanto int4 (residual 128)"] = lambda: QuantizedCache("quanto", model.config, nbits=4)
+    return out
+
+
+def _log(progress: bool, msg: str) -> None:
+    if progress:
+        print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run_bench(model_name=None, formats=None, context=1024, decode_tokens=16, rounds=2, prompts=3, prompt_tokens=128,
+              tf_tokens=96, progress=False, side_by_side: list[str] | None = None) -> dict:
+    """Run everything; returns plain data: {"rows": [...], "side_by_side": {...}, "meta": {...}} (see markdown)."""
+    import torch
+    from transformers import DynamicCache
+
+    from kvviz import quality
+    from kvviz.attention import active_backend
+    from kvviz.formats import parse_kv
+    from kvviz.memory import kv_cache_bytes
+    from kvviz.models import load_model
+
+    formats = formats or default_formats()
+    specs = {f: parse_kv(f) for f in formats}  # ValueError early on a bad spec
+    model, tok = load_model(model_name)
+    cfg = model.config.get_text_config(decoder=True)
+    layers, heads = cfg.num_hidden_layers, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    text_ids = tok(quality.wikitext(), return_tensors="pt")["input_ids"]
+    tf_caches = _transformers_caches(model)
+    rows = {"DynamicCache": {"kind": "exact"}}
+    rows.update({name: {"kind": "transformers"} for name in tf_caches})
+    rows.update({f: {"kind": "kvviz", "bits": specs[f].bits_per_value(head_dim)} for f in formats})
+
+    # ---- speed and bytes at ~context tokens ----------------------------------------------------------------
+    ids = text_ids[:, :context]
+    _log(progress, f"prefill {ids.shape[1]} tokens")
+    t0 = time.perf_counter()
+    dyn, logits0 = quality.prefill(model, ids)
+    prefill_s = time.perf_counter() - t0
+    first = int(logits0.argmax())
+    factories = {"DynamicCache": lambda: None, **tf_caches, **{f: (lambda f=f: f) for f in formats}}
+    for r in range(rounds):
+        for name, make in factories.items():
+            tps, cache, _ = quality.timed_decode(model, dyn, make(), first, decode_tokens)
+            rows[name]["tokens_per_s"] = max(tps, rows[name].get("tokens_per_s", 0.0))
+            held_tokens = ids.shape[1] + decode_tokens + 1
+            if name == "DynamicCache":
+                rows[name]["bytes"] = sum(l.keys.nbytes + l.values.nbytes for l in cache.layers)
+            elif name in specs:
+                rows[name]["bytes"] = cache.nbytes()
+                rows[name]["model_bytes"] = kv_cache_bytes(layers, heads, head_dim, held_tokens, 1, specs[name])
+            del cache
+        _log(progress, f"speed round {r + 1}/{rounds} done")
+
+    # ---- teacher-forced KL / top-1 ------------------------------------------------------------------------
+    kl = {name: [] for name in rows}
+    top1 = {name: [] for name in rows}
+    step = max(prompt_tokens, text_ids.shape[1] // (prompts + 1))
+    for p in range(prompts):
+        start = (p + 1) * step  # spread the passages over the slice, away from the speed prompt's start
+        pids = text_ids[:, start : start + prompt_tokens]
+        report = quality.compare(model, tok, pids, formats, max_new_tokens=tf_tokens + 1, free_running=False)
+        for f in report.formats:
+            kl[f.name].extend(f.kl.tolist())
+            top1[f.name].extend(f.top1.tolist())
+        cont = torch.tensor([report.baseline_ids])
+        base_logits = _teacher_forced_logits(model, pids, cont, DynamicCache(config=model.config))
+        kl["DynamicCache"].extend([0.0] * tf_tokens)
+        top1["DynamicCache"].extend([True] * tf_tokens)
+        for name, make in tf_caches.items():
+            logits = _teacher_forced_logits(model, pids, cont, make())
+            k, t = quality.kl_top1(base_logits, logits)
+            kl[name].extend(k.tolist())
+            top1[name].extend(t.tolist())
+        _log(progress, f"teacher-forced prompt {p + 1}/{prompts} done")
+    for name in rows:
+        rows[name]["mean_kl"] = sum(kl[name]) / len(kl[name])
+        rows[name]["top1"] = sum(top1[name]) / len(top1[name])
+
+    # ---- side by side: 8 formats in one batched run vs one baseline generation ----------------------------
+    sbs_specs = list(side_by_side or SIDE_BY_SIDE)
+    pids = text_ids[:, :prompt_tokens]
+    n_new = 32
+    t0 = time.perf_counter()
+    bdyn, blog = quality.prefill(model, pids)
+    quality.timed_decode(model, bdyn, None, int(blog.argmax()), n_new - 1, warmup=0)
+    baseline_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    quality.compare(model, tok, pids, sbs_specs, max_new_tokens=n_new)
+    sbs_s = time.perf_counter() - t0
+    _log(progress, "side by side done")
+
+    base_tps = rows["DynamicCache"]["tokens_per_s"]
+    for row in rows.values():
+        row["speed_vs_dynamic"] = row["tokens_per_s"] / base_tps
+    return {
+        "rows": rows,
+        "side_by_side": {"formats": sbs_specs, "tokens": n_new, "seconds": sbs_s, "baseline_seconds": baseline_s,
+                         "ratio": sbs_s / baseline_s},
+        "meta": {"date": datetime.date.today().isoformat(), "machine": _machine(), "backend": active_backend(),
+                 "context": ids.shape[1], "decode_tokens": decode_tokens, "rounds": rounds, "prompts": prompts,
+                 "prompt_tokens": prompt_tokens, "tf_tokens": tf_tokens, "prefill_s": prefill_s,
+                 "torch_threads": torch.get_num_threads(), "model": model_name or "SmolLM2-135M-Instruct"},
+    }
+
+
+def _teacher_forced_logits(model, prompt_ids, cont, cache):
+    """Logits [len(cont) - 1, vocab] of decode steps fed cont[0..N-2] after the prompt, through `cache`
+    (the prompt is its first update: raw attention, stored as the cache stores it)."""
+    import torch
+
+    with torch.no_grad():
+        model(input_ids=prompt_ids, cache=cache, use_cache=True, logits_to_keep=1)
+        out = [model(input_ids=cont[:, i : i + 1], cache=cache, use_cache=True).logits[:, -1].float()
+               for i in range(cont.shape[1] - 1)]
+    return torch.cat(out)
+
+
+def _machine() -> str:
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{cores} CPU cores, {platform.machine()}, {platform.python_implementation()} {platform.python_version()}"
+
+
+def markdown(result: dict) -> str:
+    """The benchmark as a markdown table plus the side-by-side line and the run's conditions."""
+    meta, rows = result["meta"], result["rows"]
+    lines = [
+        f"Measured {meta['date']} on {meta['machine']} ({meta['torch_threads']} torch threads), {meta['model']}, "
+        f"attention backend `{meta['backend']}`. Speed: greedy decode after a {meta['context']}-token prompt, "
+        f"best of {meta['rounds']} interleaved rounds of {meta['decode_tokens']} tokens. KL / top-1: teacher-forced, "
+        f"{meta['prompts']} WikiText-2 prompts x {meta['prompt_tokens']} tokens, {meta['tf_tokens']} steps each.",
+        "",
+        "| cache | bits/value | tokens/s | vs DynamicCache | bytes held | memory model | diff | mean KL | top-1 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in rows.items():
+        bits = f"{r['bits']:.3g}" if "bits" in r else ("32" if r["kind"] == "exact" else "")
+        held = f"{r['bytes'] / 2**20:.2f} MiB" if "bytes" in r else ""
+        model_b = f"{r['model_bytes'] / 2**20:.2f} MiB" if "model_bytes" in r else ""
+        diff = f"{(r['bytes'] - r['model_bytes']) / r['model_bytes']:+.2%}" if "model_bytes" in r else ""
+        label = f"kvviz `{name}`" if r["kind"] == "kvviz" else name
+        lines.append(f"| {label} | {bits} | {r['tokens_per_s']:.2f} | {r['speed_vs_dynamic']:.2f}x | {held} | "
+                     f"{model_b} | {diff} | {r['mean_kl']:.4f} | {r['top1']:.1%} |")
+    s = result["side_by_side"]
+    lines += ["", f"Side by side: {len(s['formats'])} formats ({', '.join(s['formats'])}), {s['tokens']} tokens, "
+              f"free-running + teacher-forced in one batched run: {s['seconds']:.1f} s against {s['baseline_seconds']:.1f} s "
+              f"for one baseline generation ({s['ratio']:.2f}x)."]
+    return "\n".join(lines)

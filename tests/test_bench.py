@@ -1,0 +1,54 @@
+"""Tests for kvviz.bench: the CLI wiring, argument checks and the markdown table (the full run is `make bench`)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from kvviz import bench
+from kvviz.cli import build_parser
+
+
+def _result():
+    row = dict(tokens_per_s=10.0, speed_vs_dynamic=1.0, mean_kl=0.0, top1=1.0)
+    return {
+        "rows": {
+            "DynamicCache": dict(row, kind="exact", bytes=2**20),
+            "tf fp8 (per-tensor)": dict(row, kind="transformers", tokens_per_s=5.0, speed_vs_dynamic=0.5,
+                                        mean_kl=0.0058, top1=0.951),
+            "k8v4": dict(row, kind="kvviz", bits=6.5, bytes=1000, model_bytes=1000, mean_kl=0.01, top1=0.9),
+        },
+        "side_by_side": {"formats": ["fp8", "int4"], "tokens": 32, "seconds": 6.0, "baseline_seconds": 3.0,
+                         "ratio": 2.0},
+        "meta": {"date": "2026-01-01", "machine": "2 CPU cores", "backend": "torch", "context": 1024,
+                 "decode_tokens": 8, "rounds": 2, "prompts": 3, "prompt_tokens": 128, "tf_tokens": 64,
+                 "prefill_s": 1.0, "torch_threads": 2, "model": "SmolLM2-135M-Instruct"},
+    }
+
+
+def test_markdown_table():
+    text = bench.markdown(_result())
+    lines = text.splitlines()
+    assert "2 CPU cores" in lines[0] and "2026-01-01" in lines[0]
+    assert lines[2].startswith("| cache |") and len([l for l in lines if l.startswith("| ")]) == 4
+    assert "| kvviz `k8v4` | 6.5 | 10.00 | 1.00x |" in text and "+0.00%" in text and "95.1%" in text
+    assert "(2.00x)" in lines[-1]
+
+
+def test_cli_registers_bench():
+    args = build_parser().parse_args(["bench", "--quick", "--formats", "fp8,k8v4"])
+    assert args.command == "bench" and args.quick and args.formats == "fp8,k8v4"
+
+
+def test_run_rejects_bad_numbers():
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    with pytest.raises(ValueError, match="--tf-tokens"):
+        bench.run(p.parse_args(["--tf-tokens", "0"]))
+
+
+def test_default_formats_cover_bases_and_presets():
+    from kvviz.formats import FORMAT_NAMES, PRESETS
+
+    assert bench.default_formats() == [*FORMAT_NAMES, *PRESETS]
