@@ -130,6 +130,7 @@ def run_bench(model_name=None, formats=None, context=1024, decode_tokens=16, rou
     kl = {name: [] for name in rows}
     top1 = {name: [] for name in rows}
     step = max(prompt_tokens, text_ids.shape[1] // (prompts + 1))
+    all_pids, conts = [], []
     for p in range(prompts):
         start = (p + 1) * step  # spread the passages over the slice, away from the speed prompt's start
         pids = text_ids[:, start : start + prompt_tokens]
@@ -137,16 +138,20 @@ def run_bench(model_name=None, formats=None, context=1024, decode_tokens=16, rou
         for f in report.formats:
             kl[f.name].extend(f.kl.tolist())
             top1[f.name].extend(f.top1.tolist())
-        cont = torch.tensor([report.baseline_ids])
-        base_logits = _teacher_forced_logits(model, pids, cont, DynamicCache(config=model.config))
-        kl["DynamicCache"].extend([0.0] * tf_tokens)
-        top1["DynamicCache"].extend([True] * tf_tokens)
-        for name, make in tf_caches.items():
-            logits = _teacher_forced_logits(model, pids, cont, make())
-            k, t = quality.kl_top1(base_logits, logits)
-            kl[name].extend(k.tolist())
-            top1[name].extend(t.tolist())
-        _log(progress, f"teacher-forced prompt {p + 1}/{prompts} done")
+        all_pids.append(pids)
+        conts.append(torch.tensor([report.baseline_ids]))
+        _log(progress, f"teacher-forced prompt {p + 1}/{prompts} done (kvviz formats)")
+    # transformers' caches take the prompts as one batch (equal lengths, no padding): its fp8 scale and quanto
+    # groups then span the batch, as they would serving it
+    pids, cont = torch.cat(all_pids), torch.cat(conts)  # [prompts, prompt_tokens], [prompts, tf_tokens + 1]
+    base_logits = _teacher_forced_logits(model, pids, cont, DynamicCache(config=model.config))
+    kl["DynamicCache"].extend([0.0] * tf_tokens * prompts)
+    top1["DynamicCache"].extend([True] * tf_tokens * prompts)
+    for name, make in tf_caches.items():
+        k, t = quality.kl_top1(base_logits, _teacher_forced_logits(model, pids, cont, make()))
+        kl[name].extend(k.tolist())
+        top1[name].extend(t.tolist())
+        _log(progress, f"teacher-forced {name} done")
     for name in rows:
         rows[name]["mean_kl"] = sum(kl[name]) / len(kl[name])
         rows[name]["top1"] = sum(top1[name]) / len(top1[name])
@@ -179,15 +184,16 @@ def run_bench(model_name=None, formats=None, context=1024, decode_tokens=16, rou
 
 
 def _teacher_forced_logits(model, prompt_ids, cont, cache):
-    """Logits [len(cont) - 1, vocab] of decode steps fed cont[0..N-2] after the prompt, through `cache`
-    (the prompt is its first update: raw attention, stored as the cache stores it)."""
+    """Logits [batch * (N - 1), vocab] (batch-major) of decode steps fed cont[:, 0..N-2] after the prompts
+    prompt_ids [batch, T], through `cache` (the prompts are its first update: raw attention, stored as the cache
+    stores them). cont: [batch, N]."""
     import torch
 
     with torch.no_grad():
         model(input_ids=prompt_ids, cache=cache, use_cache=True, logits_to_keep=1)
         out = [model(input_ids=cont[:, i : i + 1], cache=cache, use_cache=True).logits[:, -1].float()
                for i in range(cont.shape[1] - 1)]
-    return torch.cat(out)
+    return torch.stack(out, dim=1).flatten(0, 1)  # [batch, N - 1, vocab] -> [batch * (N - 1), vocab]
 
 
 def _machine() -> str:
