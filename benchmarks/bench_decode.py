@@ -36,19 +36,22 @@ GPU_HEADS, CPU_HEADS = (32, 8, 128), (8, 2, 64)  # (query heads, KV heads, head_
 
 
 def _timer(device: torch.device):
-    """fn -> seconds per call: triton's do_bench on CUDA (warmup, L2 flush), a wall clock median on the CPU."""
+    """fn -> seconds per call: triton's do_bench on CUDA (warmup, L2 flush), the best of 5 wall-clock runs on the
+    CPU (the minimum, as timeit reports: other processes only ever add time)."""
     if device.type == "cuda":
         from triton.testing import do_bench
 
         return lambda fn: do_bench(fn, warmup=25, rep=100) * 1e-3
-    def cpu(fn, reps: int = 3) -> float:
+
+    def cpu(fn, reps: int = 5) -> float:
         fn()
         times = []
         for _ in range(reps):
             t = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t)
-        return sorted(times)[len(times) // 2]
+        return min(times)
+
     return cpu
 
 
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
             heads = tuple(int(n) for n in args.heads.split(","))
         assert all(len(s) == 2 for s in shapes) and len(heads) == 3
     except (ValueError, AssertionError):
-        parser.error("--shapes is BxT[,BxT...] and --heads is Hq,Hkv,D, all integers, e.g. --shapes 1x4096 --heads 32,8,128")
+        parser.error("--shapes is BxT[,BxT...] and --heads is Hq,Hkv,D, integers: --shapes 1x4096 --heads 32,8,128")
     formats = tuple(args.formats.split(",")) if args.formats else FORMATS
     timer = _timer(device)
     if device.type == "cuda":

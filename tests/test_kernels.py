@@ -2,9 +2,10 @@
 
 Decode attention: relative error (max |out - ref| / max |ref|) <= 1e-3 with fp32 compute, for every format x GQA
 ratio {1, 3, 8} x length {1, 17, 300} x split count {1, 2, 4}. The interpreter is slow, so the full cross product
-runs for a fast subset (int4 per token, nvfp4, KIVI-style int2 per channel with a full-precision tail) and a
-covering design runs for every other format: each format sees every GQA ratio, every length and every split count
-at least once (3 runs per format, a Latin square). quant_pack: bit-exact against kvviz.formats.
+(GQA x length x splits {1, 4}) runs for a fast subset (int4 per token, nvfp4, KIVI-style int2 per channel with a
+full-precision tail) and a covering design runs for every other format: each format sees every GQA ratio, every
+length and every split count exactly once (3 runs per format, a Latin square). Batch rows have different lengths
+(L and ceil(L / 2)). quant_pack: bit-exact against kvviz.formats (codes, scales, zero points, NaN payloads).
 
     python -m pytest tests/test_kernels.py -q
 """
@@ -76,8 +77,8 @@ def make_side(fmt, x: torch.Tensor, n_packed: int | None = None, spare: int = 5)
     srows = None if q.scale is None else (-(-n // fmt.group) if fmt.granularity == "channel" else n)
     tail = x[:, :, n:] if n < t else None
     return side_from_format(
-        fmt, in_buffer(q.data, rows), in_buffer(q.scale, srows), q.zero if q.scale is None else in_buffer(q.zero, srows),
-        q.tensor_scale,
+        fmt, in_buffer(q.data, rows), in_buffer(q.scale, srows),
+        q.zero if q.scale is None else in_buffer(q.zero, srows), q.tensor_scale,
         n_packed=n if tail is not None else None, tail=tail,
     )
 
