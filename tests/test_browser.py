@@ -98,11 +98,12 @@ def _wait_for_plots(page, tab: str, server) -> list[int]:
 
 
 def _screenshot(page, shots: Path, name: str) -> Path:
-    """A viewport PNG, reduced to a 256-colour palette so it stays well under MAX_SCREENSHOT_BYTES."""
+    """The whole tab (header and lesson buttons above it left out), as a PNG reduced to a 256-colour palette so
+    it stays well under MAX_SCREENSHOT_BYTES."""
     from PIL import Image
 
     path = shots / f"screenshot-{name}.png"
-    page.screenshot(path=str(path), full_page=False)
+    page.locator(f"#tab-{name}").screenshot(path=str(path))
     Image.open(path).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
     return path
 
@@ -118,7 +119,6 @@ def test_tab_runs_and_draws(page, server, shots, tab):
     assert all(n > 0 for n in counts), f"{tab}: a plot without data: {counts}"
     page.wait_for_timeout(300)  # let the last output settle (tables, markdown) before checking and shooting
     assert not _error_toasts(page), f"{tab}: error shown: {_error_toasts(page)}"
-    page.locator(f"#tab-{tab}").scroll_into_view_if_needed()
     path = _screenshot(page, shots, tab)
     assert 0 < path.stat().st_size < MAX_SCREENSHOT_BYTES, f"{path} is {path.stat().st_size} bytes"
 
@@ -147,7 +147,8 @@ def test_language_switch_relabels_the_page(page):
 
 
 def test_lesson_button_opens_its_tab_and_runs(page, server):
-    page.get_by_role("button", name="6 · Scales eat into the savings").click()
+    page.locator("#lesson-6").click()
     page.locator("#tab-memory").wait_for(state="visible")
+    assert "Lesson 6" in page.locator("#kv-lesson-note").inner_text()
     _wait_for_plots(page, "memory", server)
     assert "int4/g8" in page.locator("#memory-formula").inner_text()

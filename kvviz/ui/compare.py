@@ -86,8 +86,9 @@ def _metrics(report, dtype: str, elsize: int, ppl: dict | None) -> tuple[list[st
         "cache (KiB)": [r[6] for r in rows],
         "decode speed (tokens/s)": [r[8] for r in rows],
     }
-    if ppl is not None:
-        columns["perplexity (WikiText-2)"] = [r[9] for r in rows]
+    if ppl is None:  # not measured: no empty column
+        return headers[:-1], [r[:-1] for r in rows], columns
+    columns["perplexity (WikiText-2)"] = [r[9] for r in rows]
     return headers, rows, columns
 
 

@@ -123,13 +123,16 @@ def build(tr: Translator) -> dict:
             c["commands"] = gr.Markdown(elem_id="export-commands", label="commands")
             c["table"] = gr.Dataframe(label="Which engine supports which format", wrap=True)
     with gr.Row():
-        with gr.Column(scale=2):
-            c["json"] = tr(gr.Code(language="json", label=t("calib_file"), lines=8), label="calib_file")
-            c["file"] = gr.File(label="scales.json", interactive=False)
-            c["scales_fig"] = gr.Plot(plots.empty_figure(), label="calibrated scales", show_label=False)
         with gr.Column(scale=1):
-            c["upload"] = tr(gr.File(label=t("scale_upload"), file_types=[".json"]), label="scale_upload")
-            c["check"] = tr(gr.Button(t("check")), value="check")
+            c["scales_fig"] = gr.Plot(plots.empty_figure(), label="calibrated scales", show_label=False)
+            c["file"] = gr.File(label="scales.json", interactive=False)
+        with gr.Column(scale=1):
+            c["json"] = tr(gr.Code(language="json", label=t("calib_file"), lines=12, max_lines=20),
+                           label="calib_file")
+    with gr.Row(equal_height=True):
+        c["upload"] = tr(gr.File(label=t("scale_upload"), file_types=[".json"], height=140), label="scale_upload")
+        with gr.Column():
+            c["check"] = tr(gr.Button(t("check"), elem_id=f"{TAB}-check"), value="check")
             c["check_out"] = gr.Markdown(label="scale file check")
     c["inputs"] = [c["spec"], c["model_id"], c["prompts"]]
     c["outputs"] = [c["commands"], c["table"], c["json"], c["file"], c["scales_fig"]]

@@ -30,6 +30,24 @@ EN: dict[str, str] = {
     "lesson5": "5 · int4 loses the middle of a long context",
     "lesson6": "6 · Scales eat into the savings",
     "lesson7": "7 · Fused dequantization is faster",
+    "lesson_note1": ("**Lesson 1.** Read the *K beside V* chart: a few post-RoPE K channels (marked ▼) reach several "
+                     "times the others, while V's channels stay level. The heatmap shows the same channels lit up "
+                     "layer after layer."),
+    "lesson_note2": ("**Lesson 2.** Compare the four maps at the bottom, on one colour scale: with one scale per tensor "
+                     "the outlier channels stretch the scale and the error spreads everywhere; one scale per channel "
+                     "or per token confines it; a Hadamard rotation first brings per-tensor back down."),
+    "lesson_note3": ("**Lesson 3.** k8v4 and k4v8 hold the same bytes. Compare their KL and top-1: 4-bit K hurts far "
+                     "more than 4-bit V, because K's errors move the attention weights while V's average out."),
+    "lesson_note4": ("**Lesson 4.** In the per-layer chart fp8_e4m3 sits below fp8_e5m2: K and V span a modest range, "
+                     "so E4M3's extra mantissa bit is worth more than E5M2's extra exponent range."),
+    "lesson_note5": ("**Lesson 5.** The needle chart plots retrieval against where the fact sits in the context. "
+                     "Watch the 4-bit formats at mid depths; longer contexts (the slider) make the loss clearer."),
+    "lesson_note6": ("**Lesson 6.** SmolLM2 has head_dim 64. Read the bits/value column: int4 with one fp16 scale per "
+                     "64 values costs 4.25 bits, per 16 values 5, per 8 values 6. Short groups eat the savings."),
+    "lesson_note7": ("**Lesson 7.** Read the tokens/s column. On the torch backend every step dequantizes the whole "
+                     "cache before attention, so a smaller cache can decode *slower* than the exact one. On CUDA the "
+                     "Triton backend reads packed K/V inside the attention kernel (benchmarks/bench_decode.py "
+                     "measures fused against unfused)."),
     "tab_compare": "Compare",
     "tab_outliers": "K outliers",
     "tab_errors": "Quantization error",
@@ -121,6 +139,22 @@ KO: dict[str, str] = {
     "lesson5": "5 · int4는 긴 문맥의 중간을 놓친다",
     "lesson6": "6 · 스케일 저장이 절감분을 갉아먹는다",
     "lesson7": "7 · 역양자화를 커널에 융합하면 빨라진다",
+    "lesson_note1": ("**레슨 1.** *K beside V* 그래프를 보세요: RoPE 이후 몇몇 K 채널(▼ 표시)은 다른 채널의 몇 배에 "
+                     "이르지만 V의 채널은 고르게 유지됩니다. 히트맵에서는 같은 채널이 여러 레이어에 걸쳐 밝게 빛납니다."),
+    "lesson_note2": ("**레슨 2.** 아래쪽 네 맵을 같은 색 척도로 비교하세요: 텐서 전체에 스케일 하나를 쓰면 이상치 채널이 "
+                     "스케일을 늘려 오차가 곳곳에 퍼지고, 채널이나 토큰마다 스케일을 두면 오차가 갇힙니다. 먼저 아다마르 "
+                     "회전을 하면 텐서 단위 스케일도 다시 좋아집니다."),
+    "lesson_note3": ("**레슨 3.** k8v4와 k4v8은 같은 바이트를 씁니다. KL과 top-1을 비교하세요: 4비트 K가 4비트 V보다 "
+                     "훨씬 해롭습니다. K의 오차는 어텐션 가중치를 바꾸지만 V의 오차는 평균 속에서 상쇄되기 때문입니다."),
+    "lesson_note4": ("**레슨 4.** 레이어별 그래프에서 fp8_e4m3가 fp8_e5m2보다 아래에 있습니다: K와 V의 값 범위는 크지 "
+                     "않으므로 E4M3의 가수 1비트가 E5M2의 넓은 지수 범위보다 값집니다."),
+    "lesson_note5": ("**레슨 5.** 바늘 그래프는 사실이 문맥의 어디에 있느냐에 따른 검색 성공률입니다. 중간 깊이에서 4비트 "
+                     "포맷을 보세요. 문맥을 길게(슬라이더) 하면 손실이 더 뚜렷해집니다."),
+    "lesson_note6": ("**레슨 6.** SmolLM2의 head_dim은 64입니다. bits/value 열을 보세요: int4에 fp16 스케일을 64개 값마다 "
+                     "두면 4.25비트, 16개마다 5비트, 8개마다 6비트입니다. 그룹이 짧으면 절감분이 사라집니다."),
+    "lesson_note7": ("**레슨 7.** tokens/s 열을 보세요. torch 백엔드는 매 단계 어텐션 전에 캐시 전체를 역양자화하므로, "
+                     "작은 캐시가 원본보다 *느리게* 디코딩될 수 있습니다. CUDA에서는 Triton 백엔드가 어텐션 커널 안에서 "
+                     "패킹된 K/V를 직접 읽습니다 (benchmarks/bench_decode.py가 융합 대 비융합을 측정합니다)."),
     "tab_compare": "비교",
     "tab_outliers": "K 이상치",
     "tab_errors": "양자화 오차",

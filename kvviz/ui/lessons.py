@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from .i18n import lang_code, t
+
 
 @dataclass(frozen=True)
 class Lesson:
@@ -38,20 +40,21 @@ LESSONS: tuple[Lesson, ...] = (
 )
 
 
-def wire(buttons: list[gr.Button], tabs: gr.Tabs, parts: dict[str, dict]) -> None:
-    """Connect lesson button i to LESSONS[i]: select the tab, set the inputs, then run the tab's action."""
+def wire(buttons: list[gr.Button], tabs: gr.Tabs, parts: dict[str, dict], note: gr.Markdown, lang: gr.Radio) -> None:
+    """Connect lesson button i to LESSONS[i]: select the tab, show the lesson's note (in the page's language), set
+    the inputs, then run the tab's action."""
     assert len(buttons) == len(LESSONS), f"{len(buttons)} lesson buttons for {len(LESSONS)} lessons"
-    for button, lesson in zip(buttons, LESSONS):
+    for i, (button, lesson) in enumerate(zip(buttons, LESSONS), start=1):
         tab = parts[lesson.tab]
         missing = [k for k in lesson.settings if k not in tab]
         assert not missing, f"tab {lesson.tab!r} has no components {missing}"
         targets = [tab[k] for k in lesson.settings]
         values = list(lesson.settings.values())
 
-        def fill(_tab=lesson.tab, _values=values):
-            return (gr.Tabs(selected=_tab), *_values)
+        def fill(choice, _tab=lesson.tab, _values=values, _key=f"lesson_note{i}"):
+            return (gr.Tabs(selected=_tab), gr.Markdown(t(_key, lang_code(choice)), visible=True), *_values)
 
-        event = button.click(fill, None, [tabs, *targets], api_visibility="private", queue=False)
-        if lesson.action is not None and lesson.action in tab["actions"]:
+        event = button.click(fill, lang, [tabs, note, *targets], api_visibility="private", queue=False)
+        if lesson.action is not None:
             fn, inputs, outputs, concurrency_id = tab["actions"][lesson.action]
             event.then(fn, inputs, outputs, api_visibility="private", concurrency_id=concurrency_id)
