@@ -158,9 +158,11 @@ class _Side:
         kernels.quant_pack (bit-identical to _quantize_raw); False when that path does not apply."""
         if active_backend() != "triton":
             return False
+        from kernels._triton import triton_usable
         from kernels.pack import quant_pack, quant_pack_supported
 
-        if not quant_pack_supported(self.fmt, x.shape[3]):
+        # auto picks triton whenever CUDA exists, but a model left on the CPU has CPU states: formats path then
+        if not (triton_usable(x.device) and quant_pack_supported(self.fmt, x.shape[3])):
             return False
         t = x.shape[2]
         bufs = {name: buf.reserve(t) for name, buf in self.fields.items()}
