@@ -164,6 +164,14 @@ def _triton_decode(module, query: torch.Tensor, key: PackedKV, value: PackedKV,
     return out.unsqueeze(1)  # [B, Hq, D] -> [B, 1, Hq, D]
 
 
+@functools.cache
+def _triton_runs_on(device: torch.device) -> bool:
+    """False for CPU tensors on a CUDA machine (auto picks triton there): the reference serves them."""
+    from kernels._triton import triton_usable
+
+    return triton_usable(device)
+
+
 def _bottom_right_causal(q_len: int, kv_len: int, device) -> torch.Tensor:
     """bool [1, 1, q_len, kv_len]: query i (absolute position kv_len - q_len + i) attends to keys <= it."""
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
@@ -181,7 +189,7 @@ def kvviz_attention_forward(module, query, key, value, attention_mask, dropout: 
     q_len = query.shape[2]
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    if q_len == 1 and active_backend() == "triton":
+    if q_len == 1 and active_backend() == "triton" and _triton_runs_on(query.device):
         return _triton_decode(module, query, key, value, attention_mask, scaling), None
     k, v = key.dequantize(), value.dequantize()  # [B, Hkv, kv_len, D]
     if attention_mask is None and q_len > 1:
