@@ -152,3 +152,12 @@ def test_lesson_button_opens_its_tab_and_runs(page, server):
     assert "Lesson 6" in page.locator("#kv-lesson-note").inner_text()
     _wait_for_plots(page, "memory", server)
     assert "int4/g8" in page.locator("#memory-formula").inner_text()
+
+
+def test_needle_lesson_opens_the_needle_chart(page, server):
+    page.locator("#lesson-5").click()
+    page.locator("#compare-needle-run").wait_for(state="visible", timeout=10_000)  # the accordion opened
+    page.wait_for_function("() => /int4\\/tensor \\d+%/.test(document.querySelector('#tab-compare').innerText)",
+                           timeout=RUN_TIMEOUT_MS)  # the lesson's own run: its formats in the "Retrieved:" line
+    assert "Skipped" in page.locator("#tab-compare").inner_text() or not MODEL.startswith("tiny-")
+    assert not _error_toasts(page)

@@ -168,6 +168,29 @@ def table(rows: list[list], headers: list[str]):
     return pd.DataFrame(rows, columns=headers)
 
 
+def fitting_specs(names: list[str], model) -> tuple[list[str], list[str]]:
+    """(specs this model's head_dim can hold, one "`spec`: why not" line per other spec).
+
+    A format with 32-value blocks cannot store a head_dim of 16 (the tiny test model): such formats are skipped
+    with a note rather than failing the whole comparison. Unknown specs still raise (kvviz.parse_kv).
+    """
+    from kvviz import models
+
+    head_dim = models.describe_model(model)["head_dim"]
+    fit, skipped = [], []
+    for name in names:
+        kv = kvviz.parse_kv(name)
+        try:
+            for fmt in (kv.k, kv.v):
+                fmt.nbytes_for((1, 1, 64, head_dim))  # [batch, kv_heads, tokens, head_dim]
+            fit.append(name)
+        except ValueError as e:
+            skipped.append(f"`{name}`: {e}")
+    if not fit:
+        raise ValueError("None of the chosen formats fits this model: " + "; ".join(skipped))
+    return fit, skipped
+
+
 def check_int(value, what: str, lo: int, hi: int) -> int:
     """`value` as an int in [lo, hi]; ValueError naming the field and the range otherwise."""
     if value is None or isinstance(value, bool):

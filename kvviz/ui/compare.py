@@ -1,7 +1,7 @@
 """kvviz.ui.compare: the Compare tab: the same prompt generated through several KV formats, side by side.
 
 Texts stream as `kvviz.quality.compare_stream` decodes all formats as one batch; the first divergence from the
-fp16 baseline is marked. When the run ends, a table and bar charts give teacher-forced KL and top-1, cache bytes
+unquantized baseline is marked. When the run ends, a table and bar charts give teacher-forced KL and top-1, cache bytes
 and tokens/s (each format's own cache and attention backend). The needle test runs on demand.
 api_names:
     compare(prompt, specs, custom_specs, max_new_tokens, with_perplexity)
@@ -20,8 +20,8 @@ from kvviz import plots, quality
 from kvviz.attention import active_backend
 from kvviz.formats import parse_kv
 
-from .common import (EXAMPLES, check_int, get_model, model_name, prompt_token_ids, spec_list, table,
-                     user_errors)
+from .common import (EXAMPLES, check_int, fitting_specs, get_model, model_name, prompt_token_ids, spec_list,
+                     table, user_errors)
 from .i18n import Translator, t
 
 TAB = "compare"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -112,9 +112,11 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, prog
     new_tokens = check_int(max_new_tokens, "Max new tokens", 2, MAX_NEW_TOKENS)
     names = spec_list(specs, custom_specs)
     if not names:
-        raise ValueError("Pick at least one format to compare with the fp16 baseline.")
+        raise ValueError("Pick at least one format to compare with the unquantized baseline.")
     model, tok = get_model(progress)
     n_prompt = _check_prompt_fits(tok, model, prompt, new_tokens)
+    names, skipped = fitting_specs(names, model)
+    skip_note = "\n\n**Skipped** (this model's shape cannot hold them): " + "; ".join(skipped) if skipped else ""
     empty = plots.empty_figure("Metrics appear when generation ends.")
     status = f"Prefilling {n_prompt} prompt tokens, then decoding {len(names)} formats + baseline as one batch…"
     yield _columns("", {n: "" for n in names}, {}), None, empty, status
@@ -135,28 +137,32 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, prog
         fig = plots.metrics_bars([r[0] for r in rows], columns)
         done = (f"Done in {report.seconds:.1f} s on `{model_name()}`. KL and top-1 are teacher-forced on the "
                 f"baseline's tokens ({report.metrics_backend}); tokens/s: each format's own cache, "
-                f"`{report.speed_backend}` attention backend, batch 1, {SPEED_TOKENS} steps.")
+                f"`{report.speed_backend}` attention backend, batch 1, {SPEED_TOKENS} steps.{skip_note}")
         yield (_columns(report.baseline_text, {f.name: f.text for f in report.formats}, meta),
                table(rows, headers), fig, done)
 
 
 @user_errors
 def needle(specs, custom_specs, context_tokens, progress=gr.Progress()):
-    """Retrieval rate against needle depth for the chosen formats (and the fp16 baseline)."""
+    """Retrieval rate against needle depth for the chosen formats (and the unquantized baseline)."""
     names = spec_list(specs, custom_specs)
+    if not names:
+        raise ValueError("Pick at least one format for the needle test.")
     context = check_int(context_tokens, "Context length", 256, 8192)
     model, tok = get_model(progress)
     positions = _positions(model)
     if context + 32 > positions:
         raise ValueError(f"A {context}-token haystack plus the question does not fit in this model's "
                          f"{positions} positions; use at most {positions - 32} tokens.")
+    names, skipped = fitting_specs(names, model)
     progress(0.2, desc=f"Hiding needles in {context} tokens of haystack, {len(names) + 1} formats…")
     result = quality.needle(model, tok, names, context_tokens=context)
     rates = {name: [float(hit) for hit in hits] for name, hits in result["retrieved"].items()}
     fig = plots.needle_chart([100 * d for d in result["depths"]], rates, result["context_tokens"])
     found = ", ".join(f"`{n}` {100 * r:.0f}%" for n, r in result["rate"].items())
     return fig, (f"One needle per depth in {context} tokens of WikiText-2, `{model_name()}`, answers read through "
-                 f"each format's cache. Retrieved: {found}.")
+                 f"each format's cache. Retrieved: {found}."
+                 + ("\n\n**Skipped**: " + "; ".join(skipped) if skipped else ""))
 
 
 def build(tr: Translator) -> dict:
@@ -181,7 +187,8 @@ def build(tr: Translator) -> dict:
     with gr.Row():
         c["table"] = tr(gr.Dataframe(label=t("metrics"), wrap=True), label="metrics")
     c["fig"] = gr.Plot(plots.empty_figure(), label="metrics per format", show_label=False)
-    with tr(gr.Accordion(t("needle_title"), open=False, elem_id=f"{TAB}-needle"), label="needle_title"):
+    c["needle_box"] = tr(gr.Accordion(t("needle_title"), open=False, elem_id=f"{TAB}-needle"), label="needle_title")
+    with c["needle_box"]:
         tr(gr.Markdown(t("needle_intro")), value="needle_intro")
         with gr.Row():
             c["needle_ctx"] = tr(gr.Slider(256, 8192, value=768, step=128, label=t("needle_context")),
