@@ -20,11 +20,14 @@ Storage per layer and side (K, V), tokens in order:
 - static scales (per-tensor, per-head, NVFP4's global scale): from `scales` when given, else computed once from the
   first update (the prefill: amax / max, as transformers' fp8 cache does), then fixed and shared by the batch.
 
+Appends quantize with kvviz.formats (the reference), or, with the Triton backend on a device Triton runs on, with
+the fused kernels.quant_pack that writes straight into the buffers (bit-identical; channel formats excepted).
+
     cache = QuantizedKVCache(model.config, "k8v4")
     out = model.generate(**enc, cache=cache, max_new_tokens=32)   # model: attn_implementation="kvviz"
     cache.nbytes()   # bytes really held == kvviz.kv_cache_bytes(...) for the same shape
 
-    python -m kvviz.cache    # decode tokens/s, DynamicCache against QuantizedKVCache, default model, 1K context
+Speed, bytes and quality against DynamicCache and transformers' QuantizedCache: `python -m kvviz bench`.
 """
 
 from __future__ import annotations
@@ -359,36 +362,3 @@ def _layer_scales(scales: dict, i: int, spec: KVSpec):
     k_scale, v_scale = pair
     takes = [f.granularity in ("tensor", "head") or f.base == "nvfp4" for f in (spec.k, spec.v)]
     return (k_scale if takes[0] else None, v_scale if takes[1] else None)
-
-
-def _bench(specs=("k8v4", "fp8", "int4", "kivi2"), context: int = 1024, new_tokens: int = 32) -> None:
-    """Decode tokens/s of DynamicCache against QuantizedKVCache on the default model (torch backend on CPU)."""
-    import time
-
-    from transformers import DynamicCache
-
-    from kvviz.attention import active_backend
-    from kvviz.models import load_model
-
-    model, tok = load_model()
-    ids = tok(" ".join(["The quick brown fox jumps over the lazy dog."] * context), return_tensors="pt")
-    ids = {name: t[:, :context] for name, t in ids.items()}
-    print(f"context {context} tokens, {new_tokens} new, backend {active_backend()}, {torch.get_num_threads()} threads")
-    for spec in ("dynamic", *specs):
-        cache = DynamicCache(config=model.config) if spec == "dynamic" else QuantizedKVCache(model.config, spec)
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            out = model(**ids, cache=cache, use_cache=True)
-            t1 = time.perf_counter()
-            token = out.logits[:, -1:].argmax(-1)
-            for _ in range(new_tokens):
-                token = model(input_ids=token, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
-            t2 = time.perf_counter()
-        held = cache.nbytes() if spec != "dynamic" else sum(
-            layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
-        print(f"{spec:>8}: prefill {t1 - t0:5.2f} s, decode {new_tokens / (t2 - t1):5.1f} tokens/s, "
-              f"cache {held / 2**20:6.2f} MiB")
-
-
-if __name__ == "__main__":
-    _bench()
