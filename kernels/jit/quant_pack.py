@@ -22,8 +22,9 @@ from kernels.jit.decode_attention import _fp8_to_f32
 # KIND codes (constexpr)
 KIND_INT_SYM, KIND_INT_ASYM, KIND_FP8, KIND_MX, KIND_NV = 0, 1, 2, 3, 4
 
-_F16_TINY = 5.960464477539063e-08  # 2**-24, fp16's smallest subnormal: the int scale floor
-_F16_MAX = 65504.0
+# Globals a kernel reads must be tl.constexpr (the interpreter accepts plain floats; the compiler does not).
+_F16_TINY = tl.constexpr(5.960464477539063e-08)  # 2**-24, fp16's smallest subnormal: the int scale floor
+_F16_MAX = tl.constexpr(65504.0)
 
 
 @triton.jit
