@@ -87,6 +87,15 @@ def test_pack_unpack_roundtrip_and_nibble_order(bits):
         assert torch.equal(packed[..., 0], codes[..., 0] | (codes[..., 1] << 4))
 
 
+@pytest.mark.parametrize("spec", ALL_SPECS)
+def test_zero_tokens_quantize_to_empty_storage(spec):
+    fmt = get_format(spec)
+    x = torch.randn(2, 3, 0, 64)
+    q = fmt.quantize(x)
+    assert fmt.dequantize(q).shape == x.shape
+    assert q.nbytes == fmt.nbytes_for(x.shape)
+
+
 # -- fp8: torch's own casts, bit for bit -------------------------------------------------------------------------
 @pytest.mark.parametrize("spec, dtype", [("fp8_e4m3", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)])
 def test_fp8_equals_torch_cast_with_saturation(spec, dtype):

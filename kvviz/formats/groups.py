@@ -55,6 +55,10 @@ def reduce(x: torch.Tensor, granularity: str, group: int | None, op: str) -> tor
 
     Returns the per-group tensor in the module's layout, dtype fp32 (bool for "nonfinite").
     """
+    if x.numel() == 0:  # no tokens: empty groups, or a per-tensor / per-head scale over nothing
+        dtype = torch.bool if op == "nonfinite" else torch.float32
+        shape = scale_shape(tuple(x.shape), granularity, group) if x.dim() >= 2 else ()
+        return torch.zeros(shape, dtype=dtype, device=x.device)
     if op == "nonfinite":
         view, dims = _grouped(~torch.isfinite(x), granularity, group)
         out = view.amax(dim=dims, keepdim=granularity == "head")

@@ -18,7 +18,7 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
         return codes.to(torch.uint8)
     per_byte = 8 // bits
     assert codes.shape[-1] % per_byte == 0, f"head_dim {codes.shape[-1]} must be a multiple of {per_byte}"
-    c = codes.to(torch.uint8).reshape(*codes.shape[:-1], -1, per_byte)  # [..., D/per_byte, per_byte]
+    c = codes.to(torch.uint8).reshape(*codes.shape[:-1], codes.shape[-1] // per_byte, per_byte)  # [..., D/per_byte, per_byte]
     out = torch.zeros(c.shape[:-1], dtype=torch.uint8, device=codes.device)
     for j in range(per_byte):
         out |= c[..., j] << (bits * j)
@@ -32,7 +32,7 @@ def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
     per_byte = 8 // bits
     mask = (1 << bits) - 1
     parts = [(packed >> (bits * j)) & mask for j in range(per_byte)]
-    return torch.stack(parts, dim=-1).reshape(*packed.shape[:-1], -1)  # [..., D]
+    return torch.stack(parts, dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)  # [..., D]
 
 
 @functools.lru_cache(maxsize=16)
