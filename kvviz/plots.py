@@ -245,7 +245,8 @@ def memory_vs_context(contexts: Sequence[int], gb_by_format: Mapping[str, Sequen
                                  textposition="top right", textfont=dict(size=10, color="#444"),
                                  line=dict(color=greys[i % len(greys)], dash="dash", width=1.2),
                                  hovertemplate=label + "<extra></extra>"))
-    fig.update_xaxes(title_text="context length (tokens)", type="log" if log_x else "linear")
+    fig.update_xaxes(title_text="context length (tokens)", type="log" if log_x else "linear",
+                     dtick=1 if log_x else None)
     fig.update_yaxes(title_text="KV cache memory (GB)", type="log", dtick=1)
     return _layout(fig, title, height=440)
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMI
 
 MODEL = os.environ.get("KVVIZ_TEST_MODEL", "tiny-llama")
 # A real model's first call converts and loads it (~1 min on a 2-core CPU); the tiny one answers at once.
-RUN_TIMEOUT_MS = 60_000 if MODEL.startswith("tiny-") else 300_000
+RUN_TIMEOUT_MS = 60_000 if MODEL.startswith("tiny-") else 900_000
 MAX_SCREENSHOT_BYTES = 300_000
 TABS = ("compare", "outliers", "errors", "memory", "export")
 
@@ -111,6 +111,8 @@ def _screenshot(page, shots: Path, name: str) -> Path:
 @pytest.mark.parametrize("tab", TABS)
 def test_tab_runs_and_draws(page, server, shots, tab):
     _open_tab(page, tab)
+    if tab == "compare":  # add per-tensor int4: it loses needles that per-token int4 still finds (lesson 5)
+        page.locator("#compare-custom textarea").fill("int4/tensor")
     page.locator(f"#{tab}-run").click()
     if tab == "compare":  # the needle chart sits in a closed accordion: open it and run the test too
         page.locator("#compare-needle").get_by_text("Needle in a haystack").click()
@@ -157,7 +159,8 @@ def test_lesson_button_opens_its_tab_and_runs(page, server):
 def test_needle_lesson_opens_the_needle_chart(page, server):
     page.locator("#lesson-5").click()
     page.locator("#compare-needle-run").wait_for(state="visible", timeout=10_000)  # the accordion opened
-    page.wait_for_function("() => /int4\\/tensor \\d+%/.test(document.querySelector('#tab-compare').innerText)",
-                           timeout=RUN_TIMEOUT_MS)  # the lesson's own run: its formats in the "Retrieved:" line
-    assert "Skipped" in page.locator("#tab-compare").inner_text() or not MODEL.startswith("tiny-")
+    page.wait_for_function("() => document.querySelector('#compare-needle-status').innerText.includes('kivi2')",
+                           timeout=RUN_TIMEOUT_MS)  # the lesson's own run: KIVI-2 retrieved, or skipped (tiny model)
+    status = page.locator("#compare-needle-status").inner_text()
+    assert "int4/tensor" in status and ("Skipped" in status or not MODEL.startswith("tiny-"))
     assert not _error_toasts(page)

@@ -176,8 +176,8 @@ def build(tr: Translator) -> dict:
             gr.Examples(EXAMPLES, c["prompt"])
         with gr.Column(scale=2, min_width=280):
             c["specs"] = tr(gr.CheckboxGroup(SPEC_CHOICES, value=DEFAULT_SPECS, label=t("specs")), label="specs")
-            c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1),
-                             label="custom_specs", info="custom_specs_info")
+            c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1,
+                                        elem_id=f"{TAB}-custom"), label="custom_specs", info="custom_specs_info")
             c["max_new"] = tr(gr.Slider(2, MAX_NEW_TOKENS, value=24, step=1, label=t("max_new_tokens")),
                               label="max_new_tokens")
             c["ppl"] = tr(gr.Checkbox(False, label=t("with_ppl")), label="with_ppl")
@@ -194,7 +194,7 @@ def build(tr: Translator) -> dict:
             c["needle_ctx"] = tr(gr.Slider(256, 8192, value=768, step=128, label=t("needle_context")),
                                  label="needle_context")
             c["needle_run"] = tr(gr.Button(t("needle_run"), elem_id=f"{TAB}-needle-run"), value="needle_run")
-        c["needle_status"] = gr.Markdown(label="needle status")
+        c["needle_status"] = gr.Markdown(label="needle status", elem_id=f"{TAB}-needle-status")
         c["needle_fig"] = gr.Plot(plots.empty_figure(), label="needle in a haystack", show_label=False)
     c["inputs"] = [c["prompt"], c["specs"], c["custom"], c["max_new"], c["ppl"]]
     c["outputs"] = [c["columns"], c["table"], c["fig"], c["status"]]

@@ -116,12 +116,12 @@ def build(tr: Translator) -> dict:
         with gr.Column(scale=1, min_width=280):
             c["spec"] = tr(gr.Dropdown(FORMAT_CHOICES, value="fp8_e4m3", allow_custom_value=True,
                                        label=t("export_format")), label="export_format")
-            c["model_id"] = gr.Textbox(DEFAULT_MODEL_ID, label="Model id or path for the commands")
+            c["model_id"] = tr(gr.Textbox(DEFAULT_MODEL_ID, label=t("model_id")), label="model_id")
             c["prompts"] = tr(gr.Textbox(DEFAULT_PROMPTS, lines=4, label=t("calib_prompts")), label="calib_prompts")
             c["run"] = tr(gr.Button(t("run"), variant="primary", elem_id=f"{TAB}-run"), value="run")
         with gr.Column(scale=2):
             c["commands"] = gr.Markdown(elem_id="export-commands", label="commands")
-            c["table"] = gr.Dataframe(label="Which engine supports which format", wrap=True)
+            c["table"] = tr(gr.Dataframe(label=t("support_table"), wrap=True), label="support_table")
     with gr.Row():
         with gr.Column(scale=1):
             c["scales_fig"] = gr.Plot(plots.empty_figure(), label="calibrated scales", show_label=False)

@@ -94,8 +94,8 @@ EN: dict[str, str] = {
     "errors_intro": (
         "**What you see:** where quantization error lands. The heatmap is |x − x̂| per token and channel for one "
         "format, layer and head; the line chart is each layer's relative error for every format you pick; the "
-        "three maps below quantize the same tensor with one scale per token, per channel and per tensor, on one "
-        "colour scale."),
+        "four maps below quantize the same tensor with one scale per token, per channel, per tensor, and per "
+        "tensor after a Hadamard rotation, on one colour scale."),
     "error_format": "Format for the heatmaps",
     "error_formats": "Formats for the per-layer chart",
     "which": "Tensor",
@@ -109,7 +109,8 @@ EN: dict[str, str] = {
     "layers": "Layers",
     "kv_heads": "KV heads",
     "head_dim": "Head dim",
-    "weights_gb": "Weights (GB)",
+    "params_b": "Parameters (billions)",
+    "gpus": "GPUs (dashed lines, and the table's columns)",
     "batch": "Batch size",
     "ctx_min": "Shortest context (tokens)",
     "ctx_max": "Longest context (tokens)",
@@ -122,6 +123,8 @@ EN: dict[str, str] = {
         "and per-layer scales calibrated on your prompts as SGLang's scale file. A format an engine does not "
         "support is marked as such, never mapped to a different one."),
     "export_format": "Format",
+    "model_id": "Model id or path for the commands",
+    "support_table": "Which engine supports which format",
     "calib_prompts": "Calibration prompts (one per line)",
     "calib_file": "SGLang scale file (calibrated on your prompts)",
     "scale_upload": "Check a scale file (JSON)",
@@ -196,8 +199,8 @@ KO: dict[str, str] = {
         "일부 상쇄되므로, 토큰마다 스케일 하나(head_dim 방향)면 충분합니다."),
     "errors_intro": (
         "**보고 있는 것:** 양자화 오차가 어디에 생기는지. 히트맵은 한 포맷·레이어·헤드에서 토큰과 채널별 |x − x̂|, 선 "
-        "그래프는 고른 포맷마다 각 레이어의 상대 오차, 아래 세 맵은 같은 텐서를 토큰 단위·채널 단위·텐서 단위 스케일로 "
-        "양자화한 결과를 같은 색 척도로 보여줍니다."),
+        "그래프는 고른 포맷마다 각 레이어의 상대 오차, 아래 네 맵은 같은 텐서를 토큰 단위·채널 단위·텐서 단위 스케일, "
+        "그리고 아다마르 회전 뒤 텐서 단위 스케일로 양자화한 결과를 같은 색 척도로 보여줍니다."),
     "error_format": "히트맵에 쓸 포맷",
     "error_formats": "레이어별 그래프에 쓸 포맷",
     "which": "텐서",
@@ -210,7 +213,8 @@ KO: dict[str, str] = {
     "layers": "레이어 수",
     "kv_heads": "KV 헤드 수",
     "head_dim": "헤드 차원",
-    "weights_gb": "가중치 (GB)",
+    "params_b": "파라미터 수 (십억)",
+    "gpus": "GPU (점선, 그리고 표의 열)",
     "batch": "배치 크기",
     "ctx_min": "가장 짧은 문맥 (토큰)",
     "ctx_max": "가장 긴 문맥 (토큰)",
@@ -221,6 +225,8 @@ KO: dict[str, str] = {
         "프롬프트로 보정한 레이어별 스케일(SGLang 스케일 파일). 엔진이 지원하지 않는 포맷은 다른 포맷으로 몰래 바꾸지 "
         "않고 그대로 표시합니다."),
     "export_format": "포맷",
+    "model_id": "명령에 넣을 모델 id 또는 경로",
+    "support_table": "어느 엔진이 어떤 포맷을 지원하는가",
     "calib_prompts": "보정용 프롬프트 (한 줄에 하나)",
     "calib_file": "SGLang 스케일 파일 (여러분의 프롬프트로 보정)",
     "scale_upload": "스케일 파일 검사 (JSON)",

@@ -24,7 +24,7 @@ CUSTOM = "custom"
 FORMAT_CHOICES = ["fp16", "fp8_e4m3", "k8v4", "int4", "kivi2", "mxfp4", "nvfp4", "int4/g16", "int2"]
 DEFAULT_FORMATS = ["fp16", "fp8_e4m3", "k8v4", "int4", "mxfp4"]
 GPU_CHOICES = list(mem.GPU_PRESETS)
-DEFAULT_GPUS = ["l4", "a100-80gb", "h100-80gb", "h200"]
+DEFAULT_GPUS = ["l4", "a100-40gb", "h100-80gb", "h200"]  # four capacities, four distinct lines
 _POINTS = 48  # samples along the context axis
 
 
@@ -108,7 +108,7 @@ def build(tr: Translator) -> dict:
                     c["kv_heads"] = tr(gr.Number(8, label=t("kv_heads"), precision=0), label="kv_heads")
                 with gr.Row():
                     c["head_dim"] = tr(gr.Number(128, label=t("head_dim"), precision=0), label="head_dim")
-                    c["params_b"] = gr.Number(8.0, label="Parameters (billions)")
+                    c["params_b"] = tr(gr.Number(8.0, label=t("params_b")), label="params_b")
             c["batch"] = tr(gr.Number(1, label=t("batch"), precision=0), label="batch")
             with gr.Row():
                 c["ctx_min"] = tr(gr.Number(1024, label=t("ctx_min"), precision=0), label="ctx_min")
@@ -117,7 +117,7 @@ def build(tr: Translator) -> dict:
                               label="memory_formats")
             c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1),
                              label="custom_specs", info="custom_specs_info")
-            c["gpus"] = gr.CheckboxGroup(GPU_CHOICES, value=DEFAULT_GPUS, label="GPUs")
+            c["gpus"] = tr(gr.CheckboxGroup(GPU_CHOICES, value=DEFAULT_GPUS, label=t("gpus")), label="gpus")
             c["run"] = tr(gr.Button(t("run"), variant="primary", elem_id=f"{TAB}-run"), value="run")
         with gr.Column(scale=3):
             c["plot"] = gr.Plot(plots.empty_figure(), label="memory vs context", show_label=False, elem_id="memory-plot")
