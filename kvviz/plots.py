@@ -262,5 +262,5 @@ def layer_scales(scales: Mapping[str, Sequence[float]], title: str) -> go.Figure
         fig.add_trace(go.Scatter(x=list(range(len(vals))), y=_finite(vals), mode="lines+markers", name=name,
                                  line=dict(color=colors[name], width=2, dash="dot" if "file" in name else "solid")))
     fig.update_xaxes(title_text="layer (index)")
-    fig.update_yaxes(title_text="scale (|x| per FP8 unit)", type="log", dtick=1)
+    fig.update_yaxes(title_text="scale (|x| per FP8 unit)", rangemode="tozero")
     return _layout(fig, title)

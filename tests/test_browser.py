@@ -127,7 +127,7 @@ def test_tab_runs_and_draws(page, server, shots, tab):
 
 def test_bad_input_shows_an_error_and_the_app_keeps_serving(page, server):
     _open_tab(page, "memory")
-    custom = page.locator("#tab-memory textarea").first
+    custom = page.locator("#memory-custom textarea")
     custom.fill("int5")
     page.locator("#memory-run").click()
     page.locator(".toast-body.error").first.wait_for(timeout=20_000)

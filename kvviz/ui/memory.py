@@ -115,8 +115,8 @@ def build(tr: Translator) -> dict:
                 c["ctx_max"] = tr(gr.Number(131072, label=t("ctx_max"), precision=0), label="ctx_max")
             c["formats"] = tr(gr.CheckboxGroup(FORMAT_CHOICES, value=DEFAULT_FORMATS, label=t("memory_formats")),
                               label="memory_formats")
-            c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1),
-                             label="custom_specs", info="custom_specs_info")
+            c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1,
+                                        elem_id=f"{TAB}-custom"), label="custom_specs", info="custom_specs_info")
             c["gpus"] = tr(gr.CheckboxGroup(GPU_CHOICES, value=DEFAULT_GPUS, label=t("gpus")), label="gpus")
             c["run"] = tr(gr.Button(t("run"), variant="primary", elem_id=f"{TAB}-run"), value="run")
         with gr.Column(scale=3):
