@@ -1,7 +1,7 @@
 """`python -m kvviz bench`: decode speed, cache bytes and teacher-forced quality of every KV format, against
 DynamicCache and transformers' own QuantizedCache, on the default model on the CPU, in one run.
 
-    python -m kvviz bench                       # the README's table (a few tens of minutes on 2 CPU cores)
+    python -m kvviz bench                       # the README's table (~40 minutes on 2 busy CPU cores)
     python -m kvviz bench --quick               # a small smoke run (short context, few tokens)
 
 What is measured (one model load, one 1K-token prefill shared by every cache):
@@ -33,11 +33,11 @@ SIDE_BY_SIDE = ["fp8_e4m3", "fp8_e5m2", "int8", "int4", "k8v4", "k4v8", "kivi2",
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model name or path (default: the bundled SmolLM2-135M)")
     p.add_argument("--context", type=int, default=1024, help="prompt tokens before the timed decode (default 1024)")
-    p.add_argument("--decode-tokens", type=int, default=16, help="timed decode steps per round (default 16)")
+    p.add_argument("--decode-tokens", type=int, default=4, help="timed decode steps per round (default 4)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds, best kept (default 2)")
     p.add_argument("--prompts", type=int, default=3, help="teacher-forced prompts (default 3)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="tokens per teacher-forced prompt (default 128)")
-    p.add_argument("--tf-tokens", type=int, default=96, help="teacher-forced decode steps per prompt (default 96)")
+    p.add_argument("--tf-tokens", type=int, default=32, help="teacher-forced decode steps per prompt (default 32)")
     p.add_argument("--formats", default=None, help="comma-separated kvviz specs (default: every base format + presets)")
     p.add_argument("--quick", action="store_true", help="smoke run: context 256, 4 decode tokens, 1 prompt x 16 steps")
 
@@ -81,8 +81,8 @@ def _log(progress: bool, msg: str) -> None:
         print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def run_bench(model_name=None, formats=None, context=1024, decode_tokens=16, rounds=2, prompts=3, prompt_tokens=128,
-              tf_tokens=96, progress=False, side_by_side: list[str] | None = None) -> dict:
+def run_bench(model_name=None, formats=None, context=1024, decode_tokens=4, rounds=2, prompts=3, prompt_tokens=128,
+              tf_tokens=32, progress=False, side_by_side: list[str] | None = None) -> dict:
     """Run everything; returns plain data: {"rows": [...], "side_by_side": {...}, "meta": {...}} (see markdown)."""
     import torch
     from transformers import DynamicCache
