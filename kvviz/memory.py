@@ -112,36 +112,50 @@ def _kv_formats(k, v):
     return (k if isinstance(k, Format) else get_format(k)), (v if isinstance(v, Format) else get_format(v))
 
 
+def _preset_residual(k, v) -> int:
+    """The full-precision window a preset or KVSpec in `k` carries (kivi2: 32); 0 for explicit formats."""
+    return parse_kv(k).residual if v is None and not hasattr(k, "nbytes_for") else 0
+
+
 def _check_count(value, what: str, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}.")
     return value
 
 
-def _tensor_bytes(fmt, batch: int, kv_heads: int, head_dim: int, seq_len: int) -> int:
-    """Bytes one layer's K (or V) cache holds in `fmt`: [batch, kv_heads, seq_len, head_dim]."""
-    # channel formats quantize whole groups of tokens; the rest waits in an fp16 residual window
-    residual = seq_len % fmt.group if fmt.granularity == "channel" else 0
-    quantized = (batch, kv_heads, seq_len - residual, head_dim)
+def _tensor_bytes(fmt, batch: int, kv_heads: int, head_dim: int, seq_len: int, residual: int = 0) -> int:
+    """Bytes one layer's K (or V) cache holds in `fmt`: [batch, kv_heads, seq_len, head_dim].
+
+    As kvviz.QuantizedKVCache stores it: the `residual` most recent tokens stay in full precision (fp16); older
+    tokens are quantized, channel formats only in whole groups (the partial group waits in the fp16 tail too).
+    """
+    excess = max(seq_len - residual, 0)
+    quantized_tokens = excess - excess % fmt.group if fmt.granularity == "channel" else excess
+    tail = seq_len - quantized_tokens
+    quantized = (batch, kv_heads, quantized_tokens, head_dim)
     # static scales are per layer (and head), shared by the batch: counted for one sequence only
     dynamic = fmt.nbytes_for(quantized) - fmt.static_bytes(quantized)
     static = fmt.static_bytes((1, kv_heads, seq_len, head_dim))
-    return dynamic + static + batch * kv_heads * residual * head_dim * _FP16_BYTES
+    return dynamic + static + batch * kv_heads * tail * head_dim * _FP16_BYTES
 
 
 def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, seq_len: int, batch: int = 1,
-                   k="fp16", v=None) -> int:
+                   k="fp16", v=None, residual: int | None = None) -> int:
     """Exact bytes of a KV cache: K and V of every layer, each [batch, kv_heads, seq_len, head_dim].
 
     `k` is a format spec ("int4/channel/g32/asym"), a pair spec ("k=int8,v=int4"), a preset ("k8v4") or a
     KVSpec; with `v` given, `k` and `v` are the K and V format specs. Includes scales, zero points, static
-    scales (once per layer) and the fp16 residual window of `channel` formats (see the module docstring).
+    scales (once per layer) and the fp16 full-precision tail: the `residual` most recent tokens (None: the
+    preset's window, e.g. 32 for kivi2; else 0) plus the partial group of `channel` formats.
     """
     for value, what in ((layers, "layers"), (kv_heads, "kv_heads"), (head_dim, "head_dim"), (batch, "batch")):
         _check_count(value, what, 1)
     _check_count(seq_len, "seq_len (context length in tokens)")
     k_fmt, v_fmt = _kv_formats(k, v)
-    per_layer = sum(_tensor_bytes(f, batch, kv_heads, head_dim, seq_len) for f in (k_fmt, v_fmt))
+    if residual is None:
+        residual = _preset_residual(k, v)
+    _check_count(residual, "residual (full-precision tokens)")
+    per_layer = sum(_tensor_bytes(f, batch, kv_heads, head_dim, seq_len, residual) for f in (k_fmt, v_fmt))
     return layers * per_layer
 
 
@@ -192,7 +206,9 @@ def max_context(model, gpu, k="fp16", v=None, batch: int = 1, gpus: int = 1, wei
     step = math.lcm(*[f.group for f in (k_fmt, v_fmt) if f.granularity == "channel"], 1)
     if budget <= 0:
         return 0
-    return _largest(lambda t: kv_cache_bytes(m.layers, m.kv_heads, m.head_dim, t, batch, k_fmt, v_fmt) <= budget,
+    residual = _preset_residual(k, v)
+    return _largest(lambda t: kv_cache_bytes(m.layers, m.kv_heads, m.head_dim, t, batch, k_fmt, v_fmt, residual)
+                    <= budget,
                     step)
 
 
@@ -205,7 +221,9 @@ def max_batch(model, gpu, context: int, k="fp16", v=None, gpus: int = 1, weight_
     k_fmt, v_fmt = _kv_formats(k, v)
     if budget <= 0:
         return 0
-    return _largest(lambda b: kv_cache_bytes(m.layers, m.kv_heads, m.head_dim, context, b, k_fmt, v_fmt) <= budget)
+    residual = _preset_residual(k, v)
+    return _largest(lambda b: kv_cache_bytes(m.layers, m.kv_heads, m.head_dim, context, b, k_fmt, v_fmt, residual)
+                    <= budget)
 
 
 def split_formats(text: str) -> list[str]:

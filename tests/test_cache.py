@@ -86,6 +86,19 @@ def test_nbytes_equals_the_memory_model(spec, batch, tokens):
     assert cache.nbytes() == want
 
 
+@pytest.mark.parametrize("spec,residual", [(TINY_KIVI, 16), ("int4", 8), ("k=int8,v=int2/channel/g8/asym", 5)])
+@pytest.mark.parametrize("tokens", [3, 29, 64])
+def test_nbytes_with_a_residual_window_equals_the_memory_model(spec, residual, tokens):
+    model, _ = tiny_model("llama")
+    cache = QuantizedKVCache(model.config, spec, residual=residual)
+    x = torch.randn(1, 2, tokens, 16, dtype=torch.float16)
+    for layer in range(2):
+        cache.update(x[:, :, :1], x[:, :, :1], layer)
+        for t in range(1, tokens):
+            cache.update(x[:, :, t : t + 1], x[:, :, t : t + 1], layer)
+    assert cache.nbytes() == kvviz.kv_cache_bytes(2, 2, 16, tokens, 1, k=spec, residual=residual)
+
+
 def test_nbytes_counts_the_residual_window():
     fmt = kvviz.get_format("int4")
     layer = QuantizedKVLayer(fmt, fmt, residual=8)

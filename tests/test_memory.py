@@ -88,7 +88,8 @@ def test_channel_formats_keep_an_fp16_residual_window(seq_len):
 def test_pair_specs_and_presets(spec):
     assert kv_cache_bytes(2, 4, 64, 64, k=kvviz.get_format("int4")) == kv_cache_bytes(2, 4, 64, 64, k="int4")
     kv = kvviz.parse_kv(spec)
-    assert kv_cache_bytes(2, 4, 64, 64, k=spec) == kv_cache_bytes(2, 4, 64, 64, k=kv.k.spec, v=kv.v.spec)
+    assert kv_cache_bytes(2, 4, 64, 64, k=spec) == kv_cache_bytes(2, 4, 64, 64, k=kv.k.spec, v=kv.v.spec,
+                                                              residual=kv.residual)
     assert kv_cache_bytes(2, 4, 64, 64, k=kv) == kv_cache_bytes(2, 4, 64, 64, k=spec)
 
 
@@ -171,3 +172,14 @@ def test_split_formats_keeps_pairs_whole():
 def test_bad_arguments_raise_value_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("seq_len", [10, 32, 100, 1000])
+def test_preset_residual_window_is_counted(seq_len):
+    kv = kvviz.parse_kv("kivi2")
+    excess = max(seq_len - 32, 0)
+    quantized = excess - excess % 32  # K is per channel in groups of 32 tokens
+    k = kv.k.nbytes_for((1, 4, quantized, 64)) + 4 * (seq_len - quantized) * 64 * 2
+    v = kv.v.nbytes_for((1, 4, excess, 64)) + 4 * (seq_len - excess) * 64 * 2
+    assert kvviz.kv_cache_bytes(1, 4, 64, seq_len, k="kivi2") == k + v
+    assert kvviz.kv_cache_bytes(1, 4, 64, seq_len, k="kivi2", residual=0) < k + v or seq_len < 32
