@@ -12,6 +12,8 @@ Non-finite inputs: each such element is stored as NaN (these types have NaN); sc
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import groups
@@ -50,10 +52,22 @@ def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
     return {"data": data, "scale": scale}
 
 
+@functools.lru_cache(maxsize=4)
+def _fp8_table(dtype: torch.dtype) -> torch.Tensor:
+    """fp8 byte -> fp32 value, all 256 codes."""
+    return torch.arange(256, dtype=torch.uint8).view(dtype).float()
+
+
+def _to_float(data: torch.Tensor) -> torch.Tensor:
+    if data.element_size() == 1 and data.device.type == "cpu":  # fp8: a table lookup beats torch's CPU cast
+        return torch.take(_fp8_table(data.dtype), data.view(torch.uint8).long())
+    return data.float()
+
+
 def decode(fmt, q) -> torch.Tensor:
     """QTensor -> fp32 x_hat [..., T, D]."""
-    x = q.data.float()
+    x = _to_float(q.data)
     if fmt.granularity is None:
         return x
     s = q.tensor_scale if q.scale is None else q.scale
-    return x * groups.expand(s.float(), fmt.granularity, fmt.group, q.shape)
+    return groups.scale(x, s.float(), fmt.granularity, fmt.group)

@@ -12,10 +12,12 @@ a block holding Inf or NaN gets the E4M3 NaN scale. Both: a non-finite element m
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import groups
-from .packing import pack, unpack
+from .packing import decode_bytes, pack
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # between code c and c + 1
@@ -77,13 +79,22 @@ def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
     return _nv_encode(fmt, x) if fmt.base == "nvfp4" else _mx_encode(fmt, x)
 
 
+_E2M1_CODES = tuple(v for sign in (1.0, -1.0) for v in (sign * m for m in E2M1_VALUES))  # code c -> value
+
+
 def decode(fmt, q) -> torch.Tensor:
     """QTensor -> fp32 x_hat [..., T, D]."""
-    values = e2m1_decode(unpack(q.data, 4))
+    values = decode_bytes(q.data, 4, _E2M1_CODES)
     if fmt.base == "nvfp4":
         s = q.scale.float() * q.tensor_scale
     else:
-        e = q.scale.int() - 127
-        one = torch.ones((), device=q.scale.device)
-        s = torch.where(q.scale == E8M0_NAN, one * float("nan"), torch.ldexp(one, e.float()))
-    return values * groups.expand(s, "token", fmt.group, q.shape)
+        s = _e8m0_table(str(q.scale.device))[q.scale.long()]
+    return groups.scale(values, s, "token", fmt.group)
+
+
+@functools.lru_cache(maxsize=8)
+def _e8m0_table(device: str) -> torch.Tensor:
+    """E8M0 byte -> fp32 scale 2**(byte - 127); 0xFF is NaN."""
+    table = torch.ldexp(torch.ones(256), torch.arange(256, dtype=torch.float32) - 127)
+    table[E8M0_NAN] = float("nan")
+    return table.to(device)

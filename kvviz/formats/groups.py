@@ -79,3 +79,14 @@ def expand(s: torch.Tensor, granularity: str, group: int | None, shape: tuple[in
     if granularity == "channel":
         return s.repeat_interleave(group, dim=-2)[..., : shape[-2], :]
     return s.expand(shape) if s.dim() else s
+
+
+def scale(x: torch.Tensor, s: torch.Tensor, granularity: str, group: int | None) -> torch.Tensor:
+    """x * expand(s) for x [..., T, D], broadcasting per-group s through a view instead of a copy where it can."""
+    if granularity == "token" and s.dim():
+        g = x.shape[-1] // s.shape[-1]
+        return (x.reshape(*x.shape[:-1], s.shape[-1], g) * s.unsqueeze(-1)).reshape(x.shape)  # [..., T, D/g, g]
+    if granularity == "channel" and x.shape[-2] % group == 0 and s.dim():
+        t, d = x.shape[-2:]
+        return (x.reshape(*x.shape[:-2], t // group, group, d) * s.unsqueeze(-2)).reshape(x.shape)  # [.., T/N, N, D]
+    return x * expand(s, granularity, group, tuple(x.shape))

@@ -68,14 +68,11 @@ def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
 def decode(fmt, q) -> torch.Tensor:
     """QTensor -> fp32 x_hat [..., T, D]."""
     gran, group, bits = fmt.granularity, fmt.group, fmt.bits
-    s = q.tensor_scale if q.scale is None else q.scale
-    s = groups.expand(s.float(), gran, group, q.shape)
-    if bits == 8 and not fmt.asym:
-        codes = q.data.float()
-    else:
-        codes = unpack(q.data, bits).float()
+    s = (q.tensor_scale if q.scale is None else q.scale).float()
+    codes = q.data.float() if bits == 8 else unpack(q.data, bits).float()
+    if bits < 8 and not fmt.asym:
+        codes -= 2 ** (bits - 1)  # symmetric codes are stored offset by 2**(bits-1)
+    x = groups.scale(codes, s, gran, group)
     if fmt.asym:
-        return codes * s + groups.expand(q.zero.float(), gran, group, q.shape)
-    if bits < 8:
-        codes = codes - 2 ** (bits - 1)
-    return codes * s
+        x = x + groups.expand(q.zero.float(), gran, group, q.shape)
+    return x

@@ -35,6 +35,23 @@ def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.stack(parts, dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)  # [..., D]
 
 
+@functools.lru_cache(maxsize=64)
+def _byte_table(bits: int, values: tuple[float, ...], device: str) -> torch.Tensor:
+    per_byte = 8 // bits
+    codes = unpack(torch.arange(256, dtype=torch.uint8).unsqueeze(-1), bits)  # [256, per_byte]
+    return torch.tensor(values, dtype=torch.float32)[codes.long()].to(device)  # [256, per_byte]
+
+
+def decode_bytes(packed: torch.Tensor, bits: int, values: tuple[float, ...]) -> torch.Tensor:
+    """uint8 [..., D * bits // 8] -> fp32 [..., D] with code c read as values[c], one table lookup per byte.
+
+    The same as `torch.tensor(values)[unpack(packed, bits)]`, without materializing the codes: the reference
+    attention path decodes the whole history at every step, so this is its hot loop.
+    """
+    table = _byte_table(bits, tuple(values), str(packed.device))
+    return table[packed.long()].reshape(*packed.shape[:-1], packed.shape[-1] * (8 // bits))
+
+
 @functools.lru_cache(maxsize=16)
 def _hadamard_cpu(n: int) -> torch.Tensor:
     h = torch.ones(1, 1, dtype=torch.float64)
