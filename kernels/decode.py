@@ -16,7 +16,7 @@ import math
 import torch
 
 from kernels._triton import triton_usable
-from kernels.packed import PackedSide
+from kernels.packed import PackedSide, per_head
 from kernels.reference import decode_attention_reference
 
 _MAX_SPLITS = 64  # stage 2 holds every split of one row in registers
@@ -32,19 +32,6 @@ def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 1  # the interpreter runs programs one after another: fewer is faster
-
-
-def _per_head(t: torch.Tensor | None, batch: int, heads: int, device) -> torch.Tensor | None:
-    """A per-tensor / per-head scalar as contiguous fp32 [B * Hkv]."""
-    if t is None:
-        return None
-    t = t.detach().to(device=device, dtype=torch.float32).reshape(-1)
-    if t.numel() == 1:
-        t = t.expand(batch * heads)
-    elif t.numel() == heads:
-        t = t.repeat(batch)
-    assert t.numel() == batch * heads, f"tensor scale holds {t.numel()} values; want 1, Hkv or B*Hkv"
-    return t.contiguous()
 
 
 def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, head_dim: int):
@@ -67,8 +54,8 @@ def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, 
         zero = side.zero
         if zero is not None:
             assert zero.shape == side.scale.shape and zero.stride(-1) == 1, "zero must be shaped as scale"
-    tensor_scale = _per_head(side.tensor_scale, batch, heads, data.device)
-    tensor_zero = _per_head(side.zero, batch, heads, data.device) if side.scale_kind is None else None
+    tensor_scale = per_head(side.tensor_scale, batch, heads, data.device)
+    tensor_zero = per_head(side.zero, batch, heads, data.device) if side.scale_kind is None else None
     assert not ((zero is not None or tensor_zero is not None) and tensor_scale is not None and side.scale_kind), (
         "a group zero point together with a tensor scale is not a kvviz layout"
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import triton_usable
-from kernels.packed import hadamard
+from kernels.packed import hadamard, per_head
 
 _FP8_EXP = {"fp8_e4m3": 4, "fp8_e5m2": 5}
 
@@ -39,16 +39,6 @@ def _kind(fmt) -> int:
     if fmt.kind == "fp4":
         return 4 if fmt.base == "nvfp4" else 3
     return 2
-
-
-def _per_head(t, batch: int, heads: int, device) -> torch.Tensor:
-    t = torch.as_tensor(t, dtype=torch.float32, device=device).reshape(-1)
-    if t.numel() == 1:
-        t = t.expand(batch * heads)
-    elif t.numel() == heads:
-        t = t.repeat(batch)
-    assert t.numel() == batch * heads, f"tensor scale holds {t.numel()} values; want 1, Hkv or B*Hkv"
-    return t.contiguous()
 
 
 def quant_pack(
@@ -91,7 +81,7 @@ def quant_pack(
     needs_ts = static or fmt.base == "nvfp4"
     if needs_ts and tensor_scale is None:
         raise ValueError(f"{fmt.spec} appends with a fixed tensor scale: pass tensor_scale.")
-    ts = _per_head(tensor_scale, batch, heads, x.device) if needs_ts else data
+    ts = per_head(tensor_scale, batch, heads, x.device) if needs_ts else data
     if static:
         s = data  # placeholder, never written
     else:

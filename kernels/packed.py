@@ -77,6 +77,19 @@ class PackedSide:
         return replace(self, **changes)
 
 
+def per_head(t, batch: int, heads: int, device) -> torch.Tensor | None:
+    """A per-tensor / per-head scale (a number, or 1, Hkv or B * Hkv values) as contiguous fp32 [B * Hkv]."""
+    if t is None:
+        return None
+    t = torch.as_tensor(t).detach().to(device=device, dtype=torch.float32).reshape(-1)
+    if t.numel() == 1:
+        t = t.expand(batch * heads)
+    elif t.numel() == heads:
+        t = t.repeat(batch)
+    assert t.numel() == batch * heads, f"tensor scale holds {t.numel()} values; want 1, Hkv or B*Hkv"
+    return t.contiguous()
+
+
 def hadamard(n: int, device=None, dtype=torch.float32) -> torch.Tensor:
     """Normalized Sylvester Hadamard matrix [n, n] (n a power of two): H = H^T = H^-1."""
     if n < 1 or n & (n - 1):
