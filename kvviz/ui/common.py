@@ -23,6 +23,8 @@ import gradio as gr
 
 import kvviz
 
+from .i18n import t
+
 MAX_FORMATS = 6  # columns the Compare tab shows side by side, baseline included
 DEFAULT_MODEL = "smollm2-135m"  # kvviz.models.DEFAULT_MODEL: the bundled SmolLM2-135M-Instruct
 _CONCURRENCY_ENV = "KVVIZ_CONCURRENCY"
@@ -254,6 +256,19 @@ EXAMPLES = [
     "Once upon a time, in a small village by the sea, there lived an old fisherman who",
     "대한민국의 수도는 서울이고, 일본의 수도는",
 ]
+
+
+def prompt_input(tr, example: int) -> gr.Textbox:
+    """The prompt box every model tab opens with, prefilled with EXAMPLES[example], and the examples under it.
+
+    `tr` is the tab's i18n Translator (it relabels the box when the language changes).
+    """
+    box = tr(gr.Textbox(EXAMPLES[example], lines=3, label=t("prompt"), placeholder=t("prompt_ph")),
+             label="prompt", placeholder="prompt_ph")
+    gr.Examples(EXAMPLES, box)
+    return box
+
+
 MAX_ANALYSIS_TOKENS = 512  # the K-outlier and error tabs look at one prompt; more tokens add little but time
 
 

@@ -20,7 +20,7 @@ from kvviz import plots, quality
 from kvviz.attention import active_backend
 from kvviz.formats import parse_kv
 
-from .common import (EXAMPLES, check_int, fitting_specs, get_model, model_name, prompt_token_ids, spec_list,
+from .common import (prompt_input, check_int, fitting_specs, get_model, model_name, prompt_token_ids, spec_list,
                      table, user_errors)
 from .i18n import Translator, t
 
@@ -171,9 +171,7 @@ def build(tr: Translator) -> dict:
     tr(gr.Markdown(t("compare_intro")), value="compare_intro")
     with gr.Row():
         with gr.Column(scale=3):
-            c["prompt"] = tr(gr.Textbox(EXAMPLES[3], lines=3, label=t("prompt"), placeholder=t("prompt_ph")),
-                             label="prompt", placeholder="prompt_ph")
-            gr.Examples(EXAMPLES, c["prompt"])
+            c["prompt"] = prompt_input(tr, 3)
         with gr.Column(scale=2, min_width=280):
             c["specs"] = tr(gr.CheckboxGroup(SPEC_CHOICES, value=DEFAULT_SPECS, label=t("specs")), label="specs")
             c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1,

@@ -14,7 +14,7 @@ import numpy as np
 from kvviz import analysis, plots
 from kvviz.formats import parse_kv
 
-from .common import EXAMPLES, capture, check_layer_head, layer_head_inputs, spec_list, user_errors
+from .common import prompt_input, capture, check_layer_head, layer_head_inputs, spec_list, user_errors
 from .i18n import Translator, t
 
 TAB = "errors"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -103,9 +103,7 @@ def build(tr: Translator) -> dict:
     tr(gr.Markdown(t("errors_intro")), value="errors_intro")
     with gr.Row():
         with gr.Column(scale=3):
-            c["prompt"] = tr(gr.Textbox(EXAMPLES[1], lines=3, label=t("prompt"), placeholder=t("prompt_ph")),
-                             label="prompt", placeholder="prompt_ph")
-            gr.Examples(EXAMPLES, c["prompt"])
+            c["prompt"] = prompt_input(tr, 1)
             c["formats"] = tr(gr.CheckboxGroup(FORMAT_CHOICES, value=DEFAULT_FORMATS, label=t("error_formats")),
                               label="error_formats")
             c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1),

@@ -14,7 +14,7 @@ import numpy as np
 from kvviz import plots
 from kvviz.analysis.stats import OUTLIER_FACTOR, capture_stats, rotation_view
 
-from .common import EXAMPLES, capture, check_layer_head, layer_head_inputs, user_errors
+from .common import prompt_input, capture, check_layer_head, layer_head_inputs, user_errors
 from .i18n import Translator, t
 
 TAB = "outliers"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -76,9 +76,7 @@ def build(tr: Translator) -> dict:
     tr(gr.Markdown(t("outliers_intro")), value="outliers_intro")
     with gr.Row():
         with gr.Column(scale=3):
-            c["prompt"] = tr(gr.Textbox(EXAMPLES[1], lines=3, label=t("prompt"), placeholder=t("prompt_ph")),
-                             label="prompt", placeholder="prompt_ph")
-            gr.Examples(EXAMPLES, c["prompt"])
+            c["prompt"] = prompt_input(tr, 1)
         with gr.Column(scale=1, min_width=220):
             layer, head = layer_head_inputs()
             c["layer"] = tr(layer, label="layer")
