@@ -67,10 +67,17 @@ def page(server):
 def _no_stale_toasts(request):
     """Each test starts without the toasts an earlier one left (they stay up for 10 s)."""
     if "page" in request.fixturenames:
-        pg = request.getfixturevalue("page")
-        for close in pg.locator(".toast-close").all():
-            close.click()
+        _close_toasts(request.getfixturevalue("page"))
     yield
+
+
+def _close_toasts(page) -> None:
+    """Close every toast and wait until they have left the DOM: a closed toast fades out for a moment and is
+    still matched by `.toast-body` until its animation ends, so asserting right after the click races it."""
+    for close in page.locator(".toast-close").all():
+        if close.is_visible():
+            close.click()
+    page.wait_for_function("() => document.querySelectorAll('.toast-body').length === 0", timeout=20_000)
 
 
 def _open_tab(page, tab: str) -> None:
@@ -132,8 +139,7 @@ def test_bad_input_shows_an_error_and_the_app_keeps_serving(page, server):
     page.locator("#memory-run").click()
     page.locator(".toast-body.error").first.wait_for(timeout=20_000)
     assert any("Unknown KV format 'int5'" in t for t in _error_toasts(page)), _error_toasts(page)
-    for close in page.locator(".toast-close").all():
-        close.click()
+    _close_toasts(page)
     custom.fill("int4/g8")
     page.locator("#memory-run").click()
     page.wait_for_function("() => document.querySelector('#memory-formula').innerText.includes('int4/g8')",
