@@ -1,0 +1,203 @@
+"""Exact K/V cache bytes, layer by layer, for any model; and the fixed state of recurrent layers.
+
+    bytes of one layer = K: tokens x k_heads x k_dim  +  V: tokens x v_heads x v_dim, each x batch x bits / 8
+                         + scales (static ones once per layer)
+
+where `tokens` is what the layer holds at the context (LayerShape.tokens: the context for full attention, at most
+the window for sliding and chunked layers, nothing for recurrent, shared and MLP-only layers). Per-group scales and
+zero points are part of the format's bits (kvviz.formats), so the figure is what the cache really holds:
+
+- Static per-tensor / per-head scales (fp8's default, `/tensor`, `/head`) are calibrated once per layer and shared
+  by every sequence, as vLLM's and SGLang's `k_scale` / `v_scale` are: counted once, not per sequence.
+- `channel` granularity (KIVI) quantizes whole groups of `group` tokens only; the partial group and the
+  `residual` most recent tokens wait in a full-precision window, counted as fp16.
+- MLA in the engine layout stores one latent per token in K's format (there is no separate V).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from kvviz.formats import Format, get_format, parse_kv
+
+from .layers import LAYOUTS, LayerShape, layer_shapes, state_shapes
+
+_FP16_BYTES = 2  # residual-window tokens are held in fp16
+_MODEL_DTYPE_BYTES = 2  # bf16 / fp16 weights and activations: the dtype of conv states
+
+
+def _kv_formats(k, v):
+    """(K Format, V Format) from one spec / pair / preset / KVSpec in `k`, or a K and a V spec."""
+    if v is None:
+        if isinstance(k, Format):
+            return k, k
+        kv = parse_kv(k)
+        return kv.k, kv.v
+    return (k if isinstance(k, Format) else get_format(k)), (v if isinstance(v, Format) else get_format(v))
+
+
+def _preset_residual(k, v) -> int:
+    """The full-precision window a preset or KVSpec in `k` carries (kivi2: 32); 0 for explicit formats."""
+    return parse_kv(k).residual if v is None and not hasattr(k, "nbytes_for") else 0
+
+
+def _check_count(value, what: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}.")
+    return value
+
+
+def _tensor_bytes(fmt, batch: int, kv_heads: int, head_dim: int, seq_len: int, residual: int = 0) -> int:
+    """Bytes one layer's K (or V) cache holds in `fmt`: [batch, kv_heads, seq_len, head_dim].
+
+    As kvviz.QuantizedKVCache stores it: the `residual` most recent tokens stay in full precision (fp16); older
+    tokens are quantized, channel formats only in whole groups (the partial group waits in the fp16 tail too).
+    """
+    if kv_heads == 0:
+        return 0
+    excess = max(seq_len - residual, 0)
+    quantized_tokens = excess - excess % fmt.group if fmt.granularity == "channel" else excess
+    tail = seq_len - quantized_tokens
+    quantized = (batch, kv_heads, quantized_tokens, head_dim)
+    # static scales are per layer (and head), shared by the batch: counted for one sequence only
+    dynamic = fmt.nbytes_for(quantized) - fmt.static_bytes(quantized)
+    static = fmt.static_bytes((1, kv_heads, seq_len, head_dim))
+    return dynamic + static + batch * kv_heads * tail * head_dim * _FP16_BYTES
+
+
+def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, seq_len: int, batch: int = 1,
+                   k="fp16", v=None, residual: int | None = None) -> int:
+    """Exact bytes of a uniform KV cache: K and V of every layer, each [batch, kv_heads, seq_len, head_dim].
+
+    `k` is a format spec ("int4/channel/g32/asym"), a pair spec ("k=int8,v=int4"), a preset ("k8v4") or a
+    KVSpec; with `v` given, `k` and `v` are the K and V format specs. Includes scales, zero points, static
+    scales (once per layer) and the fp16 full-precision tail: the `residual` most recent tokens (None: the
+    preset's window, e.g. 32 for kivi2; else 0) plus the partial group of `channel` formats.
+    For a real model (sliding windows, MLA, hybrids) use kv_cache_bytes_for.
+    """
+    for value, what in ((layers, "layers"), (kv_heads, "kv_heads"), (head_dim, "head_dim"), (batch, "batch")):
+        _check_count(value, what, 1)
+    _check_count(seq_len, "seq_len (context length in tokens)")
+    k_fmt, v_fmt = _kv_formats(k, v)
+    if residual is None:
+        residual = _preset_residual(k, v)
+    _check_count(residual, "residual (full-precision tokens)")
+    per_layer = sum(_tensor_bytes(f, batch, kv_heads, head_dim, seq_len, residual) for f in (k_fmt, v_fmt))
+    return layers * per_layer
+
+
+def _layer_formats(k, v, residual, n_layers: int) -> list[tuple[Format, Format, int]]:
+    """(K format, V format, residual) per layer: one spec for all, or a plan (a list of one spec per layer)."""
+    if isinstance(k, (list, tuple)):
+        if v is not None:
+            raise ValueError("With a per-layer plan in `k`, leave `v` out: each entry names its K and V.")
+        if len(k) != n_layers:
+            raise ValueError(f"The plan has {len(k)} entries for {n_layers} layers: give one spec per layer.")
+        return [(*_kv_formats(s, None), _preset_residual(s, None) if residual is None else residual) for s in k]
+    k_fmt, v_fmt = _kv_formats(k, v)
+    res = _preset_residual(k, v) if residual is None else residual
+    _check_count(res, "residual (full-precision tokens)")
+    return [(k_fmt, v_fmt, res)] * n_layers
+
+
+def _layer_bytes(shape: LayerShape, seq_len: int, batch: int, k_fmt, v_fmt, residual: int, layout: str) -> int:
+    t = shape.tokens(seq_len, layout)
+    return (_tensor_bytes(k_fmt, batch, shape.k_heads, shape.k_dim, t, residual)
+            + _tensor_bytes(v_fmt, batch, shape.v_heads, shape.v_dim, t, residual))
+
+
+class CacheModel:
+    """A model's per-layer shapes with their formats, grouped so that a figure costs one product per group.
+
+    Build once, then ask `bytes(seq_len, batch)` many times (the GPU-fit searches do).
+    """
+
+    def __init__(self, config, k="fp16", v=None, layout: str = "engine", residual: int | None = None):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}.")
+        self.layout = layout
+        self.shapes = layer_shapes(config, "transformers" if layout == "transformers" else layout)
+        formats = _layer_formats(k, v, residual, len(self.shapes))
+        # layers with equal shape and formats hold equal bytes: count them once
+        self.groups = Counter((s.kind, s.window, s.k_heads, s.k_dim, s.v_heads, s.v_dim, f)
+                              for s, f in zip(self.shapes, formats))
+
+    def bytes(self, seq_len: int, batch: int = 1) -> int:
+        _check_count(seq_len, "seq_len (context length in tokens)")
+        _check_count(batch, "batch", 1)
+        total = 0
+        for (kind, window, *dims, (k_fmt, v_fmt, res)), count in self.groups.items():
+            shape = LayerShape(-1, kind, window, *dims)
+            total += count * _layer_bytes(shape, seq_len, batch, k_fmt, v_fmt, res, self.layout)
+        return total
+
+    @property
+    def grows(self) -> bool:
+        """True when some layer holds every token (full attention): the cache grows without bound."""
+        return any(s.has_kv and s.window is None for s in self.shapes)
+
+    def breakdown(self, seq_len: int, batch: int = 1) -> list[dict]:
+        """One row per layer kind and shape: kind, layers (how many), window, tokens (each holds), K and V heads
+        and dims, bytes (all those layers together, for `batch` sequences)."""
+        rows: dict[tuple, dict] = {}
+        for (kind, window, *dims, fmts), count in self.groups.items():
+            shape = LayerShape(-1, kind, window, *dims)
+            key = (kind, window, *dims)
+            row = rows.setdefault(key, {"kind": kind, "layers": 0, "window": window,
+                                        "tokens": shape.tokens(seq_len, self.layout), "k_heads": dims[0],
+                                        "k_dim": dims[1], "v_heads": dims[2], "v_dim": dims[3], "bytes": 0})
+            row["layers"] += count
+            row["bytes"] += count * _layer_bytes(shape, seq_len, batch, *fmts, self.layout)
+        order = {k: i for i, k in enumerate(("full_attention", "hybrid", "sliding_attention", "chunked_attention",
+                                             "linear_attention", "shared", "mlp"))}
+        return sorted(rows.values(), key=lambda r: (order.get(r["kind"], 99), -(r["window"] or 0)))
+
+
+def kv_cache_bytes_for(config, seq_len: int, batch: int = 1, k="fp16", v=None, layout: str = "engine",
+                       residual: int | None = None) -> int:
+    """Exact bytes of the K/V cache of `config` after `seq_len` tokens, for `batch` sequences, built per layer.
+
+    `config`: a preset name, a transformers PretrainedConfig, a config.json dict or path, or a hub id (online).
+    `k`, `v`: as kv_cache_bytes, or `k` a plan: a list of one spec (or KVSpec) per layer, `v` None.
+    `layout`: "engine" (vLLM / SGLang: sliding and chunked layers hold W tokens, MLA its latent), "transformers"
+    (what kvviz.QuantizedKVCache and transformers' caches hold: W - 1 tokens, MLA's latent as two tensors) or
+    "decompressed" (MLA as per-head K and V). Recurrent state is apart: see state_bytes_for.
+    """
+    return CacheModel(config, k, v, layout, residual).bytes(seq_len, batch)
+
+
+def layer_breakdown(config, seq_len: int, batch: int = 1, k="fp16", v=None, layout: str = "engine",
+                    residual: int | None = None) -> list[dict]:
+    """Per layer kind: how many layers, the tokens each holds at `seq_len`, and their bytes (CacheModel.breakdown)."""
+    return CacheModel(config, k, v, layout, residual).breakdown(seq_len, batch)
+
+
+def _ssm_dtype_bytes(config) -> int:
+    from .configs import config_dict
+
+    _, cfg = config_dict(config)
+    named = str(cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype") or "").lower()
+    return 4 if named in ("float32", "fp32", "torch.float32") else _MODEL_DTYPE_BYTES
+
+
+def state_bytes_for(config, batch: int = 1, layout: str = "engine", dtype_bytes: int | None = None) -> int:
+    """Bytes of the fixed-size state of recurrent layers (Mamba-2, Gated DeltaNet), for `batch` sequences.
+
+    Per layer: conv state [conv_dim, d_conv - 1] (engine: vLLM) or [conv_dim, d_conv] (transformers), in the
+    model's dtype (bf16: 2 bytes), plus the SSM / recurrent state in `dtype_bytes`; None reads the config's
+    `mamba_ssm_cache_dtype` / `mamba_ssm_dtype` (float32: 4 bytes, as vLLM honours it), else bf16 (2 bytes).
+    It does not grow with the context. 0 for models without such layers.
+    """
+    _check_count(batch, "batch", 1)
+    ssm_bytes = _ssm_dtype_bytes(config) if dtype_bytes is None else _check_count(dtype_bytes, "dtype_bytes", 1)
+    total = 0
+    for _, conv, ssm in state_shapes(config, layout):
+        total += _prod(conv) * _MODEL_DTYPE_BYTES + _prod(ssm) * ssm_bytes
+    return batch * total
+
+
+def _prod(shape) -> int:
+    out = 1
+    for n in shape:
+        out *= n
+    return out
