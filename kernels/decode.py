@@ -2,10 +2,11 @@
 
 `decode_attention` checks shapes, picks block sizes and the split count, turns each side's optional tensors into
 constexpr flags, applies Hadamard rotations outside the kernel (q . (k' H) = (q H) . k'; out = (P V') H), and
-launches the two stages. Without a usable Triton (no CUDA, no TRITON_INTERPRET=1, or triton not installed) it runs
-the float64 reference instead, so the CPU path always works.
+launches the two stages. Attention sinks (gpt-oss) and logit softcapping (Gemma 2) are optional; K and V may have
+different head dims (DeepSeek-V3: K 192, V 128). Without a usable Triton (no CUDA, no TRITON_INTERPRET=1, or triton
+not installed) it runs the float64 reference instead, so the CPU path always works.
 
-    out = decode_attention(q, k, v, lengths)   # q: [B, Hq, D] -> out: [B, Hq, D], q's dtype
+    out = decode_attention(q, k, v, lengths)   # q: [B, Hq, D_k] -> out: [B, Hq, D_v], q's dtype
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, 
     assert side.data.shape[:2] == (batch, heads), (
         f"packed data is [B, Hkv, cap, packed_dim] = {tuple(side.data.shape)}; want B={batch}, Hkv={heads}"
     )
-    assert side.head_dim == head_dim, f"side head_dim {side.head_dim} != q head_dim {head_dim}"
+    assert side.head_dim == head_dim, f"side head_dim {side.head_dim} != expected {head_dim} (K: q's, V: v's)"
     data = side.data
     if data.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         data = data.view(torch.uint8)  # decoded with integer bit arithmetic in the kernel
@@ -106,19 +107,26 @@ def decode_attention(
     max_length: int | None = None,
     block_n: int | None = None,
     precision: str = "ieee",
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Decode attention of one new query token per sequence over a packed, quantized KV cache.
 
-    q:        [B, Hq, D] float (fp32 compute inside); Hq a multiple of Hkv (GQA: q head i reads kv head i // G)
-    k, v:     PackedSide (see kernels/packed.py): data [B, Hkv, cap, D * bits / 8], scales, zeros, tail, rotation
+    q:        [B, Hq, D_k] float (fp32 compute inside); Hq a multiple of Hkv (GQA: q head i reads kv head i // G)
+    k, v:     PackedSide (see kernels/packed.py): data [B, Hkv, cap, D * bits / 8], scales, zeros, tail, rotation;
+              k.head_dim == D_k, v.head_dim == D_v (may differ from D_k)
     lengths:  [B] int (or one int): valid tokens per sequence; token t reads the packed buffers when
               t < side.n_packed[b], else the side's full-precision tail at t - n_packed[b]
     num_splits: token-range splits per (b, kv head); None picks one from the SM count and max_length
-    sm_scale: softmax scale, default 1/sqrt(D)
-    kv_mask:  optional bool [B, >= max(lengths)] (True = attend), e.g. left padding or a sliding window
+    sm_scale: softmax scale, default 1/sqrt(D_k)
+    kv_mask:  optional bool [B, >= max(lengths)] (True = attend): left padding, the tokens of a sliding window or
+              of the current chunk; blocks with no live token are skipped unread
     max_length: an upper bound on lengths, to size splits without a device sync (default lengths.max())
     precision: tl.dot input precision on GPU: "ieee" (fp32), "tf32x3" or "tf32"
-    Returns [B, Hq, D] in q's dtype.
+    sinks:    optional [Hq] float: one extra logit per query head in the softmax denominator, no value (gpt-oss)
+    softcap:  optional float > 0: scores (after sm_scale) become softcap * tanh(scores / softcap) (Gemma 2);
+              None or 0 is off
+    Returns [B, Hq, D_v] in q's dtype.
     """
     if q.dim() != 3:
         raise ValueError(f"decode_attention takes one query token per sequence, q: [B, Hq, D]; got {tuple(q.shape)}.")
@@ -126,21 +134,32 @@ def decode_attention(
     hkv = k.data.shape[1]
     if hq % hkv:
         raise ValueError(f"Query heads ({hq}) must be a multiple of KV heads ({hkv}).")
+    if k.head_dim != head_dim:
+        raise ValueError(f"K head_dim ({k.head_dim}) must equal the query's ({head_dim}); V's may differ.")
+    if v.data.shape[1] != hkv:
+        raise ValueError(f"K and V must have the same number of KV heads; got {hkv} and {v.data.shape[1]}.")
+    if sinks is not None and sinks.numel() != hq:
+        raise ValueError(f"sinks holds {sinks.numel()} values; pass one logit per query head ({hq}).")
+    if softcap is not None and not softcap >= 0:
+        raise ValueError(f"softcap must be a positive number (or 0 / None for no capping); got {softcap}.")
+    softcap = float(softcap) if softcap else None
+    head_dim_v = v.head_dim
     if isinstance(lengths, int):
         max_length = lengths if max_length is None else max_length  # no device sync to size the splits
         lengths = torch.full((batch,), lengths, dtype=torch.int32, device=q.device)
     lengths = lengths.to(device=q.device, dtype=torch.int32).reshape(batch).contiguous()
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     if not triton_usable(q.device):
-        return decode_attention_reference(q, k, v, lengths, sm_scale, kv_mask).to(device=q.device, dtype=q.dtype)
+        ref = decode_attention_reference(q, k, v, lengths, sm_scale, kv_mask, sinks=sinks, softcap=softcap)
+        return ref.to(device=q.device, dtype=q.dtype)
 
     from kernels.jit.decode_attention import LOG2E, _decode_stage1, _decode_stage2
 
     qk = q if k.rotation is None else (q.float() @ k.rotation.to(q.device, torch.float32))  # [B, Hq, D]
     assert qk.stride(-1) == 1, "q must be contiguous along head_dim"
     gqa = hq // hkv
-    block_d = max(16, _next_pow2(head_dim))
-    block_n = block_n or (64 if block_d <= 64 else 32)
+    block_dk, block_dv = max(16, _next_pow2(head_dim)), max(16, _next_pow2(head_dim_v))
+    block_n = block_n or (64 if max(block_dk, block_dv) <= 64 else 32)
     block_g = max(16, _next_pow2(gqa))
     if max_length is None:
         max_length = int(lengths.max()) if batch else 0
@@ -152,7 +171,7 @@ def decode_attention(
     num_splits = max(1, math.ceil(max_length / tokens_per_split))
 
     k_args, k_flags = _side_args(k, lengths, batch, hkv, head_dim)
-    v_args, v_flags = _side_args(v, lengths, batch, hkv, head_dim)
+    v_args, v_flags = _side_args(v, lengths, batch, hkv, head_dim_v)
     flags = {f"K_{name}": value for name, value in k_flags.items()}
     flags.update({f"V_{name}": value for name, value in v_flags.items()})
     if kv_mask is not None:
@@ -162,22 +181,28 @@ def decode_attention(
         mask = kv_mask.to(device=q.device, dtype=torch.uint8).contiguous()  # [B, L]: 1 byte per token
     else:
         mask = lengths  # placeholder, never read
-    out = torch.empty(batch, hq, head_dim, device=q.device, dtype=torch.float32 if v.rotation is not None else q.dtype)
+    # The kernel's scores are in log2 units (exp2 softmax): sinks and the cap are scaled alike.
+    sinks_log2 = lengths if sinks is None else (sinks.detach().to(q.device, torch.float32).reshape(hq) * LOG2E)
+    sinks_log2 = sinks_log2.contiguous()
+    out = torch.empty(batch, hq, head_dim_v, device=q.device,
+                      dtype=torch.float32 if v.rotation is not None else q.dtype)
     single = num_splits == 1
     # Partials (m, l, acc) per query head and split, fp32; one split writes `out` directly.
-    mid_o = torch.empty(batch * hq, 1 if single else num_splits, block_d, device=q.device, dtype=torch.float32)
+    mid_o = torch.empty(batch * hq, 1 if single else num_splits, block_dv, device=q.device, dtype=torch.float32)
     mid_ml = torch.empty(batch * hq, 1 if single else num_splits, 2, device=q.device, dtype=torch.float32)
     _decode_stage1[(batch * hkv, num_splits)](
         qk, qk.stride(0), qk.stride(1), *k_args, *v_args,
-        lengths, mask, mask.stride(0), mid_o, mid_ml, out, sm_scale * LOG2E, tokens_per_split, num_splits,
-        H_KV=hkv, GQA=gqa, HEAD_DIM=head_dim, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
-        PRECISION=precision, HAS_MASK=kv_mask is not None, SINGLE_SPLIT=single, num_warps=4, **flags,
+        lengths, mask, mask.stride(0), sinks_log2, mid_o, mid_ml, out, sm_scale * LOG2E,
+        (softcap or 0.0) * LOG2E, tokens_per_split, num_splits,
+        H_KV=hkv, GQA=gqa, HEAD_DIM_K=head_dim, HEAD_DIM_V=head_dim_v, BLOCK_G=block_g, BLOCK_N=block_n,
+        BLOCK_DK=block_dk, BLOCK_DV=block_dv, PRECISION=precision, HAS_MASK=kv_mask is not None,
+        HAS_SINKS=sinks is not None, SOFTCAP=softcap is not None, SINGLE_SPLIT=single, num_warps=4, **flags,
     )
     if not single:
         _decode_stage2[(batch * hkv,)](
-            mid_o, mid_ml, out, num_splits,
-            GQA=gqa, HEAD_DIM=head_dim, BLOCK_G=block_g, BLOCK_S=max(2, _next_pow2(num_splits)), BLOCK_D=block_d,
-            num_warps=4,
+            mid_o, mid_ml, sinks_log2, out, num_splits,
+            H_KV=hkv, GQA=gqa, HEAD_DIM_V=head_dim_v, BLOCK_G=block_g, BLOCK_S=max(2, _next_pow2(num_splits)),
+            BLOCK_DV=block_dv, HAS_SINKS=sinks is not None, num_warps=4,
         )
     if v.rotation is not None:
         out = (out @ v.rotation.to(q.device, torch.float32)).to(q.dtype)

@@ -4,7 +4,7 @@ Written for clarity, not speed: every element decodes through a lookup built fro
 `view`, E2M1 from the OCP MX table, E8M0 as 2**(byte - 127)), so the reference shares no code with the kernels.
 
     x = dequantize_side(side, lengths)                       # [B, Hkv, T, D] float64, T = max(lengths)
-    out = decode_attention_reference(q, k, v, lengths)       # [B, Hq, D] float64
+    out = decode_attention_reference(q, k, v, lengths)       # [B, Hq, D_v] float64
 """
 
 from __future__ import annotations
@@ -106,27 +106,40 @@ def dequantize_side(side: PackedSide, lengths) -> torch.Tensor:
 
 def decode_attention_reference(
     q: torch.Tensor, k: PackedSide, v: PackedSide, lengths, sm_scale: float | None = None,
-    kv_mask: torch.Tensor | None = None,
+    kv_mask: torch.Tensor | None = None, *, sinks: torch.Tensor | None = None, softcap: float | None = None,
 ) -> torch.Tensor:
-    """Decode attention in float64. q: [B, Hq, D]; kv_mask: optional bool [B, >= max(lengths)], True = attend.
-    Returns [B, Hq, D] float64 (zeros for a row with no token to attend to)."""
+    """Decode attention in float64, as transformers' eager attention computes it.
+
+    q: [B, Hq, D_k]; k, v: PackedSide with head dims D_k and D_v; kv_mask: optional bool [B, >= max(lengths)],
+    True = attend; sinks: optional [Hq], one extra logit per query head that joins the softmax and carries no
+    value (gpt-oss); softcap: scores = softcap * tanh(scores / softcap) before the mask (Gemma 2), None / 0 off.
+    Returns [B, Hq, D_v] float64 (zeros for a row with no token to attend to)."""
     b, hq, d = q.shape
     hkv = k.data.shape[1]
     assert hq % hkv == 0, f"q heads {hq} must be a multiple of kv heads {hkv}"
     lengths = _as_lengths(lengths, b)
-    keys, values = dequantize_side(k, lengths), dequantize_side(v, lengths)  # [B, Hkv, T, D]
+    keys, values = dequantize_side(k, lengths), dequantize_side(v, lengths)  # [B, Hkv, T, D_k], [B, Hkv, T, D_v]
+    assert keys.shape[-1] == d, f"K head_dim {keys.shape[-1]} != q head_dim {d}"
+    dv = v.head_dim
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
-    qd = q.detach().cpu().to(torch.float64).view(b, hkv, hq // hkv, d)  # [B, Hkv, G, D]
-    out = torch.zeros(b, hkv, hq // hkv, d, dtype=torch.float64)
+    qd = q.detach().cpu().to(torch.float64).view(b, hkv, hq // hkv, d)  # [B, Hkv, G, D_k]
+    sink = None if sinks is None else sinks.detach().cpu().to(torch.float64).reshape(hkv, hq // hkv, 1)
+    out = torch.zeros(b, hkv, hq // hkv, dv, dtype=torch.float64)
     for i in range(b):
         n = int(lengths[i])
         if n == 0:
             continue
         scores = qd[i] @ keys[i, :, :n].transpose(-1, -2) * scale  # [Hkv, G, n]
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
         if kv_mask is not None:
             keep = kv_mask[i, :n].detach().cpu().bool()
             if not bool(keep.any()):
                 continue
             scores = scores.masked_fill(~keep, float("-inf"))
-        out[i] = torch.softmax(scores, dim=-1) @ values[i, :, :n]  # [Hkv, G, D]
-    return out.view(b, hq, d)
+        if sink is not None:  # [Hkv, G, n + 1]: the sink's probability is dropped after the softmax
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :n]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        out[i] = probs @ values[i, :, :n]  # [Hkv, G, D_v]
+    return out.view(b, hq, dv)

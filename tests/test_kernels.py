@@ -5,7 +5,10 @@ ratio {1, 3, 8} x length {1, 17, 300} x split count {1, 2, 4}. The interpreter i
 (GQA x length x splits {1, 4}) runs for a fast subset (int4 per token, nvfp4, KIVI-style int2 per channel with a
 full-precision tail) and a covering design runs for every other format: each format sees every GQA ratio, every
 length and every split count exactly once (3 runs per format, a Latin square). Batch rows have different lengths
-(L and ceil(L / 2)). quant_pack: bit-exact against kvviz.formats (codes, scales, zero points, NaN payloads).
+(L and ceil(L / 2)). Attention sinks, logit softcapping and K/V of different head dims run as a second covering
+design (each K/V/width case meets each feature once); sliding-window and chunk masks check that blocks with no live
+token are never read (their scales are NaN). quant_pack: bit-exact against kvviz.formats (codes, scales, zero
+points, NaN payloads).
 
     python -m pytest tests/test_kernels.py -q
 """
@@ -176,6 +179,107 @@ def test_decode_mask_and_empty_rows():
     assert torch.isfinite(out).all()
     assert rel_err(out, ref) <= TOL
     assert out[1].abs().max() == 0
+
+
+# Sinks (gpt-oss), softcapping (Gemma 2) and K/V of different head dims (DeepSeek-V3: K 192, V 128), as a covering
+# design: each (K, V, D_k, D_v) case meets each feature set once, split counts rotating.
+SINK_CASES = (("int4", "int4", 32, 32), ("nvfp4", "mxfp4", 48, 32), ("mxfp4", "nvfp4", 32, 64),
+              ("int4/rot", "int8/asym/rot", 64, 32))
+FEATURES = ("sinks", "softcap", "sinks+softcap")
+
+
+def _sink_cases():
+    for i, (ks, vs, dk, dv) in enumerate(SINK_CASES):
+        for j, feature in enumerate(FEATURES):
+            yield pytest.param(ks, vs, dk, dv, feature, SPLITS[(i + j) % 3], id=f"{ks}-{vs}-{dk}-{dv}-{feature}")
+
+
+@pytest.mark.parametrize("k_spec,v_spec,dk,dv,feature,splits", list(_sink_cases()))
+def test_decode_sinks_softcap_head_dims(k_spec, v_spec, dk, dv, feature, splits):
+    kx, _ = kv_data(40, dk, 1)
+    _, vx = kv_data(40, dv, 1, seed=2)
+    k, v = make_side(F.get_format(k_spec), kx), make_side(F.get_format(v_spec), vx)
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(BATCH, 3, dk, generator=g)
+    lengths = torch.tensor([40, 23])
+    kwargs = {}
+    if "sinks" in feature:
+        kwargs["sinks"] = torch.randn(3, generator=g) * 2 + 1  # logits comparable to the scores
+    if "softcap" in feature:
+        kwargs["softcap"] = 1.5  # below the largest scores (~5): capping changes them
+    out = decode_attention(q, k, v, lengths, num_splits=splits, block_n=16, **kwargs)
+    assert out.shape == (BATCH, 3, dv)
+    ref = decode_attention_reference(q, k, v, lengths, **kwargs)
+    assert rel_err(out, ref) <= TOL
+    assert rel_err(ref.float(), decode_attention_reference(q, k, v, lengths)) > 1e-2, "the feature changed nothing"
+
+
+def test_decode_deepseek_head_dims():
+    """K 192 wide (not a power of two: padded to a 256-lane block), V 128, as transformers caches DeepSeek-V3."""
+    kx, _ = kv_data(20, 192, 1)
+    _, vx = kv_data(20, 128, 1, seed=2)
+    k, v = make_side(F.get_format("int4"), kx), make_side(F.get_format("nvfp4"), vx)
+    q = torch.randn(BATCH, 2, 192, generator=torch.Generator().manual_seed(5))
+    out = decode_attention(q, k, v, torch.tensor([20, 9]), num_splits=2, block_n=16)
+    assert rel_err(out, decode_attention_reference(q, k, v, torch.tensor([20, 9]))) <= TOL
+
+
+@pytest.mark.parametrize("pattern", ("window", "chunk"))
+def test_decode_window_and_chunk_masks(pattern):
+    """Sliding-window and chunked attention through kv_mask, over a cache that still holds older tokens: a window
+    keeps each row's last W tokens, a chunk keeps the tokens since the row's current chunk began (row 1 is also
+    left-padded). Blocks with no live token must not be read: their scales are NaN here, the reference's are not."""
+    lengths, block = torch.tensor([70, 45]), 16
+    kx, vx = kv_data(70)
+    fmt = F.get_format("int4")
+    clean_k, clean_v = make_side(fmt, kx), make_side(fmt, vx)
+    pos = torch.arange(70)
+    mask = torch.zeros(BATCH, 70, dtype=torch.bool)
+    for b, n in enumerate(lengths.tolist()):
+        first = n - 20 if pattern == "window" else (n - 1) // 32 * 32  # window 20; chunk 32
+        mask[b] = (pos >= first) & (pos < n)
+    mask[1, :5] = False  # left padding as well
+    k = clean_k.with_(scale=clean_k.scale.clone())
+    v = clean_v.with_(scale=clean_v.scale.clone())
+    dead = 0
+    for b in range(BATCH):
+        for n0 in range(0, 70, block):
+            if not mask[b, n0 : n0 + block].any():
+                k.scale[b, :, n0 : n0 + block] = float("nan")
+                v.scale[b, :, n0 : n0 + block] = float("nan")
+                dead += 1
+    assert dead >= 3, "the pattern should leave whole blocks dead"
+    q = torch.randn(BATCH, KV_HEADS * 3, HEAD_DIM)
+    sinks = torch.randn(KV_HEADS * 3)
+    out = decode_attention(q, k, v, lengths, num_splits=3, kv_mask=mask, block_n=block, sinks=sinks)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, decode_attention_reference(q, clean_k, clean_v, lengths, kv_mask=mask, sinks=sinks)) <= TOL
+
+
+@pytest.mark.parametrize("splits", (1, 2))
+def test_decode_sinks_on_empty_rows(splits):
+    """A row with nothing to attend to (fully masked, or length 0) returns zeros with sinks too: the sink carries
+    no value."""
+    kx, vx = kv_data(30)
+    fmt = F.get_format("int8")
+    k, v = make_side(fmt, kx), make_side(fmt, vx)
+    q = torch.randn(BATCH, KV_HEADS * 2, HEAD_DIM)
+    sinks = torch.randn(KV_HEADS * 2)
+    mask = torch.zeros(BATCH, 30, dtype=torch.bool)
+    out = decode_attention(q, k, v, torch.tensor([30, 0]), num_splits=splits, kv_mask=mask, sinks=sinks,
+                           softcap=5.0)
+    assert out.abs().max() == 0
+
+
+def test_decode_rejects_bad_sinks_and_softcap():
+    kx, vx = kv_data(4)
+    fmt = F.get_format("int8")
+    k, v = make_side(fmt, kx), make_side(fmt, vx)
+    q = torch.randn(BATCH, KV_HEADS * 2, HEAD_DIM)
+    with pytest.raises(ValueError, match="one logit per query head"):
+        decode_attention(q, k, v, 4, sinks=torch.zeros(3))
+    with pytest.raises(ValueError, match="softcap"):
+        decode_attention(q, k, v, 4, softcap=-1.0)
 
 
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
@@ -359,7 +463,8 @@ from kernels.jit.quant_pack import _quant_pack_kernel
 
 def build(fn, ptrs, consts):
     names = list(inspect.signature(fn.fn).parameters)
-    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "qk_scale" else "i32") for n in names}
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in ("qk_scale", "softcap") else "i32")
+           for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
     triton.compile(src, target=GPUTarget("cuda", 90, 32))  # H100 / H200: TTIR -> PTX -> cubin (ptxas)
 
@@ -368,22 +473,32 @@ def side(p, **kw):
                  TZERO=False, TAIL=False)
     return {f"{p}_{k}": v for k, v in {**flags, **kw}.items()}
 
-ptrs = {n: "*fp32" for n in ("K_TS", "K_TZ", "V_TS", "V_TZ", "MID_O", "MID_ML")}
+ptrs = {n: "*fp32" for n in ("K_TS", "K_TZ", "V_TS", "V_TZ", "MID_O", "MID_ML", "SINKS")}
 ptrs.update(Q="*bf16", OUT="*bf16", K="*u8", V="*u8", KS="*fp16", KZ="*fp16", VS="*u8", VZ="*fp16", KT="*bf16",
             VT="*bf16", K_NP="*i32", V_NP="*i32", LENGTHS="*i32", MASK="*u8")
 # KIVI-2 K (channel scales, zeros, tail) with an NVFP4 V (E4M3 block scales, tensor scale), masked, split.
 build(_decode_stage1, ptrs, dict(
-    H_KV=8, GQA=4, HEAD_DIM=128, BLOCK_G=16, BLOCK_N=32, BLOCK_D=128, PRECISION="ieee", HAS_MASK=True,
-    SINGLE_SPLIT=False, **side("K", ELEM=1, BITS=2, SCALE=2, GROUP=32, FOLD=False, ZERO=True, TAIL=True),
+    H_KV=8, GQA=4, HEAD_DIM_K=128, HEAD_DIM_V=128, BLOCK_G=16, BLOCK_N=32, BLOCK_DK=128, BLOCK_DV=128,
+    PRECISION="ieee", HAS_MASK=True, HAS_SINKS=False, SOFTCAP=False, SINGLE_SPLIT=False,
+    **side("K", ELEM=1, BITS=2, SCALE=2, GROUP=32, FOLD=False, ZERO=True, TAIL=True),
     **side("V", ELEM=4, BITS=4, SCALE=1, SFMT=2, GROUP=16, FOLD=False, TENSOR=True, TAIL=True)))
-# int8/asym K (folded per-token scale and zero) with a folded MX V (E8M0) at head_dim 32, one split.
+# int8/asym K (folded per-token scale and zero) with a folded MX V (E8M0) at head_dim 32, one split, sinks and
+# softcapping (gpt-oss, Gemma 2).
 ptrs.update(K="*u8", KS="*fp16", VS="*u8")
 build(_decode_stage1, ptrs, dict(
-    H_KV=2, GQA=3, HEAD_DIM=32, BLOCK_G=16, BLOCK_N=64, BLOCK_D=32, PRECISION="ieee", HAS_MASK=False,
-    SINGLE_SPLIT=True, **side("K", ELEM=0, BITS=8, SCALE=1, GROUP=32, ZERO=True),
-    **side("V", ELEM=4, BITS=4, SCALE=1, SFMT=1, GROUP=32)))
-build(_decode_stage2, {"MID_O": "*fp32", "MID_ML": "*fp32", "OUT": "*bf16"},
-      dict(GQA=4, HEAD_DIM=128, BLOCK_G=16, BLOCK_S=16, BLOCK_D=128))
+    H_KV=2, GQA=3, HEAD_DIM_K=32, HEAD_DIM_V=32, BLOCK_G=16, BLOCK_N=64, BLOCK_DK=32, BLOCK_DV=32,
+    PRECISION="ieee", HAS_MASK=False, HAS_SINKS=True, SOFTCAP=True, SINGLE_SPLIT=True,
+    **side("K", ELEM=0, BITS=8, SCALE=1, GROUP=32, ZERO=True), **side("V", ELEM=4, BITS=4, SCALE=1, SFMT=1, GROUP=32)))
+# DeepSeek-V3 widths: an MXFP4 K of 192 (a 256-lane block) and an NVFP4 V of 128, masked, sinks, split.
+ptrs.update(K="*u8", KS="*u8", VS="*u8")
+build(_decode_stage1, ptrs, dict(
+    H_KV=1, GQA=16, HEAD_DIM_K=192, HEAD_DIM_V=128, BLOCK_G=16, BLOCK_N=32, BLOCK_DK=256, BLOCK_DV=128,
+    PRECISION="ieee", HAS_MASK=True, HAS_SINKS=True, SOFTCAP=False, SINGLE_SPLIT=False,
+    **side("K", ELEM=4, BITS=4, SCALE=1, SFMT=1, GROUP=32, FOLD=False),
+    **side("V", ELEM=4, BITS=4, SCALE=1, SFMT=2, GROUP=16, FOLD=False, TENSOR=True)))
+for sinks in (False, True):
+    build(_decode_stage2, {"MID_O": "*fp32", "MID_ML": "*fp32", "SINKS": "*fp32", "OUT": "*bf16"},
+          dict(H_KV=8, GQA=4, HEAD_DIM_V=128, BLOCK_G=16, BLOCK_S=16, BLOCK_DV=128, HAS_SINKS=sinks))
 for kind, bits, group, scale in ((0, 4, 32, "*fp16"), (4, 4, 16, "*u8")):  # int4/g32 from fp16; NVFP4
     build(_quant_pack_kernel, {"X": "*fp16", "DATA": "*u8", "SCALE": scale, "ZERO": "*fp16", "TS": "*fp32"},
           dict(KIND=kind, BITS=bits, FP8_EXP=4, GROUP=group, STATIC=False, HALF_DIV=True, HEAD_DIM=128, BLOCK_T=16))

@@ -8,10 +8,17 @@ softmax in base 2. Per-token scales (one scale over all of head_dim, plus tensor
     score = (q . codes) * s_k + sum(q) * z_k,    out += (p * s_v) @ codes + sum(p * z_v)
 Group scales (gN along head_dim, MX / NV blocks, channel scales along tokens) vary inside a row, so those tiles
 are dequantized before the dot. Tokens past n_packed come from the full-precision tail buffer in the same loop.
-Writes partial (m, l, acc) per split.
+A block whose tokens are all masked off (left padding, the part of a window or chunk a query no longer sees) is
+skipped before its K/V bytes are read. Logit softcapping (Gemma 2) caps each score, in natural-log units, as
+    score = softcap * tanh(score / softcap)
+before the softmax. Writes partial (m, l, acc) per split.
 Stage 2, grid (B * Hkv): merges the splits' partials of the G query heads:
-    out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s,   M = max_s m_s.
-With one split, stage 1 normalizes and writes the output itself and stage 2 is skipped.
+    out = sum_s 2^(m_s - M) acc_s / (sum_s 2^(m_s - M) l_s + 2^(sink - M)),   M = max(max_s m_s, sink).
+An attention sink (gpt-oss: one learned logit per query head) is one more softmax column that carries no value:
+it joins the denominator only, like a split with m = sink, l = 1, acc = 0. Without sinks the 2^(sink - M) term
+is absent. With one split, stage 1 normalizes (sink included) and writes the output itself; stage 2 is skipped.
+K and V may have different head dims (DeepSeek-V3 as transformers caches it: K 192, V 128): q . k runs over
+HEAD_DIM_K, the output and the partials over HEAD_DIM_V.
 
 Bytes moved per token per KV head: K and V rows of D * bits / 8 bytes each, plus their scales; q, the partials
 and the output are O(Hq * D * num_splits) per sequence, negligible at long context.
@@ -29,7 +36,7 @@ SCALE_NONE, SCALE_TOKEN, SCALE_CHANNEL = 0, 1, 2
 # SCALE_FMT codes (constexpr): how a scale element becomes fp32.
 SFMT_NATIVE, SFMT_E8M0, SFMT_E4M3 = 0, 1, 2
 
-LOG2E = 1.4426950408889634  # 1/ln(2): softmax runs on exp2
+LOG2E = 1.4426950408889634  # 1/ln(2): softmax runs on exp2 (the launcher scales q, sinks and softcap by it)
 
 
 @triton.jit
@@ -67,6 +74,14 @@ def _e8m0_to_f32(b):
     x = (b << 23).to(tl.float32, bitcast=True)
     x = tl.where(b == 0, 5.877471754111438e-39, x)
     return tl.where(b == 255, float("nan"), x)
+
+
+@triton.jit
+def _tanh(x):
+    """tanh in fp32 without overflow: sign(x) * (1 - e) / (1 + e), e = exp(-2|x|) = 2^(-2|x| / ln 2)."""
+    e = tl.exp2(-2.8853900817779268 * tl.abs(x))  # 2 / ln(2)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
 
 
 @triton.jit
@@ -169,10 +184,11 @@ def _decode_stage1(
     stride_kzt, KT, stride_ktb, stride_kth, stride_ktt, K_TS, K_TZ, K_NP,
     V, stride_vb, stride_vh, stride_vt, VS, stride_vsb, stride_vsh, stride_vst, VZ, stride_vzb, stride_vzh,
     stride_vzt, VT, stride_vtb, stride_vth, stride_vtt, V_TS, V_TZ, V_NP,
-    LENGTHS, MASK, stride_mb, MID_O, MID_ML, OUT, qk_scale, tokens_per_split, num_splits,
-    H_KV: tl.constexpr, GQA: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-    HAS_MASK: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    LENGTHS, MASK, stride_mb, SINKS, MID_O, MID_ML, OUT, qk_scale, softcap, tokens_per_split, num_splits,
+    H_KV: tl.constexpr, GQA: tl.constexpr, HEAD_DIM_K: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, SOFTCAP: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
     K_ELEM: tl.constexpr, K_BITS: tl.constexpr, K_OFFSET: tl.constexpr, K_SCALE: tl.constexpr,
     K_SFMT: tl.constexpr, K_GROUP: tl.constexpr, K_FOLD: tl.constexpr, K_ZERO: tl.constexpr,
     K_TENSOR: tl.constexpr, K_TZERO: tl.constexpr, K_TAIL: tl.constexpr,
@@ -204,12 +220,12 @@ def _decode_stage1(
         v_tz = tl.load(V_TZ + pid_bh)
 
     offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_dk = tl.arange(0, BLOCK_DK)
+    offs_dv = tl.arange(0, BLOCK_DV)
     g_mask = offs_g < GQA
-    d_mask = offs_d < HEAD_DIM
-    # q rows h*G .. h*G+G-1: [BLOCK_G, BLOCK_D], pre-scaled by sm_scale / ln 2 for exp2.
-    q = tl.load(Q + b * stride_qb + (h * GQA + offs_g)[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32) * qk_scale
+    # q rows h*G .. h*G+G-1: [BLOCK_G, BLOCK_DK], pre-scaled by sm_scale / ln 2 for exp2.
+    q = tl.load(Q + b * stride_qb + (h * GQA + offs_g)[:, None] * stride_qh + offs_dk[None, :],
+                mask=g_mask[:, None] & (offs_dk < HEAD_DIM_K)[None, :], other=0.0).to(tl.float32) * qk_scale
     q_sum = tl.sum(q, axis=1)  # [BLOCK_G]: multiplies per-token K zero points
 
     k_base = K + b * stride_kb + h * stride_kh
@@ -223,72 +239,90 @@ def _decode_stage1(
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_DV], dtype=tl.float32)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        k, k_rs, k_rz = _load_side(
-            k_base, stride_kt, ks_base, stride_kst, kz_base, stride_kzt, kt_base, stride_ktt, k_ts, k_tz,
-            offs_n, offs_d, k_np, length,
-            K_ELEM, K_BITS, K_OFFSET, K_SCALE, K_SFMT, K_GROUP, K_FOLD, K_ZERO, K_TAIL, BLOCK_N, BLOCK_D, HEAD_DIM,
-        )  # k: [BLOCK_N, BLOCK_D]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N]
-        s = s * k_rs[None, :] + q_sum[:, None] * k_rz[None, :]
         valid = offs_n < end
-        if HAS_MASK:  # attention mask (left padding, sliding window): 1 byte per token
+        if HAS_MASK:  # attention mask (left padding, sliding window, chunk): 1 byte per token
             valid &= tl.load(MASK + b * stride_mb + offs_n, mask=valid, other=0) != 0
-        s = tl.where(valid[None, :], s, float("-inf"))
+        if tl.max(valid.to(tl.int32), axis=0) > 0:  # a block with no live token reads no K/V bytes
+            k, k_rs, k_rz = _load_side(
+                k_base, stride_kt, ks_base, stride_kst, kz_base, stride_kzt, kt_base, stride_ktt, k_ts, k_tz,
+                offs_n, offs_dk, k_np, length,
+                K_ELEM, K_BITS, K_OFFSET, K_SCALE, K_SFMT, K_GROUP, K_FOLD, K_ZERO, K_TAIL, BLOCK_N, BLOCK_DK,
+                HEAD_DIM_K,
+            )  # k: [BLOCK_N, BLOCK_DK]
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N], log2 units
+            s = s * k_rs[None, :] + q_sum[:, None] * k_rz[None, :]
+            if SOFTCAP:  # softcap * tanh(score / softcap), with softcap given in log2 units as the score is
+                s = softcap * _tanh(s / softcap)
+            s = tl.where(valid[None, :], s, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked block must not make NaNs
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])  # [BLOCK_G, BLOCK_N]
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing live yet must not make NaNs
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])  # [BLOCK_G, BLOCK_N]
+            l_i = l_i * alpha + tl.sum(p, axis=1)
 
-        v, v_rs, v_rz = _load_side(
-            v_base, stride_vt, vs_base, stride_vst, vz_base, stride_vzt, vt_base, stride_vtt, v_ts, v_tz,
-            offs_n, offs_d, v_np, length,
-            V_ELEM, V_BITS, V_OFFSET, V_SCALE, V_SFMT, V_GROUP, V_FOLD, V_ZERO, V_TAIL, BLOCK_N, BLOCK_D, HEAD_DIM,
-        )  # v: [BLOCK_N, BLOCK_D]
-        acc = acc * alpha[:, None] + tl.dot(p * v_rs[None, :], v, input_precision=PRECISION)
-        acc += tl.sum(p * v_rz[None, :], axis=1)[:, None]
-        m_i = m_new
+            v, v_rs, v_rz = _load_side(
+                v_base, stride_vt, vs_base, stride_vst, vz_base, stride_vzt, vt_base, stride_vtt, v_ts, v_tz,
+                offs_n, offs_dv, v_np, length,
+                V_ELEM, V_BITS, V_OFFSET, V_SCALE, V_SFMT, V_GROUP, V_FOLD, V_ZERO, V_TAIL, BLOCK_N, BLOCK_DV,
+                HEAD_DIM_V,
+            )  # v: [BLOCK_N, BLOCK_DV]
+            acc = acc * alpha[:, None] + tl.dot(p * v_rs[None, :], v, input_precision=PRECISION)
+            acc += tl.sum(p * v_rz[None, :], axis=1)[:, None]
+            m_i = m_new
 
     rows = pid_bh * GQA + offs_g  # == b * Hq + h * G + g
     if SINGLE_SPLIT:  # one split per row: normalize and write the output, no stage 2
+        if HAS_SINKS:  # the sink's column joins the denominator: l += 2^(sink - m), m = max(m, sink)
+            sink = tl.load(SINKS + h * GQA + offs_g, mask=g_mask, other=0.0)  # [BLOCK_G], log2 units
+            m_f = tl.maximum(m_i, sink)
+            alpha = tl.exp2(m_i - m_f)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha + tl.exp2(sink - m_f)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(OUT + rows[:, None] * HEAD_DIM + offs_d[None, :], out.to(OUT.dtype.element_ty),
-                 mask=g_mask[:, None] & d_mask[None, :])
-    else:  # partials: MID_ML [B*Hq, num_splits, 2] (m, l), MID_O [B*Hq, num_splits, BLOCK_D], fp32
+        tl.store(OUT + rows[:, None] * HEAD_DIM_V + offs_dv[None, :], out.to(OUT.dtype.element_ty),
+                 mask=g_mask[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
+    else:  # partials: MID_ML [B*Hq, num_splits, 2] (m, l), MID_O [B*Hq, num_splits, BLOCK_DV], fp32
         ml = MID_ML + (rows * num_splits + split) * 2
         tl.store(ml, m_i, mask=g_mask)
         tl.store(ml + 1, l_i, mask=g_mask)
-        o = MID_O + (rows[:, None] * num_splits + split) * BLOCK_D + offs_d[None, :]
+        o = MID_O + (rows[:, None] * num_splits + split) * BLOCK_DV + offs_dv[None, :]
         tl.store(o, acc, mask=g_mask[:, None])
 
 
 @triton.jit
 def _decode_stage2(
-    MID_O, MID_ML, OUT, num_splits,
-    GQA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    MID_O, MID_ML, SINKS, OUT, num_splits,
+    H_KV: tl.constexpr, GQA: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_DV: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
-    """Grid (B * Hkv,): merge the splits of the G query heads of one KV head. Reads num_splits * (D + 2) fp32
-    per query head, writes D values in OUT's dtype (OUT: contiguous [B, Hq, D])."""
+    """Grid (B * Hkv,): merge the splits of the G query heads of one KV head, and the sinks of those heads
+    (SINKS: fp32 [Hq] in log2 units). Reads num_splits * (D_v + 2) fp32 per query head, writes D_v values in OUT's
+    dtype (OUT: contiguous [B, Hq, D_v])."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, BLOCK_DV)
+    g_mask = offs_g < GQA
     rows = tl.program_id(0) * GQA + offs_g  # b * Hq + query head
-    gs_mask = (offs_g < GQA)[:, None] & (offs_s < num_splits)[None, :]  # [BLOCK_G, BLOCK_S]
+    gs_mask = g_mask[:, None] & (offs_s < num_splits)[None, :]  # [BLOCK_G, BLOCK_S]
     ml = MID_ML + (rows[:, None] * num_splits + offs_s[None, :]) * 2
     m = tl.load(ml, mask=gs_mask, other=float("-inf"))  # empty splits hold -inf
     l = tl.load(ml + 1, mask=gs_mask, other=0.0)
     m_max = tl.max(m, axis=1)
+    if HAS_SINKS:
+        sink = tl.load(SINKS + (tl.program_id(0) % H_KV) * GQA + offs_g, mask=g_mask, other=0.0)  # [BLOCK_G]
+        m_max = tl.maximum(m_max, sink)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # a row with nothing to attend to: every weight 0
     w = tl.exp2(m - m_max[:, None])  # [BLOCK_G, BLOCK_S]
-    o = MID_O + (rows[:, None, None] * num_splits + offs_s[None, :, None]) * BLOCK_D + offs_d[None, None, :]
-    acc = tl.load(o, mask=gs_mask[:, :, None], other=0.0)  # [BLOCK_G, BLOCK_S, BLOCK_D]
-    num = tl.sum(acc * w[:, :, None], axis=1)  # [BLOCK_G, BLOCK_D]
+    o = MID_O + (rows[:, None, None] * num_splits + offs_s[None, :, None]) * BLOCK_DV + offs_d[None, None, :]
+    acc = tl.load(o, mask=gs_mask[:, :, None], other=0.0)  # [BLOCK_G, BLOCK_S, BLOCK_DV]
+    num = tl.sum(acc * w[:, :, None], axis=1)  # [BLOCK_G, BLOCK_DV]
     den = tl.sum(l * w, axis=1)
+    if HAS_SINKS:
+        den += tl.exp2(sink - m_max)
     out = num / tl.where(den > 0, den, 1.0)[:, None]
-    tl.store(OUT + rows[:, None] * HEAD_DIM + offs_d[None, :], out.to(OUT.dtype.element_ty),
-             mask=(offs_g < GQA)[:, None] & (offs_d < HEAD_DIM)[None, :])
+    tl.store(OUT + rows[:, None] * HEAD_DIM_V + offs_d[None, :], out.to(OUT.dtype.element_ty),
+             mask=g_mask[:, None] & (offs_d < HEAD_DIM_V)[None, :])
