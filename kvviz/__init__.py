@@ -4,7 +4,8 @@ The public API is re-exported here; everything else is private to its module.
 """
 
 from .formats import FORMAT_NAMES, PRESETS, Format, KVSpec, QTensor, get_format, parse_kv
-from .memory import GPU_PRESETS, MODEL_PRESETS, get_model_preset, kv_cache_bytes, max_batch, max_context
+from .memory import (GPU_PRESETS, MODEL_PRESETS, get_model_preset, kv_cache_bytes, kv_cache_bytes_for, max_batch,
+                     max_context, state_bytes_for)
 
 # Model loading and the quantized cache import transformers (seconds): loaded on first use, so that
 # `import kvviz` (formats, memory model, CLI) stays fast.

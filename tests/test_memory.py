@@ -42,10 +42,24 @@ def test_model_presets_match_configs(name, dims):
 @pytest.mark.parametrize("name", list(memory.MODEL_PRESETS))
 def test_model_presets_are_consistent(name):
     m = memory.MODEL_PRESETS[name]
-    assert m.name == name and m.source
-    assert m.q_heads % m.kv_heads == 0, "GQA needs whole groups of query heads"
-    assert m.head_dim in (64, 128, 256)
-    assert m.params > 1e8 and m.max_context >= 8192
+    assert m.name == name and m.source and m.params > 1e8 and m.max_context >= 8192
+    shapes = memory.layer_shapes(m)
+    assert len(shapes) == m.layers, "one shape per layer of num_hidden_layers"
+    kv = [s for s in shapes if s.has_kv]
+    assert kv, "every preset has attention somewhere"
+    if "kv_lora_rank" not in m.config:
+        assert all(m.q_heads % s.k_heads == 0 for s in kv), "GQA needs whole groups of query heads"
+        assert all(s.k_dim in (64, 128, 256, 512) for s in kv)
+    assert memory.kv_cache_bytes_for(name, 4096) > 0
+
+
+def test_issue_list_is_covered():
+    assert len(memory.MODEL_PRESETS) >= 15
+    assert {"llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-4-scout", "qwen2.5-7b", "qwen2.5-72b",
+            "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "qwen3-next-80b-a3b", "gemma-3-270m",
+            "gemma-3-27b", "gemma-4-31b", "gpt-oss-20b", "gpt-oss-120b", "deepseek-v3", "kimi-k2",
+            "mistral-small-3-24b", "phi-4", "nemotron-3-nano-30b-a3b", "smollm2-135m"} <= set(memory.MODEL_PRESETS)
+    assert "NOT VERIFIED" in memory.MODEL_PRESETS["gemma-4-31b"].source
 
 
 def test_llama_8b_fp16_is_128_kib_per_token():
@@ -114,7 +128,7 @@ def test_max_context_grows_as_bits_shrink():
 @pytest.mark.parametrize("batch", [1, 3])
 def test_max_context_is_the_longest_that_fits(spec, batch):
     m = kvviz.get_model_preset("llama-3.1-8b")
-    budget = memory.kv_budget_bytes(m, "a10g")
+    budget = memory.kv_budget_bytes(m, "a10g")  # dense model: no recurrent state
     t = max_context(m, "a10g", spec, batch=batch)
     assert kv_cache_bytes(m.layers, m.kv_heads, m.head_dim, t, batch, spec) <= budget
     for longer in range(t + 1, t + 97):  # channel formats shrink when a group fills: look past whole groups
@@ -161,6 +175,7 @@ def test_split_formats_keeps_pairs_whole():
 
 @pytest.mark.parametrize("call, match", [
     (lambda: kvviz.get_model_preset("gpt-5"), "llama-3.1-8b"),
+    (lambda: memory.kv_cache_bytes_for("gpt-5", 10), "Unknown model 'gpt-5'"),
     (lambda: memory.get_gpu_preset("h900"), "h100-80gb"),
     (lambda: kv_cache_bytes(32, 8, 128, -1), "seq_len"),
     (lambda: kv_cache_bytes(0, 8, 128, 10), "layers"),

@@ -40,7 +40,9 @@ def _text_part(cfg: dict, where: str) -> dict:
     if cfg.get("is_encoder_decoder") or any(t in archs for t in ("MaskedLM", "ForSequenceClassification")):
         raise ValueError(f"{where} is an encoder model's config ({archs or 'is_encoder_decoder'}): kvviz sizes "
                          "decoder-only language models.")
-    missing = [k for k in _REQUIRED if k not in cfg]
+    layer_lists = ("layers_block_type", "hybrid_override_pattern")  # Nemotron-H counts its layers by these
+    missing = [k for k in _REQUIRED if k not in cfg and not (k == "num_hidden_layers" and any(
+        f in cfg for f in layer_lists))]
     if missing:
         raise ValueError(f"{where} has no {' and no '.join(missing)}: it is not a text decoder's config.json. Give "
                          "the config of a causal language model (or its multimodal wrapper with a text_config).")
