@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import triton_usable
-from kernels.packed import hadamard, per_head
+from kernels.packed import hadamard, per_head, reads_format
 
 _FP8_EXP = {"fp8_e4m3": 4, "fp8_e5m2": 5}
 
@@ -24,7 +24,7 @@ def _next_pow2(n: int) -> int:
 
 def quant_pack_supported(fmt, head_dim: int) -> bool:
     """True when `quant_pack` can write this format (and head_dim, a power of two) on this machine's backend."""
-    if head_dim < 2 or head_dim & (head_dim - 1) or fmt.granularity is None:
+    if head_dim < 2 or head_dim & (head_dim - 1) or fmt.granularity is None or not reads_format(fmt):
         return False
     if fmt.granularity == "channel":
         return False

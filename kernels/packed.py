@@ -17,6 +17,15 @@ typing. Layout (the kvviz QTensor layout, with a batch and a kv-head axis in fro
 
 Dequantized value of token t, channel d (packed tokens t < n_packed):
     x = (decode(code) [* scale] [* tensor_scale] [+ zero]) @ rotation   (scale, zero per group; absent = 1, 0)
+
+llama.cpp's KV types (kvviz kind "ggml": q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; kvviz/formats/ggml.py) use the same
+fields with token scales in blocks of 32 (group 32): scale fp16 d [B, Hkv, cap, D // 32], zero fp16 m (q4_1, q5_1).
+data is q8_0: int8 [B, Hkv, cap, D]; else uint8 [B, Hkv, cap, D * bits // 8] in ggml's order, 32 * bits // 8
+bytes per block: (q5_0 / q5_1: 4 bytes qh, a little-endian uint32 whose bit j is bit 4 of code j, then) 16 bytes
+qs, byte j = code j (low nibble) | code j + 16 (high nibble), not the element-2i-low order above. Values:
+q8_0 code * d; q4_0 (code - 8) * d; q5_0 (code - 16) * d; q4_1 / q5_1 code * d + m; iq4_nl KVALUES_IQ4NL[code] * d.
+The kernels do not read these yet (`reads_format` is False): the cache quantizes them with kvviz.formats and
+attention reads them through the reference.
 """
 
 from __future__ import annotations
@@ -28,6 +37,12 @@ import torch
 
 ELEMS = ("float", "int", "fp8_e4m3", "fp8_e5m2", "e2m1")
 SCALE_KINDS = (None, "token", "channel")
+FUSED_KINDS = ("float", "int", "fp4")  # kvviz format families the kernels read; not "ggml" (llama.cpp) yet
+
+
+def reads_format(fmt) -> bool:
+    """True when the kernels read `fmt`'s packed buffers (duck-typed kvviz Format: its `kind`)."""
+    return fmt.kind in FUSED_KINDS
 
 
 @dataclass(frozen=True)
@@ -115,6 +130,9 @@ def side_from_format(
     """Describe packed buffers of a kvviz-like format `fmt` (duck-typed: base, kind, bits, granularity, group,
     asym, rot). data/scale/zero/tensor_scale are laid out as kvviz's QTensor fields with [B, Hkv] in front.
     A rot format without `rotation` gets the normalized Sylvester Hadamard matrix."""
+    if not reads_format(fmt):
+        raise ValueError(f"The fused kernels do not read {fmt.spec} (llama.cpp's block layout) yet; "
+                         "set KVVIZ_BACKEND=torch to read it through the reference.")
     bits = int(fmt.bits)
     per_byte = 8 // bits if bits < 8 else 1
     head_dim = head_dim or data.shape[-1] * per_byte

@@ -1,7 +1,9 @@
 """The KV-cache format registry: one place that names, builds and accounts for every storage format.
 
 Spec strings are `BASE[/GRANULARITY][/gN][/asym][/rot]` (see `spec.py`); a K/V pair is `k=SPEC,v=SPEC`, a single
-spec means both, and presets (`k8v4`, `k4v8`, `kivi2`, `kivi4`) name common pairs. The cache, the kernels, the
+spec means both, and presets (`k8v4`, `k4v8`, `kivi2`, `kivi4`) name common pairs. llama.cpp's KV cache types
+(`q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1`, `iq4_nl`, in `LLAMA_CPP_TYPES`) are bases too, bit-exact with ggml
+(`ggml.py`, which documents their stored layout). The cache, the kernels, the
 memory model, the exporter and the UI all take their formats from here; adding a format is one entry in
 `spec.BASES` plus its codec branch (and kernel branch).
 
@@ -21,7 +23,7 @@ from .core import Format, QTensor
 from .floats import max_value
 from .fp4 import e2m1_decode, e2m1_encode
 from .packing import hadamard, pack, rotate, unpack
-from .spec import BASES, GRANULARITIES, PRESET_RESIDUAL, PRESETS, parse_spec, split_pair, valid_names
+from .spec import BASES, GRANULARITIES, LLAMA_CPP_TYPES, PRESET_RESIDUAL, PRESETS, parse_spec, split_pair, valid_names
 
 FORMAT_NAMES: tuple[str, ...] = tuple(BASES)
 
@@ -63,6 +65,7 @@ __all__ = [
     "BASES",
     "FORMAT_NAMES",
     "GRANULARITIES",
+    "LLAMA_CPP_TYPES",
     "PRESETS",
     "PRESET_RESIDUAL",
     "Format",

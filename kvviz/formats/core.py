@@ -1,6 +1,6 @@
 """`Format` (a spec turned into quantize / dequantize / byte accounting) and `QTensor` (what it stores).
 
-A Format is data plus pure functions: it dispatches to its family's codec (`floats`, `ints`, `fp4`), applies the
+A Format is data plus pure functions: it dispatches to its family's codec (`floats`, `ints`, `fp4`, `ggml`), applies the
 optional Hadamard rotation (`/rot`, QuaRot), and accounts for every byte it stores.
 
     fmt = get_format("int4/channel/g32/asym")
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import floats, fp4, groups, ints
+from . import floats, fp4, ggml, groups, ints
 from .packing import hadamard, rotate
 from .spec import BASES, SpecParts
 
-_CODECS = {"float": floats, "int": ints, "fp4": fp4}
+_CODECS = {"float": floats, "int": ints, "fp4": fp4, "ggml": ggml}
 # Bytes of one stored scale / zero point by family and granularity.
-_SCALE_BYTES = {"int": 2, "float": 4, "fp4": 1}
+_SCALE_BYTES = {"int": 2, "float": 4, "fp4": 1, "ggml": 2}
 
 
 @dataclass(frozen=True)
@@ -60,9 +60,10 @@ class Format:
     base = property(lambda self: self.parts.base, doc="base format name")
     granularity = property(lambda self: self.parts.granularity, doc="token | channel | tensor | head | None")
     group = property(lambda self: self.parts.group, doc="group size (head_dim for token, tokens for channel)")
-    asym = property(lambda self: self.parts.asym, doc="asymmetric (zero point) int format")
+    asym = property(lambda self: self.parts.asym or BASES[self.parts.base].zero,
+                    doc="stores a zero point per group: /asym int formats, llama.cpp's q4_1 and q5_1")
     rot = property(lambda self: self.parts.rot, doc="Hadamard rotation over head_dim before quantizing")
-    kind = property(lambda self: BASES[self.parts.base].kind, doc="float | int | fp4")
+    kind = property(lambda self: BASES[self.parts.base].kind, doc="float | int | fp4 | ggml")
     bits = property(lambda self: BASES[self.parts.base].bits, doc="bits per stored element")
 
     def __repr__(self) -> str:
@@ -108,7 +109,7 @@ class Format:
         if d % per_byte:
             raise ValueError(f"{self.spec} packs {per_byte} values a byte: head_dim {d} must be a multiple of it.")
         if self.granularity == "token" and self.group and d % self.group:
-            hint = "" if self.parts.base in ("mxfp4", "fp4_mx_block16", "nvfp4") else f" (pick /g{math.gcd(d, self.group)})"
+            hint = "" if BASES[self.parts.base].block else f" (pick /g{math.gcd(d, self.group)})"
             raise ValueError(f"{self.spec} needs head_dim to be a multiple of {self.group}, got {d}{hint}.")
 
     def _static_scale(self, scale, x: torch.Tensor) -> torch.Tensor | None:

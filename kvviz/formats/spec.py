@@ -21,12 +21,13 @@ CHANNEL_GROUP = 32  # KIVI's group of tokens for per-channel scales
 class BaseInfo:
     """What a base format is: element kind and bits, and which scale layouts it accepts."""
 
-    kind: str  # "float" (casts and fp8), "int", "fp4"
+    kind: str  # "float" (casts and fp8), "int", "fp4", "ggml" (llama.cpp's block types)
     bits: int  # bits per stored element
     default_granularity: str | None  # None: a plain cast, no scale
     granularities: tuple[str, ...]  # accepted granularities
-    block: int | None = None  # fixed block along head_dim (MX / NV FP4); None: free
+    block: int | None = None  # fixed block along head_dim (MX / NV FP4, llama.cpp); None: free
     summary: str = ""
+    zero: bool = False  # stores a per-block minimum by design (llama.cpp's q4_1, q5_1), without /asym
 
 
 BASES: dict[str, BaseInfo] = {
@@ -40,7 +41,18 @@ BASES: dict[str, BaseInfo] = {
     "mxfp4": BaseInfo("fp4", 4, "token", ("token",), block=32, summary="OCP MX E2M1, E8M0 scale per 32"),
     "fp4_mx_block16": BaseInfo("fp4", 4, "token", ("token",), block=16, summary="E2M1, E8M0 scale per 16"),
     "nvfp4": BaseInfo("fp4", 4, "token", ("token",), block=16, summary="E2M1, E4M3 scale per 16 + fp32"),
+    # llama.cpp's KV cache types (-ctk / -ctv), bit-exact with ggml's reference quantizers: see formats/ggml.py
+    "q8_0": BaseInfo("ggml", 8, "token", ("token",), block=32, summary="llama.cpp: int8, fp16 d per 32"),
+    "q4_0": BaseInfo("ggml", 4, "token", ("token",), block=32, summary="llama.cpp: 4-bit, fp16 d per 32"),
+    "q4_1": BaseInfo("ggml", 4, "token", ("token",), block=32, summary="llama.cpp: 4-bit, fp16 d and min per 32",
+                     zero=True),
+    "q5_0": BaseInfo("ggml", 5, "token", ("token",), block=32, summary="llama.cpp: 5-bit, fp16 d per 32"),
+    "q5_1": BaseInfo("ggml", 5, "token", ("token",), block=32, summary="llama.cpp: 5-bit, fp16 d and min per 32",
+                     zero=True),
+    "iq4_nl": BaseInfo("ggml", 4, "token", ("token",), block=32,
+                       summary="llama.cpp: 4-bit non-linear table, fp16 d per 32"),
 }
+LLAMA_CPP_TYPES = tuple(name for name, info in BASES.items() if info.kind == "ggml")
 
 PRESETS: dict[str, str] = {
     "k8v4": "k=int8,v=int4",
@@ -132,9 +144,10 @@ def parse_spec(spec: str) -> SpecParts:
     if asym and info.kind != "int":
         raise ValueError(f"/asym applies to int formats only, not {base} ({spec!r}).")
     if info.block is not None and group not in (None, info.block):
-        other = "fp4_mx_block16" if base == "mxfp4" else "mxfp4"
+        other = "every llama.cpp type uses 32" if info.kind == "ggml" else (
+            "or use " + ("fp4_mx_block16" if base == "mxfp4" else "mxfp4"))
         raise ValueError(
-            f"{base} uses a fixed block of {info.block} along head_dim; drop /g{group} (or use {other})."
+            f"{base} uses a fixed block of {info.block} along head_dim; drop /g{group} ({other})."
         )
     if group is not None and granularity in ("tensor", "head"):
         raise ValueError(f"/g{group} needs token or channel granularity, not {granularity!r} ({spec!r}).")
