@@ -12,7 +12,7 @@
 Everything returns plain data (numpy arrays, dicts, a dataclass of tensors); nothing here plots.
 """
 
-from kvviz.analysis.capture import KVCapture, capture_ids, capture_kv
+from kvviz.analysis.capture import KVCapture, LayerAttention, capture_ids, capture_kv
 from kvviz.analysis.errors import (attention_errors, error_map, error_maps, layer_errors, relative_error,
                                    scale_comparison)
 from kvviz.analysis.stats import (OUTLIER_FACTOR, capture_stats, channel_stats, kv_outlier_summary, outlier_mask,
@@ -20,6 +20,7 @@ from kvviz.analysis.stats import (OUTLIER_FACTOR, capture_stats, channel_stats, 
 
 __all__ = [
     "KVCapture",
+    "LayerAttention",
     "OUTLIER_FACTOR",
     "attention_errors",
     "capture_ids",

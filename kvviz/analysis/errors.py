@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvviz.analysis.capture import KVCapture
+from kvviz.analysis.capture import KVCapture, LayerAttention
 from kvviz.formats import FORMAT_NAMES, KVSpec, get_format, parse_kv
 
 GRANULARITY_ORDER = ("token", "channel", "head", "tensor")
@@ -71,23 +71,30 @@ def layer_errors(cap: KVCapture, specs: list[str]) -> dict:
     return out
 
 
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
-    """softmax(q k^T * scaling + causal mask) v. q: [Hq, T, D], k/v: [Hkv, T, D] (GQA) -> [Hq, T, D]."""
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, how: LayerAttention) -> torch.Tensor:
+    """Eager attention of one layer as the model computes it: softmax(q k^T * scaling, softcapped, masked, with a
+    sink column) v. q: [Hq, T, Dk], k: [Hkv, T, Dk], v: [Hkv, T, Dv] (GQA) -> [Hq, T, Dv]."""
     groups = q.shape[0] // k.shape[0]
     assert groups * k.shape[0] == q.shape[0], f"{q.shape[0]} query heads do not share {k.shape[0]} KV heads evenly"
-    k = k.repeat_interleave(groups, dim=0)  # [Hq, T, D]
-    v = v.repeat_interleave(groups, dim=0)
-    scores = (q @ k.transpose(-1, -2)) * scaling  # [Hq, T, T]
+    k = k.repeat_interleave(groups, dim=0)  # [Hq, T, Dk]
+    v = v.repeat_interleave(groups, dim=0)  # [Hq, T, Dv]
+    scores = (q @ k.transpose(-1, -2)) * how.scaling  # [Hq, T, T]
+    if how.softcap:
+        scores = torch.tanh(scores / how.softcap) * how.softcap
     t = q.shape[1]
-    causal = torch.ones(t, t, dtype=torch.bool).tril()
-    scores = scores.masked_fill(~causal, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v  # [Hq, T, D]
+    allowed = how.mask if how.mask is not None else torch.ones(t, t, dtype=torch.bool).tril()
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if how.sinks is not None:  # one extra logit per head that takes probability mass and is dropped
+        sink = how.sinks.reshape(-1, 1, 1).expand(-1, t, 1)  # [Hq, T, 1]
+        return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ v
+    return torch.softmax(scores, dim=-1) @ v  # [Hq, T, Dv]
 
 
 def attention_errors(cap: KVCapture, specs: list[str]) -> dict:
     """Relative error of each layer's attention output when K and V are quantized, for the prompt's own
-    queries (exact Q, causal mask): {spec: [layers]} (numpy). This is the error the next layer sees."""
-    exact = [_causal_attention(cap.queries[l], cap.keys_post[l], cap.values[l], cap.scaling)
+    queries (exact Q; each layer's own mask, window, softcap and sinks): {spec: [layers]} (numpy). This is the
+    error the next layer sees."""
+    exact = [_attention(cap.queries[l], cap.keys_post[l], cap.values[l], cap.attention[l])
              for l in range(cap.layers)]
     out = {}
     for spec in specs:
@@ -96,7 +103,7 @@ def attention_errors(cap: KVCapture, specs: list[str]) -> dict:
         for l in range(cap.layers):
             k_hat = _roundtrip_layer(cap, kv, "keys_post", l)
             v_hat = _roundtrip_layer(cap, kv, "values", l)
-            errs.append(relative_error(exact[l], _causal_attention(cap.queries[l], k_hat, v_hat, cap.scaling)))
+            errs.append(relative_error(exact[l], _attention(cap.queries[l], k_hat, v_hat, cap.attention[l])))
         out[spec] = np.array(errs)
     return out
 
@@ -128,6 +135,6 @@ def scale_comparison(cap: KVCapture, base: str = "int8", layer: int = 0, head: i
                 "rot": use_rot,
                 "rel_error": relative_error(x[layer], x_hat),
                 "error_map": (x[layer, head] - x_hat[head]).abs().numpy(),
-                "bits_per_value": fmt.bits_per_value(cap.head_dim),
+                "bits_per_value": fmt.bits_per_value(x.shape[-1]),
             }
     return out
