@@ -1,9 +1,11 @@
-"""vLLM and SGLang flags for a kvviz KV spec: which `--kv-cache-dtype` each engine offers for it, or that it has none.
+"""vLLM, SGLang and llama.cpp flags for a kvviz KV spec: which KV cache dtype each engine offers for it, or none.
 
     >>> export_commands("fp8_e4m3")["sglang"]["cli"]
     'python -m sglang.launch_server --model-path MODEL --kv-cache-dtype fp8_e4m3 --quantization-param-path scales.json'
     >>> export_commands("k8v4")["vllm"]["supported"]
     False
+    >>> export_commands("k=q8_0,v=q4_0")["llama.cpp"]["flags"]
+    '-ctk q8_0 -ctv q4_0 -fa on'
 
 A format is reported as supported only when the engine stores the same thing: same element format, same scale
 granularity. Otherwise `supported` is False, `cli`/`python` are empty, and `note` names the closest engine option
@@ -22,35 +24,48 @@ releases, so the notes say from which release a value exists):
   checkpoint or `--quantization-param-path scales.json` ({"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor":
   {tp_rank: {layer: scale}}}}, one per-tensor scale per layer used for both K and V; see kvviz.calibrate). The
   FP4 modes compute their block scales on the fly and take no file.
+- llama.cpp `common/arg.cpp`: `-ctk` / `--cache-type-k` and `-ctv` / `--cache-type-v` take f32, f16, bf16, q8_0,
+  q4_0, q4_1, iq4_nl, q5_0, q5_1 (K and V independently; kvviz's llama.cpp formats are bit-exact with these, see
+  kvviz/formats/ggml.py). A quantized V needs flash attention (`-fa on`; llama.cpp refuses the context otherwise:
+  "V cache quantization requires flash_attn"). Builds since April 2026 (pull request 21038) rotate Q, K and V with
+  a Hadamard transform before storing a quantized type; `LLAMA_ATTN_ROT_DISABLE=1` turns that off and stores what
+  kvviz's unrotated formats store. llama-cpp-python takes the same as `type_k` / `type_v` / `flash_attn`.
 """
 
 from __future__ import annotations
 
-from kvviz.formats import Format, KVSpec, parse_kv
+from kvviz.formats import LLAMA_CPP_TYPES, Format, KVSpec, parse_kv
 
-ENGINES = ("vllm", "sglang")
+ENGINES = ("vllm", "sglang", "llama.cpp")
 _SCALES_FILE = "scales.json"
+# kvviz base -> llama.cpp cache type (-ctk / -ctv); kvviz's fp16 / bf16 are plain casts, as llama.cpp's f16 / bf16
+_LLAMA_CPP_TYPES = {"fp16": "f16", "bf16": "bf16", **{name: name for name in LLAMA_CPP_TYPES}}
 
 
 def export_commands(spec: "str | KVSpec", model: str = "MODEL", scales_path: str | None = _SCALES_FILE) -> dict:
     """Engine flags for one KV spec (a pair "k=int8,v=int4", one spec for both, or a preset).
 
-    model: the model id or path to put in the commands. scales_path: the calibrated scale file to pass to SGLang
-    for FP8 E4M3 (`kvviz.calibrate.save_scales` writes it); None leaves it out (SGLang then uses 1.0).
+    model: the model id or path to put in the commands (llama.cpp: a GGUF file). scales_path: the calibrated
+    scale file to pass to SGLang for FP8 E4M3 (`kvviz.calibrate.save_scales` writes it); None leaves it out
+    (SGLang then uses 1.0).
 
-    Returns {"vllm": {...}, "sglang": {...}}, each
-        {"supported": bool, "kv_cache_dtype": str | None, "cli": str, "python": str, "note": str}
-    where cli/python are empty strings when unsupported. Raises ValueError on a bad spec.
+    Returns {"vllm": {...}, "sglang": {...}, "llama.cpp": {...}}, each
+        {"supported": bool, "kv_cache_dtype": str | None, "flags": str, "cli": str, "python": str, "note": str}
+    where flags are the engine's KV options alone (e.g. "--kv-cache-dtype fp8_e4m3", "-ctk q8_0 -ctv q4_0 -fa on"),
+    and flags/cli/python are empty strings when unsupported. llama.cpp's kv_cache_dtype is its type for both
+    ("q8_0") or, when K and V differ, the pair in kvviz's spelling ("k=q8_0,v=q4_0"). Raises ValueError on a bad
+    spec.
     """
     kv = parse_kv(spec)
     return {
         "vllm": _vllm(kv, model),
         "sglang": _sglang(kv, model, scales_path),
+        "llama.cpp": _llama_cpp(kv, model),
     }
 
 
 def export_table(specs: list[str], model: str = "MODEL") -> list[dict]:
-    """One row per spec for the UI: {"spec", "vllm", "sglang"} with each engine's kv_cache_dtype or None."""
+    """One row per spec for the UI: {"spec", "vllm", "sglang", "llama.cpp"}, each engine's kv_cache_dtype or None."""
     rows = []
     for spec in specs:
         out = export_commands(spec, model)
@@ -62,11 +77,22 @@ def export_table(specs: list[str], model: str = "MODEL") -> list[dict]:
 # ---- per engine ---------------------------------------------------------------------------------------------
 
 
-def _result(supported: bool, dtype: str | None, cli: str, python: str, note: str) -> dict:
+def _result(supported: bool, dtype: str | None, cli: str, python: str, note: str, flags: str = "") -> dict:
     if not supported:
-        cli = python = ""
-    return {"supported": supported, "kv_cache_dtype": dtype if supported else None, "cli": cli, "python": python,
-            "note": note}
+        cli = python = flags = ""
+    return {"supported": supported, "kv_cache_dtype": dtype if supported else None, "flags": flags, "cli": cli,
+            "python": python, "note": note}
+
+
+def _llama_cpp_problem(kv: KVSpec, engine: str) -> str | None:
+    """vLLM and SGLang have none of llama.cpp's block types: say so rather than map them to something else."""
+    names = sorted({f.base for f in (kv.k, kv.v) if f.kind == "ggml"})
+    if not names:
+        return None
+    return (f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} llama.cpp's KV cache type"
+            f"{'' if len(names) == 1 else 's'} (blocks of 32 values with fp16 scales); {engine} has no such "
+            "--kv-cache-dtype, and kvviz maps nothing to it. Run it in llama.cpp (-ctk / -ctv), or pick one of "
+            f"{engine}'s formats (e.g. fp8_e4m3) to compare.")
 
 
 def _pair_problem(kv: KVSpec, engine: str) -> str | None:
@@ -81,7 +107,7 @@ def _pair_problem(kv: KVSpec, engine: str) -> str | None:
 
 
 def _vllm(kv: KVSpec, model: str) -> dict:
-    problem = _pair_problem(kv, "vLLM")
+    problem = _llama_cpp_problem(kv, "vLLM") or _pair_problem(kv, "vLLM")
     if problem:
         extra = (" The closest built-in mode is turboquant_k8v4 (vLLM 0.28+), a different quantizer (rotation + "
                  "codebooks), not kvviz's per-token int8/int4." if kv.k.base == "int8" and kv.v.base == "int4" else "")
@@ -97,7 +123,7 @@ def _vllm(kv: KVSpec, model: str) -> dict:
         kwargs += ", calculate_kv_scales=True"
     cli = f"vllm serve {model} {flags}"
     python = f'from vllm import LLM\nllm = LLM(model="{model}", {kwargs})'
-    return _result(True, dtype, cli, python, note)
+    return _result(True, dtype, cli, python, note, flags=flags)
 
 
 def _vllm_dtype(fmt: Format) -> tuple[str | None, str]:
@@ -140,7 +166,7 @@ def _vllm_dtype(fmt: Format) -> tuple[str | None, str]:
 
 
 def _sglang(kv: KVSpec, model: str, scales_path: str | None) -> dict:
-    problem = _pair_problem(kv, "SGLang")
+    problem = _llama_cpp_problem(kv, "SGLang") or _pair_problem(kv, "SGLang")
     if problem:
         return _result(False, None, "", "", problem)
     fmt = kv.k
@@ -159,7 +185,7 @@ def _sglang(kv: KVSpec, model: str, scales_path: str | None) -> dict:
             note += " Without --quantization-param-path (or k_scale/v_scale in the checkpoint) the scales are 1.0."
     cli = f"python -m sglang.launch_server --model-path {model} {flags}"
     python = f'import sglang as sgl\nllm = sgl.Engine(model_path="{model}", {kwargs})'
-    return _result(True, dtype, cli, python, note)
+    return _result(True, dtype, cli, python, note, flags=flags)
 
 
 def _sglang_dtype(fmt: Format) -> tuple[str | None, str]:
@@ -187,3 +213,57 @@ def _sglang_dtype(fmt: Format) -> tuple[str | None, str]:
         return None, ("SGLang's MX FP4 KV cache uses blocks of 16 (fp4_mx_block16), not OCP's 32: pick "
                       "fp4_mx_block16 to see what SGLang stores.")
     return None, f"SGLang has no integer KV cache dtype ({fmt.spec}); its options are FP8 and FP4."
+
+
+def _llama_cpp(kv: KVSpec, model: str) -> dict:
+    if kv.residual:
+        return _result(False, None, "", "", f"llama.cpp has no full-precision residual window (the {kv.name} preset "
+                       f"keeps the last {kv.residual} tokens unquantized), and no per-channel KV type.")
+    types, problems = [], []
+    for side, fmt in (("K", kv.k), ("V", kv.v)):
+        name, problem = _llama_cpp_type(fmt)
+        types.append(name)
+        if problem and not (side == "V" and kv.v == kv.k):  # one format for both: say it once
+            problems.append(f"{'K and V' if kv.k == kv.v else side} ({fmt.spec}): {problem}")
+    if problems:
+        return _result(False, None, "", "", " ".join(problems))
+    k_type, v_type = types
+    rotated = [f.rot for f in (kv.k, kv.v) if f.kind == "ggml"]
+    if any(rotated):  # kvviz rotates one Hadamard over head_dim; llama.cpp's own rotation is not checked against it
+        return _result(False, None, "", "", (
+            "llama.cpp rotates a quantized K / V with its own Hadamard transform by default (builds since April "
+            "2026, head_dim a multiple of 64), which kvviz has not checked against its /rot (one Hadamard matrix over "
+            "the whole head_dim). The closest: drop /rot here and compare with llama.cpp's default, which rotates."))
+    v_quantized = v_type not in ("f16", "bf16")
+    flags = f"-ctk {k_type} -ctv {v_type}" + (" -fa on" if v_quantized else "")
+    env = "LLAMA_ATTN_ROT_DISABLE=1 " if kv.k.kind == "ggml" or kv.v.kind == "ggml" else ""
+    cli = f"{env}llama-server -m {model} {flags}"
+    kwargs = (f"type_k=llama_cpp.GGML_TYPE_{k_type.upper()}, type_v=llama_cpp.GGML_TYPE_{v_type.upper()}"
+              + (", flash_attn=True" if v_quantized else ""))
+    python = ("import os\nos.environ[\"LLAMA_ATTN_ROT_DISABLE\"] = \"1\"  # store K/V unrotated, as kvviz does\n"
+              if env else "") + f'import llama_cpp\nllm = llama_cpp.Llama(model_path="{model}", {kwargs})'
+    note = (f"K {k_type}, V {v_type}" + (": a quantized V needs flash attention (-fa on), llama.cpp refuses it "
+                                          "otherwise." if v_quantized else "."))
+    if env:
+        note += (" LLAMA_ATTN_ROT_DISABLE=1 keeps llama.cpp (builds since April 2026) from rotating K / V before "
+                 "quantizing, so it stores exactly what kvviz simulates; leave it out to get llama.cpp's default, "
+                 "rotated cache.")
+    if not model.endswith(".gguf"):
+        note += (" llama.cpp loads a GGUF file: convert a transformers checkpoint with convert_hf_to_gguf.py, or use "
+                 "-hf <repo> for a repository that holds GGUF files.")
+    dtype = k_type if k_type == v_type else f"k={k_type},v={v_type}"
+    return _result(True, dtype, cli, python, note, flags=flags)
+
+
+def _llama_cpp_type(fmt: Format) -> tuple[str | None, str | None]:
+    """(llama.cpp cache type, None) for one side, or (None, why not)."""
+    if fmt.base in _LLAMA_CPP_TYPES and (fmt.kind == "ggml" or not fmt.rot):
+        return _LLAMA_CPP_TYPES[fmt.base], None
+    if fmt.base in ("fp16", "bf16"):
+        return None, "llama.cpp does not rotate an unquantized cache; drop /rot."
+    closest = {"int8": " The closest is q8_0 (int8 codes, one fp16 scale per 32 values, rounding halves away "
+                       "from zero).",
+               "int4": " The closest are q4_0 / iq4_nl (one fp16 scale per 32 values) and q4_1 (with a minimum).",
+               "mxfp4": " llama.cpp stores MXFP4 weights, not a MXFP4 KV cache."}.get(fmt.base, "")
+    return None, (f"llama.cpp has no {fmt.base} KV cache type; its -ctk / -ctv take f32, f16, bf16, q8_0, q4_0, "
+                  f"q4_1, iq4_nl, q5_0, q5_1.{closest}")
