@@ -198,3 +198,21 @@ def test_preset_residual_window_is_counted(seq_len):
     v = kv.v.nbytes_for((1, 4, excess, 64)) + 4 * (seq_len - excess) * 64 * 2
     assert kvviz.kv_cache_bytes(1, 4, 64, seq_len, k="kivi2") == k + v
     assert kvviz.kv_cache_bytes(1, 4, 64, seq_len, k="kivi2", residual=0) < k + v or seq_len < 32
+
+
+# -- llama.cpp's KV cache types (kvviz/formats/ggml.py): blocks of 32 values, fp16 d (+ fp16 m) per block -----------
+@pytest.mark.parametrize("spec, bits", [("q8_0", 8.5), ("q4_0", 4.5), ("q4_1", 5.0), ("q5_0", 5.5), ("q5_1", 6.0),
+                                        ("iq4_nl", 4.5)])
+def test_llama_cpp_types_bits_and_bytes(spec, bits):
+    for head_dim in (64, 128, 256):  # the block scales do not depend on head_dim: 16 (or 32) bits per 32 values
+        assert kvviz.get_format(spec).bits_per_value(head_dim) == bits
+    fp16 = kv_cache_bytes(80, 8, 128, 32768, k="fp16")
+    assert kv_cache_bytes(80, 8, 128, 32768, k=spec) * 16 == fp16 * bits
+    assert memory.model_kv_bytes("llama-3.1-70b", 32768, spec) * 16 == fp16 * bits
+
+
+def test_llama_cpp_pair_counts_each_side():
+    # k=q8_0,v=q4_0: (8.5 + 4.5) / 2 = 6.5 bits per value on average
+    fp16 = kv_cache_bytes(80, 8, 128, 32768, k="fp16")
+    assert kv_cache_bytes(80, 8, 128, 32768, k="k=q8_0,v=q4_0") * 16 == fp16 * 6.5
+    assert kv_cache_bytes(80, 8, 128, 32768, k="q8_0", v="q4_0") * 16 == fp16 * 6.5
