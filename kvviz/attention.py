@@ -172,6 +172,13 @@ def _triton_runs_on(device: torch.device) -> bool:
     return triton_usable(device)
 
 
+def _fused_reads(*sides: PackedKV) -> bool:
+    """False when the kernels cannot read a side's format yet (llama.cpp's q4_0 & co.): the reference reads it."""
+    from kernels.packed import reads_format
+
+    return all(reads_format(p.fmt) for p in sides)
+
+
 def _bottom_right_causal(q_len: int, kv_len: int, device) -> torch.Tensor:
     """bool [1, 1, q_len, kv_len]: query i (absolute position kv_len - q_len + i) attends to keys <= it."""
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
@@ -189,7 +196,7 @@ def kvviz_attention_forward(module, query, key, value, attention_mask, dropout: 
     q_len = query.shape[2]
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    if q_len == 1 and active_backend() == "triton" and _triton_runs_on(query.device):
+    if q_len == 1 and active_backend() == "triton" and _triton_runs_on(query.device) and _fused_reads(key, value):
         return _triton_decode(module, query, key, value, attention_mask, scaling), None
     k, v = key.dequantize(), value.dequantize()  # [B, Hkv, kv_len, D]
     if attention_mask is None and q_len > 1:

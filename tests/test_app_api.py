@@ -196,7 +196,15 @@ def test_export_fp8_commands_and_calibrated_scales(client, tmp_path):
 
 def test_export_marks_an_unsupported_format(client):
     md, table, text, path, _ = client.predict("k8v4", "m", "", api_name="/export")
-    assert md.count("not supported") == 2 and text == "" and path is None
+    assert md.count("not supported") == 3 and text == "" and path is None  # vLLM, SGLang, llama.cpp
+
+
+def test_export_llama_cpp_pair(client):
+    md, table, _, _, _ = client.predict("k=q8_0,v=q4_0", "model.gguf", "", api_name="/export")
+    assert "llama-server -m model.gguf -ctk q8_0 -ctv q4_0 -fa on" in md
+    assert md.count("not supported") == 2  # vLLM and SGLang have no llama.cpp types
+    row = next(r for r in table["data"] if r[0] == "k=q8_0,v=q4_0")
+    assert row[1:] == ["✗ unsupported", "✗ unsupported", "k=q8_0,v=q4_0"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -21,7 +21,7 @@ TAB = "errors"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 WHICH = {"K (post-RoPE)": "keys_post", "K (pre-RoPE)": "keys_pre", "V": "values"}
 FORMAT_CHOICES = ["int8", "int4", "int2", "fp8_e4m3", "fp8_e5m2", "mxfp4", "nvfp4", "int4/channel/g32/asym",
-                  "int4/rot", "k8v4", "k4v8", "kivi2"]
+                  "int4/rot", "k8v4", "k4v8", "kivi2", "q8_0", "q4_0", "iq4_nl"]
 DEFAULT_FORMATS = ["int8", "int4", "fp8_e4m3", "mxfp4"]
 # Panels of the granularity figure: per-token, per-channel, per-tensor, and per-tensor after a rotation.
 _PANELS = (("token", False), ("channel", False), ("tensor", False), ("tensor", True))

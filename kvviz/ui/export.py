@@ -1,4 +1,4 @@
-"""kvviz.ui.export: the Export tab: vLLM / SGLang flags and code for a format, and calibrated SGLang scales.
+"""kvviz.ui.export: the Export tab: vLLM / SGLang / llama.cpp flags and code for a format, and calibrated SGLang scales.
 
 Commands come from `kvviz.export`; per-layer scales from `kvviz.calibrate`, measured on the user's prompts with
 the loaded model. A format an engine lacks is shown as unsupported with the engine's closest option in words.
@@ -26,9 +26,10 @@ from .i18n import Translator, t
 TAB = "export"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 FORMAT_CHOICES = ["fp8_e4m3", "fp8_e5m2", "fp16", "bf16", "int8", "fp8_e4m3/token", "k8v4", "kivi4", "mxfp4",
-                  "fp4_mx_block16", "nvfp4"]
+                  "fp4_mx_block16", "nvfp4", "q8_0", "k=q8_0,v=q4_0"]
 SUPPORT_FORMATS = ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3/token", "int8", "int4", "k8v4", "kivi2",
-                   "mxfp4", "fp4_mx_block16", "nvfp4"]
+                   "mxfp4", "fp4_mx_block16", "nvfp4", "q8_0", "q4_0", "k=q8_0,v=q4_0"]
+ENGINE_TITLES = (("vllm", "vLLM"), ("sglang", "SGLang"), ("llama.cpp", "llama.cpp"))
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_PROMPTS = ("The KV cache stores the keys and values of every past token.\n"
                    "Quantizing it to 8 bits halves its memory.\n"
@@ -39,10 +40,10 @@ MAX_PROMPT_CHARS = 4000
 
 def _commands_markdown(spec: str, out: dict) -> str:
     parts = [f"### `{parse_kv(spec).spec}`"]
-    for engine, title in (("vllm", "vLLM"), ("sglang", "SGLang")):
+    for engine, title in ENGINE_TITLES:
         r = out[engine]
         if r["supported"]:
-            parts.append(f"**{title}**: supported, `--kv-cache-dtype {r['kv_cache_dtype']}`\n\n"
+            parts.append(f"**{title}**: supported, `{r['flags']}`\n\n"
                          f"```bash\n{r['cli']}\n```\n```python\n{r['python']}\n```\n{r['note']}")
         else:
             parts.append(f"**{title}**: **not supported.** {r['note']}")
@@ -50,8 +51,8 @@ def _commands_markdown(spec: str, out: dict) -> str:
 
 
 def _support_table(model_id: str) -> list[list[str]]:
-    """Every common format against both engines: the dtype flag, or ✗."""
-    return [[row["spec"], row["vllm"] or "✗ unsupported", row["sglang"] or "✗ unsupported"]
+    """Every common format against each engine: the dtype flag, or ✗."""
+    return [[row["spec"], *(row[engine] or "✗ unsupported" for engine, _ in ENGINE_TITLES)]
             for row in kv_export.export_table(SUPPORT_FORMATS, model_id)]
 
 
@@ -71,7 +72,8 @@ def run(spec, model_id, calib_prompts, progress=gr.Progress()):
     if any(len(p) > MAX_PROMPT_CHARS for p in prompts):
         raise ValueError(f"A calibration prompt is longer than {MAX_PROMPT_CHARS} characters; split or shorten it.")
     md = _commands_markdown(spec, out)
-    support = table(_support_table(model_id), ["format", "vLLM --kv-cache-dtype", "SGLang --kv-cache-dtype"])
+    support = table(_support_table(model_id), ["format", "vLLM --kv-cache-dtype", "SGLang --kv-cache-dtype",
+                                               "llama.cpp -ctk / -ctv"])
     kv = parse_kv(spec)
     if kv.k.base != "fp8_e4m3" or kv.k.granularity != "tensor":
         note = ("\n\n_SGLang's scale file holds per-layer FP8 E4M3 per-tensor scales; pick fp8_e4m3 to calibrate "

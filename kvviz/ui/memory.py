@@ -21,7 +21,7 @@ from .i18n import Translator, t
 TAB = "memory"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 CUSTOM = "custom"
-FORMAT_CHOICES = ["fp16", "fp8_e4m3", "k8v4", "int4", "kivi2", "mxfp4", "nvfp4", "int4/g16", "int2"]
+FORMAT_CHOICES = ["fp16", "fp8_e4m3", "k8v4", "int4", "kivi2", "mxfp4", "nvfp4", "int4/g16", "int2", "q8_0", "q4_0"]
 DEFAULT_FORMATS = ["fp16", "fp8_e4m3", "k8v4", "int4", "mxfp4"]
 GPU_CHOICES = list(mem.GPU_PRESETS)
 DEFAULT_GPUS = ["l4", "a100-40gb", "h100-80gb", "h200"]  # four capacities, four distinct lines
