@@ -52,6 +52,9 @@ class PackedKV:
                   bf16, else fp16): the residual window plus, for channel formats, the partial group not yet
                   quantized. Its positions follow the quantized ones.
     dtype:        the model dtype (of the query, and of what `dequantize` returns).
+    skip:         leading stored tokens attention must not see (0 but in sliding-window layers with channel
+                  formats, which keep the oldest group whole: up to group - 1 positions before the window). The
+                  visible tokens are skip..seq_len-1; the attention mask covers exactly those.
 
     Deliberately no `.shape`: handing a PackedKV to an attention function other than "kvviz" fails with the
     AttributeError below instead of computing garbage.
@@ -64,6 +67,7 @@ class PackedKV:
     tensor_scale: torch.Tensor | None
     tail: torch.Tensor
     dtype: torch.dtype
+    skip: int = 0
 
     @property
     def n_quantized(self) -> int:
@@ -90,13 +94,14 @@ class PackedKV:
                        shape=(batch, heads, tokens, self.head_dim), dtype=self.dtype, fmt=self.fmt)
 
     def dequantize(self) -> torch.Tensor:
-        """The reference read: [batch, kv_heads, seq_len, head_dim] in `dtype` (quantized part dequantized)."""
+        """The reference read of the visible tokens: [batch, kv_heads, seq_len - skip, head_dim] in `dtype`."""
         tail = self.tail.to(self.dtype)
         q = self.qtensor()
         if q is None:
-            return tail
+            return tail[:, :, self.skip :]
         history = self.fmt.dequantize(q)  # [B, Hkv, n_quantized, D]
-        return torch.cat([history, tail], dim=2) if tail.shape[2] else history
+        full = torch.cat([history, tail], dim=2) if tail.shape[2] else history
+        return full[:, :, self.skip :]
 
     def __getattr__(self, name):
         raise AttributeError(
@@ -136,12 +141,15 @@ def active_backend() -> str:
 # ------------------------------------------------------------------------------------------ attention
 
 def _triton_decode(module, query: torch.Tensor, key: PackedKV, value: PackedKV,
-                   attention_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+                   attention_mask: torch.Tensor | None, scaling: float, **kwargs) -> torch.Tensor:
     """Fused decode attention over the packed buffers, read in place (kernels.decode_attention).
 
-    query: [batch, q_heads, 1, head_dim] (model dtype, RoPE applied); key/value: PackedKV (see above);
-    attention_mask: None or [batch, 1, 1, seq_len] (bool, True = attend; left padding is False);
-    GQA: q head h reads kv head h // (q_heads // kv_heads). Returns [batch, 1, q_heads, head_dim], query's dtype.
+    query: [batch, q_heads, 1, head_dim_k] (model dtype, RoPE applied); key/value: PackedKV (see above), V's
+    head_dim_v may differ from K's (DeepSeek-V3); attention_mask: None or [batch, 1, 1, seq_len] (bool, True =
+    attend: left padding, and the window or chunk of a sliding / chunked layer); GQA: q head h reads kv head
+    h // (q_heads // kv_heads). As transformers' eager attention: the `s_aux` kwarg (or `module.sinks`) holds
+    gpt-oss's attention sinks [q_heads], the `softcap` kwarg Gemma 2's logit cap (only the kwarg: Gemma 3 keeps an
+    attn_logit_softcapping attribute that its attention never applies). Returns [batch, 1, q_heads, head_dim_v].
     """
     try:
         from kernels.decode import decode_attention  # not `from kernels`: the jit submodule shares the name
@@ -160,8 +168,16 @@ def _triton_decode(module, query: torch.Tensor, key: PackedKV, value: PackedKV,
     if attention_mask is not None:
         mask = attention_mask[:, 0, -1, :]  # [B, seq_len]: the one query row
         kv_mask = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
-    out = decode_attention(query[:, :, 0], k_side, v_side, key.seq_len, sm_scale=scaling, kv_mask=kv_mask)
-    return out.unsqueeze(1)  # [B, Hq, D] -> [B, 1, Hq, D]
+    if key.skip:  # stored positions before the window (a channel group kept whole): never attended
+        visible = kv_mask if kv_mask is not None else torch.ones(
+            (query.shape[0], key.seq_len - key.skip), dtype=torch.bool, device=query.device)
+        kv_mask = torch.cat([visible.new_zeros((visible.shape[0], key.skip)), visible], dim=1)
+    sinks = kwargs.get("s_aux")
+    if sinks is None:
+        sinks = getattr(module, "sinks", None)
+    out = decode_attention(query[:, :, 0], k_side, v_side, key.seq_len, sm_scale=scaling, kv_mask=kv_mask,
+                           sinks=sinks, softcap=kwargs.get("softcap"))
+    return out.unsqueeze(1)  # [B, Hq, D_v] -> [B, 1, Hq, D_v]
 
 
 @functools.cache
@@ -185,25 +201,72 @@ def _bottom_right_causal(q_len: int, kv_len: int, device) -> torch.Tensor:
     return (torch.arange(kv_len, device=device)[None, :] <= q_pos)[None, None]
 
 
+def _sinks_and_softcap(module, kwargs: dict):
+    """(sinks [q_heads] or None, softcap float or None) as transformers' eager attention reads them: gpt-oss
+    passes its sinks as `s_aux` (eager reads `module.sinks`), Gemma 2 its logit cap as `softcap`."""
+    sinks = kwargs.pop("s_aux", None)
+    if sinks is None and isinstance(getattr(module, "sinks", None), torch.Tensor):
+        sinks = module.sinks
+    return sinks, kwargs.pop("softcap", None)
+
+
+def eager_reference(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
+                    sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+    """Attention with logit softcapping and/or sinks, op for op as transformers' eager attention computes them
+    (modeling_gemma2.eager_attention_forward, modeling_gpt_oss.eager_attention_forward), which SDPA cannot.
+
+    query: [B, Hq, q_len, Dk]; key: [B, Hkv, kv_len, Dk]; value: [B, Hkv, kv_len, Dv]; attention_mask: None or
+    [B, 1, q_len, kv_len] (bool, True = attend, or additive float); sinks: [Hq] logits of an extra softmax column
+    that takes probability mass and is then dropped. Returns [B, q_len, Hq, Dv].
+    """
+    groups = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(groups, dim=1) if groups > 1 else key  # transformers' repeat_kv: [B, Hq, kv_len, Dk]
+    v = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+    weights = torch.matmul(query, k.transpose(2, 3)) * scaling  # [B, Hq, q_len, kv_len]
+    if softcap is not None:
+        weights = torch.tanh(weights / softcap) * softcap
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:  # as transformers' eager mask: 0 where attended, dtype min elsewhere
+            attention_mask = torch.where(attention_mask, torch.tensor(0.0, device=weights.device, dtype=weights.dtype),
+                                         torch.finfo(weights.dtype).min)
+        weights = weights + attention_mask
+    if sinks is not None:
+        column = sinks.reshape(1, -1, 1, 1).expand(query.shape[0], -1, query.shape[-2], -1)
+        logits = torch.cat([weights, column], dim=-1)
+        logits = logits - logits.max(dim=-1, keepdim=True).values
+        probs = torch.nn.functional.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1]  # drop the sink
+        probs = torch.nn.functional.dropout(probs, p=dropout, training=module.training).to(v.dtype)
+    else:
+        probs = torch.nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+        probs = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
+    return torch.matmul(probs, v).transpose(1, 2).contiguous()
+
+
 def kvviz_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                             scaling: float | None = None, is_causal: bool | None = None, **kwargs):
-    """transformers attention function. query: [batch, q_heads, q_len, head_dim]; key/value: tensors
-    [batch, kv_heads, kv_len, head_dim] or PackedKV. Returns ([batch, q_len, q_heads, head_dim], None)."""
-    if not isinstance(key, PackedKV):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
-    assert isinstance(value, PackedKV), "a QuantizedKVCache returns PackedKV for both K and V"
+    """transformers attention function. query: [batch, q_heads, q_len, head_dim_k]; key/value: tensors
+    [batch, kv_heads, kv_len, head_dim_k / head_dim_v] or PackedKV. Returns ([batch, q_len, q_heads, head_dim_v],
+    None). Plain tensors without sinks or softcap take transformers' SDPA path exactly; sinks (`s_aux`, gpt-oss)
+    and logit softcapping (`softcap`, Gemma 2) take `eager_reference`, as transformers' eager attention."""
     q_len = query.shape[2]
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    if q_len == 1 and active_backend() == "triton" and _triton_runs_on(query.device) and _fused_reads(key, value):
-        return _triton_decode(module, query, key, value, attention_mask, scaling), None
-    k, v = key.dequantize(), value.dequantize()  # [B, Hkv, kv_len, D]
-    if attention_mask is None and q_len > 1:
+    packed = isinstance(key, PackedKV)
+    if packed:
+        assert isinstance(value, PackedKV), "a QuantizedKVCache returns PackedKV for both K and V"
+        fused = q_len == 1 and key.skip == value.skip and active_backend() == "triton"  # one kv_mask serves both
+        if fused and _triton_runs_on(query.device) and _fused_reads(key, value):
+            return _triton_decode(module, query, key, value, attention_mask, scaling, **kwargs), None
+        key, value = key.dequantize(), value.dequantize()  # [B, Hkv, visible kv_len, D]
+    sinks, softcap = _sinks_and_softcap(module, kwargs)
+    if attention_mask is None and q_len > 1 and (packed or sinks is not None or softcap is not None):
         # sdpa's is_causal is top-left aligned; with history the causal diagonal sits bottom-right.
-        attention_mask = _bottom_right_causal(q_len, k.shape[2], query.device)
-    return sdpa_attention_forward(module, query, k, v, attention_mask, dropout=dropout, scaling=scaling,
-                                  is_causal=False, **kwargs)
+        attention_mask = _bottom_right_causal(q_len, key.shape[2], query.device)
+    if sinks is not None or softcap is not None:
+        return eager_reference(module, query, key, value, attention_mask, scaling, dropout, sinks, softcap), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=False if packed else is_causal, **kwargs)
 
 
 AttentionInterface.register(ATTN_NAME, kvviz_attention_forward)

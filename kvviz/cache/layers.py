@@ -1,0 +1,236 @@
+"""Per-layer storage of `QuantizedKVCache`, one class per transformers layer kind (cache_utils' DynamicCache split).
+
+- `QuantizedKVLayer`: full attention (transformers' DynamicLayer): every token, quantized once on append.
+- `QuantizedSlidingLayer`: sliding-window and chunked attention (DynamicSlidingWindowLayer): keeps the last
+  window - 1 tokens, as transformers does; get_seq_length / get_mask_sizes / cumulative_length behave identically,
+  so transformers' masks line up, and evicted tokens leave the packed buffers, scales and tail.
+- `QuantizedHybridLayer`, `QuantizedHybridSlidingLayer`: a layer holding a linear-attention / Mamba state beside
+  attention (Falcon-H1's "hybrid"): transformers' own LinearAttentionLayer keeps the state, in full precision;
+  only the attention K/V are quantized.
+
+Every layer's update(key_states, value_states) takes [batch, kv_heads, q_len, head_dim] (K and V head dims may
+differ) and returns the raw states on the first call (the prompt attends to its own unquantized states), else one
+`PackedKV` per side over the tokens attention may see (kvviz/attention.py reads them).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import CacheLayerMixin, LinearAttentionLayer
+
+from kvviz.attention import PackedKV
+from kvviz.formats import Format
+
+from .sides import Side
+
+
+class QuantizedKVLayer(CacheLayerMixin):
+    """One full-attention layer's packed K and V. update() returns raw states on the first call, PackedKV after.
+
+    k_fmt, v_fmt: formats of K and V; residual: recent tokens kept in 16 bits; scales: (k_scale, v_scale) static
+    scales or None; name: "layer 3", for error messages. materialize: return dequantized tensors instead of
+    PackedKV handles, for models that transform the cache's return before attention (MLA models cache the
+    compressed latent and expand it after the cache: DeepSeek-V2/V3, Kimi, GLM-4-MoE-Lite, ...).
+    """
+
+    is_compileable = False
+    is_croppable = False  # tokens pushed out of the residual window stay quantized: crop cannot undo that
+    is_sliding = False
+    supports_early_init = False  # static scales come from the first real states, not from an empty tensor
+
+    def __init__(self, k_fmt: Format, v_fmt: Format, residual: int = 0, scales=None, name: str = "layer",
+                 materialize: bool = False):
+        super().__init__()
+        self.name, self.materialize = name, materialize
+        self._scales = scales if scales is not None else (None, None)
+        self._new_sides(k_fmt, v_fmt, residual)
+
+    def _new_sides(self, k_fmt: Format, v_fmt: Format, residual: int) -> None:
+        self.k = Side(k_fmt, residual, self._scales[0], f"{self.name} K")
+        self.v = Side(v_fmt, residual, self._scales[1], f"{self.name} V")
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.k.init(key_states)
+        self.v.init(value_states)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """key_states: [batch, kv_heads, q_len, k_head_dim] (post-RoPE), value_states: [..., v_head_dim].
+
+        Returns (key_states, value_states) unchanged on the first call (the prompt attends to its raw states),
+        else (PackedKV, PackedKV) over every cached token, this call's included.
+        """
+        first = not self.is_initialized or self.get_seq_length() == 0
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.k.append(key_states)
+        self.v.append(value_states)
+        if first:
+            return key_states, value_states
+        return self._read(self.k.packed(), self.v.packed())
+
+    def _read(self, k: PackedKV, v: PackedKV):
+        """What update returns after the prefill: the handles, or (materialize) their reference read."""
+        return (k.dequantize(), v.dequantize()) if self.materialize else (k, v)
+
+    def get_seq_length(self) -> int:
+        return self.k.seen if self.is_initialized else 0
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv_length, kv_offset) for the mask of a query of query_length new tokens, as DynamicLayer's."""
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        """Forget every token (static scales too: the next prefill computes them again, unless given)."""
+        self._new_sides(self.k.fmt, self.v.fmt, self.k.residual)
+        self.is_initialized = False
+
+    def _map_batch(self, fn) -> None:
+        if self.is_initialized:
+            self.k.map_batch(fn)
+            self.v.map_batch(fn)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search: reorder the batch. Packed codes move as they are, nothing is re-quantized."""
+        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map_batch(lambda t: t[indices])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last -tokens_to_remove tokens (a negative count, as DynamicLayer takes)."""
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative number of tokens to remove, as transformers' DynamicLayer.")
+        if tokens_to_remove and self.is_initialized:
+            self.k.crop(-tokens_to_remove)
+            self.v.crop(-tokens_to_remove)
+
+    def offload(self):  # the packed buffers stay where they are: kvviz does not offload
+        pass
+
+    def prefetch(self):
+        pass
+
+    def nbytes(self) -> int:
+        """Bytes held: packed data, scales, zero points, 16-bit tails and static scales of K and V."""
+        return self.k.nbytes() + self.v.nbytes() if self.is_initialized else 0
+
+
+class QuantizedSlidingLayer(QuantizedKVLayer):
+    """A sliding-window (or chunked) layer: holds the last sliding_window - 1 tokens, as transformers'
+    DynamicSlidingWindowLayer (chunked attention reuses it with the chunk size; the mask does the rest)."""
+
+    is_sliding = True
+
+    def __init__(self, k_fmt: Format, v_fmt: Format, sliding_window: int, residual: int = 0, scales=None,
+                 name: str = "layer", materialize: bool = False):
+        super().__init__(k_fmt, v_fmt, residual, scales, name, materialize)
+        self.sliding_window = int(sliding_window)
+        self.cumulative_length = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """As QuantizedKVLayer.update; the handles cover what transformers' layer returns: the window - 1 tokens
+        held before this call plus this call's tokens. Afterwards only the last window - 1 tokens stay."""
+        first = not self.is_initialized or self.cumulative_length == 0
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keep = self.sliding_window - 1
+        visible_from = max(self.cumulative_length - keep, 0)
+        self.cumulative_length += key_states.shape[-2]
+        keep_from = max(self.cumulative_length - keep, 0)
+        if first:
+            self.k.append(key_states, keep_from=keep_from)
+            self.v.append(value_states, keep_from=keep_from)
+            out = key_states, value_states
+        else:
+            self.k.append(key_states)
+            self.v.append(value_states)
+            out = self._read(self.k.packed(visible_from), self.v.packed(visible_from))
+        self.k.evict(keep_from)
+        self.v.evict(keep_from)
+        return out
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """Exactly DynamicSlidingWindowLayer.get_mask_sizes."""
+        kv_offset = max(self.cumulative_length - self.sliding_window + 1, 0)
+        if self.cumulative_length >= self.sliding_window:
+            return self.sliding_window - 1 + query_length, kv_offset
+        return self.cumulative_length + query_length, kv_offset
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def get_max_length(self) -> int:
+        return self.sliding_window
+
+    def reset(self) -> None:
+        super().reset()
+        self.cumulative_length = 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Only before the window filled, as transformers' layer without past recording."""
+        if self.cumulative_length >= self.sliding_window and tokens_to_remove:
+            raise ValueError(f"{self.name} is a sliding-window layer past its window of {self.sliding_window} "
+                             "tokens: the evicted tokens are gone, so it cannot be cropped. Start a new cache.")
+        super().crop(tokens_to_remove)
+        self.cumulative_length = self.k.seen if self.is_initialized else 0
+
+
+class _HybridMixin:
+    """Dispatch between transformers' LinearAttentionLayer (conv / recurrent states, full precision, untouched)
+    and a quantized attention layer, as transformers' LinearAttentionAndFullAttentionLayer does."""
+
+    def lazy_initialization(self, *args, **kwargs) -> None:
+        if len(args) == 2 and not kwargs:  # the attention path: (key_states, value_states)
+            self._attention_cls.lazy_initialization(self, *args)
+        elif not args:  # update_conv_state / update_recurrent_state pass keywords
+            LinearAttentionLayer.lazy_initialization(self, **kwargs)
+
+    def reset(self) -> None:
+        LinearAttentionLayer.reset(self)
+        self._attention_cls.reset(self)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        LinearAttentionLayer.reorder_cache(self, beam_idx)
+        self._attention_cls.reorder_cache(self, beam_idx)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        LinearAttentionLayer.crop(self, tokens_to_remove)
+        self._attention_cls.crop(self, tokens_to_remove)
+
+    def offload(self):
+        pass
+
+    def prefetch(self):
+        pass
+
+
+class QuantizedHybridLayer(_HybridMixin, LinearAttentionLayer, QuantizedKVLayer):
+    """"hybrid": a linear-attention / Mamba state (transformers' own) plus quantized full-attention K/V."""
+
+    _attention_cls = QuantizedKVLayer
+    is_compileable = False
+
+    def __init__(self, k_fmt: Format, v_fmt: Format, residual: int = 0, scales=None, name: str = "layer",
+                 materialize: bool = False, number_of_states: int = 1):
+        QuantizedKVLayer.__init__(self, k_fmt, v_fmt, residual, scales, name, materialize)
+        LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
+
+
+class QuantizedHybridSlidingLayer(_HybridMixin, LinearAttentionLayer, QuantizedSlidingLayer):
+    """"hybrid_sliding": a linear-attention / Mamba state plus quantized sliding-window K/V."""
+
+    _attention_cls = QuantizedSlidingLayer
+    is_compileable = False
+
+    def __init__(self, k_fmt: Format, v_fmt: Format, sliding_window: int, residual: int = 0, scales=None,
+                 name: str = "layer", materialize: bool = False, number_of_states: int = 1):
+        QuantizedSlidingLayer.__init__(self, k_fmt, v_fmt, sliding_window, residual, scales, name, materialize)
+        LinearAttentionLayer.__init__(self, number_of_states=number_of_states)

@@ -1,0 +1,125 @@
+"""`QuantizedKVCache`: the container. One layer object per decoder layer, chosen as transformers' DynamicCache
+chooses them (cache_utils.get_layer_types_and_kwargs + DYNAMIC_LAYER_TYPE_MAPPING), quantized where it holds K/V.
+"""
+
+from __future__ import annotations
+
+from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DummyLayer, get_layer_types_and_kwargs
+
+from kvviz.formats import KVSpec, parse_kv
+
+from .layers import QuantizedHybridLayer, QuantizedHybridSlidingLayer, QuantizedKVLayer, QuantizedSlidingLayer
+from .sides import check_fits
+
+# layer type (transformers' names) -> how kvviz caches it
+ATTENTION_TYPES = {"full_attention": QuantizedKVLayer, "sliding_attention": QuantizedSlidingLayer,
+                   "chunked_attention": QuantizedSlidingLayer, "hybrid": QuantizedHybridLayer,
+                   "hybrid_sliding": QuantizedHybridSlidingLayer}
+STATE_TYPES = ("linear_attention", "conv")  # transformers' LinearAttentionLayer, kept as it is (full precision)
+SUPPORTED_TYPES = (*ATTENTION_TYPES, *STATE_TYPES, "dummy")
+
+
+class QuantizedKVCache(Cache):
+    """A transformers Cache holding packed, quantized K/V (see kvviz.cache's docstring).
+
+    config: the model config (any decoder-only architecture whose layers transformers caches as full, sliding,
+    chunked, linear-attention / Mamba, hybrid or shared-KV layers). spec: "k=int8,v=int4", one spec for both
+    ("fp8_e4m3"), a preset ("k8v4", "kivi2") or a KVSpec. residual: full-precision recent tokens (None: the
+    preset's, e.g. 32 for kivi2; else 0). scales: {layer: (k_scale, v_scale)} static scales for per-tensor /
+    per-head formats (and NVFP4's global scale), e.g. calibrated or loaded from an SGLang scale file: one entry
+    per layer that holds K/V.
+    Raises ValueError for a layer type kvviz does not cache, or a spec some layer's head_dim cannot hold.
+    """
+
+    def __init__(self, config, spec: str | KVSpec, residual: int | None = None, scales: dict | None = None):
+        self.spec = parse_kv(spec)
+        self.residual = self.spec.residual if residual is None else int(residual)
+        if self.residual < 0:
+            raise ValueError(f"residual is a number of recent tokens kept in full precision (>= 0), got {residual}.")
+        text = _decoder_config(config)
+        layer_types, layer_kwargs = get_layer_types_and_kwargs(text)
+        scales = scales or {}
+        if scales and not any(_takes_scale(f) for f in (self.spec.k, self.spec.v)):
+            raise ValueError(f"Static scales apply to per-tensor / per-head formats; {self.spec.spec} computes "
+                             f"its own scales. Drop `scales`, or pick e.g. fp8_e4m3.")
+        materialize = _caches_latent(text)
+        layers = []
+        for i, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs)):
+            if kind in ATTENTION_TYPES:
+                k_dim, v_dim = layer_head_dims(text, i)
+                for fmt, dim, side in ((self.spec.k, k_dim, "K"), (self.spec.v, v_dim, "V")):
+                    if dim is not None:
+                        check_fits(fmt, dim, f"Layer {i} ({kind}) {side}")
+                layers.append(ATTENTION_TYPES[kind](self.spec.k, self.spec.v, residual=self.residual,
+                                                    scales=_layer_scales(scales, i, self.spec), name=f"layer {i}",
+                                                    materialize=materialize, **kwargs))
+            elif kind in STATE_TYPES:
+                layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
+            elif kind == "dummy":
+                layers.append(DummyLayer())
+            else:
+                raise ValueError(f"{text.model_type}: layer {i} is a {kind!r} layer, which kvviz does not cache. "
+                                 f"QuantizedKVCache supports the layer types {', '.join(SUPPORTED_TYPES)}; use "
+                                 f"transformers' DynamicCache for this model.")
+        super().__init__(layers=layers)
+
+    def nbytes(self) -> int:
+        """Bytes of K/V really held (in use, not capacity): packed data, scales, zeros, tails and static scales.
+        Linear-attention / Mamba states are not K/V and are not counted."""
+        return sum(layer.nbytes() for layer in self.layers if hasattr(layer, "nbytes"))
+
+    def __repr__(self) -> str:
+        return f"QuantizedKVCache({self.spec.spec!r}, residual={self.residual}, layers={len(self.layers)})"
+
+
+def _decoder_config(config):
+    """The decoder's text config; ValueError for what QuantizedKVCache cannot serve."""
+    get_text = getattr(config, "get_text_config", None)
+    if get_text is None:
+        raise ValueError(f"QuantizedKVCache takes a transformers model config (model.config), got "
+                         f"{type(config).__name__}.")
+    text = get_text(decoder=True)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"{config.model_type} is an encoder-decoder model: QuantizedKVCache caches decoder-only "
+                         f"causal LMs. Use transformers' EncoderDecoderCache for it.")
+    if not getattr(text, "num_hidden_layers", None):
+        raise ValueError(f"{getattr(text, 'model_type', type(text).__name__)} has no num_hidden_layers: kvviz "
+                         f"does not know how to lay out its cache. QuantizedKVCache serves decoder-only causal LMs.")
+    return text
+
+
+def _caches_latent(text) -> bool:
+    """MLA models (DeepSeek-V2/V3, Kimi, GLM-4-MoE-Lite, ...): transformers caches the compressed latent, the
+    "K" side [B, 1, T, kv_lora_rank] and the "V" side the shared RoPE key [B, 1, T, qk_rope_head_dim], and the
+    attention module expands them (kv_b_proj) after the cache, before the attention function."""
+    return getattr(text, "kv_lora_rank", None) is not None
+
+
+def layer_head_dims(text, i: int) -> tuple[int | None, int | None]:
+    """(K head_dim, V head_dim) of decoder layer i as transformers caches it; None where the config does not say.
+
+    MLA caches the latent: K side kv_lora_rank wide, V side qk_rope_head_dim wide, one head (see _caches_latent).
+    Gemma 4's global layers have their own head_dim in per_layer_config.
+    """
+    layer = text.per_layer_config[i]
+    if _caches_latent(text):
+        return text.kv_lora_rank, text.qk_rope_head_dim
+    dim = getattr(layer, "head_dim", None)
+    if dim is None and getattr(layer, "hidden_size", None) and getattr(layer, "num_attention_heads", None):
+        dim = layer.hidden_size // layer.num_attention_heads
+    return dim, dim
+
+
+def _takes_scale(fmt) -> bool:
+    return fmt.granularity in ("tensor", "head") or fmt.base == "nvfp4"
+
+
+def _layer_scales(scales: dict, i: int, spec: KVSpec):
+    if not scales:
+        return None
+    pair = scales.get(i, scales.get(str(i)))
+    if pair is None:
+        raise ValueError(f"`scales` has no entry for layer {i}; give (k_scale, v_scale) for every layer that "
+                         f"holds K/V.")
+    k_scale, v_scale = pair
+    return (k_scale if _takes_scale(spec.k) else None, v_scale if _takes_scale(spec.v) else None)

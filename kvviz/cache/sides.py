@@ -1,0 +1,276 @@
+"""One side (K or V) of one cache layer: packed buffers, the full-precision tail, static scales, eviction.
+
+A side stores a contiguous run of token positions [base, seen): the oldest part quantized in the format's QTensor
+layout (whole groups of N tokens for channel formats), the newest in a 16-bit tail (the residual window plus a
+channel format's partial group). Full-attention layers keep base at 0; sliding-window layers move it forward
+(`evict`), so that what leaves the window leaves the buffers, scales and tail alike.
+
+Channel formats share one scale per group of N tokens, counted from position 0, so a side evicts only whole
+groups: it may keep up to N - 1 positions before the window, which `packed(visible_from)` marks as `skip`. A side
+holding [base, seen) stores exactly what a full-attention side holding seen - base tokens stores, which is how
+kvviz.memory counts it (see `held_tokens`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from kvviz.attention import PackedKV, active_backend
+from kvviz.formats import Format
+
+_MIN_CAPACITY = 64  # tokens; buffers then double
+
+
+def aligned(fmt: Format, position: int) -> int:
+    """The first position a side of `fmt` can start at while keeping `position`: channel groups stay whole."""
+    return position - position % fmt.group if fmt.granularity == "channel" else position
+
+
+def held_tokens(fmt: Format, seen: int, window: int | None) -> int:
+    """Tokens one side holds after `seen` tokens: all of them (window None), else the last window - 1 visible
+    ones (transformers' DynamicSlidingWindowLayer), plus for channel formats the start of the oldest group."""
+    if window is None:
+        return seen
+    return seen - aligned(fmt, seen - min(seen, window - 1))
+
+
+class _Buffer:
+    """A tensor [batch, heads, capacity, *rest] whose rows start..n-1 are live; appends at n, evicts at start.
+
+    Grows by doubling (amortized O(1) append). When the end is reached and at least half the capacity is free
+    (evicted rows at the front), the live rows move to the front instead: a sliding window's capacity stays below
+    about four times the window.
+    """
+
+    def __init__(self, template: torch.Tensor):
+        self.buf = template[:, :, :0].clone()  # [B, H, 0, *rest], dtype and trailing shape of the field
+        self.start = 0
+        self.n = 0
+
+    @property
+    def live(self) -> int:
+        return self.n - self.start
+
+    def reserve(self, t: int) -> torch.Tensor:
+        """Make room for t more rows; returns the whole buffer (rows self.n .. self.n + t - 1 are free)."""
+        cap = self.buf.shape[2]
+        if self.n + t <= cap:
+            return self.buf
+        keep = self.live
+        if 2 * (keep + t) <= cap:
+            new = self.buf  # compact in place: the live rows move to the front
+            new[:, :, :keep] = self.buf[:, :, self.start : self.n].clone()
+        else:
+            new = self.buf.new_empty((*self.buf.shape[:2], max(keep + t, 2 * cap, _MIN_CAPACITY), *self.buf.shape[3:]))
+            new[:, :, :keep] = self.buf[:, :, self.start : self.n]
+        self.buf, self.start, self.n = new, 0, keep
+        return self.buf
+
+    def append(self, x: torch.Tensor) -> None:
+        """x: [B, H, t, *rest]."""
+        self.reserve(x.shape[2])[:, :, self.n : self.n + x.shape[2]] = x
+        self.n += x.shape[2]
+
+    def view(self) -> torch.Tensor:
+        return self.buf[:, :, self.start : self.n]  # a view: strides keep the spare capacity
+
+    def evict(self, rows: int) -> None:
+        """Forget the oldest `rows` live rows (their memory is reused by the next compaction)."""
+        assert 0 <= rows <= self.live, f"cannot evict {rows} of {self.live} rows"
+        self.start += rows
+
+    def truncate(self, live: int) -> None:
+        assert 0 <= live <= self.live, f"cannot truncate {self.live} rows to {live}"
+        self.n = self.start + live
+
+    def nbytes(self) -> int:
+        v = self.view()
+        return v.numel() * v.element_size()
+
+    def map_batch(self, fn) -> None:
+        self.buf = fn(self.buf)
+
+
+class Side:
+    """One side (K or V) of one layer. `name` ("layer 3 K") appears in error messages."""
+
+    def __init__(self, fmt: Format, residual: int, static_scale, name: str = "K"):
+        self.fmt, self.residual, self.given_scale, self.name = fmt, residual, static_scale, name
+        self.static: torch.Tensor | None = None  # fp32 [] or [1, H, 1, 1], shared by the batch
+        self.nv_amax: torch.Tensor | None = None  # nvfp4: the prefill amax that fixes the global scale
+        self.fields: dict[str, _Buffer] = {}
+        self.tail: torch.Tensor | None = None  # [B, H, r, D], 16-bit
+        self.dtype = torch.float32
+        self.base = 0  # absolute position of the first stored token
+        self.tokens_quantized = 0  # every token is quantized at most once: the count of quantize inputs
+
+    # -- setup -------------------------------------------------------------------------------------------------
+    def init(self, x: torch.Tensor) -> None:
+        """First states seen (the prefill), x: [B, H, T, D]: fix static scales, shape the buffers."""
+        fmt = self.fmt
+        check_fits(fmt, x.shape[3], self.name)
+        self.dtype = x.dtype
+        tail_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.float16
+        self.tail = x.new_zeros((*x.shape[:2], 0, x.shape[3]), dtype=tail_dtype)
+        if fmt.granularity in ("tensor", "head"):
+            self.static = self._static_from(x)
+        elif fmt.base == "nvfp4":
+            self.nv_amax = x.detach().float().abs().amax()  # same reduction the format uses for its global scale
+            if self.given_scale is not None:
+                self.nv_amax = torch.as_tensor(self.given_scale, dtype=torch.float32, device=x.device) * 448.0 * 6.0
+        probe_len = fmt.group if fmt.granularity == "channel" else 1
+        probe = self._quantize_raw(x.new_zeros((*x.shape[:2], probe_len, x.shape[3])))
+        self.fields = {name: _Buffer(t) for name in ("data", "scale", "zero")
+                       if (t := getattr(probe, name)) is not None}
+        if fmt.base == "nvfp4":
+            self.static = probe.tensor_scale  # the global scale the anchor pins (see _quantize_raw)
+        if self.static is None and probe.tensor_scale is not None:
+            raise AssertionError(f"{fmt.spec}: unexpected tensor scale without a static-scale rule")
+
+    def _static_from(self, x: torch.Tensor) -> torch.Tensor:
+        if self.given_scale is not None:
+            s = torch.as_tensor(self.given_scale, dtype=torch.float32, device=x.device)
+            if self.fmt.granularity == "tensor":
+                return s.reshape(())
+            return s.reshape(1, -1, 1, 1).expand(1, x.shape[1], 1, 1).contiguous()  # one per head
+        if self.fmt.granularity == "tensor":
+            return self.fmt.quantize(x).tensor_scale.reshape(())
+        heads = x.shape[1]  # one scale per head over the whole batch: [1, H, B * T, D]
+        pooled = x.transpose(0, 1).reshape(1, heads, -1, x.shape[3])
+        return self.fmt.quantize(pooled).tensor_scale.reshape(1, heads, 1, 1)
+
+    # -- append ------------------------------------------------------------------------------------------------
+    def _quantize_raw(self, x: torch.Tensor):
+        """Quantize x [B, H, t, D] with this side's static scale (if any)."""
+        if self.fmt.base == "nvfp4" and self.nv_amax is not None:
+            # The format derives NVFP4's global scale from its input's amax. Prepending one anchor element equal
+            # to the prefill amax (and saturating x to it, as a static scale would) pins the global scale to the
+            # prefill's; block scales are per token, so the anchor row changes nothing else and is dropped.
+            amax = self.nv_amax.to(x.device)
+            x = torch.where(torch.isfinite(x), x.clamp(-amax, amax), x)
+            anchor = x.new_zeros((*x.shape[:2], 1, x.shape[3]))
+            anchor[0, 0, 0, 0] = amax
+            q = self.fmt.quantize(torch.cat([anchor, x], dim=2))
+            return _drop_first_token(q)
+        return self.fmt.quantize(x, scale=self.static if self.fmt.granularity in ("tensor", "head") else None)
+
+    def append(self, x: torch.Tensor, keep_from: int = 0) -> None:
+        """Add new tokens x: [B, H, t, D] (model dtype) at positions seen..seen+t-1; quantize every token that
+        leaves the tail, once. keep_from: on an empty side, positions before it are dropped unquantized (a
+        sliding window's prefill: they are out of the window already)."""
+        if self.seen == 0 and keep_from > 0:
+            self.base = min(aligned(self.fmt, keep_from), x.shape[2])
+            x = x[:, :, self.base :]
+        work = torch.cat([self.tail.to(x.dtype), x], dim=2) if self.tail.shape[2] else x
+        excess = work.shape[2] - self.residual
+        n_q = excess - excess % self.fmt.group if self.fmt.granularity == "channel" else excess
+        if n_q > 0:
+            if not self._pack_in_place(work[:, :, :n_q]):
+                q = self._quantize_raw(work[:, :, :n_q])
+                for name, buf in self.fields.items():
+                    buf.append(getattr(q, name))
+            self.tokens_quantized += n_q
+        self.tail = work[:, :, max(n_q, 0):].to(self.tail.dtype).contiguous()
+
+    def _pack_in_place(self, x: torch.Tensor) -> bool:
+        """With the Triton backend, quantize x [B, H, t, D] and write it straight into the buffers with the fused
+        kernels.quant_pack (bit-identical to _quantize_raw); False when that path does not apply."""
+        if active_backend() != "triton":
+            return False
+        from kernels._triton import triton_usable
+        from kernels.pack import quant_pack, quant_pack_supported
+
+        # auto picks triton whenever CUDA exists, but a model left on the CPU has CPU states: formats path then
+        if not (triton_usable(x.device) and quant_pack_supported(self.fmt, x.shape[3])):
+            return False
+        t = x.shape[2]
+        bufs = {name: buf.reserve(t) for name, buf in self.fields.items()}
+        quant_pack(self.fmt, x, bufs["data"], bufs.get("scale"), bufs.get("zero"), pos=self.fields["data"].n,
+                   tensor_scale=self.static)
+        for buf in self.fields.values():
+            buf.n += t
+        return True
+
+    # -- evict / read ------------------------------------------------------------------------------------------
+    def evict(self, position: int) -> None:
+        """Drop every stored token before `position` (channel formats: before the start of its group)."""
+        drop = aligned(self.fmt, position) - self.base
+        if drop <= 0:
+            return
+        from_quantized = min(drop, self.n_quantized)
+        channel = self.fmt.granularity == "channel"
+        for name, buf in self.fields.items():
+            buf.evict(from_quantized // self.fmt.group if channel and name != "data" else from_quantized)
+        self.tail = self.tail[:, :, drop - from_quantized :]
+        self.base += drop
+
+    def packed(self, visible_from: int | None = None) -> PackedKV:
+        """The stored tokens as a PackedKV; positions before `visible_from` (kept only to keep a channel group
+        whole) are marked as `skip`, for the attention function to leave out."""
+        f = self.fields
+        skip = 0 if visible_from is None else max(visible_from - self.base, 0)
+        return PackedKV(
+            fmt=self.fmt, data=f["data"].view(), scale=f["scale"].view() if "scale" in f else None,
+            zero=f["zero"].view() if "zero" in f else None, tensor_scale=self.static, tail=self.tail,
+            dtype=self.dtype, skip=skip,
+        )
+
+    @property
+    def n_quantized(self) -> int:
+        return self.fields["data"].live if self.fields else 0
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens stored (quantized + tail)."""
+        return self.n_quantized + (self.tail.shape[2] if self.tail is not None else 0)
+
+    @property
+    def seen(self) -> int:
+        """Absolute position after the last token appended (tokens seen, evicted ones included)."""
+        return self.base + self.seq_len
+
+    def nbytes(self) -> int:
+        if self.tail is None:
+            return 0
+        held = sum(b.nbytes() for b in self.fields.values()) + self.tail.numel() * self.tail.element_size()
+        return held + (self.static.numel() * 4 if self.static is not None else 0)
+
+    def map_batch(self, fn) -> None:
+        for buf in self.fields.values():
+            buf.map_batch(fn)
+        self.tail = fn(self.tail)
+
+    def crop(self, n_remove: int) -> None:
+        """Drop the newest n_remove stored tokens."""
+        keep = max(self.seq_len - n_remove, 0)
+        if keep >= self.n_quantized:
+            self.tail = self.tail[:, :, : keep - self.n_quantized]
+            return
+        channel = self.fmt.granularity == "channel"
+        if channel and keep % self.fmt.group:
+            raise ValueError(f"Cannot crop {self.fmt.spec} to {keep} tokens: it would split a quantized "
+                             f"group of {self.fmt.group}; crop to a multiple of {self.fmt.group}.")
+        for name, buf in self.fields.items():
+            buf.truncate(keep // self.fmt.group if channel and name != "data" else keep)  # channel scales: per group
+        self.tail = self.tail[:, :, :0]
+        self.tokens_quantized = keep
+
+
+def check_fits(fmt: Format, head_dim: int, where: str) -> None:
+    """ValueError naming `where` (e.g. "layer 3 K") and the fix when `fmt` cannot hold head_dim-wide tokens."""
+    if fmt.asym and fmt.granularity in ("tensor", "head"):
+        raise ValueError(f"{fmt.spec}: a per-tensor / per-head zero point cannot stay fixed while tokens are "
+                         f"appended; use {fmt.base}/token/asym or a symmetric format.")
+    try:
+        fmt.nbytes_for((1, 1, fmt.group if fmt.granularity == "channel" else 1, head_dim))
+    except ValueError as err:
+        raise ValueError(f"{where} (head_dim {head_dim}) cannot be stored as {fmt.spec}: {err}") from err
+
+
+def _drop_first_token(q):
+    """QTensor of [B, H, 1 + t, D] (token granularity) -> its last t tokens' fields."""
+    cut = {name: getattr(q, name)[:, :, 1:] for name in ("data", "scale") if getattr(q, name) is not None}
+    shape = (*q.shape[:2], q.shape[2] - 1, q.shape[3])
+    return dataclasses.replace(q, shape=shape, **cut)
