@@ -17,6 +17,8 @@ import torch
 from gguf import GGMLQuantizationType as GT
 from gguf import dequantize as gguf_dequantize
 from gguf import quantize as gguf_quantize
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import kvviz
 from kvviz.formats import get_format, parse_kv
@@ -288,3 +290,69 @@ def test_triton_path_refuses_llama_cpp_types(base):
     q = fmt.quantize(torch.randn(1, 2, 3, 64))
     with pytest.raises(ValueError, match="KVVIZ_BACKEND=torch"):
         side_from_format(fmt, q.data, q.scale, q.zero)
+
+
+# -- robustness and error bounds -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("base", TYPES)
+def test_zero_tokens_quantize_to_empty_storage(base):
+    fmt = get_format(base)
+    x = torch.randn(2, 3, 0, 64)
+    q = fmt.quantize(x)
+    assert fmt.dequantize(q).shape == x.shape and q.nbytes == fmt.nbytes_for(x.shape) == 0
+
+
+@pytest.mark.parametrize("base", TYPES)
+@pytest.mark.parametrize("case", ["zeros", "constant", "outlier", "subnormal"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_finite_input_gives_finite_output(base, case, dtype):
+    g = torch.Generator().manual_seed(3)
+    x = {"zeros": torch.zeros(2, 16, 64), "constant": torch.full((2, 16, 64), -2.5),
+         "outlier": torch.randn(2, 16, 64, generator=g).index_put_((torch.tensor(1), torch.tensor(3),
+                                                                     torch.tensor(5)), torch.tensor(1e4)),
+         "subnormal": torch.randn(2, 16, 64, generator=g) * 1e-40}[case].to(dtype)
+    x_hat = get_format(base).roundtrip(x)
+    assert x_hat.dtype == dtype and torch.isfinite(x_hat).all()
+
+
+@pytest.mark.parametrize("base", LINEAR)
+def test_beyond_fp16_range_the_scale_overflows_as_in_llama_cpp(base):
+    """|x| ~ 1e30: ggml's fp16 d becomes Inf (no saturation, unlike kvviz's int formats); the blocks still match."""
+    x = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(0)) * 1e30
+    q = get_format(base).quantize(x)
+    assert torch.isinf(q.scale).all()
+    with np.errstate(over="ignore"):  # gguf's own fp16 cast overflows the same way
+        want = gguf_quantize(x.numpy(), GT[base.upper()])
+    assert np.array_equal(gguf_blocks(q).numpy(), want)
+
+
+def _bound(base: str, x: torch.Tensor, q) -> torch.Tensor:
+    """Per-element bound on |x - x_hat|: half a step (a whole step where q4_0 / q5_0 clip the far end at code
+    top), plus the fp16 rounding of d and m; iq4_nl: half the widest gap of its table (24 / 2 steps) and a margin."""
+    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    d = q.scale.float().abs().unsqueeze(-1)
+    if base == "iq4_nl":
+        per = torch.maximum(12 * d, 0.2 * amax)
+    else:
+        per = d * (1.0 if base in ("q4_0", "q5_0") else 0.5) + amax * 2.0**-9
+    return per.expand_as(blocks).reshape(x.shape) * (1 + 1e-5)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(base=st.sampled_from(TYPES), seed=st.integers(0, 2**31 - 1), log_scale=st.floats(-3, 3),
+       outlier=st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False), tokens=st.sampled_from([1, 5, 33]))
+def test_error_within_the_format_bound(base, seed, log_scale, outlier, tokens):
+    fmt = get_format(base)
+    x = torch.randn(2, tokens, 64, generator=torch.Generator().manual_seed(seed)) * 10**log_scale
+    x[1, tokens // 2, 9] = outlier
+    q = fmt.quantize(x)
+    worst = ((fmt.dequantize(q) - x).abs() - _bound(base, x, q)).max().item()
+    assert worst <= 0, f"{base}: error exceeds its bound by {worst}"
+
+
+def test_rotation_composes_with_llama_cpp_types():
+    """q4_0/rot quantizes x @ H and rotates back: an outlier channel no longer dominates its block."""
+    x = torch.randn(1, 64, 64, generator=torch.Generator().manual_seed(0))
+    x[..., 11] *= 50
+    plain, rot = (((get_format(s).roundtrip(x) - x).norm() / x.norm()).item() for s in ("q4_0", "q4_0/rot"))
+    assert rot < plain
