@@ -224,12 +224,14 @@ def granularity_heatmaps(maps: Mapping[str, np.ndarray | Sequence[Sequence[float
 
 def memory_vs_context(contexts: Sequence[int], gb_by_format: Mapping[str, Sequence[float]],
                       capacities_gb: Mapping[str, float], title: str = "KV cache memory against context length",
-                      log_x: bool = True) -> go.Figure:
+                      log_x: bool = True, dashed: Mapping[str, Sequence[float]] | None = None) -> go.Figure:
     """KV-cache memory against context length, one line per format, with one dashed line per GPU capacity.
 
     contexts: token counts (x). gb_by_format: {format: [GB per context]}. capacities_gb: {"L4 24 GB": GB free for
     the KV cache on that GPU (capacity minus weights)}; drawn as grey dashed traces across the context range
     (traces, not layout shapes, so they land right on log axes and show in the legend and on hover).
+    dashed: {"fp16: windowed layers": [GB per context]}: a part of a format's line (its sliding and chunked layers,
+    which plateau at the window), dotted in the colour of the format its name starts with.
     """
     fig = go.Figure()
     colors = format_colors(list(gb_by_format))
@@ -237,6 +239,12 @@ def memory_vs_context(contexts: Sequence[int], gb_by_format: Mapping[str, Sequen
         assert len(gbs) == len(contexts), f"{name}: {len(gbs)} values for {len(contexts)} contexts"
         fig.add_trace(go.Scatter(x=list(contexts), y=_finite(gbs), mode="lines", name=name,
                                  line=dict(color=colors[name], width=2.5),
+                                 hovertemplate=name + "<br>%{x:,} tokens: %{y:.3g} GB<extra></extra>"))
+    for name, gbs in (dashed or {}).items():
+        assert len(gbs) == len(contexts), f"{name}: {len(gbs)} values for {len(contexts)} contexts"
+        base = next((f for f in gb_by_format if name.startswith(f + ":")), None)
+        fig.add_trace(go.Scatter(x=list(contexts), y=_finite(gbs), mode="lines", name=name,
+                                 line=dict(color=colors.get(base, "#888"), width=1.5, dash="dot"),
                                  hovertemplate=name + "<br>%{x:,} tokens: %{y:.3g} GB<extra></extra>"))
     greys = ["#555", "#777", "#999", "#aaa", "#666", "#888", "#bbb", "#444"]
     for i, (label, gb) in enumerate(capacities_gb.items()):

@@ -10,7 +10,10 @@ Run: python -m pytest tests/test_app_api.py -q
 from __future__ import annotations
 
 import json
+import re
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from gradio_client import Client, handle_file
@@ -19,7 +22,8 @@ from app_server import serve_app
 
 API_NAMES = ("compare", "needle", "outliers", "error_map", "memory", "export", "check_scales")
 PROMPT = "The capital of France is Paris, and the capital of Korea is"
-MEMORY_OK = ("llama-3.1-8b", 32, 8, 128, 8.0, 1, 1024, 131072, ["fp16", "k8v4"], "", ["l4", "h100-80gb"])
+MEMORY_OK = ("llama-3.1-8b", 32, 8, 128, 8.0, 1, 1024, 131072, ["fp16", "k8v4"], "", ["l4", "h100-80gb"], None, "",
+             "engine")
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +79,10 @@ def test_compare_streams_texts_and_ends_with_metrics(client):
     (("   ", ["k8v4"], "", 8, False), "prompt is empty"),
     ((PROMPT, ["k8v4"], "int5", 8, False), "Unknown KV format 'int5'"),
     ((PROMPT, [], "", 8, False), "Pick at least one format"),
-    ((PROMPT, ["k8v4"], "", 1000, False), "Value 1000 is greater than maximum value 128"),  # gradio's slider check
+    ((PROMPT, ["k8v4"], "", 1000, False), "Max new tokens must be a whole number from 2 to 128, got the number 1000"),
     ((PROMPT, ["int8"], "int4\nint2\nfp8\nmxfp4\nnvfp4\nkivi2", 8, False), "compare at most 6 at once"),
-    (("x" * 1100, ["k8v4"], "", 8, False), "The prompt is 1,100 tokens long"),
+    (("x" * 1100, ["k8v4"], "", 8, False), "The prompt is 1,100 tokens long; this view takes at most 1,016 tokens"),
+    (("x" * 20_001, ["k8v4"], "", 8, False), "The prompt is 20,001 characters long; the limit is 20,000 characters"),
 ])
 def test_compare_rejects_bad_input(client, args, message):
     assert message in _error(client, *args, api_name="compare")
@@ -94,7 +99,8 @@ def test_needle_draws_retrieval_against_depth(client):
 
 
 def test_needle_rejects_a_context_out_of_range(client):
-    assert "Value 5 is less than minimum value 256" in _error(client, ["int4"], "", 5, api_name="needle")
+    assert "Context length must be a whole number from 256 to 8192, got the number 5" in _error(
+        client, ["int4"], "", 5, api_name="needle")
     assert "does not fit in this model's 1024 positions" in _error(client, ["int4"], "", 2048, api_name="needle")
 
 
@@ -111,10 +117,11 @@ def test_outliers_draws_four_figures_and_names_channels(client):
 
 @pytest.mark.parametrize("args, message", [
     (("", 0, 0), "prompt is empty"),
-    ((PROMPT, 7, 0), "Value 7 is greater than maximum value 1"),  # gradio's slider check, before ours
-    ((PROMPT, 0, -1), "Value -1 is less than minimum value 0"),
+    ((PROMPT, 7, 0), "Layer must be a whole number from 0 to 1, got the number 7"),
+    ((PROMPT, 0, -1), "KV head must be a whole number from 0 to 1, got the number -1"),
     ((PROMPT, 0.5, 0), "Layer must be a whole number"),
-    (("y" * 600, 0, 0), "this view takes at most 512"),
+    (("y" * 600, 0, 0), "The prompt is 600 tokens long; this view takes at most 512 tokens"),
+    (("y" * 30_000, 0, 0), "The prompt is 30,000 characters long; the limit is 20,000 characters"),
 ])
 def test_outliers_rejects_bad_input(client, args, message):
     assert message in _error(client, *args, api_name="outliers")
@@ -137,8 +144,8 @@ def test_error_map_draws_heatmap_layers_and_granularities(client):
     (("", "int4", ["int8"], "", "V", 0, 0), "prompt is empty"),
     ((PROMPT, "int5", ["int8"], "", "V", 0, 0), "Unknown KV format 'int5'"),
     ((PROMPT, "int4", ["int8"], "nope/token", "V", 0, 0), "Unknown KV format 'nope'"),
-    ((PROMPT, "int4", ["int8"], "", "V", 0, 99), "Value 99 is greater than maximum value 1"),
-    ((PROMPT, "int4", ["int8"], "", "Q", 0, 0), "'Q' (type: <class 'str'>) is not in the list of choices"),
+    ((PROMPT, "int4", ["int8"], "", "V", 0, 99), "KV head must be a whole number from 0 to 1, got the number 99"),
+    ((PROMPT, "int4", ["int8"], "", "Q", 0, 0), "Tensor must be one of 'K (post-RoPE)', 'K (pre-RoPE)', 'V'"),
 ])
 def test_error_map_rejects_bad_input(client, args, message):
     assert message in _error(client, *args, api_name="error_map")
@@ -148,34 +155,79 @@ def test_error_map_rejects_bad_input(client, args, message):
 
 
 def test_memory_lines_table_and_formula(client):
-    fig, table, formula = client.predict(*MEMORY_OK, api_name="/memory")
+    fig, table, formula, breakdown = client.predict(*MEMORY_OK, api_name="/memory")
     traces = _traces(fig)
     assert [t["name"] for t in traces][:2] == ["fp16", "k8v4"]
     assert any(t["name"].startswith("h100-80gb (80 GB)") for t in traces[2:])  # a GPU's line
     assert traces[0]["y"][-1] == pytest.approx(17.179869184)  # 2 x 32 x 8 x 131072 x 128 x 2 bytes, in GB
     assert [r[0] for r in table["data"]] == ["fp16", "k8v4"]
     assert any("l4" in h for h in table["headers"])
-    assert "2 × 32 × 1 × 8 × 131,072 × 128 × 16 ÷ 8 = **17.18 GB**" in formula
+    assert "[32 × (8×128 + 8×128) × 131,072] × 1 × 16 ÷ 8 = **17.18 GB**" in formula
+    assert [r[:3] for r in breakdown["data"]] == [["full_attention", 32, 131072]]
+
+
+def test_memory_sliding_window_preset_plateaus(client):
+    args = ("gemma-3-27b", *MEMORY_OK[1:6], 128, 131072, ["fp16"], "", [], None, "", "engine")
+    fig, _, formula, breakdown = client.predict(*args, api_name="/memory")
+    kinds = {r[0]: r[1:3] for r in breakdown["data"]}
+    assert kinds == {"full_attention": [10, 131072], "sliding_attention (window 1,024)": [52, 1024]}
+    windowed = next(t for t in _traces(fig) if t["name"] == "fp16: windowed layers")
+    assert windowed["y"][-1] == windowed["y"][-2] > windowed["y"][0]  # the plateau past 1,024 tokens
 
 
 def test_memory_custom_model_dimensions(client):
-    args = ("custom", 80, 8, 128, 70.6, 1, 1024, 32768, ["fp16"], "", [])
-    fig, _, formula = client.predict(*args, api_name="/memory")
+    args = ("custom", 80, 8, 128, 70.6, 1, 1024, 32768, ["fp16"], "", [], None, "", "engine")
+    fig, _, formula, _ = client.predict(*args, api_name="/memory")
     assert _traces(fig)[0]["y"][-1] == pytest.approx(10.737418240)  # the seed's 70B check: 10.7 GB at 32K
 
 
+def test_memory_uploaded_config(client, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt_oss", "num_hidden_layers": 4, "num_attention_heads": 8,
+                                "num_key_value_heads": 2, "head_dim": 64, "sliding_window": 128,
+                                "layer_types": ["sliding_attention", "full_attention"] * 2}))
+    args = list(MEMORY_OK)
+    args[4], args[11] = 0, handle_file(str(path))  # parameters 0: unknown
+    _, table, formula, breakdown = client.predict(*args, api_name="/memory")
+    assert [r[:3] for r in breakdown["data"]] == [["full_attention", 2, 131072], ["sliding_attention (window 128)", 2, 128]]
+    assert len(table["headers"]) == 4 and "Give the parameter count" in formula  # no weights, no GPU columns
+
+
+@pytest.mark.parametrize("content, message", [
+    (json.dumps({"hello": "world"}), "no num_hidden_layers"),
+    ("{not json", "not valid JSON"),
+    (" " * 1_000_001, "limit 1 MB"),
+])
+def test_memory_rejects_a_bad_upload(client, tmp_path, content, message):
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    args = list(MEMORY_OK)
+    args[11] = handle_file(str(path))
+    assert message in _error(client, *args, api_name="memory")
+
+
 @pytest.mark.parametrize("change, message", [
-    ({0: "gpt-9"}, "Value: gpt-9 is not in the list of choices"),  # gradio's dropdown check
+    ({0: "gpt-9"}, "Model must be one of"),
     ({9: "int5"}, "Unknown KV format 'int5'"),
     ({6: 4096, 7: 1024}, "shortest context (4096) must be below the longest (1024)"),
     ({7: 10**9}, "Longest context must be a whole number from 1 to 16777216"),
     ({5: 0}, "Batch size must be a whole number from 1 to 65536"),
+    ({5: None}, "Batch size is missing"),
+    ({5: "two"}, "Batch size must be a whole number"),
+    ({4: -1}, "Parameters (billions) must be a number from 0"),
     ({0: "custom", 1: 0}, "Layers must be a whole number from 1 to 1024"),
     ({8: [], 9: ""}, "Pick at least one format"),
+    ({8: "fp16"}, "Formats must be a list of names"),
+    ({10: "l4"}, "GPUs must be a list of names"),
+    ({12: 5}, "Hub id must be text"),
+    ({12: "nobody/no-such-model"}, "Cannot reach the Hugging Face hub for 'nobody/no-such-model'"),
+    ({13: "vllm"}, "Layout must be one of"),
+    ({11: "/etc/passwd"}, "must be an uploaded file"),
 ])
 def test_memory_rejects_bad_input(client, change, message):
     args = [change.get(i, a) for i, a in enumerate(MEMORY_OK)]
     assert message in _error(client, *args, api_name="memory")
+    assert client.predict(*MEMORY_OK, api_name="/memory")[2]  # still serving
 
 
 # --- export --------------------------------------------------------------------------------------------------
@@ -255,6 +307,122 @@ def test_app_serves_after_errors_and_keeps_users_apart(server):
     assert set(results) == {"a", "b"}
     assert f"{len(prompts['a'])} tokens" in results["a"]  # the byte tokenizer: one token per character
     assert f"{len(prompts['b'])} tokens" in results["b"]
+
+
+# --- typed junk: every argument of every endpoint, given a value of the wrong type or out of range --------------
+
+GOOD_ARGS = {  # one valid call per endpoint; check_scales' file is made by the test
+    "compare": (PROMPT, ["k8v4"], "", 4, False),
+    "needle": (["int4"], "", 256),
+    "outliers": (PROMPT, 0, 0),
+    "error_map": (PROMPT, "int4", ["int8"], "", "V", 0, 0),
+    "memory": ("custom", *MEMORY_OK[1:]),  # a custom shape: every field is read
+    "export": ("fp8_e4m3", "m", ""),
+    "check_scales": (None,),
+}
+_HUGE = 10**30
+
+
+def _junk_for(value) -> list:
+    """Values of the wrong type (or out of any sensible range) for an argument whose good value is `value`."""
+    if isinstance(value, bool):
+        return ["yes", 2]
+    if isinstance(value, (int, float)):  # no endpoint takes a negative or astronomically large number
+        return ["x", None, -1, _HUGE, [1]]
+    if isinstance(value, str):
+        return [-1, ["x"]]
+    if isinstance(value, list):
+        return ["fp16", 0, [1]]
+    return [5, "not-a-file.json", ["x"]]  # check_scales' file
+
+
+def _junk_cases():
+    for api, good in GOOD_ARGS.items():
+        for i, value in enumerate(good):
+            for junk in _junk_for(value):
+                yield pytest.param(api, i, junk, id=f"{api}-arg{i}-{junk!r:.12}")
+
+
+@pytest.mark.parametrize("api, index, junk", list(_junk_cases()))
+def test_every_endpoint_answers_typed_junk_with_a_message(client, api, index, junk):
+    """A string where a list is expected, a number where a string is, None, huge numbers, negatives: each comes
+    back as a sentence naming what is wrong, never gradio's "has not enabled verbose error reporting"."""
+    args = list(GOOD_ARGS[api])
+    args[index] = junk
+    message = _error(client, *args, api_name=api)
+    assert "verbose error reporting" not in message, f"/{api} argument {index} = {junk!r}: unhandled"
+    assert any(w in message for w in ("must", "missing", "empty", "Unknown", "Pick", "not in the list")), message
+
+
+def test_good_args_of_the_junk_test_are_accepted(client, tmp_path):
+    """The junk test changes one argument of a call that works: prove the call works."""
+    good = tmp_path / "scales.json"
+    good.write_text(json.dumps({"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": {"0": 0.1, "1": 0.2}}}}))
+    for api, args in GOOD_ARGS.items():
+        if api == "check_scales":
+            args = (handle_file(str(good)),)
+        client.predict(*args, api_name=f"/{api}")
+
+
+# --- under load: concurrent users get their own answers; memory stays flat over a soak -------------------------
+
+
+def _tokens_in(text: str, n: int) -> bool:
+    """Whether `text` states a count of exactly `n` tokens ("27 tokens", "27 prompt tokens")."""
+    return re.search(rf"(?<!\d){n} (prompt )?tokens", text) is not None
+
+
+def test_twelve_concurrent_callers_each_get_their_own_answer(server):
+    """12 users at once, mixing compare, outliers and error_map, each with a prompt of its own length (the tiny
+    model's byte tokenizer: one token per character). All are answered (they queue behind one model), and each
+    answer states its own prompt's token count; error_map's heatmap spells its own prompt."""
+    callers = 12
+    prompts = [f"user {i:02d} " + "word " * i for i in range(callers)]  # lengths 8, 13, ..., 63: all distinct
+    results: dict[int, tuple] = {}
+    failures: dict[int, BaseException] = {}
+    # one client (session) per user, made first; a long read timeout: the 12th waits for 11 calls on a busy CPU
+    clients = [Client(server.url, verbose=False, httpx_kwargs={"timeout": 300}) for _ in range(callers)]
+
+    def user(i):
+        client = clients[i]
+        try:
+            kind = ("compare", "outliers", "error_map")[i % 3]
+            if kind == "compare":
+                out = client.predict(prompts[i], ["int4"], "", 3, False, api_name="/compare")
+                results[i] = (kind, out[0] + out[3])
+            elif kind == "outliers":
+                results[i] = (kind, client.predict(prompts[i], 0, 0, api_name="/outliers")[-1])
+            else:
+                heat, _, _, md = client.predict(prompts[i], "int4", ["int8"], "", "V", 0, 0, api_name="/error_map")
+                results[i] = (kind, md, heat)
+        except BaseException as e:  # reported below, with the caller's number
+            failures[i] = e
+
+    threads = [threading.Thread(target=user, args=(i,)) for i in range(callers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=300)
+    assert not failures, failures
+    assert sorted(results) == list(range(callers)), f"answered: {sorted(results)}"
+    for i, (kind, text, *heat) in results.items():
+        n = len(prompts[i].strip())
+        assert _tokens_in(text, n), f"caller {i} ({kind}, {n} tokens) got another request's answer: {text[:300]}"
+        others = [len(p.strip()) for j, p in enumerate(prompts) if j != i]
+        assert not any(_tokens_in(text, m) for m in others), f"caller {i}'s answer names another prompt's length"
+        if heat:
+            labels = "".join(row[0] for row in _traces(heat[0])[0]["customdata"])  # a token per row, one character
+            assert prompts[i].strip() in labels, f"caller {i}'s heatmap shows {labels!r}"
+
+
+def test_memory_stays_flat_over_a_soak_of_50_calls(server):
+    """benchmarks/soak.py's soak, 50 calls after a warm-up: the app's resident memory grows by less than 15%."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from soak import report, soak
+
+    result = soak(Client(server.url, verbose=False), server.pid, calls=50, warmup=6)
+    print(report(result, "tiny-llama"))
+    assert result["growth"] < 0.15, report(result, "tiny-llama")
 
 
 # --- one call on the bundled model: what `make run` serves ------------------------------------------------------

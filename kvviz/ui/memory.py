@@ -1,9 +1,12 @@
-"""kvviz.ui.memory: the Memory tab: KV-cache bytes against context, what fits on which GPU, the formula.
+"""kvviz.ui.memory: the Memory tab: KV-cache bytes against context, per layer kind, what fits on which GPU.
 
-Needs no model: every number comes from `kvviz.memory` (exact bytes, scales and residual windows included).
-api_name `memory`:
-    memory(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, formats, custom_formats, gpus)
-      -> (figure, table, formula markdown)
+Needs no model: every number comes from `kvviz.memory` (exact bytes per layer, scales and residual windows
+included). The model is a preset, an uploaded config.json (at most 1 MB), a hub id (when the Space has network),
+or custom dimensions. api_name `memory`:
+    memory(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, formats, custom_formats, gpus,
+           config_file, hf_id, layout)
+      -> (figure, GPU-fit table, formula markdown, per-layer-kind table)
+Every argument is checked here (preprocess=False): a wrong type or range comes back as a message naming it.
 """
 
 from __future__ import annotations
@@ -15,79 +18,134 @@ from kvviz import memory as mem
 from kvviz import plots
 from kvviz.formats import parse_kv
 
-from .common import check_float, check_int, spec_list, table, user_errors
+from .checks import check_choice, check_float, check_int, check_names, check_text, spec_list
+from .common import UploadFile, on_click, table, upload_path, user_errors
 from .i18n import Translator, t
 
 TAB = "memory"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 CUSTOM = "custom"
+MODEL_CHOICES = [*mem.MODEL_PRESETS, CUSTOM]
 FORMAT_CHOICES = ["fp16", "fp8_e4m3", "k8v4", "int4", "kivi2", "mxfp4", "nvfp4", "int4/g16", "int2", "q8_0", "q4_0"]
 DEFAULT_FORMATS = ["fp16", "fp8_e4m3", "k8v4", "int4", "mxfp4"]
 GPU_CHOICES = list(mem.GPU_PRESETS)
 DEFAULT_GPUS = ["l4", "a100-40gb", "h100-80gb", "h200"]  # four capacities, four distinct lines
 _POINTS = 48  # samples along the context axis
+_WINDOWED = ("sliding_attention", "chunked_attention")
 
 
-def _model(name, layers, kv_heads, head_dim, params_b) -> mem.ModelPreset:
-    """The preset named `name`, or a custom shape from the number fields."""
+def _model(name, layers, kv_heads, head_dim, params_b, config_file, hf_id) -> mem.ModelPreset:
+    """The uploaded config.json, else the hub id, else the preset named `name` or custom dimensions."""
+    params_b = check_float(params_b, "Parameters (billions)", 0.0, 100_000.0)
+    params = params_b * 1e9 if params_b else None  # 0: unknown
+    hf_id = check_text(hf_id, "Hub id", max_chars=200)
+    if config_file is not None:
+        path = upload_path(config_file, "The config.json")
+        size = path.stat().st_size
+        if size > mem.MAX_CONFIG_BYTES:
+            raise ValueError(f"The uploaded file is {size:,} bytes; a config.json is a few KB (limit 1 MB).")
+        m = mem.resolve_model(path, params)
+        return mem.ModelPreset(path.stem if m.name == "config" else m.name, m.config, m.params, "uploaded config.json")
+    if hf_id:
+        return mem.resolve_model(hf_id, params)
+    name = check_choice(name, "Model", MODEL_CHOICES)
     if name != CUSTOM:
         return mem.get_model_preset(name)
-    return mem.ModelPreset(
-        name="custom", layers=check_int(layers, "Layers", 1, 1024), kv_heads=check_int(kv_heads, "KV heads", 1, 1024),
-        head_dim=check_int(head_dim, "Head dim", 2, 1024), q_heads=check_int(kv_heads, "KV heads", 1, 1024),
-        params=check_float(params_b, "Parameters (billions)", 0.0, 10_000.0) * 1e9, hidden=0, max_context=None)
+    return mem.ModelPreset.from_dims("custom", check_int(layers, "Layers", 1, 1024),
+                                     check_int(kv_heads, "KV heads", 1, 1024), check_int(head_dim, "Head dim", 2, 1024),
+                                     params)
 
 
 @user_errors
-def run(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, formats, custom_formats, gpus):
-    """Memory against context for each format, the GPU-fit table and the filled-in formula."""
-    m = _model(model, layers, kv_heads, head_dim, params_b)
+def run(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, formats, custom_formats, gpus,
+        config_file=None, hf_id="", layout="engine"):
+    """Memory against context for each format, the GPU-fit table, the formula and the per-layer-kind table."""
+    m = _model(model, layers, kv_heads, head_dim, params_b, config_file, hf_id)
     batch = check_int(batch, "Batch size", 1, 65536)
     lo = check_int(ctx_min, "Shortest context", 1, 1 << 24)
     hi = check_int(ctx_max, "Longest context", 1, 1 << 24)
+    layout = check_choice(layout, "Layout", mem.LAYOUTS)
     if lo >= hi:
         raise ValueError(f"The shortest context ({lo}) must be below the longest ({hi}).")
     specs = spec_list(formats, custom_formats, limit=10)
     if not specs:
         raise ValueError("Pick at least one format (fp16, fp8_e4m3, k8v4, ...).")
-    gpu_names = [g for g in (gpus or []) if g]
+    gpu_names = check_names(gpus, "GPUs")
     for g in gpu_names:
         mem.get_gpu_preset(g)  # ValueError listing the GPUs for an unknown name
+    if m.params is None:
+        gpu_names = []  # the weights are unknown: no fit (the formula says so)
 
-    contexts = sorted({int(round(x)) for x in np.geomspace(lo, hi, _POINTS)})
-    shape = (m.layers, m.kv_heads, m.head_dim)
-    gb = {s: [mem.kv_cache_bytes(*shape, c, batch, s) / mem.GB for c in contexts] for s in specs}
-    budgets = {g: mem.kv_budget_bytes(m, g) / mem.GB for g in gpu_names}
+    caches = {s: mem.CacheModel(m, s, None, layout) for s in specs}
+    contexts = sorted({int(round(x)) for x in np.geomspace(lo, hi, _POINTS)} | _window_edges(caches, lo, hi))
+    gb = {s: [c.bytes(x, batch) / mem.GB for x in contexts] for s, c in caches.items()}
+    windowed = {f"{s}: windowed layers": [_windowed_bytes(c, x, batch) / mem.GB for x in contexts]
+                for s, c in caches.items() if any(sh.kind in _WINDOWED for sh in c.shapes)}
+    state = mem.state_bytes_for(m, batch, "transformers" if layout == "transformers" else "engine")
+    budgets = {g: (mem.kv_budget_bytes(m, g) - state) / mem.GB for g in gpu_names}
     lines = {f"{g} ({mem.GPU_PRESETS[g].memory_gb:g} GB): {b:.1f} GB for KV": b for g, b in budgets.items() if b > 0}
-    title = f"KV cache of {m.name} at batch {batch} ({m.layers} layers, {m.kv_heads} KV heads, head_dim {m.head_dim})"
-    fig = plots.memory_vs_context(contexts, gb, lines, title=title)
+    title = f"KV cache of {m.name} at batch {batch} ({m.layers} layers, {layout} layout)"
+    fig = plots.memory_vs_context(contexts, gb, lines, title=title, dashed=windowed)
 
     headers = ["format", "bits/value (K / V)", f"GB at {hi:,} tokens × {batch}", "tokens vs fp16"]
     headers += [f"{g} ({mem.GPU_PRESETS[g].memory_gb:g} GB)" for g in gpu_names]
-    fp16 = mem.kv_cache_bytes(*shape, hi, batch, "fp16")
     rows = []
-    for s in specs:
-        kv = parse_kv(s)
-        nbytes = mem.kv_cache_bytes(*shape, hi, batch, s)
-        row = [s, f"{kv.k.bits_per_value(m.head_dim):g} / {kv.v.bits_per_value(m.head_dim):g}",
-               round(nbytes / mem.GB, 3), f"{fp16 / nbytes:.2f}×"]
+    for r in mem.memory_table(m, specs, hi, batch=batch, layout=layout):
+        bits = " / ".join("-" if b is None else f"{b:g}" for b in (r["k_bits"], r["v_bits"]))
+        row = [r["format"], bits, round(r["gb"], 3),
+               "-" if r["tokens_vs_fp16"] is None else f"{r['tokens_vs_fp16']:.2f}×"]
         for g in gpu_names:
-            row.append(f"{mem.max_context(m, g, s, batch=batch):,} tokens · batch {mem.max_batch(m, g, hi, s):,}")
+            longest = mem.max_context(m, g, r["format"], batch=batch, layout=layout)
+            shown = "any" if longest >= mem.CONTEXT_CAP else f"{longest:,}"
+            row.append(f"{shown} tokens · batch {mem.max_batch(m, g, hi, r['format'], layout=layout):,}")
         rows.append(row)
-    return fig, table(rows, headers), _formula(m, batch, hi, specs, budgets)
+    return (fig, table(rows, headers), _formula(m, batch, hi, specs, budgets, state, layout),
+            _breakdown(caches, hi, batch))
 
 
-def _formula(m: mem.ModelPreset, batch: int, tokens: int, specs: list[str], budgets: dict[str, float]) -> str:
-    """The memory formula, once in symbols and once per format with this model's numbers in it."""
-    shape = (m.layers, m.kv_heads, m.head_dim)
-    out = ["**bytes = 2 (K and V) × layers × batch × KV heads × tokens × head_dim × bits per value ÷ 8**"
-           " (+ per-layer static scales; bits per value include per-group scales and zero points)\n"]
+def _window_edges(caches: dict, lo: int, hi: int) -> set[int]:
+    """The context lengths where a sliding or chunked layer fills: the chart samples them, so the bend shows."""
+    windows = {s.window for c in caches.values() for s in c.shapes if s.window}
+    return {w for w in windows if lo < w < hi}
+
+
+def _windowed_bytes(cache: mem.CacheModel, tokens: int, batch: int) -> int:
+    return sum(r["bytes"] for r in cache.breakdown(tokens, batch) if r["kind"] in _WINDOWED)
+
+
+def _breakdown(caches: dict, tokens: int, batch: int):
+    """Per layer kind: layers, tokens each holds at `tokens`, K and V per token, GB per format."""
+    per_format = {s: c.breakdown(tokens, batch) for s, c in caches.items()}
+    first = next(iter(per_format.values()))
+    headers = ["layer kind", "layers", f"tokens each at {tokens:,}", "K heads × dim", "V heads × dim",
+               *[f"{s} GB" for s in per_format]]
+    rows = []
+    for i, r in enumerate(first):
+        kind = r["kind"] + (f" (window {r['window']:,})" if r["window"] else "")
+        rows.append([kind, r["layers"], r["tokens"], f"{r['k_heads']} × {r['k_dim']}" if r["k_heads"] else "-",
+                     f"{r['v_heads']} × {r['v_dim']}" if r["v_heads"] else "-",
+                     *[round(rows_[i]["bytes"] / mem.GB, 4) for rows_ in per_format.values()]])
+    return table(rows, headers)
+
+
+def _formula(m: mem.ModelPreset, batch: int, tokens: int, specs: list[str], budgets: dict[str, float],
+             state: int, layout: str) -> str:
+    """The memory formula, once in symbols and once per format and layer kind with this model's numbers in it."""
+    out = ["**bytes = Σ over layers: (K heads × K dim + V heads × V dim) × batch × tokens held × bits per value ÷ 8**"
+           " (+ per-layer static scales; bits per value include per-group scales and zero points; tokens held: the "
+           f"context for full attention, the window for sliding and chunked layers; {layout} layout)\n"]
     for s in specs:
-        kv = parse_kv(s)
-        bits = kv.bits_per_value(m.head_dim)
-        exact = mem.kv_cache_bytes(*shape, tokens, batch, s)
-        out.append(f"- `{s}`: 2 × {m.layers} × {batch} × {m.kv_heads} × {tokens:,} × {m.head_dim} × "
-                   f"{bits:g} ÷ 8 = **{exact / mem.GB:.4g} GB** ({exact:,} bytes)")
+        bits = parse_kv(s).bits_per_value(m.head_dim)
+        rows = mem.layer_breakdown(m, tokens, batch, s, layout=layout)
+        parts = [f"{r['layers']} × ({r['k_heads']}×{r['k_dim']} + {r['v_heads']}×{r['v_dim']}) × {r['tokens']:,}"
+                 for r in rows if r["k_heads"]]
+        exact = sum(r["bytes"] for r in rows)
+        out.append(f"- `{s}`: [{' + '.join(parts)}] × {batch} × {bits:g} ÷ 8 = **{exact / mem.GB:.4g} GB** "
+                   f"({exact:,} bytes)")
+    if state:
+        out.append(f"\nRecurrent layers' fixed state: {state / 1e6:,.1f} MB at batch {batch} (does not grow).")
+    if m.params is None:
+        out.append("\nGive the parameter count (Parameters, billions) to see what fits on each GPU.")
     gone = [g for g, b in budgets.items() if b <= 0]
     if gone:
         out.append(f"\nThe weights alone ({m.params * 2 / mem.GB:.1f} GB in bf16) do not fit on: {', '.join(gone)}.")
@@ -100,8 +158,13 @@ def build(tr: Translator) -> dict:
     tr(gr.Markdown(t("memory_intro")), value="memory_intro")
     with gr.Row():
         with gr.Column(scale=1, min_width=280):
-            c["model"] = tr(gr.Dropdown([*mem.MODEL_PRESETS, CUSTOM], value="llama-3.1-8b", label=t("model_preset")),
+            c["model"] = tr(gr.Dropdown(MODEL_CHOICES, value="llama-3.1-8b", label=t("model_preset")),
                             label="model_preset")
+            with tr(gr.Accordion(t("memory_config_source"), open=False), label="memory_config_source"):
+                c["config_file"] = tr(UploadFile(label=t("memory_config_file"), file_types=[".json"], height=120,
+                                                 elem_id=f"{TAB}-config-file"), label="memory_config_file")
+                c["hf_id"] = tr(gr.Textbox(label=t("memory_hf_id"), info=t("memory_hf_id_info"), lines=1,
+                                           elem_id=f"{TAB}-hf-id"), label="memory_hf_id", info="memory_hf_id_info")
             with tr(gr.Accordion(t("custom_dims"), open=False), label="custom_dims"):
                 with gr.Row():
                     c["layers"] = tr(gr.Number(32, label=t("layers"), precision=0), label="layers")
@@ -118,14 +181,18 @@ def build(tr: Translator) -> dict:
             c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1,
                                         elem_id=f"{TAB}-custom"), label="custom_specs", info="custom_specs_info")
             c["gpus"] = tr(gr.CheckboxGroup(GPU_CHOICES, value=DEFAULT_GPUS, label=t("gpus")), label="gpus")
+            c["layout"] = tr(gr.Radio(list(mem.LAYOUTS), value="engine", label=t("memory_layout"),
+                                      info=t("memory_layout_info")), label="memory_layout", info="memory_layout_info")
             c["run"] = tr(gr.Button(t("run"), variant="primary", elem_id=f"{TAB}-run"), value="run")
         with gr.Column(scale=3):
             c["plot"] = gr.Plot(plots.empty_figure(), label="memory vs context", show_label=False, elem_id="memory-plot")
             c["formula"] = gr.Markdown(elem_id="memory-formula", label="formula")
+            c["breakdown"] = tr(gr.Dataframe(label=t("memory_breakdown"), wrap=True, elem_id=f"{TAB}-breakdown"),
+                                label="memory_breakdown")
     c["table"] = tr(gr.Dataframe(label=t("fit_table"), wrap=True), label="fit_table")
     c["inputs"] = [c[k] for k in ("model", "layers", "kv_heads", "head_dim", "params_b", "batch", "ctx_min",
-                                  "ctx_max", "formats", "custom", "gpus")]
-    c["outputs"] = [c["plot"], c["table"], c["formula"]]
+                                  "ctx_max", "formats", "custom", "gpus", "config_file", "hf_id", "layout")]
+    c["outputs"] = [c["plot"], c["table"], c["formula"], c["breakdown"]]
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "memory")}
-    c["run"].click(run, c["inputs"], c["outputs"], api_name="memory", concurrency_id="memory", concurrency_limit=4)
+    on_click(c["run"], run, c["inputs"], c["outputs"], "memory", concurrency_id="memory", concurrency_limit=4)
     return c
