@@ -356,3 +356,18 @@ def test_rotation_composes_with_llama_cpp_types():
     x[..., 11] *= 50
     plain, rot = (((get_format(s).roundtrip(x) - x).norm() / x.norm()).item() for s in ("q4_0", "q4_0/rot"))
     assert rot < plain
+
+
+def test_triton_backend_falls_back_to_the_reference_for_llama_cpp_types(monkeypatch):
+    """KVVIZ_BACKEND=triton (the interpreter here): appends quantize with kvviz.formats and decode reads through
+    the reference, so the tokens equal the torch backend's exactly."""
+    from kvviz.cache import QuantizedKVCache
+
+    model, tok = _tiny_llama_head_dim_32()
+    enc = tok(["the KV cache of llama.cpp", "hi"], return_tensors="pt")
+    outs = {}
+    for backend in ("torch", "triton"):
+        monkeypatch.setenv("KVVIZ_BACKEND", backend)
+        cache = QuantizedKVCache(model.config, "k=q5_1,v=iq4_nl")
+        outs[backend] = model.generate(**enc, cache=cache, max_new_tokens=5, do_sample=False)
+    assert torch.equal(outs["torch"], outs["triton"])
