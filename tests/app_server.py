@@ -33,6 +33,7 @@ def free_port() -> int:
 class Server:
     url: str  # "http://127.0.0.1:PORT/"
     log_path: str
+    pid: int  # the app's process (for its memory: benchmarks/soak.py)
 
     def log_tail(self, lines: int = 40) -> str:
         return _tail(self.log_path, lines)
@@ -61,7 +62,7 @@ def serve_app(model: str = "tiny-llama", **env_extra: str):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"app.py did not answer on {url} in {STARTUP_TIMEOUT_S} s:\n{_tail(log.name)}")
             time.sleep(0.3)
-        yield Server(url, log.name)
+        yield Server(url, log.name, proc.pid)
     finally:
         proc.terminate()
         try:

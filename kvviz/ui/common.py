@@ -4,8 +4,10 @@
   read-only once loaded; every result a user sees is returned from their own call, so users never share results.
 - `user_errors`: wraps a callback so a library ValueError reaches the user as a gr.Error message (no traceback)
   and the app keeps serving. Works for plain and generator (streaming) callbacks.
-- `check_int`, `check_prompt`, `spec_list`: the input checks at the UI boundary, raising ValueError with a
-  sentence that says what to do.
+- `on_click`: wires a named endpoint: raw values in (`preprocess=False`, so `kvviz.ui.checks` is the one place
+  that checks every argument's type and range), the model's queue, queue position and progress shown.
+- `check_int`, `check_prompt`, `spec_list`, ...: re-exported from `kvviz.ui.checks`, the input checks at the UI
+  boundary, raising ValueError with a sentence that says what to do.
 
 Model choice: env KVVIZ_MODEL (default: the bundled SmolLM2-135M-Instruct); a tiny random model name from
 `kvviz.models` makes tests fast.
@@ -17,12 +19,15 @@ import functools
 import inspect
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from pathlib import Path
 
 import gradio as gr
 
 import kvviz
 
+from .checks import (MAX_PROMPT_CHARS, check_bool, check_choice, check_float, check_int, check_names,  # noqa: F401
+                     check_prompt, check_spec, check_text, check_upload, spec_list)
 from .i18n import t
 
 MAX_FORMATS = 6  # columns the Compare tab shows side by side, baseline included
@@ -163,6 +168,39 @@ def user_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+def on_click(button: gr.Button, fn: Callable, inputs: list, outputs: list, api_name: str, *,
+             concurrency_id: str = "model", progress_on=None, **kwargs):
+    """Wire `button` to the named endpoint `fn`: what the page or an API caller sends reaches `fn` unprocessed
+    (preprocess=False), so `fn`'s own checks (kvviz.ui.checks) are the boundary for every argument's type and
+    range; the call waits in the `concurrency_id` queue, and the queue position, then gr.Progress, show over
+    `progress_on` (default: the outputs)."""
+    return button.click(fn, inputs, outputs, api_name=api_name, preprocess=False, concurrency_id=concurrency_id,
+                        show_progress="full", show_progress_on=progress_on, **kwargs)
+
+
+def UploadFile(*args, **kwargs) -> gr.File:  # noqa: N802 (a component constructor, spelled like one)
+    """A gr.File whose payload reaches the callback unvalidated, for a named endpoint with preprocess=False;
+    read it with `upload_path`. Arguments as gr.File's.
+
+    gradio checks a File payload against its FileData model before any callback runs, outside preprocess, so a
+    number or a bare string sent to the API would fail there with gradio's generic "has not enabled verbose
+    error reporting". Without the model, kvviz.ui.checks.check_upload checks it and names what is wrong. gradio
+    still moves FileData payloads into its cache (and refuses paths outside its allowed folders) before that.
+    A factory, not a subclass: gradio writes a .pyi stub beside any module that subclasses a component.
+    """
+    box = gr.File(*args, **kwargs)
+    box.api_info()  # cache the FileData schema, so gradio_client still sees a file parameter
+    box.data_model = None
+    return box
+
+
+def upload_path(value, what: str):
+    """The local path of a file uploaded through an UploadFile (ValueError for anything else)."""
+    from gradio.utils import get_upload_folder
+
+    return check_upload(value, what, Path(get_upload_folder()))
+
+
 def table(rows: list[list], headers: list[str]):
     """A gr.Dataframe value: rows under headers (a pandas DataFrame, which the API returns as headers + data)."""
     import pandas as pd
@@ -193,59 +231,6 @@ def fitting_specs(names: list[str], model) -> tuple[list[str], list[str]]:
     return fit, skipped
 
 
-def check_int(value, what: str, lo: int, hi: int) -> int:
-    """`value` as an int in [lo, hi]; ValueError naming the field and the range otherwise."""
-    if value is None or isinstance(value, bool):
-        raise ValueError(f"{what} is missing: enter a whole number from {lo} to {hi}.")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a whole number from {lo} to {hi}, got {value!r}.") from None
-    if not number.is_integer() or not lo <= number <= hi:
-        raise ValueError(f"{what} must be a whole number from {lo} to {hi}, got {value!r}.")
-    return int(number)
-
-
-def check_float(value, what: str, lo: float, hi: float) -> float:
-    """`value` as a float in [lo, hi]; ValueError naming the field and the range otherwise."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a number from {lo:g} to {hi:g}, got {value!r}.") from None
-    if not lo <= number <= hi:
-        raise ValueError(f"{what} must be a number from {lo:g} to {hi:g}, got {value!r}.")
-    return number
-
-
-def check_prompt(prompt) -> str:
-    """The prompt, stripped; ValueError when there is none (the length limit is the library's to check)."""
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError("The prompt is empty: type some text or pick one of the examples.")
-    return prompt.strip()
-
-
-def spec_list(chosen: Iterable[str] | None, custom: str | None, limit: int = MAX_FORMATS) -> list[str]:
-    """The K/V specs picked (checkboxes) plus those typed (one per line or ';'-separated), validated, deduplicated.
-
-    Each is parsed with kvviz.parse_kv, so an unknown format raises the registry's ValueError (which lists the
-    valid names). Order: as picked, then as typed.
-    """
-    items = [c for c in (chosen or []) if c]
-    for line in (custom or "").replace(";", "\n").splitlines():
-        if line.strip():
-            items.append(line.strip())
-    out: list[str] = []
-    seen: set[str] = set()
-    for spec in items:
-        canonical = kvviz.parse_kv(spec).spec
-        if canonical not in seen:
-            seen.add(canonical)
-            out.append(spec)
-    if len(out) > limit:
-        raise ValueError(f"{len(out)} formats chosen; compare at most {limit} at once (untick some).")
-    return out
-
-
 # --- prompts and captures ------------------------------------------------------------------------------------
 
 EXAMPLES = [
@@ -263,7 +248,8 @@ def prompt_input(tr, example: int) -> gr.Textbox:
 
     `tr` is the tab's i18n Translator (it relabels the box when the language changes).
     """
-    box = tr(gr.Textbox(EXAMPLES[example], lines=3, label=t("prompt"), placeholder=t("prompt_ph")),
+    box = tr(gr.Textbox(EXAMPLES[example], lines=3, label=t("prompt"), placeholder=t("prompt_ph"),
+                        max_length=MAX_PROMPT_CHARS),
              label="prompt", placeholder="prompt_ph")
     gr.Examples(EXAMPLES, box)
     return box
@@ -273,11 +259,12 @@ MAX_ANALYSIS_TOKENS = 512  # the K-outlier and error tabs look at one prompt; mo
 
 
 def prompt_token_ids(tokenizer, prompt: str, limit: int) -> list[int]:
-    """Token ids of the checked prompt; ValueError when it is empty or longer than `limit` tokens."""
+    """Token ids of the checked prompt; ValueError when it is not text, empty, over MAX_PROMPT_CHARS characters
+    (checked first, so a huge text never reaches the tokenizer) or longer than `limit` tokens."""
     prompt = check_prompt(prompt)
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"][0].tolist()
     if len(ids) > limit:
-        raise ValueError(f"The prompt is {len(ids):,} tokens long; this view takes at most {limit:,}. "
+        raise ValueError(f"The prompt is {len(ids):,} tokens long; this view takes at most {limit:,} tokens. "
                          "Shorten it.")
     return ids
 
@@ -296,11 +283,12 @@ def capture(prompt, progress: gr.Progress | None = None):
     The cache is keyed by the prompt text alone: the same text gives the same capture to whoever asks, so it
     shares no user's result with another. Raises ValueError for an empty or too long prompt.
     """
+    prompt = check_prompt(prompt)
     model, tok = get_model(progress)
     prompt_token_ids(tok, prompt, MAX_ANALYSIS_TOKENS)
     if progress is not None:
         progress(0.5, desc="Capturing K and V of every layer…")
-    return _capture_cached(prompt.strip())
+    return _capture_cached(prompt)
 
 
 def check_layer_head(cap, layer, head) -> tuple[int, int]:

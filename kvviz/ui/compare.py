@@ -20,8 +20,8 @@ from kvviz import plots, quality
 from kvviz.attention import active_backend
 from kvviz.formats import parse_kv
 
-from .common import (prompt_input, check_int, fitting_specs, get_model, model_name, prompt_token_ids, spec_list,
-                     table, user_errors)
+from .common import (MAX_FORMATS, check_bool, check_int, check_prompt, fitting_specs, get_model, model_name,
+                     on_click, prompt_input, prompt_token_ids, spec_list, table, user_errors)
 from .i18n import Translator, t
 
 TAB = "compare"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -110,8 +110,10 @@ def _check_prompt_fits(tok, model, prompt: str, new_tokens: int) -> int:
 @user_errors
 def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, progress=gr.Progress()):
     """Stream every format's text side by side; end with the metrics table and chart."""
+    prompt = check_prompt(prompt)
     new_tokens = check_int(max_new_tokens, "Max new tokens", 2, MAX_NEW_TOKENS)
-    names = spec_list(specs, custom_specs)
+    with_perplexity = check_bool(with_perplexity, "Perplexity on WikiText-2")
+    names = spec_list(specs, custom_specs, MAX_FORMATS)
     if not names:
         raise ValueError("Pick at least one format to compare with the unquantized baseline.")
     model, tok = get_model(progress)
@@ -121,7 +123,7 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, prog
     empty = plots.empty_figure("Metrics appear when generation ends.")
     status = f"Prefilling {n_prompt} prompt tokens, then decoding {len(names)} formats + baseline as one batch…"
     yield _columns("", {n: "" for n in names}, {}), None, empty, status
-    for update in quality.compare_stream(model, tok, prompt.strip(), names, new_tokens, speed_tokens=SPEED_TOKENS):
+    for update in quality.compare_stream(model, tok, prompt, names, new_tokens, speed_tokens=SPEED_TOKENS):
         if update.report is None:
             yield (_columns(update.baseline, update.texts, {}), gr.skip(), gr.skip(),
                    f"Token {update.step + 1} of {new_tokens}…")
@@ -146,7 +148,7 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, prog
 @user_errors
 def needle(specs, custom_specs, context_tokens, progress=gr.Progress()):
     """Retrieval rate against needle depth for the chosen formats (and the unquantized baseline)."""
-    names = spec_list(specs, custom_specs)
+    names = spec_list(specs, custom_specs, MAX_FORMATS)
     if not names:
         raise ValueError("Pick at least one format for the needle test.")
     context = check_int(context_tokens, "Context length", 256, 8192)
@@ -199,7 +201,7 @@ def build(tr: Translator) -> dict:
     c["outputs"] = [c["columns"], c["table"], c["fig"], c["status"]]
     needle_io = ([c["specs"], c["custom"], c["needle_ctx"]], [c["needle_fig"], c["needle_status"]])
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model"), "needle": (needle, *needle_io, "model")}
-    c["run"].click(run, c["inputs"], c["outputs"], api_name="compare", concurrency_id="model",
-                   show_progress="minimal")
-    c["needle_run"].click(needle, *needle_io, api_name="needle", concurrency_id="model")
+    # queue position and progress over the status line: the streamed columns stay readable
+    on_click(c["run"], run, c["inputs"], c["outputs"], "compare", progress_on=[c["status"]])
+    on_click(c["needle_run"], needle, *needle_io, "needle")
     return c

@@ -14,7 +14,8 @@ import numpy as np
 from kvviz import analysis, plots
 from kvviz.formats import parse_kv
 
-from .common import prompt_input, capture, check_layer_head, layer_head_inputs, spec_list, user_errors
+from .common import (capture, check_choice, check_layer_head, check_prompt, check_spec, layer_head_inputs,
+                     on_click, prompt_input, spec_list, user_errors)
 from .i18n import Translator, t
 
 TAB = "errors"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -27,12 +28,6 @@ DEFAULT_FORMATS = ["int8", "int4", "fp8_e4m3", "mxfp4"]
 _PANELS = (("token", False), ("channel", False), ("tensor", False), ("tensor", True))
 
 
-def _which(which) -> str:
-    if which not in WHICH:
-        raise ValueError(f"Tensor must be one of {', '.join(WHICH)}; got {which!r}.")
-    return WHICH[which]
-
-
 def _label(token: str) -> str:
     return repr(token)[1:-1][:16]
 
@@ -40,9 +35,10 @@ def _label(token: str) -> str:
 @user_errors
 def run(prompt, fmt, formats, custom_formats, which, layer, head, progress=gr.Progress()):
     """Error heatmap for one format/layer/head, per-layer error for every chosen format, granularities side by side."""
-    tensor = _which(which)
-    fmt = (fmt or "").strip()
-    kv = parse_kv(fmt)  # ValueError listing the valid names
+    prompt = check_prompt(prompt)
+    tensor = WHICH[check_choice(which, "Tensor", WHICH)]
+    fmt = check_spec(fmt, "Format for the heatmap")  # ValueError listing the valid names
+    kv = parse_kv(fmt)
     specs = spec_list(formats, custom_formats, limit=8)
     if not specs:
         raise ValueError("Pick at least one format for the per-layer chart.")
@@ -124,5 +120,5 @@ def build(tr: Translator) -> dict:
     c["inputs"] = [c["prompt"], c["format"], c["formats"], c["custom"], c["which"], c["layer"], c["head"]]
     c["outputs"] = [c["heat"], c["layers_fig"], c["gran"], c["summary"]]
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model")}
-    c["run"].click(run, c["inputs"], c["outputs"], api_name="error_map", concurrency_id="model")
+    on_click(c["run"], run, c["inputs"], c["outputs"], "error_map")
     return c

@@ -20,7 +20,8 @@ from kvviz import calibrate, plots
 from kvviz import export as kv_export
 from kvviz.formats import parse_kv
 
-from .common import get_model, model_name, model_shape, table, user_errors
+from .common import (UploadFile, check_text, get_model, model_name, model_shape, on_click, table, upload_path,
+                     user_errors)
 from .i18n import Translator, t
 
 TAB = "export"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -59,14 +60,15 @@ def _support_table(model_id: str) -> list[list[str]]:
 @user_errors
 def run(spec, model_id, calib_prompts, progress=gr.Progress()):
     """Commands for `spec`, the support table and, given prompts, per-layer FP8 scales as SGLang's JSON."""
-    spec = (spec or "").strip()
+    spec = check_text(spec, "KV format", max_chars=200)
     if not spec:
         raise ValueError("Pick a KV format (e.g. fp8_e4m3) to export.")
-    model_id = (model_id or "").strip() or DEFAULT_MODEL_ID
+    model_id = check_text(model_id, "Model id", max_chars=300) or DEFAULT_MODEL_ID
+    calib_prompts = check_text(calib_prompts, "Calibration prompts", max_chars=MAX_PROMPTS * MAX_PROMPT_CHARS)
     if any(c.isspace() for c in model_id):
         raise ValueError(f"The model id {model_id!r} contains spaces; give a hub id or a path without spaces.")
     out = kv_export.export_commands(spec, model_id, scales_path="scales.json")
-    prompts = [p.strip() for p in (calib_prompts or "").splitlines() if p.strip()]
+    prompts = [p.strip() for p in calib_prompts.splitlines() if p.strip()]
     if len(prompts) > MAX_PROMPTS:
         raise ValueError(f"{len(prompts)} calibration prompts given; use at most {MAX_PROMPTS}.")
     if any(len(p) > MAX_PROMPT_CHARS for p in prompts):
@@ -102,7 +104,7 @@ def check_scales(file):
     """Read an uploaded SGLang scale file and summarize it; a malformed one raises a clear message."""
     if file is None:
         raise ValueError("Upload a scale file (JSON) first.")
-    path = file if isinstance(file, str) else getattr(file, "path", None) or getattr(file, "name", None)
+    path = upload_path(file, "The scale file")
     shape = model_shape()
     scales = calibrate.load_scales(path, num_layers=shape[0] if shape else None)
     shared = scales.shared()
@@ -132,13 +134,14 @@ def build(tr: Translator) -> dict:
             c["json"] = tr(gr.Code(language="json", label=t("calib_file"), lines=12, max_lines=20),
                            label="calib_file")
     with gr.Row(equal_height=True):
-        c["upload"] = tr(gr.File(label=t("scale_upload"), file_types=[".json"], height=140), label="scale_upload")
+        c["upload"] = tr(UploadFile(label=t("scale_upload"), file_types=[".json"], height=140), label="scale_upload")
         with gr.Column():
             c["check"] = tr(gr.Button(t("check"), elem_id=f"{TAB}-check"), value="check")
             c["check_out"] = gr.Markdown(label="scale file check")
     c["inputs"] = [c["spec"], c["model_id"], c["prompts"]]
     c["outputs"] = [c["commands"], c["table"], c["json"], c["file"], c["scales_fig"]]
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model")}
-    c["run"].click(run, c["inputs"], c["outputs"], api_name="export", concurrency_id="model")
-    c["check"].click(check_scales, c["upload"], c["check_out"], api_name="check_scales", concurrency_limit=4)
+    on_click(c["run"], run, c["inputs"], c["outputs"], "export")
+    on_click(c["check"], check_scales, [c["upload"]], [c["check_out"]], "check_scales", concurrency_id="check_scales",
+             concurrency_limit=4)
     return c

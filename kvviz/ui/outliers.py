@@ -14,7 +14,7 @@ import numpy as np
 from kvviz import plots
 from kvviz.analysis.stats import OUTLIER_FACTOR, capture_stats, rotation_view
 
-from .common import prompt_input, capture, check_layer_head, layer_head_inputs, user_errors
+from .common import capture, check_layer_head, layer_head_inputs, on_click, prompt_input, user_errors
 from .i18n import Translator, t
 
 TAB = "outliers"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -93,5 +93,5 @@ def build(tr: Translator) -> dict:
     c["inputs"] = [c["prompt"], c["layer"], c["head"]]
     c["outputs"] = [c["fig_rope"], c["fig_kv"], c["fig_rot"], c["heat"], c["summary"]]
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model")}
-    c["run"].click(run, c["inputs"], c["outputs"], api_name="outliers", concurrency_id="model")
+    on_click(c["run"], run, c["inputs"], c["outputs"], "outliers")
     return c
