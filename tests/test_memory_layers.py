@@ -140,10 +140,11 @@ def test_windowed_presets_by_hand_from_their_fields(name, layout):
     assert kv_cache_bytes_for(name, t, layout=layout) == expected
 
 
-def test_gemma_3_27b_is_a_tenth_of_counting_every_layer_in_full():
+def test_gemma_3_27b_is_a_sixth_of_counting_every_layer_in_full():
     c = memory.MODEL_PRESETS["gemma-3-27b"].config
     full = memory.kv_cache_bytes(c["num_hidden_layers"], c["num_key_value_heads"], c["head_dim"], 131072)
     assert kv_cache_bytes_for("gemma-3-27b", 131072) / full == pytest.approx((10 * 131072 + 52 * 1024) / (62 * 131072))
+    assert round(full / 1e9, 2) == 66.57 and 1 / 6.1 < kv_cache_bytes_for("gemma-3-27b", 131072) / full < 1 / 5.9
 
 
 def test_qwen3_next_and_nemotron_count_only_attention_layers():
