@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvviz import cli, memory
@@ -81,3 +83,38 @@ def test_help_lists_the_commands(capsys):
     with pytest.raises(SystemExit) as stop:
         cli.main(["--help"])
     assert stop.value.code == 0 and "memory" in capsys.readouterr().out
+
+
+def test_memory_prints_the_per_layer_kind_breakdown(capsys):
+    assert cli.main(["memory", "--model", "gpt-oss-20b", "--context", "4096", "--formats", "fp16"]) == 0
+    stdout = capsys.readouterr().out
+    assert _row(stdout, "full_attention")[1:3] == ["12", "4,096"]
+    assert _row(stdout, "sliding_attention")[1:4] == ["(128)", "12", "128"]
+
+
+def test_memory_from_a_config_file(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(memory.MODEL_PRESETS["gemma-3-27b"].config))
+    assert cli.main(["memory", "--config", str(path), "--context", "131072", "--formats", "fp16",
+                     "--gpu", "h100-80gb", "--params", "27.4"]) == 0
+    from_file = capsys.readouterr().out
+    assert cli.main(["memory", "--model", "gemma-3-27b", "--context", "131072", "--formats", "fp16",
+                     "--gpu", "h100-80gb"]) == 0
+    assert _row(from_file, "fp16") == _row(capsys.readouterr().out, "fp16")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--config", "/nonexistent/config.json"], "No config file"),
+    (["--config", "x.json", "--model", "phi-4"], "not both"),
+    (["--hf-id", "nobody/no-such-model"], "Cannot reach the Hugging Face hub for 'nobody/no-such-model'"),
+    (["--model", "phi-4", "--params", "14"], "not both"),
+    (["--model", "phi-4", "--layout", "vllm"], "--layout"),
+])
+def test_memory_model_source_errors(args, says, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    try:
+        status = cli.main(["memory", *args, "--context", "100"])
+    except SystemExit as stop:
+        status = stop.code
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and says in err, err
