@@ -39,9 +39,3 @@ def _interpreter_ready() -> bool:
     # then, or interpreted kernels fail calling them.
     return interpreting() and type(tl.sum).__name__ == "InterpretedFunction"
 
-
-def triton_ready() -> bool:
-    """Triton kernels can run here: CUDA, or TRITON_INTERPRET=1 set before triton was imported (tests)."""
-    if triton is None:
-        return False
-    return torch.cuda.is_available() or _interpreter_ready()

@@ -87,10 +87,6 @@ class PackedSide:
             return self.group
         return 0
 
-    def with_(self, **changes) -> "PackedSide":
-        """A copy with some fields replaced."""
-        return replace(self, **changes)
-
 
 def per_head(t, batch: int, heads: int, device) -> torch.Tensor | None:
     """A per-tensor / per-head scale (a number, or 1, Hkv or B * Hkv values) as contiguous fp32 [B * Hkv]."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+import dataclasses
 import torch
 
 if not torch.cuda.is_available():  # tests/conftest.py sets it first; this covers running the file on its own
@@ -36,7 +37,8 @@ from kernels import (  # noqa: E402
     side_from_format,
 )
 
-pytestmark = pytest.mark.skipif(not kernels._triton.triton_ready(), reason=kernels._triton.triton_ready.__doc__)
+pytestmark = pytest.mark.skipif(not kernels.triton_usable(), reason="Triton cannot run here: no CUDA, and "
+                                "TRITON_INTERPRET=1 was not set before triton was imported")
 
 GQAS = (1, 3, 8)
 LENGTHS = (1, 17, 300)
@@ -239,8 +241,8 @@ def test_decode_window_and_chunk_masks(pattern):
         first = n - 20 if pattern == "window" else (n - 1) // 32 * 32  # window 20; chunk 32
         mask[b] = (pos >= first) & (pos < n)
     mask[1, :5] = False  # left padding as well
-    k = clean_k.with_(scale=clean_k.scale.clone())
-    v = clean_v.with_(scale=clean_v.scale.clone())
+    k = dataclasses.replace(clean_k, scale=clean_k.scale.clone())
+    v = dataclasses.replace(clean_v, scale=clean_v.scale.clone())
     dead = 0
     for b in range(BATCH):
         for n0 in range(0, 70, block):
@@ -341,7 +343,7 @@ def test_reference_dequantize_matches_formats(spec):
 
 # ------------------------------------------------------------------------------------------ element codecs
 
-if kernels._triton.triton_ready():
+if kernels.triton_usable():
     from kernels._triton import tl, triton
     from kernels.jit.decode_attention import _e2m1_to_f32, _e8m0_to_f32, _fp8_to_f32
     from kernels.jit.quant_pack import _e2m1_encode, _f32_to_fp8

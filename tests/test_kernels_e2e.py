@@ -21,11 +21,12 @@ import torch
 if not torch.cuda.is_available():  # tests/conftest.py sets it first; this covers running the file on its own
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import kernels._triton  # noqa: E402
+import kernels  # noqa: E402
 import kvviz  # noqa: E402
 from kvviz import attention  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not kernels._triton.triton_ready(), reason=kernels._triton.triton_ready.__doc__)
+pytestmark = pytest.mark.skipif(not kernels.triton_usable(), reason="Triton cannot run here: no CUDA, and "
+                                "TRITON_INTERPRET=1 was not set before triton was imported")
 
 # Every base format at its default granularity, the other granularities, asym, rot, and the presets' pairs.
 SPECS = (

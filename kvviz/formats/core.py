@@ -69,13 +69,6 @@ class Format:
     def __repr__(self) -> str:
         return f"Format({self.spec!r})"
 
-    @property
-    def lossless_for(self) -> tuple[torch.dtype, ...]:
-        """Input dtypes this format stores exactly (fp16 and bf16 casts, without /rot)."""
-        if self.rot or self.base not in ("fp16", "bf16"):
-            return ()
-        return (floats.DTYPES[self.base],)
-
     # -- quantize / dequantize ---------------------------------------------------------------------------------
     def quantize(self, x: torch.Tensor, scale: float | torch.Tensor | None = None) -> QTensor:
         """x: float [..., tokens, head_dim] -> QTensor.

@@ -26,31 +26,27 @@ class BaseInfo:
     default_granularity: str | None  # None: a plain cast, no scale
     granularities: tuple[str, ...]  # accepted granularities
     block: int | None = None  # fixed block along head_dim (MX / NV FP4, llama.cpp); None: free
-    summary: str = ""
     zero: bool = False  # stores a per-block minimum by design (llama.cpp's q4_1, q5_1), without /asym
 
 
 BASES: dict[str, BaseInfo] = {
-    "fp16": BaseInfo("float", 16, None, (), summary="IEEE half; saturates at +-65504"),
-    "bf16": BaseInfo("float", 16, None, (), summary="bfloat16"),
-    "fp8_e4m3": BaseInfo("float", 8, "tensor", GRANULARITIES, summary="OCP E4M3FN, max 448"),
-    "fp8_e5m2": BaseInfo("float", 8, "tensor", GRANULARITIES, summary="OCP E5M2, max 57344"),
-    "int8": BaseInfo("int", 8, "token", GRANULARITIES, summary="symmetric +-127, fp16 scales"),
-    "int4": BaseInfo("int", 4, "token", GRANULARITIES, summary="symmetric +-7, two per byte"),
-    "int2": BaseInfo("int", 2, "token", GRANULARITIES, summary="symmetric +-1, four per byte"),
-    "mxfp4": BaseInfo("fp4", 4, "token", ("token",), block=32, summary="OCP MX E2M1, E8M0 scale per 32"),
-    "fp4_mx_block16": BaseInfo("fp4", 4, "token", ("token",), block=16, summary="E2M1, E8M0 scale per 16"),
-    "nvfp4": BaseInfo("fp4", 4, "token", ("token",), block=16, summary="E2M1, E4M3 scale per 16 + fp32"),
+    "fp16": BaseInfo("float", 16, None, ()),  # IEEE half; saturates at +-65504
+    "bf16": BaseInfo("float", 16, None, ()),  # bfloat16
+    "fp8_e4m3": BaseInfo("float", 8, "tensor", GRANULARITIES),  # OCP E4M3FN, max 448
+    "fp8_e5m2": BaseInfo("float", 8, "tensor", GRANULARITIES),  # OCP E5M2, max 57344
+    "int8": BaseInfo("int", 8, "token", GRANULARITIES),  # symmetric +-127, fp16 scales
+    "int4": BaseInfo("int", 4, "token", GRANULARITIES),  # symmetric +-7, two per byte
+    "int2": BaseInfo("int", 2, "token", GRANULARITIES),  # symmetric +-1, four per byte
+    "mxfp4": BaseInfo("fp4", 4, "token", ("token",), block=32),  # OCP MX E2M1, E8M0 scale per 32
+    "fp4_mx_block16": BaseInfo("fp4", 4, "token", ("token",), block=16),  # E2M1, E8M0 scale per 16
+    "nvfp4": BaseInfo("fp4", 4, "token", ("token",), block=16),  # E2M1, E4M3 scale per 16 + fp32
     # llama.cpp's KV cache types (-ctk / -ctv), bit-exact with ggml's reference quantizers: see formats/ggml.py
-    "q8_0": BaseInfo("ggml", 8, "token", ("token",), block=32, summary="llama.cpp: int8, fp16 d per 32"),
-    "q4_0": BaseInfo("ggml", 4, "token", ("token",), block=32, summary="llama.cpp: 4-bit, fp16 d per 32"),
-    "q4_1": BaseInfo("ggml", 4, "token", ("token",), block=32, summary="llama.cpp: 4-bit, fp16 d and min per 32",
-                     zero=True),
-    "q5_0": BaseInfo("ggml", 5, "token", ("token",), block=32, summary="llama.cpp: 5-bit, fp16 d per 32"),
-    "q5_1": BaseInfo("ggml", 5, "token", ("token",), block=32, summary="llama.cpp: 5-bit, fp16 d and min per 32",
-                     zero=True),
-    "iq4_nl": BaseInfo("ggml", 4, "token", ("token",), block=32,
-                       summary="llama.cpp: 4-bit non-linear table, fp16 d per 32"),
+    "q8_0": BaseInfo("ggml", 8, "token", ("token",), block=32),  # llama.cpp: int8, fp16 d per 32
+    "q4_0": BaseInfo("ggml", 4, "token", ("token",), block=32),  # llama.cpp: 4-bit, fp16 d per 32
+    "q4_1": BaseInfo("ggml", 4, "token", ("token",), block=32, zero=True),  # llama.cpp: 4-bit, fp16 d and min per 32
+    "q5_0": BaseInfo("ggml", 5, "token", ("token",), block=32),  # llama.cpp: 5-bit, fp16 d per 32
+    "q5_1": BaseInfo("ggml", 5, "token", ("token",), block=32, zero=True),  # llama.cpp: 5-bit, fp16 d and min per 32
+    "iq4_nl": BaseInfo("ggml", 4, "token", ("token",), block=32),  # llama.cpp: 4-bit non-linear table, fp16 d per 32
 }
 LLAMA_CPP_TYPES = tuple(name for name, info in BASES.items() if info.kind == "ggml")
 
