@@ -16,7 +16,7 @@ the fewest layers that show its layer kinds (two, four for Gemma 4's shared-KV l
     qwen3_next   linear attention (gated DeltaNet, recurrent state) + full attention
     falcon_h1    hybrid: Mamba2 and attention side by side in every layer
     gemma4       sliding + full (full layers: head_dim 32), then two layers that reuse those layers' K/V
-    deepseek_v3  MLA as transformers caches it: K head_dim 24 (16 nope + 8 rope), V head_dim 16, MoE
+    deepseek_v3  MLA: transformers caches the latent (32 wide) and the shared RoPE key (16 wide), one head; MoE
 
 Same arch and seed, same weights. The models use the "kvviz" attention function (kvviz/attention.py).
 
@@ -74,8 +74,9 @@ def _configs() -> dict:
                                             layer_types=_SLIDE_FULL * 2, num_kv_shared_layers=2,
                                             hidden_size_per_layer_input=16, vocab_size_per_layer_input=256,
                                             final_logit_softcapping=None)),
-        "deepseek_v3": ("DeepseekV3Config", dict(num_key_value_heads=4, head_dim=8, kv_lora_rank=32, q_lora_rank=None,
-                                                 qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        "deepseek_v3": ("DeepseekV3Config", dict(num_key_value_heads=4, head_dim=16, kv_lora_rank=32, q_lora_rank=None,
+                                                 qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
+                                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                                                  n_routed_experts=4, moe_intermediate_size=32, first_k_dense_replace=1,
                                                  n_group=1, topk_group=1, **moe)),
     }

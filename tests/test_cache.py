@@ -16,9 +16,10 @@ from transformers import DynamicCache
 import kvviz
 from kvviz.attention import PackedKV
 from kvviz.cache import QuantizedKVCache, QuantizedKVLayer
-from kvviz.models import TINY_ARCHS, tiny_model
+from kvviz.tiny import TINY_ARCHS, TINY_WINDOW, tiny_model
 
 PROMPTS = ["hello world, this is kvviz", "hi"]  # different lengths: the short one is left-padded
+ARCH_PROMPTS = ["twenty bytes prompt!", "a shorter one"]  # 20 tokens: longer than the tiny windows (8)
 TINY_KIVI = "k=int2/channel/g16/asym,v=int2/token/g16/asym"  # kivi2 with groups that fit head_dim 16
 LOSSY = ["k8v4", "int4", "fp8", "fp8_e5m2/token", "int8/head", "nvfp4", "int4/rot", TINY_KIVI]
 
@@ -32,13 +33,19 @@ def _generate(model, tok, cache, n=8, **kwargs):
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 @pytest.mark.parametrize("dtype,spec", [(torch.float16, "fp16"), (torch.bfloat16, "bf16")])
 def test_lossless_spec_matches_dynamic_cache_exactly(arch, dtype, spec):
-    """fp16 / bf16 casts store the model's own dtype bit for bit: tokens must equal DynamicCache's."""
+    """fp16 / bf16 casts store the model's own dtype bit for bit: greedy tokens must equal DynamicCache's, on
+    every architecture, with windows (8) and chunks shorter than the prompt (20) so that they really cut."""
     model, tok = tiny_model(arch, dtype=dtype)
-    want = _generate(model, tok, DynamicCache(config=model.config))
+    enc = tok(ARCH_PROMPTS)
+    want = model.generate(**enc, max_new_tokens=12, do_sample=False, cache=DynamicCache(config=model.config))
     cache = QuantizedKVCache(model.config, spec)
-    got = _generate(model, tok, cache)
+    got = model.generate(**enc, max_new_tokens=12, do_sample=False, cache=cache)
     assert torch.equal(got, want)
     assert cache.get_seq_length() == want.shape[1] - 1  # the last token is sampled, never fed back
+    if dtype == torch.float16:  # and the "kvviz" attention function agrees with transformers' eager attention
+        eager, _ = tiny_model(arch, dtype=dtype, attn_implementation="eager")
+        ref = eager.generate(**enc, max_new_tokens=12, do_sample=False, cache=DynamicCache(config=eager.config))
+        assert torch.equal(got, ref)
 
 
 def test_lossless_beam_search_matches_dynamic_cache():
@@ -215,3 +222,111 @@ def test_packed_handle_refuses_other_attention_functions():
             _generate(model, tok, QuantizedKVCache(model.config, "int8"), n=3)
     finally:
         model.set_attn_implementation("kvviz")
+
+
+# ------------------------------------------------------------------------------------------ every architecture
+
+ARCH_SPECS = ["int4", "k8v4", TINY_KIVI, "k=fp4_mx_block16,v=nvfp4"]
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_quantized_specs_generate_and_hold_the_memory_models_bytes(arch):
+    """Lossy specs run on every architecture, and the bytes held equal kvviz.memory's transformers layout."""
+    from kvviz.memory import kv_cache_bytes_for
+
+    model, tok = tiny_model(arch)
+    enc = tok(ARCH_PROMPTS)
+    for spec in ARCH_SPECS:
+        cache = QuantizedKVCache(model.config, spec)
+        out = model.generate(**enc, max_new_tokens=6, do_sample=False, cache=cache)
+        assert out.shape == (2, 20 + 6), spec
+        seen = out.shape[1] - 1
+        want = kv_cache_bytes_for(model.config, seen, batch=2, k=spec, layout="transformers")
+        assert cache.nbytes() == want, (spec, cache.nbytes(), want)
+
+
+@pytest.mark.parametrize("spec", ["int4", TINY_KIVI, "fp8"])
+def test_sliding_layers_hold_only_the_window(spec):
+    """Mistral's layers all slide (window 8): bytes and buffer capacity stop growing once the window is full,
+    and what is held is exactly DynamicCache's window (the attention sees the same tokens)."""
+    model, tok = tiny_model("mistral")
+    cache = QuantizedKVCache(model.config, spec)
+    enc = tok(["x"])
+    model.generate(**enc, max_new_tokens=TINY_WINDOW + 2, do_sample=False, cache=cache)
+    full = cache.nbytes()
+    ids = enc["input_ids"]
+    for _ in range(60):  # 60 more single-token steps, far past the window
+        with torch.no_grad():
+            model(input_ids=ids[:, -1:], cache=cache, use_cache=True)
+    assert cache.nbytes() == full
+    for layer in cache.layers:
+        for side in (layer.k, layer.v):
+            assert side.seq_len <= TINY_WINDOW - 1 + side.fmt.group if side.fmt.granularity == "channel" else \
+                side.seq_len == TINY_WINDOW - 1
+            assert all(buf.buf.shape[2] <= 4 * 64 for buf in side.fields.values())  # capacity bounded too
+    assert cache.get_seq_length() == 1 + TINY_WINDOW + 1 + 60
+    assert cache.get_mask_sizes(1, 0) == (TINY_WINDOW, cache.get_seq_length() - TINY_WINDOW + 1)
+
+
+def test_channel_format_in_a_window_keeps_its_group_whole_and_hides_it():
+    """A channel group straddling the window start stays stored (skip > 0) but is never shown to attention."""
+    fmt_k, fmt_v = kvviz.get_format("int4/channel/g4/asym"), kvviz.get_format("int8")
+    from kvviz.cache import QuantizedSlidingLayer, held_tokens
+
+    layer = QuantizedSlidingLayer(fmt_k, fmt_v, sliding_window=8)
+    x = torch.randn(1, 2, 30, 16)
+    layer.update(x[:, :, :10], x[:, :, :10])
+    for t in range(10, 30):
+        k, v = layer.update(x[:, :, t : t + 1], x[:, :, t : t + 1])
+        visible = min(t, 7) + 1  # what DynamicSlidingWindowLayer returns: 7 held + the new one
+        assert k.dequantize().shape[2] == v.dequantize().shape[2] == visible
+        torch.testing.assert_close(v.dequantize(), fmt_v.roundtrip(x[:, :, t + 1 - visible : t + 1]))
+        assert layer.k.seq_len == held_tokens(fmt_k, t + 1, 8) and layer.v.seq_len == held_tokens(fmt_v, t + 1, 8)
+    assert k.skip > 0 or layer.k.seq_len == 7  # the K side really kept a straddling group at some point
+
+
+def test_hybrid_and_linear_layers_keep_transformers_state_objects():
+    from transformers.cache_utils import DummyLayer, LinearAttentionLayer
+
+    from kvviz.cache import QuantizedHybridLayer
+
+    cache = QuantizedKVCache(tiny_model("qwen3_next")[0].config, "int4")
+    assert type(cache.layers[0]) is LinearAttentionLayer and isinstance(cache.layers[1], QuantizedKVLayer)
+    cache = QuantizedKVCache(tiny_model("falcon_h1")[0].config, "int4")
+    assert all(isinstance(layer, QuantizedHybridLayer) for layer in cache.layers)
+    assert all(isinstance(layer, LinearAttentionLayer) for layer in cache.layers)  # Mamba state: transformers'
+    cache = QuantizedKVCache(tiny_model("gemma4")[0].config, "int4")
+    assert [type(layer).__name__ for layer in cache.layers] == [
+        "QuantizedSlidingLayer", "QuantizedKVLayer", "DummyLayer", "DummyLayer"]
+    assert isinstance(cache.layers[3], DummyLayer)
+
+
+def test_mla_caches_the_latent_and_reads_it_as_tensors():
+    """DeepSeek-V3 expands its cached latent after the cache: the layers hand back dequantized tensors."""
+    model, tok = tiny_model("deepseek_v3")
+    cache = QuantizedKVCache(model.config, "int8")
+    model.generate(**tok(["abc"]), max_new_tokens=3, do_sample=False, cache=cache)
+    k, v = cache.layers[0].update(torch.zeros(1, 1, 1, 32), torch.zeros(1, 1, 1, 16))
+    assert isinstance(k, torch.Tensor) and k.shape == (1, 1, 6, 32) and v.shape == (1, 1, 6, 16)
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+def test_a_spec_a_layer_cannot_hold_names_the_layer_and_the_fix():
+    model, _ = tiny_model("gemma4")  # sliding layers head_dim 16, full layers 32
+    with pytest.raises(ValueError, match=r"Layer 0 \(sliding_attention\) K \(head_dim 16\).*int4/g32.*/g16"):
+        QuantizedKVCache(model.config, "int4/token/g32")
+    QuantizedKVCache(model.config, "int4/token/g16")  # fits every layer
+
+
+def test_unknown_layer_type_and_model_raise_value_error():
+    config = tiny_model("llama")[0].config
+    config.layer_types = ["full_attention", "heavily_compressed_attention"]
+    with pytest.raises(ValueError, match="heavily_compressed_attention.*full_attention, sliding_attention"):
+        QuantizedKVCache(config, "int8")
+    with pytest.raises(ValueError, match="model config"):
+        QuantizedKVCache({"model_type": "llama"}, "int8")
+    from transformers import T5Config
+
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        QuantizedKVCache(T5Config(), "int8")
