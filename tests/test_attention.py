@@ -8,6 +8,7 @@ triton is first imported) against the reference.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -133,3 +134,40 @@ def test_triton_backend_matches_the_reference_in_the_interpreter():
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert float(proc.stdout.strip().splitlines()[-1]) < 1e-5
+
+
+# ------------------------------------------------------------------------------------------ drop-in use
+
+_README_BLOCK = re.compile(r"<!-- drop-in:[^\n]*-->\n```python\n(.*?)```", re.S)
+
+
+def _save_tiny_with_tokenizer(path: Path) -> None:
+    """A tiny Llama and a character-level fast tokenizer (ids 0..255), saved as from_pretrained reads them."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from kvviz.tiny import tiny_model
+
+    model, _ = tiny_model("llama")
+    model.save_pretrained(path)
+    vocab = {chr(i): i for i in range(1, 256)} | {"<unk>": 0}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", pad_token="<unk>").save_pretrained(path)
+
+
+def test_readme_drop_in_block_runs_verbatim(tmp_path):
+    """The README's five lines, as written, in a fresh interpreter where only `import kvviz` registers "kvviz";
+    the one change is the hub id, pointed at a tiny model saved to a temporary directory."""
+    found = _README_BLOCK.findall((REPO / "README.md").read_text(encoding="utf-8"))
+    assert len(found) == 1, "README.md must hold one drop-in python block"
+    code = found[0]
+    hub_id = re.search(r'from_pretrained\("([^"]+)"', code).group(1)
+    assert code.count(hub_id) == 2 and "kvviz.attention" not in code
+    _save_tiny_with_tokenizer(tmp_path / "model")
+    script = f"import sys; sys.path.insert(0, {str(REPO)!r})\n" + code.replace(hub_id, str(tmp_path / "model"))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("bytes of K/V")
+    assert int(proc.stdout.split()[-4]) > 0  # the cache held packed K/V
