@@ -3,7 +3,8 @@
 `decode_attention` checks shapes, picks block sizes and the split count, turns each side's optional tensors into
 constexpr flags, applies Hadamard rotations outside the kernel (q . (k' H) = (q H) . k'; out = (P V') H), and
 launches the two stages. Attention sinks (gpt-oss) and logit softcapping (Gemma 2) are optional; K and V may have
-different head dims (DeepSeek-V3: K 192, V 128). Without a usable Triton (no CUDA, no TRITON_INTERPRET=1, or triton
+different head dims (DeepSeek-V3: K 192, V 128). llama.cpp's KV types (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl: sides
+with layout "ggml") are read in ggml's block order. Without a usable Triton (no CUDA, no TRITON_INTERPRET=1, or triton
 not installed) it runs the float64 reference instead, so the CPU path always works.
 
     out = decode_attention(q, k, v, lengths)   # q: [B, Hq, D_k] -> out: [B, Hq, D_v], q's dtype
@@ -85,12 +86,13 @@ def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, 
     from kernels.jit import decode_attention as jit
 
     elem = {"float": jit.ELEM_NATIVE, "int": jit.ELEM_UINT, "fp8_e4m3": jit.ELEM_E4M3, "fp8_e5m2": jit.ELEM_E5M2,
-            "e2m1": jit.ELEM_E2M1}[side.elem]
+            "e2m1": jit.ELEM_E2M1, "iq4_nl": jit.ELEM_IQ4NL}[side.elem]
     scale_code = {None: jit.SCALE_NONE, "token": jit.SCALE_TOKEN, "channel": jit.SCALE_CHANNEL}[side.scale_kind]
     flags = dict(
         ELEM=elem, BITS=min(side.bits, 16), OFFSET=side.offset,
         SCALE=scale_code, SFMT=sfmt, GROUP=max(group, 1), FOLD=fold,
         ZERO=zero is not None, TENSOR=tensor_scale is not None, TZERO=tensor_zero is not None, TAIL=tail is not None,
+        GGML=side.layout == "ggml",
     )
     return args, flags
 

@@ -1,7 +1,8 @@
 """Launcher for `kernels/jit/quant_pack.py`: quantize new tokens of one side and write them into packed buffers.
 
 Covers the formats whose groups lie inside one token (token / gN int sym and asym, fp8 per token or per group,
-MX and NV FP4) and the static per-tensor / per-head scales (fp8, int sym). Channel-granularity formats reduce over
+MX and NV FP4), the static per-tensor / per-head scales (fp8, int sym), and llama.cpp's KV types (q8_0, q4_0, q4_1,
+q5_0, q5_1, iq4_nl, in ggml's block layout: `kernels/jit/ggml_pack.py`). Channel-granularity formats reduce over
 tokens, so the cache quantizes those with kvviz.formats when a group fills. `fmt` is duck-typed (kvviz Format
 attributes: base, kind, bits, granularity, group, asym, rot); nothing here imports kvviz.
 
@@ -16,6 +17,7 @@ from kernels._triton import triton_usable
 from kernels.packed import hadamard, per_head, reads_format
 
 _FP8_EXP = {"fp8_e4m3": 4, "fp8_e5m2": 5}
+_GGML_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # TYPE codes of kernels/jit/ggml_pack.py
 
 
 def _next_pow2(n: int) -> int:
@@ -26,6 +28,8 @@ def quant_pack_supported(fmt, head_dim: int) -> bool:
     """True when `quant_pack` can write this format (and head_dim, a power of two) on this machine's backend."""
     if head_dim < 2 or head_dim & (head_dim - 1) or fmt.granularity is None or not reads_format(fmt):
         return False
+    if fmt.kind == "ggml":
+        return head_dim >= 32 and fmt.base in _GGML_TYPES
     if fmt.granularity == "channel":
         return False
     if fmt.granularity in ("tensor", "head") and (fmt.kind == "fp4" or fmt.asym):
@@ -69,6 +73,9 @@ def quant_pack(
     assert data.shape[:2] == (batch, heads) and data.shape[2] >= pos + n_tokens, (
         f"data {tuple(data.shape)} cannot hold tokens {pos}..{pos + n_tokens - 1} of x {tuple(x.shape)}"
     )
+    if fmt.kind == "ggml":
+        _ggml_pack(fmt, x, data, scale, zero, pos)
+        return
     from kernels.jit.quant_pack import _quant_pack_kernel
 
     static = fmt.granularity in ("tensor", "head")
@@ -102,4 +109,35 @@ def quant_pack(
         ts, pos, n_tokens, heads,
         KIND=_kind(fmt), BITS=fmt.bits, FP8_EXP=_FP8_EXP.get(fmt.base, 4), GROUP=group, STATIC=static,
         HALF_DIV=x.dtype == torch.float16 and not static, HEAD_DIM=head_dim, BLOCK_T=block_t, num_warps=4,
+    )
+
+
+def _ggml_pack(fmt, x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+               pos: int) -> None:
+    """quant_pack for llama.cpp's types: x [B, Hkv, T, D] -> data (int8 q8_0 / uint8 ggml blocks), scale d and
+    zero m (q4_1, q5_1) fp16 [B, Hkv, cap, D / 32], rows pos .. pos + T - 1."""
+    from kernels.jit.ggml_pack import _ggml_pack_kernel
+
+    batch, heads, n_tokens, head_dim = x.shape
+    if fmt.rot:
+        x = x.float() @ hadamard(head_dim, device=x.device)  # kvviz.formats rotates in fp32 the same way
+    assert x.stride(-1) == 1 and data.stride(-1) == 1, "x and data must be contiguous along their last dim"
+    assert data.shape[-1] == head_dim * fmt.bits // 8, f"data's last dim must be D * {fmt.bits} / 8"
+    assert scale is not None and scale.shape[:2] == (batch, heads) and scale.shape[-1] == head_dim // 32, (
+        f"scale must be [B, Hkv, cap, D / 32], got {None if scale is None else tuple(scale.shape)}"
+    )
+    has_min = fmt.base in ("q4_1", "q5_1")
+    if has_min:
+        assert zero is not None and zero.shape == scale.shape, f"{fmt.spec} needs a zero (m) buffer shaped like scale"
+    z = zero if has_min else scale
+    block_t = max(2, min(16, _next_pow2(n_tokens)))
+    grid = (batch * heads, -(-n_tokens // block_t))
+    _ggml_pack_kernel[grid](
+        x, x.stride(0), x.stride(1), x.stride(2),
+        data, data.stride(0), data.stride(1), data.stride(2),
+        scale, scale.stride(0), scale.stride(1), scale.stride(2),
+        z, z.stride(0), z.stride(1), z.stride(2),
+        pos, n_tokens, heads,
+        TYPE=_GGML_TYPES.index(fmt.base), HEAD_DIM=head_dim, BLOCK_T=block_t, num_warps=4,
+        enable_fp_fusion=False,  # ggml's x * id + 0.5 is a rounded multiply, then an add: no fma
     )

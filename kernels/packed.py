@@ -19,25 +19,28 @@ Dequantized value of token t, channel d (packed tokens t < n_packed):
     x = (decode(code) [* scale] [* tensor_scale] [+ zero]) @ rotation   (scale, zero per group; absent = 1, 0)
 
 llama.cpp's KV types (kvviz kind "ggml": q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; kvviz/formats/ggml.py) use the same
-fields with token scales in blocks of 32 (group 32): scale fp16 d [B, Hkv, cap, D // 32], zero fp16 m (q4_1, q5_1).
-data is q8_0: int8 [B, Hkv, cap, D]; else uint8 [B, Hkv, cap, D * bits // 8] in ggml's order, 32 * bits // 8
-bytes per block: (q5_0 / q5_1: 4 bytes qh, a little-endian uint32 whose bit j is bit 4 of code j, then) 16 bytes
-qs, byte j = code j (low nibble) | code j + 16 (high nibble), not the element-2i-low order above. Values:
-q8_0 code * d; q4_0 (code - 8) * d; q5_0 (code - 16) * d; q4_1 / q5_1 code * d + m; iq4_nl KVALUES_IQ4NL[code] * d.
-The kernels do not read these yet (`reads_format` is False): the cache quantizes them with kvviz.formats and
-attention reads them through the reference.
+fields with token scales in blocks of 32 (group 32): scale fp16 d [B, Hkv, cap, D // 32], zero fp16 m (q4_1, q5_1),
+and `layout="ggml"`. data is q8_0: int8 [B, Hkv, cap, D] (elem "float", read natively); else uint8
+[B, Hkv, cap, D * bits // 8] in ggml's order, 32 * bits // 8 bytes per block: (q5_0 / q5_1, bits 5: 4 bytes qh, a
+little-endian uint32 whose bit j is bit 4 of code j, then) 16 bytes qs, byte j = code j (low nibble) | code j + 16
+(high nibble), not the element-2i-low order above. Values: q8_0 code * d; q4_0 (code - 8) * d; q5_0 (code - 16) * d
+(elem "int", offset 8 / 16); q4_1 / q5_1 code * d + m (offset 0, zero m); iq4_nl KVALUES_IQ4NL[code] * d
+(elem "iq4_nl").
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
-ELEMS = ("float", "int", "fp8_e4m3", "fp8_e5m2", "e2m1")
+ELEMS = ("float", "int", "fp8_e4m3", "fp8_e5m2", "e2m1", "iq4_nl")
+LAYOUTS = ("kvviz", "ggml")
+IQ4NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
 SCALE_KINDS = (None, "token", "channel")
-FUSED_KINDS = ("float", "int", "fp4")  # kvviz format families the kernels read; not "ggml" (llama.cpp) yet
+FUSED_KINDS = ("float", "int", "fp4", "ggml")  # kvviz format families the kernels read
+_GGML_OFFSETS = {"q4_0": 8, "q5_0": 16}  # value = code - offset; q4_1 / q5_1 add m instead
 
 
 def reads_format(fmt) -> bool:
@@ -51,8 +54,9 @@ class PackedSide:
 
     data: torch.Tensor
     head_dim: int
-    elem: str = "float"  # how a stored element decodes: float (native cast) | int | fp8_e4m3 | fp8_e5m2 | e2m1
-    bits: int = 16  # bits per stored element: 16, 8, 4, 2
+    elem: str = "float"  # how a stored element decodes: float (native cast) | int | fp8_e4m3 | fp8_e5m2 | e2m1 |
+    #                      iq4_nl (IQ4NL_VALUES[code])
+    bits: int = 16  # bits per stored element: 16, 8, 4, 2 (ggml layout: 8, 5, 4)
     offset: int = 0  # int codes: value = u - offset (2**(bits-1) for int4/int2 sym, else 0)
     scale: torch.Tensor | None = None
     scale_kind: str | None = None  # None | "token" | "channel" (tensor / head scales live in tensor_scale)
@@ -62,16 +66,28 @@ class PackedSide:
     n_packed: torch.Tensor | int | None = None  # [B] tokens held in `data`; None: every valid token
     tail: torch.Tensor | None = None
     rotation: torch.Tensor | None = None
+    layout: str = "kvviz"  # "kvviz": element order above; "ggml": llama.cpp's 32-value blocks (qh, then qs)
 
     def __post_init__(self):
         assert self.elem in ELEMS, f"elem must be one of {ELEMS}, got {self.elem!r}"
         assert self.scale_kind in SCALE_KINDS, f"scale_kind must be one of {SCALE_KINDS}, got {self.scale_kind!r}"
-        assert self.bits in (16, 8, 4, 2) or (self.bits == 32 and self.elem == "float"), f"bits={self.bits}"
+        assert self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}, got {self.layout!r}"
         assert self.data.dim() == 4, f"data must be [B, Hkv, cap, packed_dim], got {tuple(self.data.shape)}"
-        per_byte = 8 // self.bits if self.bits < 8 else 1
-        assert self.head_dim % per_byte == 0 and self.data.shape[-1] == self.head_dim // per_byte, (
-            f"data's last dim {self.data.shape[-1]} does not hold head_dim {self.head_dim} at {self.bits} bits"
-        )
+        if self.layout == "ggml":
+            assert self.bits in (8, 5, 4) and self.head_dim % 32 == 0, (
+                f"ggml blocks need bits 8 / 5 / 4 and head_dim a multiple of 32: bits={self.bits}, D={self.head_dim}"
+            )
+            assert self.elem != "iq4_nl" or self.bits == 4, "iq4_nl stores 4-bit codes"
+            assert self.data.shape[-1] == self.head_dim * self.bits // 8, (
+                f"data's last dim {self.data.shape[-1]} does not hold head_dim {self.head_dim} at {self.bits} bits"
+            )
+        else:
+            assert self.elem != "iq4_nl", "iq4_nl codes are stored in the ggml layout"
+            assert self.bits in (16, 8, 4, 2) or (self.bits == 32 and self.elem == "float"), f"bits={self.bits}"
+            per_byte = 8 // self.bits if self.bits < 8 else 1
+            assert self.head_dim % per_byte == 0 and self.data.shape[-1] == self.head_dim // per_byte, (
+                f"data's last dim {self.data.shape[-1]} does not hold head_dim {self.head_dim} at {self.bits} bits"
+            )
         if self.scale_kind in ("token", "channel"):
             assert self.scale is not None and self.scale.dim() == 4, "token/channel scales are [B, Hkv, rows, cols]"
         if self.zero is not None and self.scale_kind in ("token", "channel"):
@@ -127,9 +143,11 @@ def side_from_format(
     asym, rot). data/scale/zero/tensor_scale are laid out as kvviz's QTensor fields with [B, Hkv] in front.
     A rot format without `rotation` gets the normalized Sylvester Hadamard matrix."""
     if not reads_format(fmt):
-        raise ValueError(f"The fused kernels do not read {fmt.spec} (llama.cpp's block layout) yet; "
+        raise ValueError(f"The fused kernels do not read {fmt.spec} (kind {fmt.kind!r}); "
                          "set KVVIZ_BACKEND=torch to read it through the reference.")
     bits = int(fmt.bits)
+    if fmt.kind == "ggml":
+        return _ggml_side(fmt, data, scale, zero, head_dim=head_dim, n_packed=n_packed, tail=tail, rotation=rotation)
     per_byte = 8 // bits if bits < 8 else 1
     head_dim = head_dim or data.shape[-1] * per_byte
     if fmt.kind == "fp4":
@@ -148,4 +166,22 @@ def side_from_format(
         data=data, head_dim=head_dim, elem=elem, bits=bits, offset=offset,
         scale=scale if scale_kind else None, scale_kind=scale_kind, group=fmt.group if scale_kind else None,
         zero=zero, tensor_scale=tensor_scale, n_packed=n_packed, tail=tail, rotation=rotation,
+    )
+
+
+def _ggml_side(fmt, data, scale, zero, *, head_dim, n_packed, tail, rotation) -> PackedSide:
+    """A llama.cpp type's buffers (see the module docstring) as a PackedSide with layout "ggml"."""
+    bits = int(fmt.bits)
+    head_dim = head_dim or data.shape[-1] * 8 // bits
+    if fmt.base == "q8_0":
+        elem, offset = "float", 0  # int8 codes, read natively
+    elif fmt.base == "iq4_nl":
+        elem, offset = "iq4_nl", 0
+    else:
+        elem, offset = "int", _GGML_OFFSETS.get(fmt.base, 0)
+    if rotation is None and getattr(fmt, "rot", False):
+        rotation = hadamard(head_dim, device=data.device)
+    return PackedSide(
+        data=data, head_dim=head_dim, elem=elem, bits=bits, offset=offset, scale=scale, scale_kind="token",
+        group=32, zero=zero, n_packed=n_packed, tail=tail, rotation=rotation, layout="ggml",
     )

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from kernels.packed import PackedSide
+from kernels.packed import IQ4NL_VALUES, PackedSide
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # OCP MX v1.0 FP4 magnitudes by code & 7
 
@@ -40,6 +40,8 @@ def _per_head(t: torch.Tensor | None, batch: int, heads: int) -> torch.Tensor | 
 def decode_elements(side: PackedSide) -> torch.Tensor:
     """Decode every stored element: [B, Hkv, cap, D] float64 (before scales)."""
     data = side.data.detach().cpu()
+    if side.layout == "ggml" and side.bits < 8:
+        return _ggml_elements(side, data)
     if side.elem == "float":
         return data.to(torch.float64)
     if side.elem in ("fp8_e4m3", "fp8_e5m2"):
@@ -54,6 +56,24 @@ def decode_elements(side: PackedSide) -> torch.Tensor:
     table = torch.tensor(E2M1_VALUES, dtype=torch.float64)
     mag = table[codes & 7]
     return torch.where((codes & 8) != 0, -mag, mag)
+
+
+def _ggml_elements(side: PackedSide, data: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's 4 / 5-bit blocks, bit by bit: block i of a token is bytes [i * n, (i + 1) * n), n = 4 * bits;
+    code j (0..31) = low nibble of qs[j] (j < 16) or high nibble of qs[j - 16], plus 16 * bit j of the
+    little-endian qh. Returns [B, Hkv, cap, D] float64 values before d and m."""
+    blocks = data.to(torch.int64).reshape(*data.shape[:-1], side.head_dim // 32, 4 * side.bits)  # [..., nb, n]
+    qs = blocks[..., -16:]
+    qh = sum(blocks[..., i] << (8 * i) for i in range(4))  # uint32 from 4 little-endian bytes (5 bits only)
+    codes = torch.empty(*blocks.shape[:-1], 32, dtype=torch.int64)
+    for j in range(32):
+        codes[..., j] = (qs[..., j % 16] >> (4 * (j // 16))) & 15
+        if side.bits == 5:
+            codes[..., j] += ((qh >> j) & 1) << 4
+    codes = codes.reshape(*data.shape[:-1], side.head_dim)
+    if side.elem == "iq4_nl":
+        return torch.tensor(IQ4NL_VALUES, dtype=torch.float64)[codes]
+    return (codes - side.offset).to(torch.float64)
 
 
 def decode_scale(scale: torch.Tensor) -> torch.Tensor:

@@ -5,19 +5,21 @@ ratio {1, 3, 8} x length {1, 17, 300} x split count {1, 2, 4}. The interpreter i
 (GQA x length x splits {1, 4}) runs for a fast subset (int4 per token, nvfp4, KIVI-style int2 per channel with a
 full-precision tail) and a covering design runs for every other format: each format sees every GQA ratio, every
 length and every split count exactly once (3 runs per format, a Latin square). Batch rows have different lengths
-(L and ceil(L / 2)). Attention sinks, logit softcapping and K/V of different head dims run as a second covering
-design (each K/V/width case meets each feature once); sliding-window and chunk masks check that blocks with no live
+(L and ceil(L / 2)). llama.cpp's six KV types (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl) run a covering design of
+their own (GQA 1 and 3, every length and split count, head_dim 32 and 64, the last tokens in a full-precision
+tail). Attention sinks, logit softcapping and K/V of different head dims run as a second covering design (each
+K/V/width case meets each feature once, llama.cpp pairs among them); sliding-window and chunk masks check that blocks with no live
 token are never read (their scales are NaN). quant_pack: bit-exact against kvviz.formats (codes, scales, zero
-points, NaN payloads).
+points, NaN payloads), llama.cpp's types on blocks built to hit ggml's corner cases.
 
     python -m pytest tests/test_kernels.py -q
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
-import dataclasses
 import torch
 
 if not torch.cuda.is_available():  # tests/conftest.py sets it first; this covers running the file on its own
@@ -55,6 +57,7 @@ PACKABLE = (
     "int2/g16/asym", "fp8_e4m3/token", "fp8_e5m2/token", "fp8_e4m3/token/g16", "fp8_e4m3", "fp8_e5m2/head",
     "int8/tensor", "int4/head", "mxfp4", "fp4_mx_block16", "nvfp4", "int4/rot", "nvfp4/rot",
 )
+GGML = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # llama.cpp's KV cache types (ggml's block layout)
 TOL = 1e-3
 BATCH, KV_HEADS, HEAD_DIM = 2, 2, 32  # the sweeps use one KV head: the interpreter pays per program
 
@@ -137,6 +140,28 @@ def test_decode_covering(spec, gqa, length, splits):
     assert run_case(spec, spec, gqa, length, splits) <= TOL
 
 
+def _ggml_cases():
+    for i, spec in enumerate(GGML):
+        for j in range(3):  # each type meets GQA 1 and 3, each length and each split count; one run at D = 32
+            yield pytest.param(spec, (1, 3)[(i + j) % 2], LENGTHS[(i + j) % 3], SPLITS[(j + 2 * i) % 3],
+                               32 if j == 2 and i % 2 else 64, id=f"{spec}-{j}")
+
+
+@pytest.mark.parametrize("spec,gqa,length,splits,head_dim", list(_ggml_cases()))
+def test_decode_llama_cpp_types(spec, gqa, length, splits, head_dim):
+    """ggml's block layout read fused: the first length - 3 tokens packed, the rest a full-precision tail."""
+    fmt = F.get_format(spec)
+    kx, vx = kv_data(length, head_dim, 1)
+    kx[..., 5] *= 30.0  # a block whose scale one outlier sets
+    n = max(length - 3, 0)
+    k, v = make_side(fmt, kx, n), make_side(fmt, vx, n)
+    assert k.layout == "ggml" and (n == length or k.tail is not None)
+    q = torch.randn(BATCH, gqa, head_dim, generator=torch.Generator().manual_seed(1))
+    lengths = torch.tensor([length, (length + 1) // 2])
+    out = decode_attention(q, k, v, lengths, num_splits=splits, block_n=32)
+    assert rel_err(out, decode_attention_reference(q, k, v, lengths)) <= TOL
+
+
 @pytest.mark.parametrize("pair", ("k8v4", "k4v8", "kivi2", "kivi4", "k=fp8_e4m3/token,v=nvfp4", "k=int4/rot,v=mxfp4"))
 def test_decode_kv_pairs(pair):
     kv = F.parse_kv(pair)
@@ -186,7 +211,7 @@ def test_decode_mask_and_empty_rows():
 # Sinks (gpt-oss), softcapping (Gemma 2) and K/V of different head dims (DeepSeek-V3: K 192, V 128), as a covering
 # design: each (K, V, D_k, D_v) case meets each feature set once, split counts rotating.
 SINK_CASES = (("int4", "int4", 32, 32), ("nvfp4", "mxfp4", 48, 32), ("mxfp4", "nvfp4", 32, 64),
-              ("int4/rot", "int8/asym/rot", 64, 32))
+              ("int4/rot", "int8/asym/rot", 64, 32), ("q5_1", "iq4_nl", 64, 32), ("q4_0/rot", "q8_0", 32, 64))
 FEATURES = ("sinks", "softcap", "sinks+softcap")
 
 
@@ -331,7 +356,7 @@ def test_decode_rejects_bad_shapes():
 
 # ------------------------------------------------------------------------------------------ reference layout
 
-@pytest.mark.parametrize("spec", FAST + COVERED + ("fp8_e4m3/token/g16", "int8/head"))
+@pytest.mark.parametrize("spec", FAST + COVERED + GGML + ("fp8_e4m3/token/g16", "int8/head", "q5_0/rot"))
 def test_reference_dequantize_matches_formats(spec):
     """The reference reads the packed layout exactly as kvviz.formats writes it."""
     fmt = F.get_format(spec)
@@ -442,6 +467,36 @@ def test_quant_pack_non_finite(spec):
     _pack_and_compare(spec, x)
 
 
+def _ggml_hostile(dtype) -> torch.Tensor:
+    """[2, 2, 6, 64] with blocks that hit ggml's corner cases: ties for the largest |x| (+a before -a, -a before +a),
+    values landing on roundf's halves (q8_0: d = 1), a constant block, all-zero and all -0.0 blocks (q4_1's m keeps
+    the first zero's sign), a tiny block (iq4_nl's d = 0 below 1e-15), an outlier, Inf and NaN."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 2, 6, 64, generator=g) * torch.rand(2, 2, 6, 1, generator=g) * 3
+    x[0, 0, 0, :32] = torch.linspace(-126.5, 126.5, 32)
+    x[0, 0, 0, 7], x[0, 0, 0, 20] = 127.0, -127.0  # q8_0: d = 1, so every x.5 is a roundf half
+    x[0, 0, 1, 32:40], x[0, 0, 1, 50] = -5.0, 5.0  # -a first
+    x[0, 1, 1, :32] = 0.7  # constant
+    x[0, 1, 2, :32] = 0.0
+    x[0, 1, 2, 32:] = -0.0
+    x[1, 0, :2, :32] = x[1, 0, :2, :32].abs()  # non-negative blocks whose minimum is a zero of either sign:
+    x[1, 0, 0, 1], x[1, 0, 0, 3] = 0.0, -0.0  # m = +0 (the first zero)
+    x[1, 0, 1, 1], x[1, 0, 1, 3] = -0.0, 0.0  # m = -0
+    x[1, 0, 2, 32:] = 1e-17  # below iq4_nl's 1e-15
+    x[1, 1, 0, 9] = 60.0
+    x[1, 1, 3, 40] = float("inf")
+    x[1, 1, 4, 2] = float("nan")
+    x[1, 1, 5, 33] = float("-inf")
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
+@pytest.mark.parametrize("spec", GGML + ("q5_1/rot",))
+def test_quant_pack_llama_cpp_types_bit_exact(spec, dtype):
+    """Codes in ggml's block order, fp16 d (and m) byte for byte as kvviz.formats (so llama.cpp) stores them."""
+    _pack_and_compare(spec, _ggml_hostile(dtype))
+
+
 def test_quant_pack_many_tokens_and_rejections():
     """A prefill-sized append spans several token blocks; channel formats are left to kvviz.formats."""
     x = torch.randn(1, 2, 37, 64)
@@ -462,17 +517,18 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernels.jit.decode_attention import _decode_stage1, _decode_stage2
 from kernels.jit.quant_pack import _quant_pack_kernel
+from kernels.jit.ggml_pack import _ggml_pack_kernel
 
-def build(fn, ptrs, consts):
+def build(fn, ptrs, consts, **options):
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in ("qk_scale", "softcap") else "i32")
            for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
-    triton.compile(src, target=GPUTarget("cuda", 90, 32))  # H100 / H200: TTIR -> PTX -> cubin (ptxas)
+    triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)  # H100 / H200: TTIR -> PTX -> cubin
 
 def side(p, **kw):
     flags = dict(ELEM=0, BITS=16, OFFSET=0, SCALE=0, SFMT=0, GROUP=128, FOLD=True, ZERO=False, TENSOR=False,
-                 TZERO=False, TAIL=False)
+                 TZERO=False, TAIL=False, GGML=False)
     return {f"{p}_{k}": v for k, v in {**flags, **kw}.items()}
 
 ptrs = {n: "*fp32" for n in ("K_TS", "K_TZ", "V_TS", "V_TZ", "MID_O", "MID_ML", "SINKS")}
@@ -498,12 +554,22 @@ build(_decode_stage1, ptrs, dict(
     PRECISION="ieee", HAS_MASK=True, HAS_SINKS=True, SOFTCAP=False, SINGLE_SPLIT=False,
     **side("K", ELEM=4, BITS=4, SCALE=1, SFMT=1, GROUP=32, FOLD=False),
     **side("V", ELEM=4, BITS=4, SCALE=1, SFMT=2, GROUP=16, FOLD=False, TENSOR=True)))
+# llama.cpp's types: a q5_1 K (ggml blocks with qh, fp16 d and m per 32) with an iq4_nl V (table), tails, masked.
+ptrs.update(K="*u8", KS="*fp16", KZ="*fp16", VS="*fp16")
+build(_decode_stage1, ptrs, dict(
+    H_KV=8, GQA=4, HEAD_DIM_K=128, HEAD_DIM_V=128, BLOCK_G=16, BLOCK_N=32, BLOCK_DK=128, BLOCK_DV=128,
+    PRECISION="ieee", HAS_MASK=True, HAS_SINKS=False, SOFTCAP=False, SINGLE_SPLIT=False,
+    **side("K", ELEM=1, BITS=5, SCALE=1, GROUP=32, FOLD=False, ZERO=True, TAIL=True, GGML=True),
+    **side("V", ELEM=5, BITS=4, SCALE=1, GROUP=32, FOLD=False, TAIL=True, GGML=True)))
 for sinks in (False, True):
     build(_decode_stage2, {"MID_O": "*fp32", "MID_ML": "*fp32", "SINKS": "*fp32", "OUT": "*bf16"},
           dict(H_KV=8, GQA=4, HEAD_DIM_V=128, BLOCK_G=16, BLOCK_S=16, BLOCK_DV=128, HAS_SINKS=sinks))
 for kind, bits, group, scale in ((0, 4, 32, "*fp16"), (4, 4, 16, "*u8")):  # int4/g32 from fp16; NVFP4
     build(_quant_pack_kernel, {"X": "*fp16", "DATA": "*u8", "SCALE": scale, "ZERO": "*fp16", "TS": "*fp32"},
           dict(KIND=kind, BITS=bits, FP8_EXP=4, GROUP=group, STATIC=False, HALF_DIV=True, HEAD_DIM=128, BLOCK_T=16))
+for ggml_type, data in ((4, "*u8"), (5, "*u8"), (0, "*i8")):  # q5_1, iq4_nl (its least-squares d), q8_0
+    build(_ggml_pack_kernel, {"X": "*bf16", "DATA": data, "SCALE": "*fp16", "ZERO": "*fp16"},
+          dict(TYPE=ggml_type, HEAD_DIM=128, BLOCK_T=16), enable_fp_fusion=False)
 print("compiled")
 '''
 

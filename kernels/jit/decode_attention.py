@@ -23,14 +23,25 @@ HEAD_DIM_K, the output and the partials over HEAD_DIM_V.
 Bytes moved per token per KV head: K and V rows of D * bits / 8 bytes each, plus their scales; q, the partials
 and the output are O(Hq * D * num_splits) per sequence, negligible at long context.
 
-Element decoders use integer bit arithmetic (fp8, E2M1, E8M0) so results are bit-exact on every backend,
+llama.cpp's KV types (GGML sides: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl) are group formats with fp16 scales (and
+q4_1 / q5_1 minimums) per 32 channels: q8_0 loads its int8 codes natively; the 4 / 5-bit types unpack ggml's block
+order (qh bits, then qs nibbles j and j + 16 of byte j) and iq4_nl maps its codes through kvalues_iq4nl, held in
+four int32 words of constants.
+
+Element decoders use integer bit arithmetic (fp8, E2M1, E8M0, iq4_nl) so results are bit-exact on every backend,
 including the CPU interpreter.
 """
 
 from kernels._triton import tl, triton
 
 # ELEM codes (constexpr): how one stored element becomes fp32.
-ELEM_NATIVE, ELEM_UINT, ELEM_E4M3, ELEM_E5M2, ELEM_E2M1 = 0, 1, 2, 3, 4
+ELEM_NATIVE, ELEM_UINT, ELEM_E4M3, ELEM_E5M2, ELEM_E2M1, ELEM_IQ4NL = 0, 1, 2, 3, 4, 5
+# ggml's kvalues_iq4nl as int8 bytes, four codes per little-endian int32 word (codes 4w .. 4w + 3 in word w);
+# the first two words are negative as int32.
+_IQ4NL_W0 = tl.constexpr(0xBFAD9881 - (1 << 32))  # -127, -104, -83, -65
+_IQ4NL_W1 = tl.constexpr(0xF6EADDCF - (1 << 32))  # -49, -35, -22, -10
+_IQ4NL_W2 = tl.constexpr(0x26190D01)  # 1, 13, 25, 38
+_IQ4NL_W3 = tl.constexpr(0x71594535)  # 53, 69, 89, 113
 # SCALE codes (constexpr): which per-group scale tensor a side carries.
 SCALE_NONE, SCALE_TOKEN, SCALE_CHANNEL = 0, 1, 2
 # SCALE_FMT codes (constexpr): how a scale element becomes fp32.
@@ -77,6 +88,39 @@ def _e8m0_to_f32(b):
 
 
 @triton.jit
+def _iq4nl_to_f32(c):
+    """iq4_nl codes (int32 0..15) to fp32 kvalues_iq4nl[c]: pick the table word, shift its byte down, sign-extend
+    (three selects and no memory lookup)."""
+    word = tl.where(c < 8, tl.where(c < 4, _IQ4NL_W0, _IQ4NL_W1), tl.where(c < 12, _IQ4NL_W2, _IQ4NL_W3))
+    byte = (word.to(tl.int32) >> ((c & 3) * 8)) & 0xFF
+    return (byte - ((byte & 0x80) << 1)).to(tl.float32)
+
+
+@triton.jit
+def _ggml_codes(data, stride_dt, offs_n, in_packed, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Codes (int32 [BLOCK_N, BLOCK_D], 0 .. 2**BITS - 1) of llama.cpp's 4 / 5-bit blocks: per 32 channels,
+    (BITS 5: qh, 4 bytes, bit j = bit 4 of code j, then) qs, 16 bytes, byte j = code j | code j + 16 << 4.
+    Reads each of the BLOCK_N * HEAD_DIM * BITS / 8 bytes once."""
+    NB: tl.constexpr = BLOCK_D // 32  # blocks per row (lanes past HEAD_DIM are masked off)
+    BB: tl.constexpr = 4 * BITS  # bytes per block
+    blk = tl.arange(0, NB)
+    j = tl.arange(0, 16)
+    row = data + offs_n[:, None, None] * stride_dt + blk[None, :, None] * BB  # [BLOCK_N, NB, 1]
+    live = in_packed[:, None, None] & (blk < HEAD_DIM // 32)[None, :, None]
+    qs = tl.load(row + (BB - 16) + j[None, None, :], mask=live, other=0).to(tl.int32)  # [BLOCK_N, NB, 16]
+    half = tl.arange(0, 2)
+    codes = (qs[:, :, None, :] >> (half * 4)[None, None, :, None]) & 15  # [BLOCK_N, NB, 2, 16]: code 16h + j
+    if BITS == 5:
+        k = tl.arange(0, 4)
+        qh_b = tl.load(row + k[None, None, :], mask=live, other=0).to(tl.int32)  # [BLOCK_N, NB, 4]
+        qh = tl.sum(qh_b << (k * 8)[None, None, :], axis=2)  # [BLOCK_N, NB]: the little-endian uint32
+        bit = half[:, None] * 16 + j[None, :]  # [2, 16]
+        codes = codes | (((qh[:, :, None, None] >> bit[None, None, :, :]) & 1) << 4)
+    return tl.reshape(codes, [BLOCK_N, BLOCK_D])
+
+
+@triton.jit
 def _tanh(x):
     """tanh in fp32 without overflow: sign(x) * (1 - e) / (1 + e), e = exp(-2|x|) = 2^(-2|x| / ln 2)."""
     e = tl.exp2(-2.8853900817779268 * tl.abs(x))  # 2 / ln(2)
@@ -101,7 +145,7 @@ def _load_side(
     offs_n, offs_d, n_packed, n_valid,
     ELEM: tl.constexpr, BITS: tl.constexpr, OFFSET: tl.constexpr,
     SCALE: tl.constexpr, SFMT: tl.constexpr, GROUP: tl.constexpr, FOLD: tl.constexpr,
-    HAS_ZERO: tl.constexpr, HAS_TAIL: tl.constexpr,
+    HAS_ZERO: tl.constexpr, HAS_TAIL: tl.constexpr, GGML: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
     """One [BLOCK_N, BLOCK_D] tile of one side, as (x, row_scale, row_zero) with value = x * row_scale + row_zero.
@@ -110,11 +154,19 @@ def _load_side(
     zero come back per row, for the caller to fold into scores / probabilities. Otherwise x is fully dequantized
     and row_scale is the tensor scale. Tail rows (n_packed <= t < n_valid) hold the full-precision tokens with
     row_scale 1, row_zero 0; rows past n_valid are 0.
+    GGML: llama.cpp's block layout (BITS 4 or 5; BITS 8 is plain int8); codes decode as code - OFFSET, or through
+    the iq4_nl table (ELEM 5), and the caller's GROUP-32 token scales and zeros apply as for any group format.
     Bytes read: BLOCK_N * HEAD_DIM * BITS / 8 of data, plus BLOCK_N * HEAD_DIM / GROUP scales (and zeros).
     """
     in_packed = offs_n < n_packed  # [BLOCK_N]
     d_mask = offs_d < HEAD_DIM  # [BLOCK_D]
-    if BITS < 8:
+    if GGML and BITS < 8:
+        codes = _ggml_codes(data, stride_dt, offs_n, in_packed, BITS, BLOCK_N, BLOCK_D, HEAD_DIM)
+        if ELEM == 5:
+            x = _iq4nl_to_f32(codes)
+        else:
+            x = (codes - OFFSET).to(tl.float32)
+    elif BITS < 8:
         PER_BYTE: tl.constexpr = 8 // BITS
         offs_b = tl.arange(0, BLOCK_D // PER_BYTE)
         mask_b = in_packed[:, None] & (offs_b < HEAD_DIM // PER_BYTE)[None, :]
@@ -191,10 +243,10 @@ def _decode_stage1(
     SINGLE_SPLIT: tl.constexpr,
     K_ELEM: tl.constexpr, K_BITS: tl.constexpr, K_OFFSET: tl.constexpr, K_SCALE: tl.constexpr,
     K_SFMT: tl.constexpr, K_GROUP: tl.constexpr, K_FOLD: tl.constexpr, K_ZERO: tl.constexpr,
-    K_TENSOR: tl.constexpr, K_TZERO: tl.constexpr, K_TAIL: tl.constexpr,
+    K_TENSOR: tl.constexpr, K_TZERO: tl.constexpr, K_TAIL: tl.constexpr, K_GGML: tl.constexpr,
     V_ELEM: tl.constexpr, V_BITS: tl.constexpr, V_OFFSET: tl.constexpr, V_SCALE: tl.constexpr,
     V_SFMT: tl.constexpr, V_GROUP: tl.constexpr, V_FOLD: tl.constexpr, V_ZERO: tl.constexpr,
-    V_TENSOR: tl.constexpr, V_TZERO: tl.constexpr, V_TAIL: tl.constexpr,
+    V_TENSOR: tl.constexpr, V_TZERO: tl.constexpr, V_TAIL: tl.constexpr, V_GGML: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -249,8 +301,8 @@ def _decode_stage1(
             k, k_rs, k_rz = _load_side(
                 k_base, stride_kt, ks_base, stride_kst, kz_base, stride_kzt, kt_base, stride_ktt, k_ts, k_tz,
                 offs_n, offs_dk, k_np, length,
-                K_ELEM, K_BITS, K_OFFSET, K_SCALE, K_SFMT, K_GROUP, K_FOLD, K_ZERO, K_TAIL, BLOCK_N, BLOCK_DK,
-                HEAD_DIM_K,
+                K_ELEM, K_BITS, K_OFFSET, K_SCALE, K_SFMT, K_GROUP, K_FOLD, K_ZERO, K_TAIL, K_GGML, BLOCK_N,
+                BLOCK_DK, HEAD_DIM_K,
             )  # k: [BLOCK_N, BLOCK_DK]
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N], log2 units
             s = s * k_rs[None, :] + q_sum[:, None] * k_rz[None, :]
@@ -267,8 +319,8 @@ def _decode_stage1(
             v, v_rs, v_rz = _load_side(
                 v_base, stride_vt, vs_base, stride_vst, vz_base, stride_vzt, vt_base, stride_vtt, v_ts, v_tz,
                 offs_n, offs_dv, v_np, length,
-                V_ELEM, V_BITS, V_OFFSET, V_SCALE, V_SFMT, V_GROUP, V_FOLD, V_ZERO, V_TAIL, BLOCK_N, BLOCK_DV,
-                HEAD_DIM_V,
+                V_ELEM, V_BITS, V_OFFSET, V_SCALE, V_SFMT, V_GROUP, V_FOLD, V_ZERO, V_TAIL, V_GGML, BLOCK_N,
+                BLOCK_DV, HEAD_DIM_V,
             )  # v: [BLOCK_N, BLOCK_DV]
             acc = acc * alpha[:, None] + tl.dot(p * v_rs[None, :], v, input_precision=PRECISION)
             acc += tl.sum(p * v_rz[None, :], axis=1)[:, None]
