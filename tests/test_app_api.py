@@ -68,7 +68,10 @@ def test_compare_streams_texts_and_ends_with_metrics(client):
     rows = table["data"]
     assert [r[0] for r in rows] == ["exact (baseline)", "fp8_e4m3", "k8v4", "k=int4,v=int8"]
     assert table["headers"][3] == "mean KL (nats/token)"
-    assert all(r[3] >= 0 for r in rows) and rows[0][3] == 0
+    # the baseline's row is its own reference (KL 0, top-1 100% by definition); the chart draws the table's KL
+    assert rows[0][3] == 0 and rows[0][4] == 100
+    assert _traces(fig)[0]["y"] == [r[3] for r in rows]
+    assert all(0 <= r[4] <= 100 for r in rows) and any(r[4] < 100 or r[3] > 0 for r in rows[1:]), rows
     assert len(_traces(fig)) == 5  # KL, top-1, cache, tokens/s, perplexity panels
     assert all(r[9] > 1 for r in rows)  # perplexity
     assert "Done in" in status
