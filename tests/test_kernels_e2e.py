@@ -1,7 +1,8 @@
 """End to end: a tiny random Llama decodes through a kvviz.QuantizedKVCache with the fused Triton backend and with
 the torch reference backend, and both give the same logits, for every format (and the presets' K/V pairs); and
 tiny Gemma 3, gpt-oss, Llama 4, Mistral and Gemma 2 models (sliding windows, sinks, chunks, softcapping) do the
-same for int4 and k=mxfp4,v=nvfp4 (relative error <= 1e-3).
+same for int4 and k=mxfp4,v=nvfp4 (relative error <= 1e-3), and llama.cpp's k=q8_0,v=q4_0 on a tiny Llama, packed
+and read by the kernels (1e-3).
 
 On a CPU the Triton kernels run in the interpreter: tests/conftest.py sets TRITON_INTERPRET=1 before triton is first
 imported (triton decorates its own library functions then). The prompts are left-padded
@@ -91,6 +92,29 @@ def test_triton_and_torch_backends_agree(spec, monkeypatch):
     assert torch.isfinite(got).all()
     err = ((got - ref).abs().max() / ref.abs().max()).item()
     assert err <= TOL, f"{spec}: triton and torch logits differ by {err:.2e} (relative)"
+
+
+def test_llama_cpp_types_packed_and_read_fused(monkeypatch):
+    """k=q8_0,v=q4_0 (llama.cpp's -ctk q8_0 -ctv q4_0) at head_dim 32 (one ggml block): with the triton backend every
+    append quantizes through kernels.quant_pack and every decode step reads ggml's blocks in the fused kernel."""
+    import kernels.pack
+
+    spec = "k=q8_0,v=q4_0"
+    model, tok = _model(32)
+    packs, reads = [], []
+    quant_pack, fused = kernels.pack.quant_pack, attention._triton_decode
+    monkeypatch.setattr(kernels.pack, "quant_pack", lambda fmt, *a, **kw: packs.append(fmt.base) or
+                        quant_pack(fmt, *a, **kw))
+    monkeypatch.setattr(attention, "_triton_decode", lambda *a, **kw: reads.append(1) or fused(*a, **kw))
+    with torch.no_grad():
+        ref = _decode_logits(model, tok, spec, "torch", monkeypatch)
+        assert not packs and not reads
+        got = _decode_logits(model, tok, spec, "triton", monkeypatch)
+    assert {"q8_0", "q4_0"} <= set(packs), "the cache packs llama.cpp's types with the kernel"
+    assert len(reads) == STEPS * model.config.num_hidden_layers, "every decode step reads them fused"
+    assert torch.isfinite(got).all()
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert err <= 1e-3, f"{spec}: triton and torch logits differ by {err:.2e} (relative)"
 
 
 # ------------------------------------------------------------------------------------------ attention architectures
