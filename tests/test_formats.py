@@ -314,6 +314,14 @@ def test_arbitrary_finite_rows_stay_finite(data, spec):
     assert torch.isfinite(get_format(spec).roundtrip(x)).all()
 
 
+@pytest.mark.parametrize("spec", ["fp8_e4m3", "fp8_e5m2/token", "fp8/head"])
+def test_fp8_scale_of_a_subnormal_amax_stays_positive(spec):
+    """amax = 2**-149 (the smallest fp32 subnormal): amax / 448 underflows to 0, which divided x by zero."""
+    x = torch.zeros(1, 2, 64)
+    x[0, 1, -1] = 2.0**-149
+    assert torch.isfinite(get_format(spec).roundtrip(x)).all()
+
+
 def test_rotation_spreads_an_outlier_channel():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 256, 64, generator=g)

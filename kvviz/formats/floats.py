@@ -44,7 +44,9 @@ def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
     gran, group = fmt.granularity, fmt.group
     if scale is None:
         amax = groups.reduce(x, gran, group, "absmax")
-        scale = torch.where(amax > 0, amax / fmax, torch.ones((), device=x.device))
+        # amax / fmax underflows to 0 for subnormal amax (1e-45 / 448): keep the scale a positive normal number
+        scale = torch.where(amax > 0, (amax / fmax).clamp(min=torch.finfo(torch.float32).tiny),
+                            torch.ones((), device=x.device))
     s = groups.expand(scale, gran, group, x.shape)
     data = _nan_where_nonfinite(x.float() / s).clamp(-fmax, fmax).to(dtype)
     if gran in ("tensor", "head"):

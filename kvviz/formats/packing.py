@@ -48,8 +48,9 @@ def decode_bytes(packed: torch.Tensor, bits: int, values: tuple[float, ...]) -> 
     The same as `torch.tensor(values)[unpack(packed, bits)]`, without materializing the codes: the reference
     attention path decodes the whole history at every step, so this is its hot loop.
     """
-    table = _byte_table(bits, tuple(values), str(packed.device))
-    return table[packed.long()].reshape(*packed.shape[:-1], packed.shape[-1] * (8 // bits))
+    table = _byte_table(bits, tuple(values), str(packed.device))  # [256, per_byte]
+    rows = table.index_select(0, packed.reshape(-1).long())  # index_select: ~3x faster than table[idx] on the CPU
+    return rows.reshape(*packed.shape[:-1], packed.shape[-1] * (8 // bits))
 
 
 @functools.lru_cache(maxsize=16)
