@@ -40,6 +40,8 @@ ENGINES = ("vllm", "sglang", "llama.cpp")
 _SCALES_FILE = "scales.json"
 # kvviz base -> llama.cpp cache type (-ctk / -ctv); kvviz's fp16 / bf16 are plain casts, as llama.cpp's f16 / bf16
 _LLAMA_CPP_TYPES = {"fp16": "f16", "bf16": "bf16", **{name: name for name in LLAMA_CPP_TYPES}}
+# K/V type pairs whose CUDA flash-attention kernels a default llama.cpp build compiles (GGML_CUDA_FA_ALL_QUANTS off)
+_CUDA_FA_DEFAULT_PAIRS = {("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")}
 
 
 def export_commands(spec: "str | KVSpec", model: str = "MODEL", scales_path: str | None = _SCALES_FILE) -> dict:
@@ -248,6 +250,10 @@ def _llama_cpp(kv: KVSpec, model: str) -> dict:
         note += (" LLAMA_ATTN_ROT_DISABLE=1 keeps llama.cpp (builds since April 2026) from rotating K / V before "
                  "quantizing, so it stores exactly what kvviz simulates; leave it out to get llama.cpp's default, "
                  "rotated cache.")
+    if (k_type, v_type) not in _CUDA_FA_DEFAULT_PAIRS and env:  # a quantized side outside the default pairs
+        note += (" On CUDA, a default llama.cpp build has flash-attention kernels only for f16/f16, q8_0/q8_0 and "
+                 "q4_0/q4_0: build with -DGGML_CUDA_FA_ALL_QUANTS=ON for this pair, or its attention silently runs "
+                 "on the CPU, many times slower (llama.cpp issue 24485).")
     if not model.endswith(".gguf"):
         note += (" llama.cpp loads a GGUF file: convert a transformers checkpoint with convert_hf_to_gguf.py, or use "
                  "-hf <repo> for a repository that holds GGUF files.")
