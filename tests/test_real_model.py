@@ -1,9 +1,13 @@
-"""The real default model (SmolLM2-135M-Instruct from the bundled GGUF), loaded once per session, offline:
-generation through the k8v4 cache, and fp8's teacher-forced KL below int4's. Kept short (well under 2 minutes on a
-2-core CPU once the converted copy is cached; the very first load converts the GGUF, ~1 minute more)."""
+"""The two bundled real models, each loaded once per session, offline: SmolLM2-135M-Instruct (the default, 30
+full-attention layers) and Gemma 3 270M (sliding windows on 15 of 18 layers, QK-norm, one KV head of 256). For each:
+generation through the k8v4 cache, a teacher-forced KL ordering, and K/V capture with outlier statistics. Kept short
+(well under 2 minutes on a 2-core CPU once the converted copies are cached; the very first load of each converts
+its GGUF, 1 to 3 minutes more). Gemma's tests skip when its packages are not installed.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -12,25 +16,36 @@ import torch
 from kvviz import analysis, quality
 from kvviz.cache import QuantizedKVCache
 from kvviz.memory import kv_cache_bytes_for
-from kvviz.models import load_model
+from kvviz.models import BUNDLED, describe_model, load_model
 
 PROMPT = ("The tower is 324 metres tall, about the same height as an 81-storey building, and the tallest structure "
           "in Paris. Its base is square, measuring 125 metres on each side. During its construction, the Eiffel "
           "Tower surpassed the Washington Monument to become the tallest man-made structure in the world.")
 
 
-@pytest.fixture(scope="session")
-def real():
+def _offline_load(name=None):
     old = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # the bundled model needs no network
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # the bundled models need no network
     try:
-        yield load_model()
+        return load_model(name)
     finally:
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def real():
+    return _offline_load()
+
+
+@pytest.fixture(scope="session")
+def gemma():
+    if any(importlib.util.find_spec(p) is None for p in BUNDLED["gemma-3-270m"].packages):
+        pytest.skip(f"Gemma 3 270M is not installed ({BUNDLED['gemma-3-270m'].install})")
+    return _offline_load("gemma-3-270m")
 
 
 def test_loads_offline_with_the_expected_shape(real):
@@ -64,5 +79,62 @@ def test_fp8_kl_below_int4(real):
 def test_post_rope_k_has_outlier_channels_v_fewer(real):
     model, tok = real
     cap = analysis.capture_kv(model, tok, PROMPT)
+    summary = analysis.kv_outlier_summary(cap)
+    assert summary["keys_post"]["outliers"].sum() > summary["values"]["outliers"].sum()
+
+
+# ---------------------------------------------------------------------------------------------- Gemma 3 270M
+
+def test_gemma_loads_offline_with_the_expected_shape(gemma):
+    model, tok = gemma
+    info = describe_model(model)
+    assert (info["arch"], info["layers"], info["heads"], info["kv_heads"], info["head_dim"]) == \
+        ("gemma3_text", 18, 4, 1, 256)
+    assert info["layer_kinds"] == {"sliding_attention": 15, "full_attention": 3} and info["window"] == 512
+    assert info["qk_norm"] and "QK-norm" in info["summary"] and info["name"] == "google/gemma-3-270m"
+    assert 260e6 < info["params"] < 280e6 and info["dtype"] == "float32"
+    enc = tok(["The Eiffel Tower is in the city of"], return_tensors="pt")
+    assert enc["input_ids"][0, 0] == tok.bos_token_id  # Gemma needs its <bos>; the converted tokenizer adds it
+    out = model.generate(**enc, max_new_tokens=3, do_sample=False)
+    assert "Paris" in tok.decode(out[0, enc["input_ids"].shape[1]:])
+
+
+def test_gemma_generates_with_k8v4(gemma):
+    model, tok = gemma
+    enc = tok(PROMPT, return_tensors="pt")
+    cache = QuantizedKVCache(model.config, "k8v4")
+    with torch.no_grad():
+        out = model.generate(**enc, cache=cache, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    new = out[0, enc["input_ids"].shape[1]:]
+    assert new.numel() == 6 and tok.decode(new, skip_special_tokens=True).strip()
+    assert cache.get_seq_length() == enc["input_ids"].shape[1] + 5
+    # exactly what the memory model says this cache holds (transformers' layout: a sliding layer keeps W - 1)
+    assert cache.nbytes() == kv_cache_bytes_for(model.config, cache.get_seq_length(), k="k8v4",
+                                                layout="transformers")
+
+
+def test_gemma_int8_kl_below_per_tensor_int4(gemma):
+    model, tok = gemma
+    report = quality.compare(model, tok, PROMPT, ["int8", "int4/tensor"], max_new_tokens=8, free_running=False)
+    int8, int4_tensor = report.formats
+    assert 0 < int8.mean_kl < int4_tensor.mean_kl
+
+
+def test_gemma_capture_k_after_qk_norm_and_outlier_stats(gemma):
+    """Capture sees Gemma's K after k_norm (before RoPE, what the rotation turns into the cached K), every layer;
+    post-RoPE K has outlier channels, V has fewer."""
+    model, tok = gemma
+    layer = 5  # the first full-attention layer
+    attn = model.model.layers[layer].self_attn
+    seen = {}
+    hook = attn.register_forward_pre_hook(lambda m, a, kw: seen.update(x=kw["hidden_states"]), with_kwargs=True)
+    try:
+        cap = analysis.capture_kv(model, tok, PROMPT)
+    finally:
+        hook.remove()
+    assert cap.layer_ids == list(range(18)) and cap.keys_post.shape[1::2] == (1, 256)
+    with torch.no_grad():
+        k = attn.k_norm(attn.k_proj(seen["x"][0]).view(-1, 1, 256)).transpose(0, 1)  # [1, T, 256]
+    torch.testing.assert_close(cap.keys_pre[layer], k, rtol=1e-5, atol=1e-5)
     summary = analysis.kv_outlier_summary(cap)
     assert summary["keys_post"]["outliers"].sum() > summary["values"]["outliers"].sum()
