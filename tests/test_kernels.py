@@ -173,9 +173,11 @@ def test_decode_partial_channel_group_packed():
     assert run_case("int4/channel/g32/asym", "int2/channel/g32/asym", 3, 77, 2, kv_heads=2, channel_tail=False) <= TOL
 
 
-@pytest.mark.parametrize("spec,head_dim", [("nvfp4", 16), ("int4/g16/asym", 16), ("int8", 64), ("mxfp4", 64)])
+@pytest.mark.parametrize("spec,head_dim", [("nvfp4", 16), ("int4/g16/asym", 16), ("int8", 64), ("mxfp4", 64),
+                                           ("q5_0", 96)])
 def test_decode_head_dims(spec, head_dim):
-    """head_dim 16 folds nvfp4's single block scale into the scores; 64 takes two MX blocks."""
+    """head_dim 16 folds nvfp4's single block scale into the scores; 64 takes two MX blocks; 96 reads three ggml
+    blocks out of a 128-lane tile."""
     assert run_case(spec, spec, 3, 40, 2, head_dim=head_dim) <= TOL
 
 
