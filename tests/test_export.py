@@ -152,9 +152,10 @@ def test_llama_cpp_refusals_say_why(spec, fragment):
     assert out["note"].count("llama.cpp has no") <= 1  # one format for K and V is explained once
 
 
-@pytest.mark.parametrize("spec, warned", [("q8_0", False), ("q4_0", False), ("fp16", False),
-                                          ("k=q8_0,v=q4_0", True), ("q5_1", True), ("iq4_nl", True), ("k=fp16,v=q4_0", True),
-                                          ("bf16", False)])
+@pytest.mark.parametrize("spec, warned", [
+    ("q8_0", False), ("q4_0", False), ("fp16", False), ("bf16", False),
+    ("k=q8_0,v=q4_0", True), ("q5_1", True), ("iq4_nl", True), ("k=fp16,v=q4_0", True),
+])
 def test_llama_cpp_warns_where_cuda_flash_attention_needs_all_quants(spec, warned):
     """A default CUDA build compiles flash attention for f16/f16, q8_0/q8_0 and q4_0/q4_0 only; other pairs fall
     back to CPU attention without a word (llama.cpp issue 24485)."""

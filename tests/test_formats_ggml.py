@@ -4,7 +4,8 @@ The `gguf` package's numpy quantizers (gguf/quants.py, written to match ggml-qua
 five linear types: the stored blocks (fp16 d [+ m], qh, qs) must equal gguf's bytes and the dequantized values
 gguf's dequantization. gguf has no iq4_nl quantizer, so `_iq4nl_numpy` below ports ggml's
 quantize_row_iq4_nl_impl line by line in scalar float32 (sharing no code with kvviz/formats/ggml.py).
-Also: byte accounting, spec parsing, the cache on a tiny model, and the Triton path refusing these types.
+Also: byte accounting, spec parsing, the cache on a tiny model, hostile inputs and error bounds. The fused kernels'
+reading and packing of these types is tested in tests/test_kernels.py against kvviz.formats.
 
     python -m pytest tests/test_formats_ggml.py -q
 """
@@ -251,7 +252,7 @@ def test_memory_model_counts_the_block_scales():
     assert kvviz.kv_cache_bytes(80, 8, 128, 32768, k="k=q8_0,v=q4_0") * 16 == fp16 * (8.5 + 4.5) / 2
 
 
-# -- the cache and the kernels -------------------------------------------------------------------------------------
+# -- the cache ---------------------------------------------------------------------------------------------------------
 def _tiny_llama_head_dim_32():
     from transformers import AutoModelForCausalLM
 
@@ -276,28 +277,6 @@ def test_cache_generates_with_a_llama_cpp_pair(monkeypatch):
     assert out.shape == (2, enc["input_ids"].shape[1] + 6)
     tokens = enc["input_ids"].shape[1] + 5  # the last generated token is never written to the cache
     assert cache.nbytes() == kvviz.kv_cache_bytes(2, 2, 32, tokens, 2, k="k=q8_0,v=q4_0")
-
-
-def _kernels_read(fmt) -> bool:
-    from kernels.packed import reads_format
-
-    return reads_format(fmt)
-
-
-@pytest.mark.parametrize("base", TYPES)
-def test_kernels_refuse_a_llama_cpp_type_they_cannot_read(base):
-    """Until the kernels have a branch for a type, quant_pack declines it and side_from_format says what to do
-    (once they read it, tests/test_kernels.py holds them to fmt.quantize's bytes)."""
-    from kernels.pack import quant_pack_supported
-    from kernels.packed import side_from_format
-
-    fmt = get_format(base)
-    if _kernels_read(fmt):
-        pytest.skip(f"the kernels read {base}")
-    assert not quant_pack_supported(fmt, 128)
-    q = fmt.quantize(torch.randn(1, 2, 3, 64))
-    with pytest.raises(ValueError, match="KVVIZ_BACKEND=torch"):
-        side_from_format(fmt, q.data, q.scale, q.zero)
 
 
 # -- robustness and error bounds -----------------------------------------------------------------------------------
@@ -365,19 +344,3 @@ def test_rotation_composes_with_llama_cpp_types():
     plain, rot = (((get_format(s).roundtrip(x) - x).norm() / x.norm()).item() for s in ("q4_0", "q4_0/rot"))
     assert rot < plain
 
-
-def test_triton_backend_falls_back_to_the_reference_for_llama_cpp_types(monkeypatch):
-    """KVVIZ_BACKEND=triton (the interpreter here): appends quantize with kvviz.formats and decode reads through
-    the reference, so the tokens equal the torch backend's exactly."""
-    from kvviz.cache import QuantizedKVCache
-
-    if any(_kernels_read(get_format(b)) for b in ("q5_1", "iq4_nl")):
-        pytest.skip("the kernels read these types: no fallback to check")
-    model, tok = _tiny_llama_head_dim_32()
-    enc = tok(["the KV cache of llama.cpp", "hi"], return_tensors="pt")
-    outs = {}
-    for backend in ("torch", "triton"):
-        monkeypatch.setenv("KVVIZ_BACKEND", backend)
-        cache = QuantizedKVCache(model.config, "k=q5_1,v=iq4_nl")
-        outs[backend] = model.generate(**enc, cache=cache, max_new_tokens=5, do_sample=False)
-    assert torch.equal(outs["torch"], outs["triton"])
