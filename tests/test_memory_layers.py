@@ -38,6 +38,27 @@ def test_sliding_window_holds_w_in_engines_and_w_minus_1_in_transformers(layout,
     assert kv_cache_bytes_for(cfg, 2, layout=layout) == 4 * 2 * 2 * 2 * 8 * FP16  # shorter than the window
 
 
+@pytest.mark.parametrize("seq_len, k_held", [(2, 2), (8, 4), (9, 5), (10, 6), (11, 3), (12, 4)])
+def test_a_channel_format_in_a_sliding_layer_keeps_its_oldest_group_whole(seq_len, k_held):
+    """transformers layout, window 4 (3 tokens visible), K = int4/channel/g4/asym, V = int8 (per token).
+    K's groups of 4 are counted from position 0 and stay whole: at seq_len 10 the first visible position is 7, so
+    K keeps positions 4..9 (6 tokens: one quantized group and 2 in the fp16 tail); V keeps 7..9 (3 tokens).
+    This is kvviz.cache.held_tokens, the rule QuantizedKVCache follows. The engine layout is unchanged."""
+    cfg = _tiny(sliding_window=4)
+    k_group = 4 * 2 * 8 // 2 + 2 * 8 * (FP16 + FP16)  # 4 tokens x 2 heads x 8 dims at 4 bits + scale and zero per channel
+    k_bytes = (k_held // 4) * k_group + (k_held % 4) * 2 * 8 * FP16  # whole groups, the partial one in fp16
+    v_held = min(seq_len, 3)
+    v_bytes = v_held * 2 * (8 + FP16)  # int8 per token: 8 bytes and an fp16 scale per head
+    got = kv_cache_bytes_for(cfg, seq_len, k="int4/channel/g4/asym", v="int8", layout="transformers")
+    assert got == 4 * (k_bytes + v_bytes)
+    from kvviz import get_format
+    from kvviz.cache import held_tokens  # the cache's own rule
+
+    k_fmt, shape = get_format("int4/channel/g4/asym"), layer_shapes(cfg)[0]
+    assert shape.held(seq_len, k_fmt, "transformers") == held_tokens(k_fmt, seq_len, 4) == k_held
+    assert shape.held(seq_len, k_fmt, "engine") == min(seq_len, 4)  # engines keep the window, groups or not
+
+
 def test_chunked_attention_by_hand():
     cfg = _tiny(model_type="llama4_text", attention_chunk_size=5, no_rope_layers=[1, 1, 1, 0])
     assert [s.kind for s in layer_shapes(cfg)] == ["chunked_attention"] * 3 + ["full_attention"]

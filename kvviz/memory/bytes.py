@@ -101,9 +101,9 @@ def _layer_formats(k, v, residual, n_layers: int) -> list[tuple[Format, Format, 
 
 
 def _layer_bytes(shape: LayerShape, seq_len: int, batch: int, k_fmt, v_fmt, residual: int, layout: str) -> int:
-    t = shape.tokens(seq_len, layout)
-    return (_tensor_bytes(k_fmt, batch, shape.k_heads, shape.k_dim, t, residual)
-            + _tensor_bytes(v_fmt, batch, shape.v_heads, shape.v_dim, t, residual))
+    # K and V may hold different token counts: a channel format keeps its oldest group whole (LayerShape.held)
+    return (_tensor_bytes(k_fmt, batch, shape.k_heads, shape.k_dim, shape.held(seq_len, k_fmt, layout), residual)
+            + _tensor_bytes(v_fmt, batch, shape.v_heads, shape.v_dim, shape.held(seq_len, v_fmt, layout), residual))
 
 
 class CacheModel:

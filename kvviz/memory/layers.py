@@ -73,6 +73,18 @@ class LayerShape:
             return seq_len
         return min(seq_len, self.window - 1 if layout == "transformers" else self.window)
 
+    def held(self, seq_len: int, fmt, layout: str = "engine") -> int:
+        """Tokens one side (K or V) stored in `fmt` holds after `seq_len` tokens: `tokens`, except that in the
+        transformers layout a `channel` format (KIVI's K) in a sliding or chunked layer keeps its oldest group
+        whole. Groups of `fmt.group` tokens are counted from position 0, so the side starts at the group holding
+        the first visible position f = seq_len - tokens: it holds seq_len - (f - f % group) tokens, up to
+        group - 1 more than the window shows (kvviz.cache.held_tokens, the cache's own rule)."""
+        visible = self.tokens(seq_len, layout)
+        if layout != "transformers" or self.window is None or getattr(fmt, "granularity", None) != "channel":
+            return visible
+        first = seq_len - visible
+        return seq_len - (first - first % fmt.group)
+
 
 def _int(cfg: dict, key: str, where: str = "the config") -> int:
     value = cfg.get(key)
