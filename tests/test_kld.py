@@ -1,0 +1,113 @@
+"""llama.cpp's KLD statistics (kvviz.quality.kld): hand-worked values on tiny distributions, the top-k variant
+as a lower bound that becomes exact with full lists, and bad inputs."""
+
+import math
+
+import pytest
+import torch
+
+from kvviz.quality.kld import kld_stats, kld_stats_topk, per_position, summarize
+
+
+def _lp(rows):
+    return torch.tensor(rows, dtype=torch.float64).log()
+
+
+def test_per_position_hand_worked():
+    base = _lp([[0.6, 0.4], [0.9, 0.1]])
+    cand = _lp([[0.3, 0.7], [0.8, 0.2]])
+    kld, nll, nll_base, same = per_position(base, cand, torch.tensor([0, 1]))
+    assert kld[0].item() == pytest.approx(0.6 * math.log(0.6 / 0.3) + 0.4 * math.log(0.4 / 0.7))
+    assert kld[1].item() == pytest.approx(0.9 * math.log(0.9 / 0.8) + 0.1 * math.log(0.1 / 0.2))
+    assert nll.tolist() == pytest.approx([-math.log(0.3), -math.log(0.2)])
+    assert nll_base.tolist() == pytest.approx([-math.log(0.6), -math.log(0.1)])
+    assert same.tolist() == [False, True]
+
+
+def test_zero_base_mass_contributes_nothing():
+    base = torch.tensor([[0.0, -math.inf]], dtype=torch.float64)  # P = [1, 0]
+    cand = _lp([[0.5, 0.5]])
+    kld, *_ = per_position(base, cand, torch.tensor([0]))
+    assert kld.item() == pytest.approx(math.log(2.0))
+
+
+def test_summary_percentiles_and_errors_as_llama_cpp():
+    n = 11
+    kld = torch.arange(n, dtype=torch.float64)  # 0..10
+    s = summarize(kld, torch.ones(n), torch.ones(n), torch.ones(n, dtype=torch.bool))
+    assert s["mean"] == pytest.approx(5.0)
+    assert s["mean_se"] == pytest.approx(1.0)  # var = 385/11 - 25 = 10, sqrt(10 / 10)
+    assert s["median"] == pytest.approx(5.0)
+    assert (s["p90"], s["p95"], s["p99"], s["p999"]) == pytest.approx((9.0, 9.5, 9.9, 9.99))
+    assert s["max"] == 10.0
+    assert s["n"] == n
+
+
+def test_summary_even_median_delta_p_same_top_ratio():
+    kld = torch.tensor([4.0, 1.0, 3.0, 2.0])
+    nll_base = torch.full((4,), -math.log(0.5), dtype=torch.float64)
+    nll = -torch.tensor([0.2, 0.8, 0.2, 0.8], dtype=torch.float64).log()
+    same = torch.tensor([True, True, False, True])
+    s = summarize(kld, nll, nll_base, same)
+    assert s["median"] == pytest.approx(2.5)
+    assert s["delta_p_rms"] == pytest.approx(0.3)
+    assert s["delta_p_mean"] == pytest.approx(0.0, abs=1e-12)
+    assert s["same_top_p"] == pytest.approx(0.75)
+    assert s["same_top_p_se"] == pytest.approx(0.25)  # sqrt(0.75 * 0.25 / 3)
+    expect = float(nll.double().mean() - nll_base.double().mean())
+    assert s["ln_ppl_ratio"] == pytest.approx(expect)
+    assert math.log(s["ppl"] / s["ppl_base"]) == pytest.approx(expect)
+    assert s["mean_se"] == 0.0  # llama.cpp gives no uncertainty for n <= 10
+
+
+def test_identical_runs_are_zero():
+    lp = torch.randn(64, 32).log_softmax(-1)
+    s = kld_stats(lp, lp, torch.randint(0, 32, (64,)))
+    assert s["mean"] == pytest.approx(0.0, abs=1e-12) and s["max"] == pytest.approx(0.0, abs=1e-12)
+    assert s["same_top_p"] == 1.0 and s["ln_ppl_ratio"] == 0.0 and s["delta_p_rms"] == 0.0
+
+
+def test_topk_hand_worked_bucket():
+    # base: token 0 at 0.5, token 1 at 0.3 (rest 0.2); candidate lists tokens 1 and 2 at 0.4 and 0.35
+    base_ids, base_lp = torch.tensor([[0, 1]]), _lp([[0.5, 0.3]])
+    cand_ids, cand_lp = torch.tensor([[1, 2]]), _lp([[0.4, 0.35]])
+    tb, tc = torch.tensor([math.log(0.3)]), torch.tensor([math.log(0.4)])
+    s = kld_stats_topk(base_ids, base_lp, tb, cand_ids, cand_lp, tc)
+    # buckets: {token 1}, rest; P = (0.3, 0.7), Q = (0.4, 0.6)
+    assert s["mean"] == pytest.approx(0.3 * math.log(0.3 / 0.4) + 0.7 * math.log(0.7 / 0.6))
+    assert s["same_top_p"] == 0.0  # base's top is 0, candidate's is 1
+    assert s["delta_p_rms"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("k", [4, 16, 64])
+def test_topk_is_a_lower_bound_and_exact_with_full_lists(k):
+    torch.manual_seed(k)
+    vocab, n = 64, 100
+    base = torch.randn(n, vocab).mul(2).log_softmax(-1)
+    cand = (base + 0.5 * torch.randn(n, vocab)).log_softmax(-1)
+    targets = torch.randint(0, vocab, (n,))
+    full = kld_stats(base, cand, targets)
+    bt, ct = base.topk(k), cand.topk(k)
+    top = kld_stats_topk(bt.indices, bt.values, base.gather(-1, targets[:, None])[:, 0],
+                         ct.indices, ct.values, cand.gather(-1, targets[:, None])[:, 0])
+    assert top["mean"] <= full["mean"] + 1e-6
+    assert top["same_top_p"] == full["same_top_p"]
+    assert top["ln_ppl_ratio"] == pytest.approx(full["ln_ppl_ratio"])
+    assert top["delta_p_rms"] == pytest.approx(full["delta_p_rms"])
+    if k == vocab:
+        assert top["mean"] == pytest.approx(full["mean"], rel=1e-4)
+        assert top["p99"] == pytest.approx(full["p99"], rel=1e-4)
+    else:
+        assert top["mean"] < full["mean"]
+
+
+def test_bad_shapes_raise():
+    with pytest.raises(ValueError, match="positions, vocab"):
+        kld_stats(torch.zeros(3, 4), torch.zeros(3, 5), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="targets"):
+        kld_stats(torch.zeros(3, 4), torch.zeros(3, 4), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="same positive number"):
+        summarize(torch.zeros(0), torch.zeros(0), torch.zeros(0), torch.zeros(0, dtype=torch.bool))
+    with pytest.raises(ValueError, match="top-k"):
+        kld_stats_topk(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4), torch.zeros(2),
+                       torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3), torch.zeros(2))
