@@ -93,3 +93,125 @@ def test_gguf_quantizer_can_be_dropped_after_dequantizing():
 
     assert callable(HfQuantizer.remove_quantization_config)
     assert "hf_quantizer" in inspect.getsource(HfQuantizer.remove_quantization_config)
+
+
+# ------------------------------------------------------------------------------------------ layer kinds (kvviz.cache)
+# kvviz.cache builds one layer per decoder layer as DynamicCache does, and kvviz.memory's layout="transformers"
+# counts what those layers hold. Each assumption below is one of theirs.
+
+
+def test_dynamic_sliding_window_layer_keeps_window_minus_one_tokens():
+    """kvviz.cache.QuantizedSlidingLayer mirrors this: W - 1 held, W - 1 + q returned, and these mask sizes."""
+    import torch
+
+    layer = cache_utils.DynamicSlidingWindowLayer(sliding_window=4)
+    assert layer.get_mask_sizes(1) == (1, 0)  # nothing held yet
+    x = torch.randn(1, 2, 10, 8)
+    keys, _ = layer.update(x, x)
+    assert keys.shape[2] == 10 and layer.keys.shape[2] == 3  # the prefill sees itself; 3 = W - 1 stay
+    assert torch.equal(layer.keys, x[:, :, -3:])
+    assert layer.get_seq_length() == 10 and layer.get_mask_sizes(1) == (4, 7)  # (W - 1 + q, seen - W + 1)
+    keys, _ = layer.update(x[:, :, :1], x[:, :, :1])
+    assert keys.shape[2] == 4 and layer.keys.shape[2] == 3 and layer.get_seq_length() == 11
+    assert layer.get_mask_sizes(2) == (5, 8)
+    short = cache_utils.DynamicSlidingWindowLayer(sliding_window=8)
+    short.update(x[:, :, :2], x[:, :, :2])
+    assert short.get_mask_sizes(1) == (3, 0) and short.keys.shape[2] == 2  # below the window: all of it
+
+
+def test_layer_type_names_and_their_dynamic_layers():
+    """The layer type names DynamicCache knows, and the class each gets. A new name must be taught to
+    kvviz.cache (SUPPORTED_TYPES) and kvviz.memory (layer_kinds) before the pin moves."""
+    from kvviz.cache import SUPPORTED_TYPES
+
+    mapping = cache_utils.DYNAMIC_LAYER_TYPE_MAPPING
+    assert {name: cls.__name__ for name, cls in mapping.items()} == {
+        "full_attention": "DynamicLayer", "sliding_attention": "DynamicSlidingWindowLayer",
+        "chunked_attention": "DynamicSlidingWindowLayer", "indexed_attention": "DynamicIndexedLayer",
+        "conv": "LinearAttentionLayer", "linear_attention": "LinearAttentionLayer",
+        "hybrid": "LinearAttentionAndFullAttentionLayer",
+        "hybrid_sliding": "LinearAttentionAndSlidingWindowAttentionLayer", "dummy": "DummyLayer"}
+    assert set(mapping) - set(SUPPORTED_TYPES) == {"indexed_attention"}  # DeepSeek-V3.2's indexer: not cached yet
+
+
+def test_get_layer_types_and_kwargs_on_every_tiny_architecture():
+    """The layer types and constructor kwargs DynamicCache (and so QuantizedKVCache) gets for each tiny model:
+    chunked layers take the chunk as `sliding_window`, Gemma 4's reused layers become "dummy", linear and hybrid
+    layers a `number_of_states`."""
+    from kvviz.tiny import TINY_WINDOW, tiny_config
+
+    w = {"sliding_window": TINY_WINDOW}
+    states = {"number_of_states": 1}
+    want = {
+        "llama": (["full_attention"] * 2, [{}, {}]),
+        "qwen3": (["full_attention"] * 2, [{}, {}]),
+        "mistral": (["sliding_attention"] * 2, [w, w]),
+        "qwen2": (["full_attention", "sliding_attention"], [{}, w]),
+        "gemma2": (["sliding_attention", "full_attention"], [w, {}]),
+        "gemma3": (["sliding_attention", "full_attention"], [w, {}]),
+        "cohere2": (["sliding_attention", "full_attention"], [w, {}]),
+        "gpt_oss": (["sliding_attention", "full_attention"], [w, {}]),
+        "llama4": (["chunked_attention", "full_attention"], [w, {}]),
+        "qwen3_next": (["linear_attention", "full_attention"], [states, {}]),
+        "falcon_h1": (["hybrid", "hybrid"], [states, states]),
+        "gemma4": (["sliding_attention", "full_attention", "dummy", "dummy"], [w, {}, {}, {}]),
+        "deepseek_v3": (["full_attention"] * 2, [{}, {}]),
+    }
+    from kvviz.tiny import TINY_ARCHS
+
+    assert set(want) == set(TINY_ARCHS)
+    for arch, (types, kwargs) in want.items():
+        assert cache_utils.get_layer_types_and_kwargs(tiny_config(arch)) == (types, kwargs), arch
+
+
+def test_linear_attention_layers_dispatch_lazy_initialization_by_arguments():
+    """kvviz.cache's hybrid layers combine transformers' LinearAttentionLayer (conv / recurrent state, untouched)
+    with a quantized attention layer, dispatching as transformers' own hybrid layer does: two positional
+    arguments (K, V) for attention, keywords for the states."""
+    hybrid = cache_utils.LinearAttentionAndFullAttentionLayer
+    assert hybrid.__mro__[1:3] == (cache_utils.LinearAttentionLayer, cache_utils.LinearAttentionCacheLayerMixin)
+    assert cache_utils.DynamicLayer in hybrid.__mro__
+    src = inspect.getsource(hybrid.lazy_initialization)
+    assert "len(args) == 2 and len(kwargs) == 0" in src and "len(args) == 0" in src
+    linear = cache_utils.LinearAttentionLayer
+    assert "self.lazy_initialization(conv_states=" in inspect.getsource(linear.update_conv_state)
+    assert "self.lazy_initialization(recurrent_states=" in inspect.getsource(linear.update_recurrent_state)
+    layer = linear(number_of_states=2)
+    assert layer.conv_states == {0: None, 1: None} and layer.recurrent_states == {0: None, 1: None}
+    for name in ("reset", "reorder_cache", "crop", "offload", "prefetch"):
+        assert callable(getattr(linear, name)), name
+
+
+def test_dummy_layer_holds_nothing_and_gemma4_reads_the_producers_return_value():
+    """Gemma 4's KV-shared layers never touch the cache: they take what the producing layer's cache.update returned
+    (kvviz's PackedKV handles) from `shared_kv_states`. kvviz caches those layers as transformers' DummyLayer."""
+    import pytest
+    import torch
+
+    from transformers.models.gemma4 import modeling_gemma4
+
+    layer = cache_utils.DummyLayer()
+    assert layer.is_initialized and layer.keys is None and layer.values is None
+    assert layer.update(None, None) == (None, None)
+    with pytest.raises(NotImplementedError):
+        layer.update(torch.zeros(1), torch.zeros(1))
+    src = inspect.getsource(modeling_gemma4.Gemma4TextAttention.forward)
+    read = src.index("key_states, value_states = shared_kv_states[self.layer_type]")
+    update = src.index("key_states, value_states = cache.update(key_states, value_states, self.layer_idx")
+    store = src.index("shared_kv_states[self.layer_type] = key_states, value_states")
+    assert read < update < store  # the stored pair is the update's return value
+
+
+def test_deepseek_v3_caches_the_latent_and_expands_it_after_the_cache():
+    """transformers caches MLA's compressed latent ([B, 1, T, kv_lora_rank] as "keys", the RoPE key
+    [B, 1, T, qk_rope_head_dim] as "values") and expands it to per-head K/V after the cache: kvviz.cache's
+    layer_head_dims and kvviz.memory's transformers layout size MLA layers that way, and hand tensors back."""
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3
+
+    src = inspect.getsource(modeling_deepseek_v3.DeepseekV3Attention.forward)
+    assert "kv_nope = kv_nope.view(batch_size, 1, seq_length, self.kv_lora_rank)" in src
+    assert "k_rot = k_rot.view(batch_size, 1, seq_length, self.qk_rope_head_dim)" in src
+    update = src.index("kv_nope, k_rot = cache.update(kv_nope, k_rot, self.layer_idx")
+    expand = src.index("key_states, value_states = self.expand_kv(kv_nope, k_rot)")
+    assert update < expand < src.index("attention_interface(")
+    assert "self.kv_b_proj(kv_nope)" in inspect.getsource(modeling_deepseek_v3.DeepseekV3Attention.expand_kv)
