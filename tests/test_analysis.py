@@ -242,8 +242,8 @@ def test_layers_without_rope_have_pre_equal_post(arch, rotated):
 
 
 def test_mla_k_and_v_of_different_widths():
-    """DeepSeek-V3: K 24 channels (16 without position, 8 rotated, shared by the heads), V 16; every analysis
-    function takes the two widths."""
+    """DeepSeek-V3: K is qk_nope channels without position then qk_rope rotated ones (shared by the heads), V is
+    v_head_dim wide, narrower than K; every analysis function takes the two widths."""
     model, _, cap = _capture("deepseek_v3")
     cfg = model.config
     nope, rope = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
@@ -261,6 +261,11 @@ def test_mla_k_and_v_of_different_widths():
     assert (attn["fp16"] < 1e-3).all() and (attn["int4"] > attn["fp16"]).all()
     assert analysis.capture_stats(cap, "values")["amax"].shape[-1] == cfg.v_head_dim
     assert analysis.scale_comparison(cap, "int8", which="values", rot=False)["int8"]["error_map"].shape[-1] == 16
+    d = cap.head_dim
+    rows = analysis.scale_comparison(cap, "int8", which="keys_post")  # the rotation only where the width allows
+    assert rows and any(row["rot"] for row in rows.values()) == (d & (d - 1) == 0)
+    rows = analysis.scale_comparison(_planted(dim=24), "int8")  # 24 channels: no Hadamard matrix, no /rot rows
+    assert rows and not any(row["rot"] for row in rows.values())
 
 
 def test_layers_of_different_shapes_are_captured_one_shape_at_a_time():
@@ -286,4 +291,5 @@ def test_hybrid_analysis_reports_the_models_layer_numbers():
     assert cap.layer_ids == _attention_layers(model) and cap.layers < model.config.num_hidden_layers
     summary = analysis.kv_outlier_summary(cap)
     assert summary["keys_post"]["outliers"].shape == (cap.layers,)
+    assert analysis.capture_stats(cap)["layer_ids"] == cap.layer_ids
     assert analysis.layer_errors(cap, ["int4"])["int4"]["k"].shape == (cap.layers,)

@@ -114,12 +114,14 @@ def scale_comparison(cap: KVCapture, base: str = "int8", layer: int = 0, head: i
 
     Returns {spec: {"granularity": str, "rot": bool, "rel_error": float (whole layer), "error_map": [T, D] for
     `head`, "bits_per_value": float}}, ordered token, channel, head, tensor, then the same with /rot when
-    rot=True. A per-tensor scale is stretched by K's outlier channels; per-token and per-channel scales are not;
+    rot=True and the width is a power of two. A per-tensor scale is stretched by K's outlier channels; per-token and per-channel scales are not;
     the rotation spreads the outliers out.
     """
     if base not in FORMAT_NAMES:
         raise ValueError(f"Unknown base format {base!r}; choose one of {', '.join(FORMAT_NAMES)}.")
     x = cap.tensor(which)
+    d = x.shape[-1]
+    rot = rot and d & (d - 1) == 0  # the Hadamard rotation needs a power-of-two width (not MLA's K of 192)
     out = {}
     for use_rot in (False, True) if rot else (False,):
         for gran in GRANULARITY_ORDER:

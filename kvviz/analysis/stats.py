@@ -55,8 +55,10 @@ def channel_stats(x: torch.Tensor, factor: float = OUTLIER_FACTOR) -> dict:
 
 def capture_stats(cap: KVCapture, which: str = "keys_post", factor: float = OUTLIER_FACTOR) -> dict:
     """channel_stats of every layer and head of one captured tensor: arrays [layers, kv_heads, head_dim]
-    (amax_ratio [layers, kv_heads]), plus "outliers": {(layer, head): [channel, ...]} for the non-empty ones."""
+    (amax_ratio [layers, kv_heads]), plus "outliers": {(layer, head): [channel, ...]} for the non-empty ones, and
+    "layer_ids": the model's number of each captured layer (`layer` above is the position among them)."""
     stats = channel_stats(cap.tensor(which), factor)
+    stats["layer_ids"] = list(cap.layer_ids)
     mask = stats["outlier"]
     stats["outliers"] = {(int(l), int(h)): np.flatnonzero(mask[l, h]).tolist()
                          for l in range(mask.shape[0]) for h in range(mask.shape[1]) if mask[l, h].any()}
