@@ -1,0 +1,288 @@
+"""Fused decode attention on the CPU: numba loops over the packed K/V buffers, read in place (kernels/cpu_jit.py).
+
+The CPU twin of kernels/decode.py, with the same arguments and the same float64 reference. Each packed buffer is
+handed to the jit code as the uint8 view of its storage with byte offset and strides (no copy, capacity strides
+kept); tokens are dequantized one block at a time inside the loop, so memory while decoding is the packed bytes
+plus one [64, D] fp32 tile per thread. Hadamard rotations are applied outside, as the Triton launcher does:
+q . (k' H) = (q H) . k' and out = (P V') H.
+
+    out = decode_attention_cpu(q, k, v, lengths)   # q: [B, Hq, D_k] -> [B, Hq, D_v], q's dtype
+
+A format is one branch here: `_element_table` says how one stored code decodes (a table of 256, 16 or 4 floats,
+or a 16/32-bit float read from its bytes) and `KINDS` lists the format families it knows. `cpu_usable()` is False
+when numba is missing or fails to compile; callers then use the reference (kernels/reference.py).
+
+    python -m kernels.cpu      # first-use compile time and a quick timing against the reference
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+import time
+
+import torch
+
+from kernels.packed import PackedSide, per_head
+
+log = logging.getLogger(__name__)
+
+KINDS = ("float", "int", "fp4")  # format families (kvviz Format.kind) whose codes this path decodes
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # OCP MX v1.0 FP4 magnitudes by code & 7
+_FLOAT_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}  # cpu_jit E_F16, E_BF16, E_F32
+_MIN_TOKENS_PER_SPLIT = 256
+_LOCK = threading.Lock()  # numba's workqueue threading layer must not be entered by two threads at once
+
+
+@functools.cache
+def _jit():
+    """The jit module, imported (and its threads sized to torch's) once; None when numba is unavailable."""
+    try:
+        import numba
+
+        from kernels import cpu_jit
+    except ImportError as err:
+        log.warning("kvviz: numba is not installed (%s); the CPU decode uses the unfused reference. "
+                    "pip install numba to fuse it.", err)
+        return None
+    numba.set_num_threads(max(1, min(numba.config.NUMBA_NUM_THREADS, torch.get_num_threads())))
+    return cpu_jit
+
+
+@functools.cache
+def cpu_usable() -> bool:
+    """True when the fused CPU path runs here: numba imports and compiles (timed once, logged)."""
+    jit = _jit()
+    if jit is None:
+        return False
+    start = time.perf_counter()
+    try:
+        _smoke()
+    except Exception as err:  # noqa: BLE001 - any compile or LLVM failure means: use the reference
+        log.warning("kvviz: the fused CPU decode failed to compile (%s: %s); using the unfused reference.",
+                    type(err).__name__, err)
+        return False
+    log.info("kvviz: fused CPU decode ready in %.1f s (numba compile or cache load)", time.perf_counter() - start)
+    return True
+
+
+def supports(fmt) -> bool:
+    """Whether this path decodes a kvviz-like format (duck-typed `kind`); others take the reference."""
+    return getattr(fmt, "kind", None) in KINDS
+
+
+# ------------------------------------------------------------------------------------------ side arguments
+
+@functools.lru_cache(maxsize=None)
+def _table(elem: str, bits: int, offset: int, dtype: torch.dtype) -> torch.Tensor:
+    """float32 decode table of one element kind: index = the stored code (a byte, a nibble or 2 bits)."""
+    if elem == "int" or (elem == "float" and bits == 8):
+        codes = torch.arange(2 ** bits, dtype=torch.int32)
+        if dtype == torch.int8:
+            codes = codes.to(torch.uint8).view(torch.int8).to(torch.int32)  # int8 sym: two's complement
+        return (codes - offset).float()
+    if elem == "e2m1":
+        mag = torch.tensor(E2M1_VALUES * 2)
+        return torch.where(torch.arange(16) >= 8, -mag, mag).float()
+    if elem in ("fp8_e4m3", "fp8_e5m2"):
+        fp8 = torch.float8_e4m3fn if elem == "fp8_e4m3" else torch.float8_e5m2
+        return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fp8).float()
+    if dtype == torch.uint8:  # an E8M0 scale: 2**(byte - 127), 255 = NaN
+        out = torch.pow(2.0, torch.arange(256, dtype=torch.float64) - 127).float()
+        out[255] = float("nan")
+        return out
+    raise AssertionError(f"no decode table for elem={elem!r}, bits={bits}, dtype={dtype}")
+
+
+def _element_code(side: PackedSide) -> tuple[int, torch.Tensor | None]:
+    """(cpu_jit element storage code, decode table or None) of a side's stored codes. A new element kind is one
+    branch here: arithmetic codes (E_UINT, E_INT8), a table of 256 / 16 floats (E_LUT), or a float storage type."""
+    jit, dtype = _jit(), side.data.dtype
+    if side.elem == "float" and side.bits >= 16:
+        assert dtype in _FLOAT_CODES, f"a float cast stored as {dtype} is not readable here"
+        return _FLOAT_CODES[dtype], None
+    if side.elem == "int" or (side.elem == "float" and dtype == torch.uint8):  # int2/int4, asym int8: u - offset
+        return jit.E_UINT, None
+    if side.elem == "float" and dtype == torch.int8:
+        return jit.E_INT8, None
+    assert side.elem in ("e2m1", "fp8_e4m3", "fp8_e5m2"), f"no CPU decode for elem={side.elem!r} stored as {dtype}"
+    return jit.E_LUT, _table(side.elem, side.bits, side.offset, dtype)
+
+
+def _planar(head_dim: int, per_byte: int) -> torch.Tensor:
+    """Index [D]: planar position -> channel. cpu_jit holds element d at (d % pb) * (D / pb) + d // pb."""
+    return torch.arange(head_dim).reshape(head_dim // per_byte, per_byte).t().reshape(-1)
+
+
+def _scale_code(t: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+    """(storage code, table) of a scale / zero-point tensor: fp16, bf16, fp32, E8M0 (uint8) or E4M3."""
+    if t.dtype in _FLOAT_CODES:
+        return _FLOAT_CODES[t.dtype], None
+    if t.dtype == torch.float8_e4m3fn:
+        return 0, _table("fp8_e4m3", 8, 0, t.dtype)
+    assert t.dtype == torch.uint8, f"scales stored as {t.dtype} are not readable here"
+    return 0, _table("scale", 8, 0, torch.uint8)
+
+
+_NONE = torch.zeros(4, dtype=torch.uint8)
+
+
+def _bytes(t: torch.Tensor | None):
+    """(uint8 numpy view of t's whole storage, byte offset, byte strides of dims 0..2); no copy."""
+    if t is None:
+        return _NONE.numpy(), 0, (0, 0, 0)
+    assert t.device.type == "cpu", "the CPU decode reads CPU tensors"
+    assert t.dim() == 4 and (t.stride(-1) == 1 or t.shape[-1] == 1), "buffers must be contiguous along the last dim"
+    size = t.element_size()
+    flat = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+    return flat.numpy(), t.storage_offset() * size, tuple(s * size for s in t.stride()[:3])
+
+
+def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, head_dim: int) -> tuple:
+    """(meta, data, lut, scale, zero, scale_lut, tensor_scale, tensor_zero, tail, n_packed) for cpu_jit."""
+    jit = _jit()
+    assert side.data.shape[:2] == (batch, heads), (
+        f"packed data is [B, Hkv, cap, packed_dim] = {tuple(side.data.shape)}; want B={batch}, Hkv={heads}"
+    )
+    assert side.head_dim == head_dim, f"side head_dim {side.head_dim} != expected {head_dim}"
+    meta = [0] * jit.META_LEN
+    meta[jit.M_DIM] = head_dim
+    meta[jit.M_ELEM], lut = _element_code(side)
+    meta[jit.M_PER_BYTE] = 8 // side.bits if side.bits < 8 else 1
+    meta[jit.M_OFFSET] = side.offset
+    data, meta[jit.M_D_OFF], (meta[jit.M_D_SB], meta[jit.M_D_SH], meta[jit.M_D_ST]) = _bytes(side.data)
+    scale = zero = None
+    slut = None
+    if side.scale_kind is not None:
+        meta[jit.M_SKIND] = jit.S_TOKEN if side.scale_kind == "token" else jit.S_CHANNEL
+        meta[jit.M_SDT], slut = _scale_code(side.scale)
+        meta[jit.M_GROUP] = side.group_size
+        assert side.scale_kind == "channel" or head_dim % side.group_size == 0, "token groups must tile head_dim"
+        scale = side.scale
+        if side.zero is not None:
+            assert side.zero.dtype == side.scale.dtype, "zero points must be stored as the scales are"
+            zero, meta[jit.M_ZERO] = side.zero, 1
+    scale_np, meta[jit.M_S_OFF], (meta[jit.M_S_SB], meta[jit.M_S_SH], meta[jit.M_S_ST]) = _bytes(scale)
+    zero_np, meta[jit.M_Z_OFF], (meta[jit.M_Z_SB], meta[jit.M_Z_SH], meta[jit.M_Z_ST]) = _bytes(zero)
+    ts = per_head(side.tensor_scale, batch, heads, "cpu")
+    tz = per_head(side.zero, batch, heads, "cpu") if side.scale_kind is None else None
+    ts = torch.ones(batch * heads) if ts is None else ts
+    tz = torch.zeros(batch * heads) if tz is None else tz
+    n_packed = lengths if side.n_packed is None else torch.as_tensor(side.n_packed)
+    n_packed = n_packed.to(torch.int64).expand(batch).contiguous()
+    tail = side.tail
+    if tail is not None:
+        assert tail.dim() == 4 and tail.shape[:2] == (batch, heads) and tail.shape[3] == head_dim, (
+            f"tail must be [B, Hkv, R, D], got {tuple(tail.shape)}"
+        )
+        if tail.dtype not in _FLOAT_CODES:
+            tail = tail.float()  # a float64 test tail: R rows, never the packed history
+        meta[jit.M_TDT], meta[jit.M_TAIL] = _FLOAT_CODES[tail.dtype], 1
+    else:
+        assert bool((n_packed >= lengths).all()), "tokens past n_packed need a tail"
+    tail_np, meta[jit.M_T_OFF], (meta[jit.M_T_SB], meta[jit.M_T_SH], meta[jit.M_T_ST]) = _bytes(tail)
+    empty = torch.zeros(1)
+    return (
+        torch.tensor(meta, dtype=torch.int64).numpy(), data, (lut if lut is not None else empty).numpy(),
+        scale_np, zero_np, (slut if slut is not None else empty).numpy(), ts.numpy(), tz.numpy(), tail_np,
+        n_packed.numpy(),
+    )
+
+
+# ------------------------------------------------------------------------------------------ public function
+
+def decode_attention_cpu(
+    q: torch.Tensor,
+    k: PackedSide,
+    v: PackedSide,
+    lengths: torch.Tensor | int,
+    sm_scale: float | None = None,
+    *,
+    kv_mask: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Decode attention of one new query token per sequence over packed K/V, fused on the CPU.
+
+    q:        [B, Hq, D_k] float CPU tensor (fp32 compute); Hq a multiple of Hkv (q head i reads kv head i // G)
+    k, v:     PackedSide (kernels/packed.py), CPU tensors; k.head_dim == D_k, v.head_dim == D_v
+    lengths:  [B] int or one int: valid tokens per row (token t reads the packed buffers when t < n_packed[b],
+              else the side's tail at t - n_packed[b])
+    sm_scale: softmax scale, default 1/sqrt(D_k)
+    kv_mask:  optional bool [B, >= max(lengths)], True = attend (left padding, sliding windows)
+    sinks:    optional [Hq] logits that join the softmax denominator with no value (gpt-oss)
+    softcap:  optional float > 0: scores = softcap * tanh(scores / softcap) (Gemma 2); None / 0 off
+    num_splits: token splits per (b, kv head) run as parallel work items; None: enough to keep the threads busy
+    Returns [B, Hq, D_v] in q's dtype. Call only where `cpu_usable()`; it asserts on a bad layout.
+    """
+    jit = _jit()
+    assert jit is not None, "decode_attention_cpu needs numba: check kernels.cpu.cpu_usable() first"
+    if q.dim() != 3:
+        raise ValueError(f"decode_attention_cpu takes one query token per sequence, q: [B, Hq, D]; got {tuple(q.shape)}.")
+    batch, hq, head_dim = q.shape
+    hkv = k.data.shape[1]
+    if hq % hkv:
+        raise ValueError(f"Query heads ({hq}) must be a multiple of KV heads ({hkv}).")
+    lengths = torch.as_tensor(lengths).to(device="cpu", dtype=torch.int64).expand(batch).contiguous()
+    max_length = int(lengths.max()) if batch else 0
+    sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    qk = q.detach().float() if k.rotation is None else q.detach().float() @ k.rotation.float()  # [B, Hq, D_k]
+    k_pb, v_pb = (8 // side.bits if side.bits < 8 else 1 for side in (k, v))
+    qk = qk[..., _planar(head_dim, k_pb)].contiguous() if k_pb > 1 else qk.contiguous()  # K's planar order
+    if num_splits is None:
+        threads = jit.nb.get_num_threads()
+        num_splits = min(math.ceil(2 * threads / max(1, batch * hkv)), math.ceil(max_length / _MIN_TOKENS_PER_SPLIT))
+    num_splits = max(1, int(num_splits))
+    per_split = max(1, math.ceil(max(1, max_length) / num_splits / jit.BLOCK)) * jit.BLOCK
+    num_splits = max(1, math.ceil(max_length / per_split))
+    if kv_mask is not None:
+        assert kv_mask.dim() == 2 and kv_mask.shape[0] == batch and kv_mask.shape[1] >= max_length, (
+            f"kv_mask must be [B, >= max(lengths)] = [{batch}, >= {max_length}], got {tuple(kv_mask.shape)}"
+        )
+        mask = kv_mask.detach().to(torch.uint8).contiguous()  # [B, L]: 1 byte per token
+    else:
+        mask = torch.zeros(batch, 1, dtype=torch.uint8)
+    sink = torch.zeros(hq) if sinks is None else sinks.detach().float().reshape(hq).contiguous()
+    if sinks is not None and sink.numel() != hq:
+        raise ValueError(f"sinks holds {sink.numel()} values; pass one logit per query head ({hq}).")
+    k_args = _side_args(k, lengths, batch, hkv, head_dim)
+    v_args = _side_args(v, lengths, batch, hkv, v.head_dim)
+    units, gqa, dv = batch * hkv * num_splits, hq // hkv, v.head_dim
+    mid_m = torch.empty(units, gqa)
+    mid_l = torch.empty(units, gqa)
+    mid_acc = torch.empty(units, gqa, dv)
+    with _LOCK:
+        jit.decode_partials(
+            qk.numpy(), lengths.numpy(), mask.numpy(), kv_mask is not None, sm_scale, float(softcap or 0.0),
+            hkv, num_splits, per_split, *k_args, *v_args,
+            mid_m.numpy(), mid_l.numpy(), mid_acc.numpy(),
+        )
+    out = torch.empty(batch, hq, dv)
+    jit.combine(mid_m.numpy(), mid_l.numpy(), mid_acc.numpy(), sink.numpy(), sinks is not None, hkv, num_splits,
+                out.numpy())
+    if v_pb > 1:  # back from V's planar order: channel c sits at planar position inverse[c]
+        out = out[..., torch.argsort(_planar(dv, v_pb))]
+    if v.rotation is not None:
+        out = out @ v.rotation.float()
+    return out.to(q.dtype)
+
+
+def _smoke() -> None:
+    """Compile (or load from numba's cache) with a 2-token int4 case and check it against a direct computation."""
+    data = torch.tensor([[[[0x98, 0x89], [0x99, 0x88]]]], dtype=torch.uint8)  # codes 8/9: values 0, +-1
+    side = PackedSide(data=data, head_dim=4, elem="int", bits=4, offset=8,
+                      scale=torch.ones(1, 1, 2, 1, dtype=torch.float16), scale_kind="token")
+    q = torch.tensor([[[1.0, 0.0, 0.0, 0.0]]])
+    out = decode_attention_cpu(q, side, side, 2, sm_scale=1.0)
+    keys = torch.tensor([[0.0, 1, 1, 0], [1, 1, 0, 0]])  # low nibble first
+    want = torch.softmax(keys @ q[0, 0], 0) @ keys
+    assert torch.allclose(out[0, 0], want, atol=1e-6), f"CPU decode smoke test: {out} != {want}"
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    t0 = time.perf_counter()
+    print(f"cpu_usable: {cpu_usable()}  ({time.perf_counter() - t0:.1f} s incl. compile or cache load)")

@@ -1,0 +1,311 @@
+"""numba code of the fused CPU decode attention; the launcher is kernels/cpu.py (it imports this lazily).
+
+Every packed buffer arrives as the flat uint8 view of its whole storage plus a byte offset and byte strides, so one
+compiled signature serves every format and every capacity-strided view, and nothing is copied. Per (batch row,
+KV head, token split) one thread walks the tokens in blocks of `BLOCK` (online softmax, as flash-decoding does):
+
+    tile[t, :] = dequantize(K codes of token t)            # one block of rows: the only dequantized K/V held
+    s[g, t]    = (q[g] . tile[t]) * sm_scale               # G = query heads sharing the KV head (GQA)
+    m, l, acc  <- online softmax of s, then acc[g] += p[g, t] * dequantize(V codes of token t)
+
+A token's row dequantizes as  x = decode(code) * scale * tensor_scale + zero  (kernels/packed.py). Codes of 8 bits
+or fewer decode through a small table (`lut`: 256 entries for bytes, 16 for nibbles, 4 for 2-bit codes) built by
+the launcher from the format, so int, fp8 and E2M1 elements are one code path; 16/32-bit floats (casts, tails,
+scales) are read from their bytes. Rows past a side's n_packed come from its full-precision tail.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+# Element / scale storage: codes through a table, or IEEE half, bfloat16, float32 read from their bytes.
+E_LUT, E_F16, E_BF16, E_F32, E_UINT, E_INT8 = 0, 1, 2, 3, 4, 5
+S_NONE, S_TOKEN, S_CHANNEL = 0, 1, 2
+# Fields of a side's int64 `meta` vector (kernels/cpu.py fills it).
+(M_DIM, M_ELEM, M_PER_BYTE, M_OFFSET, M_D_OFF, M_D_SB, M_D_SH, M_D_ST,
+ M_SKIND, M_SDT, M_GROUP, M_S_OFF, M_S_SB, M_S_SH, M_S_ST,
+ M_ZERO, M_Z_OFF, M_Z_SB, M_Z_SH, M_Z_ST,
+ M_TDT, M_T_OFF, M_T_SB, M_T_SH, M_T_ST, M_TAIL) = range(26)
+META_LEN = 26
+BLOCK = 64  # tokens per block: a [64, D] fp32 tile (16 KiB at D = 64) stays in L1/L2
+
+# reassoc/contract let LLVM vectorize the fp32 dot products (sums reassociated); no nnan/ninf: -inf is used.
+_OPTS = dict(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, error_model="numpy")
+
+
+@intrinsic
+def _as_f32(typingctx, bits):
+    """Reinterpret the low 32 bits of an integer as an IEEE float32 (a register bitcast; numpy's scalar .view
+    allocates an array on every call)."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        value, i32 = args[0], ir.IntType(32)
+        if bits.bitwidth > 32:
+            value = builder.trunc(value, i32)
+        elif bits.bitwidth < 32:
+            value = builder.zext(value, i32)
+        return builder.bitcast(value, ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
+@nb.njit(inline="always", **_OPTS)
+def _u16(buf, o):
+    return np.uint32(buf[o]) | (np.uint32(buf[o + 1]) << 8)
+
+
+@nb.njit(**_OPTS)
+def _half(h):
+    """IEEE binary16 bits (uint32) -> float32, exact (subnormals, inf, nan)."""
+    sign = (h & 0x8000) << 16
+    exp = (h >> 10) & 0x1F
+    man = h & 0x3FF
+    if exp == 0x1F:  # inf / nan
+        bits = sign | np.uint32(0x7F800000) | (man << 13)
+        return _as_f32(bits)
+    if exp == 0:  # zero / subnormal: man * 2**-24
+        v = np.float32(man) * np.float32(5.9604644775390625e-08)
+        return -v if sign else v
+    bits = sign | ((exp + 112) << 23) | (man << 13)
+    return _as_f32(bits)
+
+
+@nb.njit(inline="always", **_OPTS)
+def _read(buf, o, dt, lut):
+    """One stored float at byte offset o, of storage type dt (E_LUT: one byte through `lut`)."""
+    if dt == E_LUT:
+        return lut[buf[o]]
+    if dt == E_F16:
+        return _half(_u16(buf, o))
+    if dt == E_BF16:
+        return _as_f32(_u16(buf, o) << 16)
+    u = _u16(buf, o) | (_u16(buf, o + 2) << 16)
+    return _as_f32(u)
+
+
+@nb.njit(**_OPTS)
+def _width(dt):
+    return 1 if dt == E_LUT else (4 if dt == E_F32 else 2)
+
+
+@nb.njit(**_OPTS)
+def _decode_block(meta, data, lut, scale, zero, slut, tsv, tzv, tail, npk, b, h, t0, n, live, tile):
+    """Dequantize tokens t0..t0+n-1 (where live) of (batch b, kv head h) into tile[:n, :D], in planar order:
+    element d of a row sits at (d % pb) * (D / pb) + d // pb for pb codes per byte (identity for pb = 1), so the
+    nibble / 2-bit unpacking loops are contiguous and vectorize. The caller permutes q and the output to match."""
+    d = meta[M_DIM]
+    elem = meta[M_ELEM]
+    pb = meta[M_PER_BYTE]
+    nb_ = d // pb
+    off = np.float32(meta[M_OFFSET])
+    d_base = meta[M_D_OFF] + b * meta[M_D_SB] + h * meta[M_D_SH]
+    d_st = meta[M_D_ST]
+    skind = meta[M_SKIND]
+    sdt = meta[M_SDT]
+    sw = _width(sdt)
+    group = meta[M_GROUP]
+    has_zero = meta[M_ZERO] != 0
+    s_base = meta[M_S_OFF] + b * meta[M_S_SB] + h * meta[M_S_SH]
+    s_st = meta[M_S_ST]
+    z_base = meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH]
+    z_st = meta[M_Z_ST]
+    tdt = meta[M_TDT]
+    tw = _width(tdt)
+    t_base = meta[M_T_OFF] + b * meta[M_T_SB] + h * meta[M_T_SH]
+    t_st = meta[M_T_ST]
+    for j in range(n):
+        if not live[j]:
+            continue
+        t = t0 + j
+        if t >= npk:  # the full-precision tail, written in planar order
+            o = t_base + (t - npk) * t_st
+            for i in range(nb_):
+                for p in range(pb):
+                    tile[j, p * nb_ + i] = _read(tail, o + (pb * i + p) * tw, tdt, slut)
+            continue
+        o = d_base + t * d_st
+        if elem == E_UINT:  # integer codes: value = code - offset, unpacked with shifts (vectorizes)
+            if pb == 1:
+                for i in range(d):
+                    tile[j, i] = np.float32(data[o + i]) - off
+            elif pb == 2:  # element 2i in the low nibble
+                for i in range(nb_):
+                    c = data[o + i]
+                    tile[j, i] = np.float32(c & 15) - off
+                    tile[j, nb_ + i] = np.float32(c >> 4) - off
+            else:  # element 4i + p at bits 2p
+                for i in range(nb_):
+                    c = data[o + i]
+                    tile[j, i] = np.float32(c & 3) - off
+                    tile[j, nb_ + i] = np.float32((c >> 2) & 3) - off
+                    tile[j, 2 * nb_ + i] = np.float32((c >> 4) & 3) - off
+                    tile[j, 3 * nb_ + i] = np.float32(c >> 6) - off
+        elif elem == E_INT8:  # int8 two's complement
+            for i in range(d):
+                tile[j, i] = np.float32(np.int8(data[o + i]))
+        elif elem == E_LUT:  # fp8, E2M1: codes through a table
+            if pb == 1:
+                for i in range(d):
+                    tile[j, i] = lut[data[o + i]]
+            else:
+                for i in range(nb_):
+                    c = data[o + i]
+                    tile[j, i] = lut[c & 15]
+                    tile[j, nb_ + i] = lut[c >> 4]
+        else:
+            for i in range(d):
+                tile[j, i] = _read(data, o + i * _width(elem), elem, lut)
+        if skind == S_NONE:
+            if tsv != 1.0 or tzv != 0.0:
+                for i in range(d):
+                    tile[j, i] = tile[j, i] * tsv + tzv
+        elif skind == S_TOKEN:  # group g covers planar positions p * nb_ + [g * group / pb, (g + 1) * group / pb)
+            so = s_base + t * s_st
+            zo = z_base + t * z_st
+            gp = group // pb
+            for gi in range(d // group):
+                s = _read(scale, so + gi * sw, sdt, slut) * tsv
+                z = _read(zero, zo + gi * sw, sdt, slut) if has_zero else np.float32(0.0)
+                for p in range(pb):
+                    for i in range(p * nb_ + gi * gp, p * nb_ + (gi + 1) * gp):
+                        tile[j, i] = tile[j, i] * s + z
+        else:  # channel: scale row t // group holds one scale per channel
+            so = s_base + (t // group) * s_st
+            zo = z_base + (t // group) * z_st
+            for i in range(nb_):
+                for p in range(pb):
+                    c = pb * i + p
+                    s = _read(scale, so + c * sw, sdt, slut) * tsv
+                    z = _read(zero, zo + c * sw, sdt, slut) if has_zero else np.float32(0.0)
+                    tile[j, p * nb_ + i] = tile[j, p * nb_ + i] * s + z
+
+
+@nb.njit(**_OPTS)
+def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
+            km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
+            vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn,
+            m, l, acc):
+    """Online softmax over tokens start..stop-1 of (b, kv head h) for its G query heads q: [G, Dk] (planar).
+    m, l: [G], acc: [G, Dv] f32, updated in place. Kept out of the prange body: numba compiles a parfor body
+    without the fastmath flags, and the dot products then stop vectorizing."""
+    gqa, dk = q.shape
+    dv = acc.shape[1]
+    ktile = np.zeros((BLOCK, dk), np.float32)
+    vtile = np.zeros((BLOCK, dv), np.float32)
+    s = np.empty((gqa, BLOCK), np.float32)
+    live = np.ones(BLOCK, np.bool_)
+    kts_, ktz_, vts_, vtz_ = kts[bh], ktz[bh], vts[bh], vtz[bh]
+    kn_, vn_ = kn[b], vn[b]
+    for t0 in range(start, stop, BLOCK):
+        n = min(BLOCK, stop - t0)
+        n_live = n
+        if has_mask:
+            n_live = 0
+            for j in range(n):
+                live[j] = mask[b, t0 + j] != 0
+                n_live += live[j]
+            if n_live == 0:  # a block wholly outside the window / left padding: its bytes are never read
+                continue
+        _decode_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, ktail, kn_, b, h, t0, n, live, ktile)
+        _decode_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, vtail, vn_, b, h, t0, n, live, vtile)
+        # No array views inside these loops: each view costs numba two atomic reference-count calls.
+        for g in range(gqa):
+            for j in range(n):
+                a = np.float32(0.0)
+                for i in range(dk):
+                    a += q[g, i] * ktile[j, i]
+                s[g, j] = a * sm
+            if cap > 0:
+                for j in range(n):
+                    s[g, j] = np.float32(cap * math.tanh(s[g, j] / cap))
+            mx = m[g]
+            for j in range(n):
+                if live[j]:
+                    mx = max(mx, s[g, j])
+            alpha = np.float32(math.exp(m[g] - mx)) if m[g] > -np.inf else np.float32(0.0)
+            m[g] = mx
+            for i in range(dv):
+                acc[g, i] *= alpha
+            lsum = np.float32(0.0)
+            for j in range(n):
+                p = np.float32(math.exp(s[g, j] - mx)) if live[j] else np.float32(0.0)
+                s[g, j] = p
+                lsum += p
+            l[g] = l[g] * alpha + lsum
+            for j in range(n):
+                p = s[g, j]
+                if p != 0.0:
+                    for i in range(dv):
+                        acc[g, i] += p * vtile[j, i]
+
+
+@nb.njit(parallel=True, **_OPTS)
+def decode_partials(q, lengths, mask, has_mask, sm_scale, softcap, n_kv, splits, per_split,
+                    km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
+                    vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn,
+                    mid_m, mid_l, mid_acc):
+    """Stage 1: partial softmax state of each (b, kv head, split), one parallel work item each.
+
+    q: [B, Hq, Dk] f32 in K's planar order; lengths: [B] int64; mask: [B, L] uint8 (read when has_mask);
+    kn / vn: [B] int64 packed tokens per side. Writes mid_m, mid_l: [B * Hkv * splits, G] f32 (m = -inf: no
+    token) and mid_acc: [B * Hkv * splits, G, Dv] f32 in V's planar order.
+    """
+    batch, hq, dk = q.shape
+    gqa = hq // n_kv
+    sm = np.float32(sm_scale)  # every value stays fp32: a float64 would make numba widen the dot products
+    cap = np.float32(softcap)
+    for u in nb.prange(batch * n_kv * splits):
+        bh = u // splits
+        b = bh // n_kv
+        h = bh - b * n_kv
+        start = (u - bh * splits) * per_split
+        stop = min(lengths[b], start + per_split)
+        mid_m[u, :] = -np.inf
+        mid_l[u, :] = 0.0
+        mid_acc[u, :, :] = 0.0
+        _attend(q[b, h * gqa:(h + 1) * gqa], mask, has_mask, sm, cap, b, h, bh, start, stop,
+                km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
+                vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn,
+                mid_m[u], mid_l[u], mid_acc[u])
+
+
+@nb.njit(**_OPTS)
+def combine(mid_m, mid_l, mid_acc, sinks, has_sinks, n_kv, splits, out):
+    """Stage 2: merge the splits of each (b, kv head) and normalize. out: [B, Hq, Dv] f32 (zeros where no token
+    was attended to). A sink adds exp(sink - m) to the denominator and nothing to the numerator."""
+    batch, hq, dv = out.shape
+    gqa = hq // n_kv
+    for bh in range(batch * n_kv):
+        b = bh // n_kv
+        h = bh - b * n_kv
+        for g in range(gqa):
+            mx = -np.inf
+            for sp in range(splits):
+                mx = max(mx, mid_m[bh * splits + sp, g])
+            if mx == -np.inf:
+                for i in range(dv):
+                    out[b, h * gqa + g, i] = 0.0
+                continue
+            if has_sinks:
+                mx = max(mx, sinks[h * gqa + g])
+            denom = math.exp(sinks[h * gqa + g] - mx) if has_sinks else 0.0
+            for i in range(dv):
+                out[b, h * gqa + g, i] = 0.0
+            for sp in range(splits):
+                u = bh * splits + sp
+                if mid_m[u, g] == -np.inf:
+                    continue
+                w = math.exp(mid_m[u, g] - mx)
+                denom += w * mid_l[u, g]
+                for i in range(dv):
+                    out[b, h * gqa + g, i] += w * mid_acc[u, g, i]
+            for i in range(dv):
+                out[b, h * gqa + g, i] /= denom

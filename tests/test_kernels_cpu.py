@@ -1,0 +1,145 @@
+"""The fused CPU decode (kernels/cpu.py, numba) against the float64 reference, and the "cpu" attention backend.
+
+Decode attention: relative error (max |out - ref| / max |ref|) <= 1e-3 with fp32 compute, as the Triton tests
+bound it, for every format of the registry x GQA ratio {1, 3} x length {1, 17, 300}, two KV heads, batch rows of
+different lengths (L and ceil(L / 2)), channel formats with their partial group in a full-precision tail; then
+K/V pairs, masks (left padding, a window), sinks, softcapping, K and V of different widths, half queries, Hadamard
+rotations. End to end: a tiny Llama generates the same tokens and near-equal logits through the cpu backend and
+the torch reference.
+
+    python -m pytest tests/test_kernels_cpu.py -q
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import kvviz.formats as F
+from kernels import cpu
+from kernels.reference import decode_attention_reference
+from test_kernels import COVERED, FAST, HEAD_DIM, TOL, kv_data, make_side, rel_err
+
+pytestmark = pytest.mark.skipif(not cpu.cpu_usable(), reason="numba is not installed: the CPU path is the reference")
+
+FORMATS = tuple(dict.fromkeys(FAST + COVERED + ("nvfp4", "int8/channel/g32", "fp8_e5m2/token", "nvfp4/rot")))
+_REF_ARGS = inspect.signature(decode_attention_reference).parameters
+
+
+def run_case(k_spec: str, v_spec: str, gqa: int, length: int, kv_heads: int = 2, head_dim: int = HEAD_DIM,
+             **kwargs) -> float:
+    """Both sides quantized as a cache holds them (channel formats: whole groups packed, the rest in the tail);
+    returns the relative error of the CPU decode against the float64 reference."""
+    kfmt, vfmt = F.get_format(k_spec), F.get_format(v_spec)
+    kx, vx = kv_data(length, head_dim, kv_heads)
+    lengths = torch.tensor([length, (length + 1) // 2])
+
+    def packed(fmt):
+        return (length // fmt.group) * fmt.group if fmt.granularity == "channel" else None
+
+    k, v = make_side(kfmt, kx, packed(kfmt)), make_side(vfmt, vx, packed(vfmt))
+    q = torch.randn(2, kv_heads * gqa, head_dim, generator=torch.Generator().manual_seed(1))
+    out = cpu.decode_attention_cpu(q, k, v, lengths, **kwargs)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    return rel_err(out, decode_attention_reference(q, k, v, lengths, kv_mask=kwargs.get("kv_mask")))
+
+
+@pytest.mark.parametrize("length", (1, 17, 300))
+@pytest.mark.parametrize("gqa", (1, 3))
+@pytest.mark.parametrize("spec", FORMATS)
+def test_every_format(spec, gqa, length):
+    assert run_case(spec, spec, gqa, length) <= TOL
+
+
+@pytest.mark.parametrize("pair", ("k8v4", "k4v8", "kivi2", "kivi4", "k=fp8_e4m3/token,v=nvfp4", "k=int4/rot,v=mxfp4"))
+def test_kv_pairs(pair):
+    kv = F.parse_kv(pair)
+    assert run_case(kv.k.spec, kv.v.spec, 3, 300) <= TOL
+
+
+@pytest.mark.parametrize("splits", (1, 3, 7))
+def test_split_counts(splits):
+    """Splits are merged exactly (a split may hold only masked or no tokens)."""
+    assert run_case("int4", "int4", 3, 300, num_splits=splits) <= TOL
+
+
+def test_mask_window_and_empty_rows():
+    """Left padding plus a window (kv_mask), a block with no live token, and a length-0 row (zeros, no NaN)."""
+    kx, vx = kv_data(200)
+    fmt = F.get_format("mxfp4")
+    k, v = make_side(fmt, kx), make_side(fmt, vx)
+    q = torch.randn(2, 6, HEAD_DIM)
+    mask = torch.zeros(2, 200, dtype=torch.bool)
+    mask[0, 140:] = True  # row 0 sees a window of its last 60 tokens: whole 64-token blocks masked
+    lengths = torch.tensor([200, 0])
+    out = cpu.decode_attention_cpu(q, k, v, lengths, kv_mask=mask, num_splits=3)
+    ref = decode_attention_reference(q, k, v, lengths, kv_mask=mask)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) <= TOL
+    assert out[1].abs().max() == 0
+
+
+def test_fully_masked_row_is_zero():
+    kx, vx = kv_data(30)
+    fmt = F.get_format("int8")
+    k, v = make_side(fmt, kx), make_side(fmt, vx)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[1] = False
+    out = cpu.decode_attention_cpu(torch.randn(2, 2, HEAD_DIM), k, v, 30, kv_mask=mask)
+    assert torch.isfinite(out).all() and out[1].abs().max() == 0
+
+
+@pytest.mark.skipif("sinks" not in _REF_ARGS, reason="the reference has no sinks / softcap yet")
+def test_sinks_and_softcap():
+    kx, vx = kv_data(120)
+    fmt = F.get_format("int4/g16/asym")
+    k, v = make_side(fmt, kx, 100), make_side(fmt, vx, 100)
+    q = torch.randn(2, 6, HEAD_DIM) * 3
+    sinks = torch.randn(6)
+    out = cpu.decode_attention_cpu(q, k, v, torch.tensor([120, 61]), sinks=sinks, softcap=2.0)
+    ref = decode_attention_reference(q, k, v, torch.tensor([120, 61]), sinks=sinks, softcap=2.0)
+    assert rel_err(out, ref) <= TOL
+
+
+def test_k_and_v_widths_differ():
+    """K head_dim 24, V head_dim 16 (DeepSeek-V3 as transformers caches it)."""
+    g = torch.Generator().manual_seed(3)
+    kx, vx = torch.randn(2, 1, 40, 24, generator=g), torch.randn(2, 1, 40, 16, generator=g)
+    k, v = make_side(F.get_format("int8"), kx), make_side(F.get_format("int4/g8"), vx)
+    q = torch.randn(2, 4, 24, generator=g)
+    out = cpu.decode_attention_cpu(q, k, v, 40)
+    assert out.shape == (2, 4, 16)
+    if v.head_dim == k.head_dim or "sinks" in _REF_ARGS:  # the reference reads D_v once it knows sinks
+        assert rel_err(out, decode_attention_reference(q, k, v, 40)) <= TOL
+
+
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+def test_half_query_and_tail(dtype):
+    """Model-dtype queries and tails (read from their 16-bit storage): fp32 inside, output in the query's dtype."""
+    kx, vx = kv_data(50)
+    k = make_side(F.get_format("int4/channel/g32/asym"), kx.to(dtype), 32)
+    v = make_side(F.get_format("int4/asym"), vx.to(dtype), 40)
+    q = torch.randn(2, 6, HEAD_DIM).to(dtype)
+    out = cpu.decode_attention_cpu(q, k, v, 50)
+    assert out.dtype == dtype
+    assert rel_err(out, decode_attention_reference(q, k, v, 50)) <= 1e-2  # one rounding to the half output
+
+
+def test_wrong_input_is_refused():
+    kx, vx = kv_data(10)
+    side = make_side(F.get_format("int8"), kx)
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        cpu.decode_attention_cpu(torch.randn(2, 3, HEAD_DIM), side, side, 10)
+    with pytest.raises(ValueError, match="one query token"):
+        cpu.decode_attention_cpu(torch.randn(2, 2, 1, HEAD_DIM), side, side, 10)
+
+
+def test_supports_only_known_families():
+    assert cpu.supports(F.get_format("nvfp4")) and cpu.supports(F.get_format("fp16"))
+
+    class Block:  # a format family the CPU path has no decode branch for (llama.cpp blocks, say)
+        kind = "gguf"
+
+    assert not cpu.supports(Block())
