@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvviz import bench, memory
+from kvviz.engines import cli as engines_cli
 
 
 class _Parser(argparse.ArgumentParser):
@@ -177,6 +178,7 @@ class Command:
 COMMANDS: list[Command] = [
     Command("memory", "KV-cache bytes per format for a model, and what fits on a GPU", _add_memory, _run_memory),
     Command("bench", bench.HELP, bench.add_arguments, bench.run),  # kvviz/bench.py (imports torch when run)
+    Command("engines", engines_cli.HELP, engines_cli.add_arguments, engines_cli.run),  # kvviz/engines/cli.py
 ]
 
 

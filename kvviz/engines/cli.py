@@ -1,0 +1,88 @@
+"""`python -m kvviz engines`: KV formats measured inside llama.cpp (in-process) or vLLM / SGLang servers.
+
+    python -m kvviz engines --specs q8_0,k=q8_0,v=q4_0,q4_0 --tokens 512           # llama.cpp, bundled SmolLM2
+    python -m kvviz engines --specs q4_0 --model path/to/model.gguf --no-rotate
+    python -m kvviz engines --baseline http://gpu0:8000 --server fp8_e4m3=http://gpu1:8000 --top-k 20
+
+Prints one row per format: llama.cpp's KLD statistics (kvviz.quality.kld) against the engine's own baseline, then
+how the KL was estimated. Every engine run and server answer is checked before the first number is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "KLD of KV formats inside a real engine: llama.cpp in-process, or vLLM / SGLang servers"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--specs", help="llama.cpp: comma-separated kvviz specs of its cache types, pairs kept whole "
+                                   "(e.g. q8_0,k=q8_0,v=q4_0); servers: the --server names to measure (default all)")
+    p.add_argument("--model", help="llama.cpp: a bundled model name or a .gguf path (default: the bundled SmolLM2); "
+                                   "vLLM: the served model name (default: the first the server lists)")
+    p.add_argument("--tokens", type=int, default=512, help="tokens of the text scored (default %(default)s)")
+    p.add_argument("--text-file", metavar="PATH", help="text to score (default: the WikiText-2 slice in assets/)")
+    lc = p.add_argument_group("llama.cpp")
+    lc.add_argument("--no-rotate", action="store_true",
+                    help="store K/V unrotated (LLAMA_ATTN_ROT_DISABLE=1), as kvviz's formats do")
+    lc.add_argument("--no-flash-attn", action="store_true", help="flash attention off (llama.cpp then refuses a "
+                                                                 "quantized V)")
+    lc.add_argument("--threads", type=int, help="CPU threads (default: llama.cpp's choice)")
+    srv = p.add_argument_group("vLLM / SGLang servers (one per --kv-cache-dtype, all serving the same model)")
+    srv.add_argument("--baseline", metavar="URL", help="the full-precision server, e.g. http://gpu0:8000")
+    srv.add_argument("--server", metavar="NAME=URL", action="append", default=[],
+                     help="a server to measure and its label, e.g. fp8_e4m3=http://gpu1:8000 (repeatable)")
+    srv.add_argument("--api", choices=("auto", "vllm", "sglang"), default="auto", help="default: %(default)s")
+    srv.add_argument("--top-k", type=int, default=20, help="log-probs per position (default %(default)s, vLLM's "
+                                                           "default --max-logprobs)")
+    srv.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default %(default)s)")
+
+
+def _engine(args: argparse.Namespace):
+    if args.baseline is None:
+        if args.server:
+            raise ValueError("--server needs --baseline URL, the full-precision server to compare against.")
+        if not args.specs:
+            raise ValueError("give --specs (llama.cpp cache types, e.g. q8_0,k=q8_0,v=q4_0) or --baseline and "
+                             "--server NAME=URL for vLLM / SGLang servers.")
+        return "llama.cpp", dict(flash_attn=not args.no_flash_attn, rotate=not args.no_rotate, threads=args.threads)
+    servers = {"baseline": args.baseline}
+    for item in args.server:
+        name, sep, url = item.partition("=")
+        if not sep or not name.strip() or not url.strip() or name.strip() == "baseline":
+            raise ValueError(f"--server takes NAME=URL (e.g. fp8_e4m3=http://gpu1:8000), got {item!r}.")
+        servers[name.strip()] = url.strip()
+    if len(servers) < 2:
+        raise ValueError("give at least one --server NAME=URL to measure against --baseline.")
+    return servers, dict(api=args.api, top_k=args.top_k, timeout=args.timeout)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvviz import engines
+    from kvviz.memory import split_formats
+
+    engine, options = _engine(args)
+    specs = split_formats(args.specs) if args.specs else None
+    text = None
+    if args.text_file:
+        try:
+            with open(args.text_file, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as err:
+            raise ValueError(f"Could not read --text-file {args.text_file} ({err.strerror}).") from err
+    results = engines.kld(engine, specs, model=args.model, text=text, tokens=args.tokens, **options)
+    first = next(iter(results.values()))
+    where = first.get("model") or first.get("url")
+    print(f"{first['engine']}: {where}; {first['n']} positions scored against the engine's own baseline")
+    table = [["format", "mean KLD", "± se", "median", "p99", "max", "same top", "RMS Δp", "ln(PPL/PPL base)"]]
+    for name, s in results.items():
+        table.append([name, f"{s['mean']:.5f}", f"{s['mean_se']:.5f}", f"{s['median']:.5f}", f"{s['p99']:.4f}",
+                      f"{s['max']:.4f}", f"{s['same_top_p']:.2%}", f"{s['delta_p_rms']:.3%}",
+                      f"{s['ln_ppl_ratio']:+.5f}"])
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    print(f"\nKLD in nats, KL(baseline || format) per position; estimate: {first['estimate']}.")
+    if "rotation" in first:
+        print(f"K/V rotation: {first['rotation']}.")
+    return 0
