@@ -14,7 +14,7 @@ def _result():
     row = dict(tokens_per_s=10.0, speed_vs_dynamic=1.0, mean_kl=0.0, top1=1.0)
     return {
         "rows": {
-            "DynamicCache": dict(row, kind="exact", bytes=2**20),
+            "DynamicCache": dict(row, kind="exact", bits=16, bytes=2**20),  # a bf16 model's cache
             "tf fp8 (per-tensor)": dict(row, kind="transformers", tokens_per_s=5.0, speed_vs_dynamic=0.5,
                                         mean_kl=0.0058, top1=0.951),
             "k8v4": dict(row, kind="kvviz", bits=6.5, bytes=1000, model_bytes=1000, mean_kl=0.01, top1=0.9),
@@ -33,6 +33,7 @@ def test_markdown_table():
     assert "2 CPU cores" in lines[0] and "2026-01-01" in lines[0]
     assert lines[2].startswith("| cache |") and len([l for l in lines if l.startswith("| ")]) == 4
     assert "| kvviz `k8v4` | 6.5 | 10.00 | 1.00x |" in text and "+0.00%" in text and "95.1%" in text
+    assert "| DynamicCache | 16 | 10.00 | 1.00x | 1.00 MiB |" in text  # measured bits, not a fixed 32
     assert "(2.00x)" in lines[-1]
 
 
