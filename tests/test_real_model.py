@@ -115,7 +115,7 @@ def test_gemma_generates_with_k8v4(gemma):
 
 def test_gemma_int8_kl_below_per_tensor_int4(gemma):
     model, tok = gemma
-    report = quality.compare(model, tok, PROMPT, ["int8", "int4/tensor"], max_new_tokens=8, free_running=False)
+    report = quality.compare(model, tok, PROMPT, ["int8", "int4/tensor"], max_new_tokens=5, free_running=False)
     int8, int4_tensor = report.formats
     assert 0 < int8.mean_kl < int4_tensor.mean_kl
 
