@@ -1,7 +1,7 @@
 """kvviz app: the Gradio playground for KV-cache quantization.
 
 `build_demo()` returns the page as a `gr.Blocks` (no side effects at import; the model loads on first use). The
-tabs live in `kvviz/ui/` (one module per tab); the seven lessons of DESIGN.md are one-click buttons
+tabs live in `kvviz/ui/` (one module per tab); the seven lessons of docs/DESIGN.md are one-click buttons
 (`kvviz/ui/lessons.py`); figures come from `kvviz/plots.py`.
 
 Run: `make run` (or `python app.py`) serves http://127.0.0.1:7860; GRADIO_SERVER_NAME and GRADIO_SERVER_PORT

@@ -1,4 +1,4 @@
-"""kvviz.ui.lessons: the seven lessons of DESIGN.md ("What the app must teach"), one button each.
+"""kvviz.ui.lessons: the seven lessons of docs/DESIGN.md ("What the app teaches"), one button each.
 
 A lesson button opens its tab, fills the inputs that show the lesson, and runs the tab's action: one click, then
 the student reads the tab's opening sentence and the figure. Each tab's `build()` returns its components by name
