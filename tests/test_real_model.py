@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +21,7 @@ from kvviz.cache import QuantizedKVCache
 from kvviz.memory import kv_cache_bytes_for
 from kvviz.models import BUNDLED, describe_model, load_model
 
+README = Path(__file__).resolve().parent.parent / "README.md"
 PROMPT = ("The tower is 324 metres tall, about the same height as an 81-storey building, and the tallest structure "
           "in Paris. Its base is square, measuring 125 metres on each side. During its construction, the Eiffel "
           "Tower surpassed the Washington Monument to become the tallest man-made structure in the world.")
@@ -91,7 +95,9 @@ def test_gemma_loads_offline_with_the_expected_shape(gemma):
     assert (info["arch"], info["layers"], info["heads"], info["kv_heads"], info["head_dim"]) == \
         ("gemma3_text", 18, 4, 1, 256)
     assert info["layer_kinds"] == {"sliding_attention": 15, "full_attention": 3} and info["window"] == 512
-    assert info["qk_norm"] and "QK-norm" in info["summary"] and info["name"] == "google/gemma-3-270m"
+    assert info["qk_norm"] and info["name"] == "google/gemma-3-270m"
+    shown = re.search(r'describe_model\(model\)\["summary"\]\s+# \'(.*?)\'', README.read_text()).group(1)
+    assert info["summary"] == shown  # the README's Models example prints this
     assert 260e6 < info["params"] < 280e6 and info["dtype"] == "float32"
     enc = tok(["The Eiffel Tower is in the city of"], return_tensors="pt")
     assert enc["input_ids"][0, 0] == tok.bos_token_id  # Gemma needs its <bos>; the converted tokenizer adds it
@@ -121,20 +127,32 @@ def test_gemma_int8_kl_below_per_tensor_int4(gemma):
 
 
 def test_gemma_capture_k_after_qk_norm_and_outlier_stats(gemma):
-    """Capture sees Gemma's K after k_norm (before RoPE, what the rotation turns into the cached K), every layer;
-    post-RoPE K has outlier channels, V has fewer."""
+    """On the README's 256 WikiText-2 tokens: capture sees Gemma's K after k_norm (before RoPE, what the rotation
+    turns into the cached K) in every layer, and the README's largest / median K channel figures are what the
+    capture measures."""
     model, tok = gemma
     layer = 5  # the first full-attention layer
     attn = model.model.layers[layer].self_attn
     seen = {}
     hook = attn.register_forward_pre_hook(lambda m, a, kw: seen.update(x=kw["hidden_states"]), with_kwargs=True)
     try:
-        cap = analysis.capture_kv(model, tok, PROMPT)
+        cap = analysis.capture_ids(model, tok(quality.wikitext(), return_tensors="pt")["input_ids"][:, :256], tok)
     finally:
         hook.remove()
-    assert cap.layer_ids == list(range(18)) and cap.keys_post.shape[1::2] == (1, 256)
+    assert cap.layer_ids == list(range(18)) and cap.keys_post.shape[1:] == (1, 256, 256)
     with torch.no_grad():
         k = attn.k_norm(attn.k_proj(seen["x"][0]).view(-1, 1, 256)).transpose(0, 1)  # [1, T, 256]
     torch.testing.assert_close(cap.keys_pre[layer], k, rtol=1e-5, atol=1e-5)
     summary = analysis.kv_outlier_summary(cap)
     assert summary["keys_post"]["outliers"].sum() > summary["values"]["outliers"].sum()
+    ratio = summary["keys_post"]["amax_ratio"]  # [18], the one KV head
+    row = next(line for line in README.read_text().splitlines() if line.startswith("| Gemma 3 270M |"))
+    full, sliding, values = row.split("|")[2:5]
+    shown_full = [float(x) for x in re.findall(r"([\d.]+)x", full)]  # layers 5, 11, 17
+    assert np.allclose(ratio[[5, 11, 17]], shown_full, atol=0.06), ratio[[5, 11, 17]]
+    lo, hi = (float(x) for x in re.findall(r"([\d.]+)x", sliding)[:2])
+    slide = np.delete(ratio, [5, 11, 17])
+    assert abs(slide.min() - lo) <= 0.06 and abs(slide.max() - hi) <= 0.06, slide
+    v_lo, v_hi = (float(x) for x in re.findall(r"([\d.]+)x", values))
+    v = summary["values"]["amax_ratio"]
+    assert abs(v.min() - v_lo) <= 0.06 and abs(v.max() - v_hi) <= 0.06, v
