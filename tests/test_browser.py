@@ -30,6 +30,11 @@ MODEL = os.environ.get("KVVIZ_TEST_MODEL", "tiny-llama")
 RUN_TIMEOUT_MS = 60_000 if MODEL.startswith("tiny-") else 900_000
 MAX_SCREENSHOT_BYTES = 300_000
 TABS = ("compare", "outliers", "errors", "memory", "export")
+# The text output each tab's run writes last, and a string it holds once the run has ended: waiting for it, rather
+# than for a fixed time, is what makes "the run is over" hold on a slow machine too (figures can draw first).
+DONE = {"compare": [("#compare-status", "Done in"), ("#compare-needle-status", "Retrieved")],
+        "outliers": [("#outliers-summary", "Outlier channels")], "errors": [("#errors-summary", "Mean over layers")],
+        "memory": [("#memory-formula", "GB")], "export": [("#export-commands", "vLLM")]}
 
 # JS: for every plotly figure inside `root`, how many drawn marks (bars, lines, points, heatmap images) it holds.
 _COUNT_MARKS = """(root) => Array.from(root.querySelectorAll('.js-plotly-plot')).map(p =>
@@ -104,6 +109,12 @@ def _wait_for_plots(page, tab: str, server) -> list[int]:
     return root.evaluate(_COUNT_MARKS)
 
 
+def _wait_for_text(page, selector: str, text: str) -> None:
+    """Wait until the element `selector` shows `text` (an output the queue delivers when its event ends)."""
+    page.wait_for_function("([sel, text]) => (document.querySelector(sel)?.innerText || '').includes(text)",
+                           arg=[selector, text], timeout=RUN_TIMEOUT_MS)
+
+
 def _screenshot(page, shots: Path, name: str) -> Path:
     """The whole tab (header and lesson buttons above it left out), as a PNG reduced to a 256-colour palette so
     it stays well under MAX_SCREENSHOT_BYTES."""
@@ -126,7 +137,8 @@ def test_tab_runs_and_draws(page, server, shots, tab):
         page.locator("#compare-needle-run").click()
     counts = _wait_for_plots(page, tab, server)
     assert all(n > 0 for n in counts), f"{tab}: a plot without data: {counts}"
-    page.wait_for_timeout(300)  # let the last output settle (tables, markdown) before checking and shooting
+    for selector, text in DONE[tab]:  # the run's last outputs have arrived: nothing is still on its way
+        _wait_for_text(page, selector, text)
     assert not _error_toasts(page), f"{tab}: error shown: {_error_toasts(page)}"
     path = _screenshot(page, shots, tab)
     assert 0 < path.stat().st_size < MAX_SCREENSHOT_BYTES, f"{path} is {path.stat().st_size} bytes"
@@ -157,9 +169,12 @@ def test_language_switch_relabels_the_page(page):
 def test_lesson_button_opens_its_tab_and_runs(page, server):
     page.locator("#lesson-6").click()
     page.locator("#tab-memory").wait_for(state="visible")
-    assert "Lesson 6" in page.locator("#kv-lesson-note").inner_text()
+    _wait_for_text(page, "#kv-lesson-note", "Lesson 6")
+    # the memory plots are drawn already (an earlier test ran the tab): wait for this lesson's own formats, which
+    # no earlier run used, instead of for plots that may be the previous run's
+    _wait_for_text(page, "#memory-formula", "int2/g8")
     _wait_for_plots(page, "memory", server)
-    assert "int4/g8" in page.locator("#memory-formula").inner_text()
+    assert "int4/g16" in page.locator("#memory-formula").inner_text()
 
 
 def test_needle_lesson_opens_the_needle_chart(page, server):
