@@ -7,6 +7,7 @@ from __future__ import annotations
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DummyLayer, get_layer_types_and_kwargs
 
 from kvviz.formats import KVSpec, parse_kv
+from kvviz.plan import format_plan, parse_plan, spec_text
 
 from .layers import QuantizedHybridLayer, QuantizedHybridSlidingLayer, QuantizedKVLayer, QuantizedSlidingLayer
 from .sides import check_fits
@@ -24,35 +25,48 @@ class QuantizedKVCache(Cache):
 
     config: the model config (any decoder-only architecture whose layers transformers caches as full, sliding,
     chunked, linear-attention / Mamba, hybrid or shared-KV layers). spec: "k=int8,v=int4", one spec for both
-    ("fp8_e4m3"), a preset ("k8v4", "kivi2") or a KVSpec. residual: full-precision recent tokens (None: the
+    ("fp8_e4m3"), a preset ("k8v4", "kivi2") or a KVSpec; or a plan, one spec per layer: a list of
+    num_hidden_layers specs (None keeps that layer exact, as DynamicCache would) or a plan string such as
+    "int4; 0,27=fp16" (kvviz.plan). residual: full-precision recent tokens (None: the
     preset's, e.g. 32 for kivi2; else 0). scales: {layer: (k_scale, v_scale)} static scales for per-tensor /
     per-head formats (and NVFP4's global scale), e.g. calibrated or loaded from an SGLang scale file: one entry
     per layer that holds K/V.
-    Raises ValueError for a layer type kvviz does not cache, or a spec some layer's head_dim cannot hold.
+    Raises ValueError for a layer type kvviz does not cache, a spec some layer's head_dim cannot hold (naming the
+    layer), or a plan whose length is not num_hidden_layers.
     """
 
-    def __init__(self, config, spec: str | KVSpec, residual: int | None = None, scales: dict | None = None):
-        self.spec = parse_kv(spec)
-        self.residual = self.spec.residual if residual is None else int(residual)
-        if self.residual < 0:
-            raise ValueError(f"residual is a number of recent tokens kept in full precision (>= 0), got {residual}.")
+    def __init__(self, config, spec, residual: int | None = None, scales: dict | None = None):
         text = _decoder_config(config)
         layer_types, layer_kwargs = get_layer_types_and_kwargs(text)
+        # one KVSpec per layer (None: kept exact, as DynamicCache holds it); self.spec: the spec when uniform
+        self.plan = _layer_plan(spec, text.num_hidden_layers)
+        uniform = {None if kv is None else spec_text(kv) for kv in self.plan}
+        self.spec = self.plan[0] if len(uniform) == 1 else None
+        if residual is not None and int(residual) < 0:
+            raise ValueError(f"residual is a number of recent tokens kept in full precision (>= 0), got {residual}.")
+        self.residual = (int(residual) if residual is not None
+                         else self.spec.residual if self.spec is not None else None)
         scales = scales or {}
-        if scales and not any(_takes_scale(f) for f in (self.spec.k, self.spec.v)):
-            raise ValueError(f"Static scales apply to per-tensor / per-head formats; {self.spec.spec} computes "
+        if scales and not any(_takes_scale(f) for kv in self.plan if kv is not None for f in (kv.k, kv.v)):
+            raise ValueError(f"Static scales apply to per-tensor / per-head formats; {self._name()} computes "
                              f"its own scales. Drop `scales`, or pick e.g. fp8_e4m3.")
         materialize = _caches_latent(text)
-        layers = []
-        for i, (kind, kwargs) in enumerate(zip(layer_types, layer_kwargs)):
-            if kind in ATTENTION_TYPES:
+        layers, self._exact = [], []
+        for i, (kind, kwargs, kv) in enumerate(zip(layer_types, layer_kwargs, self.plan)):
+            if kind in ATTENTION_TYPES and kv is None:
+                if kind not in DYNAMIC_LAYER_TYPE_MAPPING:
+                    raise ValueError(f"Layer {i} is a {kind!r} layer, which a plan cannot keep exact; give it a "
+                                     f"spec such as fp16.")
+                layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
+                self._exact.append(i)
+            elif kind in ATTENTION_TYPES:
                 k_dim, v_dim = layer_head_dims(text, i)
-                for fmt, dim, side in ((self.spec.k, k_dim, "K"), (self.spec.v, v_dim, "V")):
+                for fmt, dim, side in ((kv.k, k_dim, "K"), (kv.v, v_dim, "V")):
                     if dim is not None:
                         check_fits(fmt, dim, f"Layer {i} ({kind}) {side}")
-                layers.append(ATTENTION_TYPES[kind](self.spec.k, self.spec.v, residual=self.residual,
-                                                    scales=_layer_scales(scales, i, self.spec), name=f"layer {i}",
-                                                    materialize=materialize, **kwargs))
+                res = kv.residual if residual is None else int(residual)
+                layers.append(ATTENTION_TYPES[kind](kv.k, kv.v, residual=res, scales=_layer_scales(scales, i, kv),
+                                                    name=f"layer {i}", materialize=materialize, **kwargs))
             elif kind in STATE_TYPES:
                 layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
             elif kind == "dummy":
@@ -63,13 +77,34 @@ class QuantizedKVCache(Cache):
                                  f"transformers' DynamicCache for this model.")
         super().__init__(layers=layers)
 
+    def _name(self) -> str:
+        """The spec, or the plan string, for messages."""
+        if self.spec is not None:
+            return self.spec.spec
+        return "a plan with exact layers" if None in self.plan else format_plan(self.plan)
+
     def nbytes(self) -> int:
         """Bytes of K/V really held (in use, not capacity): packed data, scales, zeros, tails and static scales.
         Linear-attention / Mamba states are not K/V and are not counted."""
-        return sum(layer.nbytes() for layer in self.layers if hasattr(layer, "nbytes"))
+        exact = sum(t.numel() * t.element_size() for i in self._exact if self.layers[i].is_initialized
+                    for t in (self.layers[i].keys, self.layers[i].values))  # plan layers kept exact
+        return exact + sum(layer.nbytes() for layer in self.layers if hasattr(layer, "nbytes"))
 
     def __repr__(self) -> str:
-        return f"QuantizedKVCache({self.spec.spec!r}, residual={self.residual}, layers={len(self.layers)})"
+        return f"QuantizedKVCache({self._name()!r}, residual={self.residual}, layers={len(self.layers)})"
+
+
+def _layer_plan(spec, num_layers: int) -> list:
+    """[KVSpec | None] * num_layers from one spec / KVSpec, a plan string ("int4; 0,27=fp16") or a list of one
+    spec per layer (None entries: that layer kept exact). ValueError for a list of the wrong length."""
+    if isinstance(spec, (list, tuple)):
+        if len(spec) != num_layers:
+            raise ValueError(f"The plan has {len(spec)} entries for a model with {num_layers} layers: give one spec "
+                             f"per layer (num_hidden_layers), or a string such as 'int4; 0,{num_layers - 1}=fp16'.")
+        return [None if s is None else parse_kv(s) for s in spec]
+    if isinstance(spec, KVSpec):
+        return [spec] * num_layers
+    return parse_plan(spec, num_layers)
 
 
 def _decoder_config(config):
