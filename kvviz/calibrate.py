@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from kvviz.analysis.capture import capture_ids
+from kvviz.cache.sides import MIN_FIT_TOKENS
 from kvviz.formats import max_value
 
 SGLANG_DTYPE = "float8_e4m3fn"
@@ -78,12 +80,17 @@ def calibrate_scales(model, tokenizer, prompts: list[str], base: str = "fp8_e4m3
     fmt_max = _FMT_MAX[base]
     assert fmt_max == max_value(base), f"{base} max disagrees with kvviz.formats"
     k_stat = v_stat = None
+    seen = 0
     for prompt in prompts:
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"][:, :max_tokens]
+        seen += ids.shape[1]
         cap = capture_ids(model, ids)
         k, v = _statistic(cap.keys_post, percentile), _statistic(cap.values, percentile)  # [layers]
         k_stat = k if k_stat is None else torch.maximum(k_stat, k)
         v_stat = v if v_stat is None else torch.maximum(v_stat, v)
+    if seen < MIN_FIT_TOKENS:
+        warnings.warn(f"FP8 scales calibrated on {seen} tokens (fewer than {MIN_FIT_TOKENS}): later tokens with larger "
+                      "K or V saturate. Calibrate on more text.", stacklevel=2)
     tiny = torch.finfo(torch.float32).tiny  # an all-zero layer must not get a zero scale
     k_scale = (k_stat / fmt_max).clamp(min=tiny)
     v_scale = (v_stat / fmt_max).clamp(min=tiny)

@@ -14,13 +14,15 @@ kvviz.memory counts it (see `held_tokens`).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 
 from kvviz.attention import PackedKV, active_backend
-from kvviz.formats import Format
+from kvviz.formats import Format, max_value
 
 _MIN_CAPACITY = 64  # tokens; buffers then double
+MIN_FIT_TOKENS = 64  # a static scale fitted on fewer tokens is warned about: later tokens tend to exceed it
 
 
 def aligned(fmt: Format, position: int) -> int:
@@ -105,6 +107,7 @@ class Side:
         self.dtype = torch.float32
         self.base = 0  # absolute position of the first stored token
         self.tokens_quantized = 0  # every token is quantized at most once: the count of quantize inputs
+        self.saturated = 0  # FP8 static scale: values beyond the format's range under it, clamped (counted, warned once)
 
     # -- setup -------------------------------------------------------------------------------------------------
     def init(self, x: torch.Tensor) -> None:
@@ -130,6 +133,21 @@ class Side:
             raise AssertionError(f"{fmt.spec}: unexpected tensor scale without a static-scale rule")
 
     def _static_from(self, x: torch.Tensor) -> torch.Tensor:
+        source = self.fmt.scale_source  # first | unit | calibrated for FP8; None (first) for int formats
+        if source == "unit":
+            if self.given_scale is not None:
+                raise ValueError(f"{self.name}: {self.fmt.spec} uses a scale of 1.0 (as vLLM and SGLang do without "
+                                 "scales); drop scales=, or write /calibrated to use them.")
+            shape = () if self.fmt.granularity == "tensor" else (1, x.shape[1], 1, 1)
+            return torch.ones(shape, dtype=torch.float32, device=x.device)
+        if source == "calibrated" and self.given_scale is None:
+            raise ValueError(f"{self.name}: {self.fmt.spec} needs calibrated scales: pass scales= (e.g. "
+                             "kvviz.calibrate.calibrate_scales(...).for_cache(), or load_scales('scales.json') for an "
+                             "SGLang scale file), or write /first or /unit.")
+        if self.given_scale is None and x.shape[2] < MIN_FIT_TOKENS:
+            warnings.warn(f"{self.name}: {self.fmt.spec}'s static scale was fitted on the first update, {x.shape[2]} "
+                          f"token(s) (fewer than {MIN_FIT_TOKENS}): later tokens beyond its range saturate. Prefill "
+                          "more tokens, or use calibrated scales (kvviz.calibrate, /calibrated).", stacklevel=2)
         if self.given_scale is not None:
             s = torch.as_tensor(self.given_scale, dtype=torch.float32, device=x.device)
             if self.fmt.granularity == "tensor":
@@ -154,7 +172,21 @@ class Side:
             anchor[0, 0, 0, 0] = amax
             q = self.fmt.quantize(torch.cat([anchor, x], dim=2))
             return _drop_first_token(q)
-        return self.fmt.quantize(x, scale=self.static if self.fmt.granularity in ("tensor", "head") else None)
+        if self.fmt.granularity not in ("tensor", "head"):
+            return self.fmt.quantize(x)
+        if self.fmt.kind == "float" and self.static is not None:
+            self._count_saturated(x)
+        return self.fmt.quantize(x, scale=self.static)
+
+    def _count_saturated(self, x: torch.Tensor) -> None:
+        """Count (and warn once about) values of x [B, H, t, D] beyond the FP8 range under the static scale."""
+        limit = max_value(self.fmt.base) * self.static.to(x.device) * (1 + 1e-6)  # amax / fmax * fmax may round down
+        over = int((x.detach().float().abs() > limit).sum())
+        if over and not self.saturated:
+            warnings.warn(f"{self.name}: {over} of {x.numel()} values exceed {self.fmt.spec}'s range under its "
+                          f"{self.fmt.scale_source} scale (|x| > {max_value(self.fmt.base):g} x scale) and saturate. "
+                          "Use calibrated scales (kvviz.calibrate, /calibrated) or a per-token format.", stacklevel=3)
+        self.saturated += over
 
     def append(self, x: torch.Tensor, keep_from: int = 0) -> None:
         """Add new tokens x: [B, H, t, D] (model dtype) at positions seen..seen+t-1; quantize every token that

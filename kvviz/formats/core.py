@@ -63,6 +63,8 @@ class Format:
     asym = property(lambda self: self.parts.asym or BASES[self.parts.base].zero,
                     doc="stores a zero point per group: /asym int formats, llama.cpp's q4_1 and q5_1")
     rot = property(lambda self: self.parts.rot, doc="Hadamard rotation over head_dim before quantizing")
+    scale_source = property(lambda self: self.parts.scale_source,
+                            doc="FP8 only: first | unit | calibrated (per-tensor / per-head), dynamic; else None")
     kind = property(lambda self: BASES[self.parts.base].kind, doc="float | int | fp4 | ggml")
     bits = property(lambda self: BASES[self.parts.base].bits, doc="bits per stored element")
 

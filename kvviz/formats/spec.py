@@ -1,10 +1,14 @@
-"""Spec strings: `BASE[/GRANULARITY][/gN][/asym][/rot]`, pairs `k=SPEC,v=SPEC`, presets.
+"""Spec strings: `BASE[/GRANULARITY][/gN][/asym][/rot][/SCALE]`, pairs `k=SPEC,v=SPEC`, presets.
 
 This module only parses and validates; it knows the base formats' rules (which granularities each accepts, its
 fixed block) through the `BASES` table and nothing about how values are encoded.
 
     >>> parse_spec("int4/channel/g32/asym")
-    SpecParts(base='int4', granularity='channel', group=32, asym=True, rot=False)
+    SpecParts(base='int4', granularity='channel', group=32, asym=True, rot=False, scale=None)
+    >>> parse_spec("fp8_e4m3/tensor/unit").canonical
+    'fp8_e4m3/unit'
+
+SCALE names where an FP8 per-tensor / per-head scale comes from (`SCALE_SOURCES`); without it, `first`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,14 @@ from dataclasses import dataclass
 GRANULARITIES = ("token", "channel", "tensor", "head")
 ALIASES = {"fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "float16": "fp16", "bfloat16": "bf16"}
 CHANNEL_GROUP = 32  # KIVI's group of tokens for per-channel scales
+# Where an FP8 per-tensor / per-head scale comes from. kvviz's default is "first"; vLLM's and SGLang's is "unit".
+SCALE_SOURCES: dict[str, str] = {
+    "first": "fitted on the first update (the prefill), then fixed (kvviz's default; vLLM --calculate-kv-scales)",
+    "unit": "1.0: vLLM's and SGLang's default when the checkpoint has no k_scale / v_scale and none is computed",
+    "calibrated": "given: kvviz.calibrate's scales or an SGLang --quantization-param-path file (scales=)",
+    "dynamic": "computed from the values at every write: what per-token FP8 does (fp8_e4m3/token = /token/dynamic)",
+}
+DEFAULT_SCALE_SOURCE = "first"
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,17 @@ class SpecParts:
     group: int | None
     asym: bool
     rot: bool
+    scale: str | None = None  # "unit" or "calibrated" when the spec says so; None: the granularity's own rule
+
+    @property
+    def scale_source(self) -> str | None:
+        """Where an FP8 scale comes from: unit / calibrated when the spec says so, else first (per-tensor and
+        per-head) or dynamic (per-token and per-channel); None for formats other than FP8."""
+        if self.scale is not None:
+            return self.scale
+        if BASES[self.base].kind != "float" or self.granularity is None:
+            return None
+        return DEFAULT_SCALE_SOURCE if self.granularity in ("tensor", "head") else "dynamic"
 
     @property
     def canonical(self) -> str:
@@ -85,6 +108,8 @@ class SpecParts:
             parts.append("asym")
         if self.rot:
             parts.append("rot")
+        if self.scale is not None:
+            parts.append(self.scale)
         return "/".join(parts)
 
 
@@ -100,7 +125,7 @@ def valid_names() -> str:
     """One sentence listing what a spec may contain, for error messages."""
     return (
         f"base formats: {', '.join(BASES)} (alias fp8 = fp8_e4m3); options: /{'|/'.join(GRANULARITIES)}, /gN, "
-        f"/asym (int only), /rot; pairs: k=SPEC,v=SPEC; presets: {', '.join(PRESETS)}"
+        f"/asym (int only), /rot, /{'|/'.join(SCALE_SOURCES)} (fp8 scale source); pairs: k=SPEC,v=SPEC; presets: {', '.join(PRESETS)}"
     )
 
 
@@ -113,7 +138,7 @@ def parse_spec(spec: str) -> SpecParts:
     if base not in BASES:
         raise ValueError(f"Unknown KV format {fields[0]!r} in {spec!r}. Valid {valid_names()}.")
     info = BASES[base]
-    granularity, group, asym, rot = None, None, False, False
+    granularity, group, asym, rot, scale = None, None, False, False, None
     for field in fields[1:]:
         match = _GROUP.match(field)
         if field in GRANULARITIES:
@@ -128,6 +153,10 @@ def parse_spec(spec: str) -> SpecParts:
             asym = True
         elif field == "rot":
             rot = True
+        elif field in SCALE_SOURCES:
+            if scale is not None:
+                raise ValueError(f"{spec!r} names two scale sources; give at most one of {', '.join(SCALE_SOURCES)}.")
+            scale = field
         else:
             raise ValueError(f"Unknown option {field!r} in {spec!r}. Valid {valid_names()}.")
     if info.default_granularity is None and (granularity or group or asym):
@@ -149,7 +178,23 @@ def parse_spec(spec: str) -> SpecParts:
         raise ValueError(f"/g{group} needs token or channel granularity, not {granularity!r} ({spec!r}).")
     if group is None:
         group = _default_group(info, granularity)
-    return SpecParts(base, granularity, group, asym, rot)
+    if scale is not None:
+        _check_scale_source(spec, base, info, granularity, scale)
+        if scale in (DEFAULT_SCALE_SOURCE, "dynamic"):
+            scale = None  # what the granularity does anyway: one Format, one canonical name
+    return SpecParts(base, granularity, group, asym, rot, scale)
+
+
+def _check_scale_source(spec: str, base: str, info: BaseInfo, granularity: str | None, scale: str) -> None:
+    if info.kind != "float" or info.default_granularity is None:
+        raise ValueError(f"/{scale} names where an FP8 scale comes from; {base} has none ({spec!r}): drop it.")
+    if scale == "dynamic" and granularity not in ("token", "channel"):
+        raise ValueError(f"A {granularity} scale is fixed once written, so it cannot be dynamic ({spec!r}): an "
+                         f"append-only cache cannot rescale what it holds. Use {base}/token (a scale computed per "
+                         f"token at every write, what dynamic means here) or {base}/{granularity}/first.")
+    if scale != "dynamic" and granularity not in ("tensor", "head"):
+        raise ValueError(f"/{scale} applies to a per-tensor or per-head scale; {base}/{granularity} computes a scale "
+                         f"per {granularity} at every write ({spec!r}): drop /{scale}, or write {base}/tensor/{scale}.")
 
 
 def split_pair(spec: str) -> tuple[str, str, str, int]:
