@@ -130,8 +130,7 @@ class _Layer:
 class _Recorder:
     """Wraps the attention function and the RoPE functions while active; records calls from its own thread."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self):
         self.thread = threading.get_ident()
         self.ropes: list[tuple[tuple, tuple]] = []  # (inputs, outputs) of RoPE calls since the last attention call
         self.layers: list[_Layer] = []
@@ -219,7 +218,7 @@ def _modeling_modules(model) -> list:
 @contextmanager
 def _recording(model):
     """Install the recorders for the duration of one forward pass (serialised by _LOCK) and remove them."""
-    rec = _Recorder(model)
+    rec = _Recorder()
     name = model.config._attn_implementation
     mapping = AttentionInterface._global_mapping
     patched: list[tuple[object, str, object]] = []  # (namespace, attribute, original)
