@@ -85,15 +85,16 @@ def _configs() -> dict:
 TINY_ARCHS = tuple(_configs())
 
 
-def tiny_config(arch: str = "llama"):
-    """The transformers config of `tiny_model(arch)` (no weights)."""
+def tiny_config(arch: str = "llama", **overrides):
+    """The transformers config of `tiny_model(arch)` (no weights); `overrides` replace its fields before the
+    config is built (e.g. head_dim=32, for formats whose blocks of 32 do not fit the tiny head_dim of 16)."""
     import transformers
 
     table = _configs()
     if arch not in table:
         raise ValueError(f"Unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHS)}.")
     cls_name, kwargs = table[arch]
-    config = getattr(transformers, cls_name)(**{**_BASE, **kwargs}, pad_token_id=0, bos_token_id=None,
+    config = getattr(transformers, cls_name)(**{**_BASE, **kwargs, **overrides}, pad_token_id=0, bos_token_id=None,
                                               eos_token_id=None)
     config._name_or_path = f"tiny-{arch}"
     return config
