@@ -34,6 +34,8 @@ releases, so the notes say from which release a value exists):
 
 from __future__ import annotations
 
+import warnings
+
 from kvviz.formats import LLAMA_CPP_TYPES, Format, KVSpec, parse_kv
 
 ENGINES = ("vllm", "sglang", "llama.cpp")
@@ -44,7 +46,8 @@ _LLAMA_CPP_TYPES = {"fp16": "f16", "bf16": "bf16", **{name: name for name in LLA
 _CUDA_FA_DEFAULT_PAIRS = {("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")}
 
 
-def export_commands(spec: "str | KVSpec", model: str = "MODEL", scales_path: str | None = _SCALES_FILE) -> dict:
+def export_commands(spec: "str | KVSpec", model: str = "MODEL", scales_path: str | None = _SCALES_FILE,
+                    model_dtype: str | None = None) -> dict:
     """Engine flags for one KV spec (a pair "k=int8,v=int4", one spec for both, or a preset).
 
     model: the model id or path to put in the commands (llama.cpp: a GGUF file). scales_path: the calibrated
@@ -56,14 +59,33 @@ def export_commands(spec: "str | KVSpec", model: str = "MODEL", scales_path: str
     where flags are the engine's KV options alone (e.g. "--kv-cache-dtype fp8_e4m3", "-ctk q8_0 -ctv q4_0 -fa on"),
     and flags/cli/python are empty strings when unsupported. llama.cpp's kv_cache_dtype is its type for both
     ("q8_0") or, when K and V differ, the pair in kvviz's spelling ("k=q8_0,v=q4_0"). Raises ValueError on a bad
-    spec.
+    spec. model_dtype ("bfloat16" / "float16", the model's weights): when given, a combination an engine is known to
+    mishandle is warned about (warnings.warn) and named in its note.
     """
     kv = parse_kv(spec)
-    return {
+    rows = {
         "vllm": _vllm(kv, model),
         "sglang": _sglang(kv, model, scales_path),
         "llama.cpp": _llama_cpp(kv, model),
     }
+    problem = _vllm_dtype_mismatch(rows["vllm"]["kv_cache_dtype"], model_dtype)
+    if problem:
+        warnings.warn(problem, stacklevel=2)
+        rows["vllm"]["note"] += " " + problem
+    return rows
+
+
+_DTYPE_NAMES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16"}
+
+
+def _vllm_dtype_mismatch(kv_dtype: str | None, model_dtype: str | None) -> str | None:
+    """vLLM stores a 16-bit model's K/V bits as they are and reads them back as the other 16-bit type."""
+    model = _DTYPE_NAMES.get(str(model_dtype).lower()) if model_dtype else None
+    if kv_dtype not in ("float16", "bfloat16") or model is None or model == kv_dtype:
+        return None
+    return (f"vLLM --kv-cache-dtype {kv_dtype} on a {model} model stores the model's {model} bits and reads them "
+            f"back as {kv_dtype}: fluent nonsense, with no error or warning (vLLM pull request 54338). Use "
+            "--kv-cache-dtype auto, which keeps the model's dtype.")
 
 
 def export_table(specs: list[str], model: str = "MODEL") -> list[dict]:
@@ -120,9 +142,15 @@ def _vllm(kv: KVSpec, model: str) -> dict:
         return _result(False, None, "", "", note)
     flags = f"--kv-cache-dtype {dtype}"
     kwargs = f'kv_cache_dtype="{dtype}"'
-    if dtype == "fp8_e4m3":
+    if dtype == "fp8_e4m3" and fmt.scale_source == "first":
         flags += " --calculate-kv-scales"
         kwargs += ", calculate_kv_scales=True"
+        note += " /first: --calculate-kv-scales computes them on the first batch, as kvviz does on the first update."
+    elif dtype == "fp8_e4m3" and fmt.scale_source == "unit":
+        note += " /unit: no flag, vLLM's default scale of 1.0 (assuming the checkpoint has no k_scale/v_scale)."
+    elif dtype == "fp8_e4m3" and fmt.scale_source == "calibrated":
+        note += (" /calibrated: vLLM reads calibrated k_scale/v_scale from the checkpoint (e.g. llm-compressor); it "
+                 "takes no scale file, so put kvviz.calibrate's scales into the checkpoint.")
     cli = f"vllm serve {model} {flags}"
     python = f'from vllm import LLM\nllm = LLM(model="{model}", {kwargs})'
     return _result(True, dtype, cli, python, note, flags=flags)
@@ -177,7 +205,15 @@ def _sglang(kv: KVSpec, model: str, scales_path: str | None) -> dict:
         return _result(False, None, "", "", note)
     flags = f"--kv-cache-dtype {dtype}"
     kwargs = f'kv_cache_dtype="{dtype}"'
-    if dtype == "fp8_e4m3":
+    if dtype == "fp8_e4m3" and fmt.scale_source == "unit":
+        note += " /unit: no --quantization-param-path, SGLang's default scale of 1.0."
+    elif dtype == "fp8_e4m3" and fmt.scale_source == "calibrated" and not scales_path:
+        return _result(False, None, "", "", "/calibrated needs a scale file for SGLang (--quantization-param-path): "
+                       "write one with kvviz.calibrate.save_scales and pass its path.")
+    elif dtype == "fp8_e4m3":
+        if fmt.scale_source == "first":
+            note += (" SGLang cannot fit scales on the first batch as kvviz's /first does; the closest is a "
+                     "calibrated file.")
         if scales_path:
             flags += f" --quantization-param-path {scales_path}"
             kwargs += f', quantization_param_path="{scales_path}"'

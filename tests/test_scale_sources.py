@@ -112,3 +112,32 @@ def test_calibration_on_few_tokens_warns():
     model, tok = tiny_model()
     with pytest.warns(UserWarning, match="calibrated on 5 tokens \\(fewer than 64\\)"):
         calibrate_scales(model, tok, ["hello"])
+
+
+@pytest.mark.parametrize("spec, vllm_flags, sglang_flags", [
+    ("fp8_e4m3", "--kv-cache-dtype fp8_e4m3 --calculate-kv-scales",
+     "--kv-cache-dtype fp8_e4m3 --quantization-param-path scales.json"),
+    ("fp8_e4m3/unit", "--kv-cache-dtype fp8_e4m3", "--kv-cache-dtype fp8_e4m3"),
+    ("fp8_e4m3/calibrated", "--kv-cache-dtype fp8_e4m3",
+     "--kv-cache-dtype fp8_e4m3 --quantization-param-path scales.json"),
+])
+def test_export_follows_the_scale_source(spec, vllm_flags, sglang_flags):
+    from kvviz.export import export_commands
+
+    rows = export_commands(spec)
+    assert rows["vllm"]["flags"] == vllm_flags and rows["sglang"]["flags"] == sglang_flags
+    assert not export_commands("fp8_e4m3/calibrated", scales_path=None)["sglang"]["supported"]
+
+
+def test_export_warns_about_vllm_float16_cache_on_a_bf16_model():
+    from kvviz.export import export_commands
+
+    with pytest.warns(UserWarning, match="float16 on a bfloat16 model .*vLLM pull request 54338"):
+        rows = export_commands("fp16", model_dtype="bf16")
+    assert "54338" in rows["vllm"]["note"] and rows["vllm"]["supported"]
+    with pytest.warns(UserWarning, match="bfloat16 on a float16 model"):
+        export_commands("bf16", model_dtype="float16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for spec, dtype in (("fp16", "float16"), ("bf16", "bfloat16"), ("fp8_e4m3", "bfloat16"), ("fp16", None)):
+            assert "54338" not in export_commands(spec, model_dtype=dtype)["vllm"]["note"]
