@@ -253,79 +253,8 @@ def _load_hub(name: str, dtype: torch.dtype):
 
 
 # ---------------------------------------------------------------------------------------------- tiny models
-
-_TINY_SHAPE = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,  # GQA: 2 query heads per KV head
-    head_dim=16,
-    max_position_embeddings=1024,
-    initializer_range=0.1,  # larger than the usual 0.02, so attention is not uniform and quantization shows
-    tie_word_embeddings=False,
-)
-TINY_ARCHS = ("llama", "qwen2", "mistral")
-
-
-def tiny_model(arch: str = "llama", seed: int = 0, dtype: torch.dtype = torch.float32):
-    """A random-weight 2-layer model for tests: `(model, ByteTokenizer)`, no download.
-
-    Shape: hidden 64, 4 query heads, 2 KV heads, head_dim 16, vocab 256 (bytes). Same seed, same weights.
-    """
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
-
-    configs = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
-    if arch not in configs:
-        raise ValueError(f"Unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHS)}.")
-    extra = {"sliding_window": None} if arch == "mistral" else {}  # full attention only, as SmolLM2
-    config = configs[arch](**_TINY_SHAPE, **extra, pad_token_id=0, bos_token_id=None, eos_token_id=None)
-    config._name_or_path = f"tiny-{arch}"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
-    model.generation_config.pad_token_id = 0
-    model.generation_config.eos_token_id = None
-    model.generation_config.bos_token_id = None
-    return _finish(model, ByteTokenizer())
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as token ids 0..255, id 0 (NUL) as padding, no BOS/EOS: enough to drive tiny models.
-
-    `tok(["ab", "c"], return_tensors="pt")` -> input_ids / attention_mask [batch, max_len], left-padded.
-    """
-
-    vocab_size = 256
-    pad_token_id = 0
-    eos_token_id = None
-    bos_token_id = None
-    pad_token = "\x00"
-    eos_token = None
-    padding_side = "left"
-
-    def encode(self, text: str, **_) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids, skip_special_tokens: bool = False, **_) -> str:
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-        if skip_special_tokens:
-            ids = [i for i in ids if i != self.pad_token_id]
-        return bytes(ids).decode("utf-8", errors="replace")
-
-    def batch_decode(self, batch, **kwargs) -> list[str]:
-        return [self.decode(ids, **kwargs) for ids in batch]
-
-    def __call__(self, text, return_tensors: str | None = "pt", padding: bool = True, **_) -> BatchEncoding:
-        texts = [text] if isinstance(text, str) else list(text)
-        ids = [self.encode(t) for t in texts]
-        width = max(len(i) for i in ids)
-        pad = [[self.pad_token_id] * (width - len(i)) for i in ids]
-        input_ids = [p + i if self.padding_side == "left" else i + p for p, i in zip(pad, ids)]
-        mask = [[0] * len(p) + [1] * len(i) if self.padding_side == "left" else [1] * len(i) + [0] * len(p)
-                for p, i in zip(pad, ids)]
-        return BatchEncoding({"input_ids": input_ids, "attention_mask": mask}, tensor_type=return_tensors)
+# The tiny random-weight models of every architecture live in kvviz/tiny.py; re-exported here for older callers.
+from kvviz.tiny import TINY_ARCHS, ByteTokenizer, tiny_config, tiny_model  # noqa: E402,F401
 
 
 # ---------------------------------------------------------------------------------------------- description

@@ -23,15 +23,50 @@ from kvviz.models import TINY_ARCHS, ByteTokenizer, describe_model, load_model, 
 REPO = Path(__file__).resolve().parent.parent
 
 
+# arch -> (model_type, layers, {layer kind: count}, window, KV heads, K head_dim, V head_dim), as describe_model
+# reports them from kvviz.memory.layer_shapes (MLA decompressed: 4 heads of 16 + 16 for K, 16 for V)
+TINY_DESCRIPTIONS = {
+    "llama": ("llama", 2, {"full_attention": 2}, None, 2, 16, 16),
+    "qwen3": ("qwen3", 2, {"full_attention": 2}, None, 2, 16, 16),
+    "mistral": ("mistral", 2, {"sliding_attention": 2}, 8, 2, 16, 16),
+    "qwen2": ("qwen2", 2, {"full_attention": 1, "sliding_attention": 1}, 8, 2, 16, 16),
+    "gemma2": ("gemma2", 2, {"sliding_attention": 1, "full_attention": 1}, 8, 2, 16, 16),
+    "gemma3": ("gemma3_text", 2, {"sliding_attention": 1, "full_attention": 1}, 8, 2, 16, 16),
+    "cohere2": ("cohere2", 2, {"sliding_attention": 1, "full_attention": 1}, 8, 2, 16, 16),
+    "gpt_oss": ("gpt_oss", 2, {"sliding_attention": 1, "full_attention": 1}, 8, 2, 16, 16),
+    "llama4": ("llama4_text", 2, {"chunked_attention": 1, "full_attention": 1}, 8, 2, 16, 16),
+    "qwen3_next": ("qwen3_next", 2, {"linear_attention": 1, "full_attention": 1}, None, 2, 16, 16),
+    "falcon_h1": ("falcon_h1", 2, {"hybrid": 2}, None, 2, 16, 16),
+    "gemma4": ("gemma4_text", 4, {"sliding_attention": 1, "full_attention": 1, "shared": 2}, 8, 2, [16, 32],
+               [16, 32]),
+    "deepseek_v3": ("deepseek_v3", 2, {"full_attention": 2}, None, 4, 32, 16),
+}
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: torch's intra-op threads only spin (about ten times the CPU time on a busy 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_tiny_descriptions_cover_every_arch():
+    assert set(TINY_DESCRIPTIONS) == set(TINY_ARCHS)
+
+
 @pytest.mark.parametrize("arch", TINY_ARCHS)
-def test_tiny_model_shapes_and_generate(arch):
+def test_tiny_model_shapes_and_generate(arch, one_thread):
     model, tok = tiny_model(arch)
     info = describe_model(model)
-    assert (info["arch"], info["layers"], info["heads"], info["kv_heads"], info["head_dim"]) == (arch, 2, 4, 2, 16)
+    got = tuple(info[key] for key in ("arch", "layers", "layer_kinds", "window", "kv_heads", "head_dim", "v_head_dim"))
+    assert got == TINY_DESCRIPTIONS[arch]
+    assert info["heads"] == 4 and info["name"] == f"tiny-{arch}" and info["arch"] in info["summary"]
     assert info["vocab"] == 256 and info["attn_implementation"] == "kvviz" and info["device"] == "cpu"
     enc = tok(["hello", "hi"])
-    out = model.generate(**enc, max_new_tokens=5, do_sample=False)
-    assert out.shape == (2, 5 + 5)
+    out = model.generate(**enc, max_new_tokens=3, do_sample=False)
+    assert out.shape == (2, 5 + 3)
 
 
 def test_tiny_model_is_deterministic_per_seed():
