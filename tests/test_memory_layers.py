@@ -45,7 +45,7 @@ def test_a_channel_format_in_a_sliding_layer_keeps_its_oldest_group_whole(seq_le
     K keeps positions 4..9 (6 tokens: one quantized group and 2 in the fp16 tail); V keeps 7..9 (3 tokens).
     This is kvviz.cache.held_tokens, the rule QuantizedKVCache follows. The engine layout is unchanged."""
     cfg = _tiny(sliding_window=4)
-    k_group = 4 * 2 * 8 // 2 + 2 * 8 * (FP16 + FP16)  # 4 tokens x 2 heads x 8 dims at 4 bits + scale and zero per channel
+    k_group = 4 * 2 * 8 // 2 + 2 * 8 * (FP16 + FP16)  # 4 tokens x 2 x 8 at 4 bits, scale + zero per channel
     k_bytes = (k_held // 4) * k_group + (k_held % 4) * 2 * 8 * FP16  # whole groups, the partial one in fp16
     v_held = min(seq_len, 3)
     v_bytes = v_held * 2 * (8 + FP16)  # int8 per token: 8 bytes and an fp16 scale per head
