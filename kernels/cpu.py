@@ -26,6 +26,7 @@ import time
 import torch
 
 from kernels.packed import PackedSide, per_head
+from kernels.reference import decode_attention_reference
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,11 @@ def cpu_usable() -> bool:
 def supports(fmt) -> bool:
     """Whether this path decodes a kvviz-like format (duck-typed `kind`); others take the reference."""
     return getattr(fmt, "kind", None) in KINDS
+
+
+def reads(side: PackedSide) -> bool:
+    """Whether this path reads a packed side: kvviz's element order (not llama.cpp's ggml blocks)."""
+    return getattr(side, "layout", "kvviz") == "kvviz" and side.elem in ("float", "int", "fp8_e4m3", "fp8_e5m2", "e2m1")
 
 
 # ------------------------------------------------------------------------------------------ side arguments
@@ -216,10 +222,10 @@ def decode_attention_cpu(
     sinks:    optional [Hq] logits that join the softmax denominator with no value (gpt-oss)
     softcap:  optional float > 0: scores = softcap * tanh(scores / softcap) (Gemma 2); None / 0 off
     num_splits: token splits per (b, kv head) run as parallel work items; None: enough to keep the threads busy
-    Returns [B, Hq, D_v] in q's dtype. Call only where `cpu_usable()`; it asserts on a bad layout.
+    Returns [B, Hq, D_v] in q's dtype. Without numba, or for a side it has no branch for (llama.cpp's ggml
+    blocks), it returns the float64 reference's answer.
     """
     jit = _jit()
-    assert jit is not None, "decode_attention_cpu needs numba: check kernels.cpu.cpu_usable() first"
     if q.dim() != 3:
         raise ValueError(f"decode_attention_cpu takes one query token per sequence, q: [B, Hq, D]; got {tuple(q.shape)}.")
     batch, hq, head_dim = q.shape
@@ -229,6 +235,9 @@ def decode_attention_cpu(
     lengths = torch.as_tensor(lengths).to(device="cpu", dtype=torch.int64).expand(batch).contiguous()
     max_length = int(lengths.max()) if batch else 0
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    if jit is None or not (reads(k) and reads(v)):  # no numba, or a layout without a branch here: the reference
+        ref = decode_attention_reference(q, k, v, lengths, sm_scale, kv_mask, sinks=sinks, softcap=softcap)
+        return ref.to(q.dtype)
     qk = q.detach().float() if k.rotation is None else q.detach().float() @ k.rotation.float()  # [B, Hq, D_k]
     k_pb, v_pb = (8 // side.bits if side.bits < 8 else 1 for side in (k, v))
     qk = qk[..., _planar(head_dim, k_pb)].contiguous() if k_pb > 1 else qk.contiguous()  # K's planar order

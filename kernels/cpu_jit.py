@@ -163,6 +163,28 @@ def _decode_block(meta, data, lut, scale, zero, slut, tsv, tzv, tail, npk, b, h,
         else:
             for i in range(d):
                 tile[j, i] = _read(data, o + i * _width(elem), elem, lut)
+
+
+@nb.njit(**_OPTS)
+def _scale_rows(meta, scale, zero, slut, tsv, tzv, b, h, t0, n, npk, live, tile):
+    """Apply scales, tensor scale and zero points to the packed rows of a block decoded by _decode_block (planar
+    order). Separate from the unpacking loops: together in one function LLVM stops vectorizing them."""
+    d = meta[M_DIM]
+    pb = meta[M_PER_BYTE]
+    nb_ = d // pb
+    skind = meta[M_SKIND]
+    sdt = meta[M_SDT]
+    sw = _width(sdt)
+    group = meta[M_GROUP]
+    has_zero = meta[M_ZERO] != 0
+    s_base = meta[M_S_OFF] + b * meta[M_S_SB] + h * meta[M_S_SH]
+    s_st = meta[M_S_ST]
+    z_base = meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH]
+    z_st = meta[M_Z_ST]
+    for j in range(n):
+        t = t0 + j
+        if not live[j] or t >= npk:
+            continue
         if skind == S_NONE:
             if tsv != 1.0 or tzv != 0.0:
                 for i in range(d):
@@ -215,7 +237,9 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
             if n_live == 0:  # a block wholly outside the window / left padding: its bytes are never read
                 continue
         _decode_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, ktail, kn_, b, h, t0, n, live, ktile)
+        _scale_rows(km, kscale, kzero, kslut, kts_, ktz_, b, h, t0, n, kn_, live, ktile)
         _decode_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, vtail, vn_, b, h, t0, n, live, vtile)
+        _scale_rows(vm, vscale, vzero, vslut, vts_, vtz_, b, h, t0, n, vn_, live, vtile)
         # No array views inside these loops: each view costs numba two atomic reference-count calls.
         for g in range(gqa):
             for j in range(n):

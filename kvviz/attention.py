@@ -9,8 +9,9 @@ value are plain tensors and this is exactly transformers' SDPA path. Once a `Qua
 - backend "triton": for single-token decode, `_triton_decode(...)`, the fused kernel from `kernels/` that reads the
   packed buffers in place; a multi-token query (teacher forcing, chunked prefill) uses the reference.
 
-`KVVIZ_BACKEND=auto|torch|triton` picks the backend (auto: triton when CUDA is available and triton imports, torch
-otherwise; `TRITON_INTERPRET=1` lets an explicit `triton` run on the CPU). CUDA and Triton are probed once, Triton
+`KVVIZ_BACKEND=auto|torch|triton|cpu` picks the backend (auto: triton when CUDA is available and triton imports,
+else "cpu", the numba decode of kernels/cpu.py that reads the packed buffers in place, when numba runs, else torch;
+single-token decode on CPU tensors only, formats without a CPU branch take the reference; `TRITON_INTERPRET=1` lets an explicit `triton` run on the CPU). CUDA and Triton are probed once, Triton
 through kernels/_triton.py (the one module that imports it).
 Select the function with `model.set_attn_implementation("kvviz")` (kvviz.load_model and kvviz.tiny_model do).
 """
@@ -28,7 +29,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 ATTN_NAME = "kvviz"
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "triton", "cpu")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -122,14 +123,28 @@ def _probe() -> dict:
     return {"cuda": torch.cuda.is_available(), "triton": _triton.triton is not None, "usable": _triton.triton_usable()}
 
 
+@functools.cache
+def _cpu_fused() -> bool:
+    """Whether the fused CPU decode (kernels/cpu.py, numba) runs here; it logs one line when it cannot."""
+    try:
+        from kernels import cpu
+    except ImportError:  # kernels/ not importable (repository root not on sys.path)
+        return False
+    return cpu.cpu_usable()
+
+
 def active_backend() -> str:
-    """"triton" or "torch", from KVVIZ_BACKEND (default auto). Raises ValueError on a bad or impossible choice."""
+    """"triton", "cpu" or "torch", from KVVIZ_BACKEND (default auto: triton on CUDA, else the fused CPU path when
+    numba runs, else torch; "cpu" without numba falls back to torch). Raises ValueError on a bad or impossible
+    choice."""
     wanted = os.environ.get("KVVIZ_BACKEND", "auto").strip().lower() or "auto"
     if wanted not in BACKENDS:
         raise ValueError(f"KVVIZ_BACKEND={wanted!r} is not one of {', '.join(BACKENDS)}; unset it or pick one.")
     probe = _probe()
-    if wanted == "auto":
-        return "triton" if probe["cuda"] and probe["triton"] else "torch"
+    if wanted == "auto" and probe["cuda"] and probe["triton"]:
+        return "triton"
+    if wanted in ("auto", "cpu"):
+        return "cpu" if _cpu_fused() else "torch"
     if wanted == "triton" and not probe["usable"]:
         raise ValueError(
             "KVVIZ_BACKEND=triton needs triton and a CUDA GPU (or TRITON_INTERPRET=1 to run it on the CPU); "
@@ -154,6 +169,9 @@ def _triton_decode(module, query: torch.Tensor, key: PackedKV, value: PackedKV,
     try:
         from kernels.decode import decode_attention  # not `from kernels`: the jit submodule shares the name
         from kernels.packed import side_from_format
+
+        if query.device.type == "cpu" and active_backend() == "cpu":
+            from kernels.cpu import decode_attention_cpu as decode_attention  # the same contract, numba
     except ImportError as err:
         raise RuntimeError(
             f"KVVIZ_BACKEND=triton, but the fused kernel kernels.decode_attention is unavailable ({err}). "
@@ -193,6 +211,13 @@ def _fused_reads(*sides: PackedKV) -> bool:
     from kernels.packed import reads_format
 
     return all(reads_format(p.fmt) for p in sides)
+
+
+def _cpu_reads(*sides: PackedKV) -> bool:
+    """False for formats the fused CPU path has no decode branch for yet (llama.cpp's blocks): the reference."""
+    from kernels.cpu import supports
+
+    return all(supports(p.fmt) for p in sides)
 
 
 def _bottom_right_causal(q_len: int, kv_len: int, device) -> torch.Tensor:
@@ -255,8 +280,10 @@ def kvviz_attention_forward(module, query, key, value, attention_mask, dropout: 
     packed = isinstance(key, PackedKV)
     if packed:
         assert isinstance(value, PackedKV), "a QuantizedKVCache returns PackedKV for both K and V"
-        fused = q_len == 1 and key.skip == value.skip and active_backend() == "triton"  # one kv_mask serves both
-        if fused and _triton_runs_on(query.device) and _fused_reads(key, value):
+        backend = active_backend()
+        fused = q_len == 1 and key.skip == value.skip and _fused_reads(key, value)  # one kv_mask serves both
+        if fused and (_triton_runs_on(query.device) if backend == "triton" else
+                      backend == "cpu" and query.device.type == "cpu" and _cpu_reads(key, value)):
             return _triton_decode(module, query, key, value, attention_mask, scaling, **kwargs), None
         key, value = key.dequantize(), value.dequantize()  # [B, Hkv, visible kv_len, D]
     sinks, softcap = _sinks_and_softcap(module, kwargs)

@@ -37,7 +37,8 @@ class _Module(torch.nn.Module):
 @pytest.mark.parametrize("value,want", [("torch", "torch"), ("TORCH", "torch"), ("", None), ("auto", None)])
 def test_backend_from_env(monkeypatch, value, want):
     monkeypatch.setenv("KVVIZ_BACKEND", value)
-    auto = "triton" if attention._probe()["cuda"] and attention._probe()["triton"] else "torch"
+    auto = "triton" if attention._probe()["cuda"] and attention._probe()["triton"] else (
+        "cpu" if attention._cpu_fused() else "torch")
     assert active_backend() == (want or auto)
 
 
@@ -86,7 +87,8 @@ def test_packed_handle_fields_and_dequantize():
 
 
 @pytest.mark.parametrize("q_len", [1, 3])
-def test_packed_path_is_dequantize_then_sdpa(q_len):
+def test_packed_path_is_dequantize_then_sdpa(q_len, monkeypatch):
+    monkeypatch.setenv("KVVIZ_BACKEND", "torch")  # auto fuses single-token decode on the CPU (kernels/cpu.py)
     _, k, v = _packed("int8")
     q = torch.randn(2, 4, q_len, 16)
     got, _ = kvviz_attention_forward(_Module(), q, k, v, None, scaling=0.25)

@@ -143,3 +143,40 @@ def test_supports_only_known_families():
         kind = "gguf"
 
     assert not cpu.supports(Block())
+
+
+# ------------------------------------------------------------------------------------------ the "cpu" backend
+
+@pytest.mark.parametrize("spec", ("int4", "k8v4", "mxfp4", "kivi2", "fp8_e4m3", "nvfp4"))
+def test_cpu_and_torch_backends_agree(spec, monkeypatch):
+    """A tiny Llama decodes left-padded prompts through the fused CPU path (counted) and through the reference:
+    logits agree to 1e-4 (relative), as the Triton backend's do."""
+    from test_kernels_e2e import TOL as E2E_TOL, _decode_logits, _model
+
+    kv = F.parse_kv(spec)
+    wide = any(f.granularity == "token" and (f.group or 0) > 16 for f in (kv.k, kv.v))
+    model, tok = _model(32 if wide else 16)
+    calls = []
+    fused = cpu.decode_attention_cpu
+    monkeypatch.setattr(cpu, "decode_attention_cpu", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
+    with torch.no_grad():
+        ref = _decode_logits(model, tok, spec, "torch", monkeypatch)
+        assert not calls
+        got = _decode_logits(model, tok, spec, "cpu", monkeypatch)
+    assert calls, "the cpu backend never reached the fused CPU decode"
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert err <= E2E_TOL, f"{spec}: cpu and torch logits differ by {err:.2e} (relative)"
+
+
+def test_cpu_backend_reads_llama_cpp_types_through_the_reference(monkeypatch):
+    """llama.cpp's ggml blocks have no branch in the CPU path yet: the cpu backend reads them with the reference."""
+    from test_kernels_e2e import _decode_logits, _model
+
+    model, tok = _model(32)
+    calls = []
+    monkeypatch.setattr(cpu, "decode_attention_cpu", lambda *a, **kw: calls.append(1))
+    with torch.no_grad():
+        ref = _decode_logits(model, tok, "k=q8_0,v=q4_0", "torch", monkeypatch)
+        got = _decode_logits(model, tok, "k=q8_0,v=q4_0", "cpu", monkeypatch)
+    assert not calls
+    assert torch.equal(got, ref)
