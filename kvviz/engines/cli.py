@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lc.add_argument("--no-flash-attn", action="store_true", help="flash attention off (llama.cpp then refuses a "
                                                                  "quantized V)")
     lc.add_argument("--threads", type=int, help="CPU threads (default: llama.cpp's choice)")
+    lc.add_argument("--with-kvviz", action="store_true",
+                    help="also run kvviz's simulation of the same formats on the same tokens (a bundled model only)")
     srv = p.add_argument_group("vLLM / SGLang servers (one per --kv-cache-dtype, all serving the same model)")
     srv.add_argument("--baseline", metavar="URL", help="the full-precision server, e.g. http://gpu0:8000")
     srv.add_argument("--server", metavar="NAME=URL", action="append", default=[],
@@ -70,19 +72,36 @@ def run(args: argparse.Namespace) -> int:
                 text = f.read()
         except OSError as err:
             raise ValueError(f"Could not read --text-file {args.text_file} ({err.strerror}).") from err
-    results = engines.kld(engine, specs, model=args.model, text=text, tokens=args.tokens, **options)
+    simulated = None
+    if engine == "llama.cpp" and args.with_kvviz:
+        from kvviz.engines import llamacpp, simulate
+
+        ids, results = llamacpp.run(specs, model=args.model, text=text, tokens=args.tokens, **options)
+        simulated = simulate.kld(specs, ids, args.model)
+    elif args.with_kvviz:
+        raise ValueError("--with-kvviz runs with llama.cpp (--specs), not with servers.")
+    else:
+        results = engines.kld(engine, specs, model=args.model, text=text, tokens=args.tokens, **options)
     first = next(iter(results.values()))
     where = first.get("model") or first.get("url")
     print(f"{first['engine']}: {where}; {first['n']} positions scored against the engine's own baseline")
-    table = [["format", "mean KLD", "± se", "median", "p99", "max", "same top", "RMS Δp", "ln(PPL/PPL base)"]]
-    for name, s in results.items():
-        table.append([name, f"{s['mean']:.5f}", f"{s['mean_se']:.5f}", f"{s['median']:.5f}", f"{s['p99']:.4f}",
-                      f"{s['max']:.4f}", f"{s['same_top_p']:.2%}", f"{s['delta_p_rms']:.3%}",
-                      f"{s['ln_ppl_ratio']:+.5f}"])
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    for row in table:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    _print_table(results)
+    if simulated is not None:
+        print("\nkvviz's simulation, same tokens (transformers, the GGUF's weights dequantized to fp32, DynamicCache "
+              "baseline):")
+        _print_table(simulated)
     print(f"\nKLD in nats, KL(baseline || format) per position; estimate: {first['estimate']}.")
     if "rotation" in first:
         print(f"K/V rotation: {first['rotation']}.")
     return 0
+
+
+def _print_table(results: dict[str, dict]) -> None:
+    """One aligned row per format: llama.cpp's KLD statistics."""
+    table = [["format", "mean KLD", "± se", "median", "p99", "max", "same top", "RMS Δp", "ln(PPL/PPL base)"]]
+    for name, s in results.items():
+        table.append([name, f"{s['mean']:.5f}", f"{s['mean_se']:.5f}", f"{s['median']:.5f}", f"{s['p99']:.4f}",
+                      f"{s['max']:.4f}", f"{s['same_top_p']:.2%}", f"{s['delta_p_rms']:.3%}", f"{s['ln_ppl_ratio']:+.5f}"])
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))

@@ -1,0 +1,226 @@
+"""llama.cpp in-process through llama-cpp-python: teacher-forced KLD of its KV cache types against an f16 cache.
+
+For each K/V type pair the GGUF is loaded once (`llama_cpp.Llama(..., logits_all=True, type_k=..., type_v=...,
+flash_attn=True)`), the same tokens are evaluated, and every position's logits are kept: [tokens, vocab] float32.
+The baseline is the same model with an f16 K and V cache. Statistics are kvviz.quality.kld's (llama.cpp's own
+`llama-perplexity --kl-divergence` definitions) over positions 0..tokens-2, each predicting the next token.
+
+What llama.cpp does that kvviz's simulation does not (why the two figures differ):
+- builds since April 2026 (this one included) rotate K and V by a Hadamard transform before storing a quantized
+  type when head_dim is a multiple of 64 (`rotate=False` sets LLAMA_ATTN_ROT_DISABLE=1 and stores what kvviz's
+  unrotated formats store);
+- on the CPU, attention against a quantized K quantizes Q to the K type's dot-product partner (q8_0 for q4_0 ...),
+  and the weights stay in the GGUF's own quantization (SmolLM2's bundled file is Q4_1) for every matmul;
+- within one batch, the tokens' own K/V are written to the cache first and read back quantized, as in kvviz.
+
+    from kvviz.engines import llamacpp
+    stats = llamacpp.kld(["q8_0", "k=q8_0,v=q4_0"], tokens=256)   # {spec: {"mean": ..., "p99": ..., ...}}
+
+Needs `pip install llama-cpp-python==0.3.36` (builds llama.cpp from source: about 4 minutes on 2 idle cores).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kvviz.formats import parse_kv
+from kvviz.quality.kld import kld_stats
+
+ENGINE = "llama.cpp"
+_ROT_ENV = "LLAMA_ATTN_ROT_DISABLE"
+MIN_TOKENS = 16
+
+
+def _import():
+    try:
+        import llama_cpp
+    except ImportError as err:
+        raise ValueError("The llama.cpp bridge needs llama-cpp-python: `pip install llama-cpp-python==0.3.36` "
+                         f"(it builds llama.cpp from source, a few minutes) ({err}).") from err
+    return llama_cpp
+
+
+def resolve_gguf(model: str | os.PathLike | None) -> Path:
+    """The GGUF file to load: None -> the bundled SmolLM2, a bundled model's name, or a path to a .gguf file.
+
+    Refuses (ValueError) a missing file, a file that is not GGUF, and a GGUF that is not a model (a vocab-only
+    file, a LoRA adapter, anything without an architecture and weights), before llama.cpp sees it.
+    """
+    from kvviz import models
+
+    if model is None or str(model) in models.BUNDLED:
+        name = models.DEFAULT_MODEL if model is None else str(model)
+        path = models.bundled_gguf(name)
+        if path is None:
+            raise ValueError(f"The bundled model {name} is not installed: `{models.BUNDLED[name].install}`, or "
+                             "pass model= a path to a .gguf file.")
+    else:
+        path = Path(model).expanduser()
+        if path.is_dir():
+            found = sorted(path.glob("*.gguf"))
+            if len(found) != 1:
+                raise ValueError(f"{path} holds {len(found)} .gguf files; pass the path of one.")
+            path = found[0]
+        if not path.is_file():
+            raise ValueError(f"No GGUF file at {path}: pass a path to a .gguf model file or one of "
+                             f"{', '.join(models.BUNDLED)}.")
+    _check_model_gguf(path)
+    return path
+
+
+def _check_model_gguf(path: Path) -> None:
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); llama.cpp loads GGUF "
+                         "models (convert a checkpoint with llama.cpp's convert_hf_to_gguf.py).")
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, OSError, IndexError) as err:  # truncated or corrupt headers
+        raise ValueError(f"{path} is not a readable GGUF file ({err}).") from err
+
+    def field(key: str):
+        f = reader.fields.get(key)
+        return None if f is None else bytes(f.parts[f.data[0]]).decode("utf-8", "replace")
+
+    arch, kind = field("general.architecture"), field("general.type")
+    if arch is None or not reader.tensors or kind not in (None, "model"):
+        what = (f"general.type is {kind!r}" if kind not in (None, "model") else
+                "it has no general.architecture" if arch is None else "it holds no tensors (vocab only?)")
+        raise ValueError(f"{path} is a GGUF file but not a model ({what}); pass a GGUF that holds a model's weights.")
+
+
+@contextlib.contextmanager
+def _captured_log(llama_cpp):
+    """Collect llama.cpp's error lines (its own log, not Python's) while the block runs; restore after."""
+    lines: list[str] = []
+    last = [0]
+    error, cont = 4, 5  # ggml.h's GGML_LOG_LEVEL_ERROR and _CONT (continues the previous line)
+
+    @llama_cpp.llama_log_callback
+    def collect(level, text, user_data):
+        if level == error or (level == cont and last[0] == error):
+            lines.append(text.decode("utf-8", "replace"))
+        if level != cont:
+            last[0] = level
+
+    llama_cpp.llama_log_set(collect, ctypes.c_void_p(0))
+    try:
+        yield lines
+    finally:
+        from llama_cpp import _logger  # llama-cpp-python's own callback (prints errors when not verbose)
+
+        llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
+
+
+@contextlib.contextmanager
+def _rotation(rotate: bool):
+    """llama.cpp reads LLAMA_ATTN_ROT_DISABLE when it builds a KV cache (at context creation)."""
+    old = os.environ.get(_ROT_ENV)
+    if not rotate:
+        os.environ[_ROT_ENV] = "1"
+    else:
+        os.environ.pop(_ROT_ENV, None)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(_ROT_ENV, None)
+        else:
+            os.environ[_ROT_ENV] = old
+
+
+def type_pair(spec: str) -> tuple[str, str]:
+    """llama.cpp's (-ctk, -ctv) types for a kvviz spec ("q8_0", "k=q8_0,v=q4_0", "fp16"); ValueError with
+    kvviz.export's reason when llama.cpp has no such cache type."""
+    from kvviz import export
+
+    kv = parse_kv(spec)
+    row = export.export_commands(kv, "model.gguf")["llama.cpp"]
+    if not row["supported"]:
+        raise ValueError(f"{spec!r} cannot run in llama.cpp: {row['note']}")
+    flags = row["flags"].split()  # "-ctk K -ctv V [-fa on]"
+    return flags[flags.index("-ctk") + 1], flags[flags.index("-ctv") + 1]
+
+
+def _load(llama_cpp, path: Path, n_ctx: int, k_type: str, v_type: str, flash_attn: bool, rotate: bool,
+          threads: int | None):
+    """A llama_cpp.Llama with these cache types and all logits kept; llama.cpp's own reason when it refuses."""
+    kwargs = dict(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512), logits_all=True,
+                  flash_attn=flash_attn, verbose=False, type_k=getattr(llama_cpp, f"GGML_TYPE_{k_type.upper()}"),
+                  type_v=getattr(llama_cpp, f"GGML_TYPE_{v_type.upper()}"))
+    if threads:
+        kwargs.update(n_threads=threads, n_threads_batch=threads)
+    with _captured_log(llama_cpp) as log, _rotation(rotate):
+        try:
+            return llama_cpp.Llama(**kwargs)
+        except ValueError as err:  # "Failed to create llama_context" / "Failed to load model": why is in the log
+            reason = " ".join(line.strip() for line in log if line.strip()) or str(err)
+            raise ValueError(f"llama.cpp refused K {k_type}, V {v_type}"
+                             f"{'' if flash_attn else ' without flash attention'} for {path.name}: {reason}") from err
+
+
+def _logprobs(llm, ids: list[int]) -> torch.Tensor:
+    """Teacher-forced log-probs [len(ids), vocab] float32 (row t: the distribution of token t + 1); closes llm."""
+    try:
+        llm.eval(ids)
+        logits = torch.from_numpy(np.array(llm.scores[: len(ids)], dtype=np.float32))  # [T, vocab]
+    finally:
+        llm.close()
+    return torch.log_softmax(logits.double(), dim=-1).float()
+
+
+def kld(specs: list[str], *, model=None, text: str | None = None, tokens: int = 512, flash_attn: bool = True,
+        rotate: bool = True, threads: int | None = None) -> dict[str, dict]:
+    """{spec: stats}: see run()."""
+    return run(specs, model=model, text=text, tokens=tokens, flash_attn=flash_attn, rotate=rotate, threads=threads)[1]
+
+
+def run(specs: list[str], *, model=None, text: str | None = None, tokens: int = 512, flash_attn: bool = True,
+        rotate: bool = True, threads: int | None = None) -> tuple[list[int], dict[str, dict]]:
+    """llama.cpp's teacher-forced KLD of each spec's K/V cache types against an f16 cache.
+
+    specs: kvviz specs llama.cpp can store ("q8_0", "k=q8_0,v=q4_0", "q4_1", ...). model: None (the bundled SmolLM2
+    GGUF), a bundled model's name, or a .gguf path. text: default the WikiText-2 slice; its first `tokens` tokens are
+    evaluated (tokens - 1 positions scored). flash_attn: llama.cpp refuses a quantized V without it (ValueError with
+    its reason). rotate: llama.cpp's default Hadamard rotation of a quantized K/V (False: LLAMA_ATTN_ROT_DISABLE=1).
+
+    Returns (token ids scored [T], {spec: stats}), stats: kvviz.quality.kld's STAT_KEYS plus "engine", "k_type",
+    "v_type", "rotation", "model" and "estimate" ("full vocabulary").
+    """
+    if isinstance(specs, str):
+        raise ValueError("specs must be a list of KV specs, e.g. ['q8_0', 'k=q8_0,v=q4_0'].")
+    if not isinstance(tokens, int) or tokens < MIN_TOKENS:
+        raise ValueError(f"tokens must be a whole number >= {MIN_TOKENS}; got {tokens!r}.")
+    pairs = {spec: type_pair(spec) for spec in specs}  # bad specs fail before any model loads
+    path = resolve_gguf(model)
+    llama_cpp = _import()
+    if text is None:
+        from kvviz.quality.perplexity import wikitext
+
+        text = wikitext()
+    run = dict(flash_attn=flash_attn, rotate=rotate, threads=threads)
+    llm = _load(llama_cpp, path, tokens, "f16", "f16", **run)
+    ids = llm.tokenize(text.encode("utf-8"), add_bos=True)[:tokens]
+    if len(ids) < MIN_TOKENS:
+        llm.close()
+        raise ValueError(f"The text has {len(ids)} tokens; the bridge needs at least {MIN_TOKENS}. Give a longer text.")
+    targets = torch.tensor(ids[1:])  # [T - 1]
+    base = _logprobs(llm, ids)[:-1]  # [T - 1, vocab]
+    out = {}
+    for spec, (k_type, v_type) in pairs.items():
+        cand = _logprobs(_load(llama_cpp, path, tokens, k_type, v_type, **run), ids)[:-1]
+        stats = kld_stats(base, cand, targets)
+        stats.update(engine=f"llama.cpp (llama-cpp-python {llama_cpp.__version__})", k_type=k_type, v_type=v_type,
+                     rotation="llama.cpp's default" if rotate else f"off ({_ROT_ENV}=1)",
+                     estimate="full vocabulary", model=path.name)
+        out[spec] = stats
+    return ids, out

