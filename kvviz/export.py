@@ -309,3 +309,53 @@ def _llama_cpp_type(fmt: Format) -> tuple[str | None, str | None]:
                "mxfp4": " llama.cpp stores MXFP4 weights, not a MXFP4 KV cache."}.get(fmt.base, "")
     return None, (f"llama.cpp has no {fmt.base} KV cache type; its -ctk / -ctv take f32, f16, bf16, q8_0, q4_0, "
                   f"q4_1, iq4_nl, q5_0, q5_1.{closest}")
+
+
+# ---- per-layer plans ------------------------------------------------------------------------------------------
+
+
+def export_plan(plan, num_layers: int, model: str = "MODEL") -> dict:
+    """Engine flags for a per-layer plan (kvviz.plan: "int4; 0,27=fp16", or one spec per layer).
+
+    A uniform plan exports as its one spec (export_commands). Otherwise only vLLM can express a plan, and only
+    "one format, some layers left unquantized": `--kv-cache-dtype X --kv-cache-dtype-skip-layers i j ...`
+    (vLLM's CacheConfig.kv_cache_dtype_skip_layers, a list of layer indices or attention types such as
+    sliding_window; skipped layers keep the model's dtype, "auto"). So the plan's other layers must be fp16 /
+    bf16 for K and V, and the one format must be a vLLM dtype. SGLang and llama.cpp take one KV dtype (llama.cpp
+    one per side) for every layer. Returns {"vllm" | "sglang" | "llama.cpp": {"supported", "kv_cache_dtype",
+    "flags", "cli", "python", "note"}} as export_commands does, notes saying plainly why a plan cannot be
+    expressed. Raises ValueError on a bad plan.
+    """
+    from kvviz.plan import format_plan, is_uniform, parse_plan, spec_text
+
+    layers = parse_plan(plan, num_layers)
+    if is_uniform(layers):
+        return export_commands(layers[0], model)
+    text = format_plan(layers)
+    sixteen = [i for i, kv in enumerate(layers) if kv.k.base in ("fp16", "bf16") and kv.v.base in ("fp16", "bf16")]
+    quantized = {spec_text(kv) for i, kv in enumerate(layers) if i not in sixteen}
+    rows = {"vllm": _vllm_plan(layers, sixteen, quantized, text, model)}
+    for engine, name, how in (("sglang", "SGLang", "one --kv-cache-dtype for every layer"),
+                              ("llama.cpp", "llama.cpp", "one -ctk and one -ctv type for every layer")):
+        rows[engine] = _result(False, None, "", "", f"{name} takes {how}; it cannot express the per-layer plan "
+                                                     f"{text!r}. Use a uniform spec, or vLLM for skip layers.")
+    return rows
+
+
+def _vllm_plan(layers: list, sixteen: list[int], quantized: set, text: str, model: str) -> dict:
+    if len(quantized) != 1:
+        return _result(False, None, "", "", f"vLLM expresses one KV format with some layers left in 16 bits "
+                                             f"(--kv-cache-dtype-skip-layers); the plan {text!r} uses "
+                                             f"{len(quantized)} quantized formats ({', '.join(sorted(quantized))}). "
+                                             "No engine can express it.")
+    (spec,) = quantized
+    one = _vllm(next(kv for i, kv in enumerate(layers) if i not in sixteen), model)
+    if not one["supported"]:
+        return _result(False, None, "", "", f"The plan's quantized layers use {spec}, which vLLM cannot store: "
+                                             f"{one['note']}")
+    skip = " ".join(str(i) for i in sixteen)
+    flags = f"{one['flags']} --kv-cache-dtype-skip-layers {skip}"
+    python = one["python"][:-1] + f", kv_cache_dtype_skip_layers={[str(i) for i in sixteen]!r})"
+    note = (f"{one['note']} Layers {', '.join(map(str, sixteen))} skip quantization and keep the model's dtype "
+            "(vLLM's \"auto\": bf16 for a bf16 model, where kvviz's plan says fp16 / bf16).")
+    return _result(True, one["kv_cache_dtype"], f"vllm serve {model} {flags}", python, note, flags=flags)

@@ -23,6 +23,7 @@ imports the analysis and quality layers when it runs.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from kvviz.formats import PRESETS, KVSpec, parse_kv
@@ -121,3 +122,116 @@ def format_plan(plan) -> str:
 def is_uniform(plan) -> bool:
     """True when every layer has the same spec."""
     return len({spec_text(parse_kv(s)) for s in plan}) == 1
+
+
+def _move_order(sens: dict[str, list[float]], costs: dict[str, list[int]], ladder: list[str],
+                layers: list[int]) -> list[tuple[int, str, str]]:
+    """The greedy path: moves (layer, from, to), each raising one layer one rung up the ladder (cheapest ->
+    most precise), in order of the largest estimated KL reduction per byte added. sens[c][i]: the KL with only
+    layer i in candidate c (the top rung counts as 0); costs[c][i]: layer i's bytes in c."""
+    rung = {i: 0 for i in layers}
+    moves = []
+    while True:
+        best, best_gain = None, -math.inf
+        for i in layers:
+            r = rung[i]
+            if r + 1 >= len(ladder):
+                continue
+            lo, hi = ladder[r], ladder[r + 1]
+            saved = sens[lo][i] - (sens[hi][i] if r + 1 < len(ladder) - 1 else 0.0)
+            added = max(costs[hi][i] - costs[lo][i], 1)
+            gain = saved / added
+            if gain > best_gain:
+                best, best_gain = (i, lo, hi), gain
+        if best is None:
+            return moves
+        moves.append(best)
+        rung[best[0]] += 1
+
+
+def search(model, tokenizer, prompts, candidates: list[str], kl_budget: float, max_tokens: int = 256,
+           context: int = 4096, rows_per_pass: int | None = None) -> dict:
+    """The cheapest plan, in bytes, whose mean teacher-forced KL stays within `kl_budget` (nats), by a greedy,
+    sensitivity-ordered climb:
+
+    1. Order the candidates by the bytes a uniform plan of each holds at `context` tokens (the memory model's
+       engine layout): the ladder, cheapest rung first. Ties keep the order given.
+    2. For every rung but the top, measure each layer's sensitivity: the KL with only that layer (K and V) in
+       that candidate, everything else exact (one batched run of L rows per rung).
+    3. Start with every layer on the cheapest rung. Repeatedly raise one layer one rung: the move with the
+       largest estimated KL reduction (its sensitivity at the current rung minus at the next; the top counts as
+       0) per byte added. This fixes a path of L x (rungs - 1) + 1 plans, from all-cheapest to all-top.
+    4. Measure the KL of every plan on the path (one batched run), and return the cheapest within the budget.
+
+    prompts: one text or a list (each cut to max_tokens tokens; the KL averages over all their positions).
+    Returns {"plan": [spec per layer], "plan_text", "kl", "bytes", "bytes_fp16", "within_budget", "kl_budget",
+    "candidates" (the ladder), "context", "sensitivity": {candidate: [L]}, "steps": [{"step", "move",
+    "plan_text", "bytes", "kl", "within_budget"}] (bytes rise step by step: the trade-off curve), "seconds"}.
+    When no plan on the path meets the budget, "within_budget" is False and the plan is the all-top one.
+    """
+    import time
+
+    from kvviz.analysis.sensitivity import _prompt_ids, kv_layers, plans_kl
+    from kvviz.memory import kv_cache_bytes_for
+
+    t0 = time.perf_counter()
+    if isinstance(candidates, str) or len(candidates) < 1:
+        raise ValueError("candidates must be a list of one or more specs, e.g. ['int4', 'int8', 'fp16'].")
+    if not (isinstance(kl_budget, (int, float)) and kl_budget >= 0):
+        raise ValueError(f"kl_budget is a mean KL in nats (>= 0), e.g. 0.01; got {kl_budget!r}.")
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not prompts:
+        raise ValueError("Give at least one prompt to measure the KL on.")
+    config = model.config
+    n_layers = config.get_text_config(decoder=True).num_hidden_layers
+    names = [spec_text(parse_kv(c)) for c in candidates]
+    if len(set(names)) != len(names):
+        raise ValueError(f"The candidates {names} name the same spec twice; list each once.")
+    from kvviz.cache import QuantizedKVCache
+
+    for c in names:
+        QuantizedKVCache(config, c)  # a candidate some layer cannot hold fails here, naming it, before any compute
+    layers = kv_layers(model)
+
+    def plan_bytes(plan: list[str]) -> int:
+        return kv_cache_bytes_for(config, context, k=plan, layout="engine")
+
+    uniform = {c: plan_bytes([c] * n_layers) for c in names}
+    ladder = sorted(names, key=lambda c: uniform[c])  # stable: ties keep the given order
+    # layer i's bytes in c, up to a constant per layer (only differences between rungs matter): layer i in c,
+    # every other layer on the top rung
+    costs = {c: [plan_bytes([c if j == i else ladder[-1] for j in range(n_layers)]) for i in range(n_layers)]
+             for c in ladder}
+    ids_list = [_prompt_ids(model, tokenizer, p, max_tokens) for p in prompts]
+    sens: dict[str, list[float]] = {}
+    for c in ladder[:-1]:
+        variants = []
+        for i in layers:
+            plan: list = [None] * n_layers
+            plan[i] = c
+            variants.append(plan)
+        kls = plans_kl(model, ids_list, variants, rows_per_pass)
+        sens[c] = [math.nan] * n_layers
+        for i, kl in zip(layers, kls):
+            sens[c][i] = kl
+    sens_for_order = {c: [0.0 if math.isnan(x) else x for x in v] for c, v in sens.items()}
+    moves = _move_order(sens_for_order, costs, ladder, layers)
+    path = [[ladder[0]] * n_layers]
+    for i, _, hi in moves:
+        nxt = list(path[-1])
+        nxt[i] = hi
+        path.append(nxt)
+    kls = plans_kl(model, ids_list, path, rows_per_pass)
+    steps = []
+    for n, (plan, kl) in enumerate(zip(path, kls)):
+        move = "start: every layer " + ladder[0] if n == 0 else f"layer {moves[n - 1][0]}: {moves[n - 1][1]} -> " \
+                                                                 f"{moves[n - 1][2]}"
+        steps.append({"step": n, "move": move, "plan_text": format_plan(plan), "bytes": plan_bytes(plan),
+                      "kl": kl, "within_budget": kl <= kl_budget})
+    ok = [s for s in steps if s["within_budget"]]
+    best = min(ok, key=lambda s: (s["bytes"], s["kl"])) if ok else steps[-1]
+    plan = path[best["step"]]
+    return {"plan": plan, "plan_text": best["plan_text"], "kl": best["kl"], "bytes": best["bytes"],
+            "bytes_fp16": plan_bytes(["fp16"] * n_layers), "within_budget": bool(ok), "kl_budget": kl_budget,
+            "candidates": ladder, "context": context, "sensitivity": sens, "steps": steps,
+            "seconds": time.perf_counter() - t0}

@@ -129,3 +129,34 @@ def test_bad_plans_in_the_cache(tiny, plan, match):
     model, _ = tiny
     with pytest.raises(ValueError, match=match):
         kvviz.QuantizedKVCache(model.config, plan)
+
+
+def test_export_plan_vllm_skip_layers():
+    from kvviz.export import export_plan
+
+    out = export_plan("fp8_e4m3/token; 0,27=fp16", 28, "Qwen/Qwen2.5-7B")
+    assert out["vllm"]["supported"]
+    assert out["vllm"]["flags"].endswith("--kv-cache-dtype-skip-layers 0 27")
+    assert out["vllm"]["cli"].startswith("vllm serve Qwen/Qwen2.5-7B --kv-cache-dtype ")
+    assert "kv_cache_dtype_skip_layers=['0', '27']" in out["vllm"]["python"]
+    assert not out["sglang"]["supported"] and "cannot express the per-layer plan" in out["sglang"]["note"]
+    assert not out["llama.cpp"]["supported"] and "cannot express" in out["llama.cpp"]["note"]
+
+
+@pytest.mark.parametrize("plan, why", [
+    ("fp8_e4m3; 0=int8", "2 quantized formats"),                 # two formats: no engine
+    ("int4; 0,27=fp16", "which vLLM cannot store"),               # one format vLLM lacks
+    ("fp8_e4m3; 0=k=fp16,v=fp8_e4m3", "2 quantized formats"),    # half a layer skipped
+])
+def test_export_plan_says_when_no_engine_can(plan, why):
+    from kvviz.export import export_plan
+
+    out = export_plan(plan, 28)
+    assert not any(out[e]["supported"] for e in out)
+    assert why in out["vllm"]["note"] and out["vllm"]["flags"] == ""
+
+
+def test_export_uniform_plan_is_the_spec():
+    from kvviz.export import export_commands, export_plan
+
+    assert export_plan("fp8_e4m3; 0-3=fp8_e4m3", 4) == export_commands("fp8_e4m3")

@@ -1,0 +1,142 @@
+"""Per-layer sensitivity: which layers carry the damage of a KV format, and the K/V magnitudes that explain it.
+
+`layer_sensitivity(model, tok, prompt, spec)` measures, for every layer i and side s in {K, V}, the mean
+teacher-forced KL(exact || variant) over the prompt's positions, where the variant stores only layer i's s in
+`spec` and keeps everything else exact: the other side of layer i in fp16 (the model's own dtype when that is
+fp16 / bf16; on a float32 model fp16's rounding of one tensor moves the KL by orders of magnitude less than any
+quantized format), every other layer as computed (kvviz.QuantizedKVCache plans, None entries). All 2L variants and
+the exact row run as rows of ONE batch (kvviz.quality.rows.RowStackCache), with the first token alone and the
+rest in one chunk so that every later position reads the quantized cache (kvviz.quality.divergence).
+
+Qwen2.5-7B's k_proj bias gives layers 0 and 27 K norms of 600-900 against a median of 22: those layers top the K
+ranking at 3-4 bits, and `layer_norms` shows why (max |K| and the largest channel's amax over the median's).
+
+    sens = layer_sensitivity(model, tok, prompt, "int4")   # {"k": [L], "v": [L], ...} mean KL in nats
+    norms = layer_norms(model, tok, prompt)                 # {"k_max": [L], "k_channel_ratio": [L], ...}
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from kvviz.analysis.capture import capture_ids
+from kvviz.formats import KVSpec, get_format, parse_kv
+from kvviz.memory.layers import layer_shapes
+from kvviz.quality.divergence import row_values
+
+
+def _prompt_ids(model, tokenizer, prompt: str, max_tokens: int) -> torch.Tensor:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("The prompt is empty; give a text of a few hundred tokens (e.g. kvviz.quality.wikitext()).")
+    if max_tokens < 3:
+        raise ValueError(f"max_tokens must be at least 3, got {max_tokens}.")
+    # a token spans fewer than 32 characters in practice: cutting first keeps a whole corpus from being tokenized
+    ids = tokenizer(prompt[: 32 * max_tokens], return_tensors="pt")["input_ids"][:, :max_tokens]  # [1, T]
+    if ids.shape[1] < 3:
+        raise ValueError(f"The prompt has {ids.shape[1]} tokens; sensitivity needs at least 3. Give a longer text.")
+    return ids.to(model.device)
+
+
+def kv_layers(model) -> list[int]:
+    """The decoder layers that hold K/V (hybrids' linear-attention and Mamba layers do not)."""
+    return [s.index for s in layer_shapes(model.config, "transformers") if s.has_kv]
+
+
+def _other_side(model) -> str:
+    """The 16-bit format for the unmeasured side of the measured layer: the model's dtype when it is 16-bit."""
+    return "bf16" if model.dtype == torch.bfloat16 else "fp16"
+
+
+def variant_plans(model, spec) -> tuple[list, list[tuple[str, int]]]:
+    """The 2 x (layers holding K/V) plans of layer_sensitivity and their labels [("k" | "v", layer)]."""
+    kv = parse_kv(spec)
+    other = get_format(_other_side(model))
+    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    plans, labels = [], []
+    for side in ("k", "v"):
+        for i in kv_layers(model):
+            plan: list = [None] * n_layers
+            k_fmt, v_fmt = (kv.k, other) if side == "k" else (other, kv.v)
+            plan[i] = KVSpec(k_fmt, v_fmt, f"{side}{i}", kv.residual)
+            plans.append(plan)
+            labels.append((side, i))
+    return plans, labels
+
+
+@torch.no_grad()
+def plans_kl(model, ids_list: list[torch.Tensor], plans: list, rows_per_pass: int | None = None,
+             scales: dict | None = None) -> list[float]:
+    """Mean teacher-forced KL (nats) of each plan against the exact model over every scored position of every
+    prompt (ids [1, T] each; positions 1..T-2), the plans batched as rows, `rows_per_pass` at a time."""
+    step = rows_per_pass or len(plans)
+    if step < 1:
+        raise ValueError(f"rows_per_pass must be a positive number of rows, got {rows_per_pass}.")
+    sums, count = [0.0] * len(plans), 0
+    for ids in ids_list:
+        base = None
+        for start in range(0, len(plans), step):
+            values, base = row_values(model, ids, plans[start : start + step], base=base, scales=scales)
+            for j, (kl, *_) in enumerate(values):
+                sums[start + j] += float(kl.sum())
+        count += ids.shape[1] - 2
+    return [s / count for s in sums]
+
+
+@torch.no_grad()
+def layer_sensitivity(model, tokenizer, prompt: str, spec, max_tokens: int = 256, rows_per_pass: int | None = None,
+                      scales: dict | None = None) -> dict:
+    """Mean teacher-forced KL (nats) when only one layer's K (or V) is stored in `spec` (see the module docstring).
+
+    prompt: text, cut to its first max_tokens tokens; positions 1..T-2 are scored. rows_per_pass: variants per
+    batch (None: all 2L at once; fewer bounds memory on long prompts, at the same compute).
+    Returns {"k": [L], "v": [L]} (NaN for layers that hold no K/V), plus "spec" (canonical), "tokens" (T),
+    "other" (the 16-bit format of the unmeasured side), "seconds".
+    """
+    t0 = time.perf_counter()
+    kv = parse_kv(spec)
+    ids = _prompt_ids(model, tokenizer, prompt, max_tokens)
+    plans, labels = variant_plans(model, kv)
+    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    out = {"k": [math.nan] * n_layers, "v": [math.nan] * n_layers}
+    for (side, i), kl in zip(labels, plans_kl(model, [ids], plans, rows_per_pass, scales)):
+        out[side][i] = kl
+    out.update(spec=kv.spec, tokens=int(ids.shape[1]), other=_other_side(model),
+               seconds=time.perf_counter() - t0)
+    return out
+
+
+def ranking(sens: dict) -> list[tuple[str, int, float]]:
+    """[(side, layer, kl)] from layer_sensitivity's result, most damaging first (NaN layers left out)."""
+    rows = [(side, i, kl) for side in ("k", "v") for i, kl in enumerate(sens[side]) if not math.isnan(kl)]
+    return sorted(rows, key=lambda r: -r[2])
+
+
+@torch.no_grad()
+def layer_norms(model, tokenizer, prompt: str, max_tokens: int = 256) -> dict:
+    """Per-layer K/V magnitude statistics that explain sensitivity peaks, from one capture (kvviz.analysis).
+
+    For K (post-RoPE, what the cache stores) and V, per decoder layer (NaN where the layer holds no K/V):
+      *_max:             max |x| over heads, tokens and channels
+      *_median_amax:     the median over heads and channels of each channel's max |x| over tokens
+      *_channel_ratio:   *_max / *_median_amax (how far the worst channel stands above a typical one)
+      *_token_norm_max:  the largest L2 norm of one token's head vector
+    Returns {"k_max": [L], ..., "v_token_norm_max": [L], "layers": [layer ids captured]}.
+    """
+    ids = _prompt_ids(model, tokenizer, prompt, max_tokens)
+    cap = capture_ids(model, ids, tokenizer)
+    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    out: dict = {f"{s}_{name}": [math.nan] * n_layers for s in ("k", "v")
+                 for name in ("max", "median_amax", "channel_ratio", "token_norm_max")}
+    for pos, layer in enumerate(cap.layer_ids):
+        for s, x in (("k", cap.keys_post[pos]), ("v", cap.values[pos])):  # [kv_heads, T, D]
+            amax = x.abs().amax(dim=1)  # [kv_heads, D]: each channel's max over tokens
+            peak, median = float(amax.max()), float(amax.median())
+            out[f"{s}_max"][layer] = peak
+            out[f"{s}_median_amax"][layer] = median
+            out[f"{s}_channel_ratio"][layer] = peak / max(median, 1e-12)
+            out[f"{s}_token_norm_max"][layer] = float(x.norm(dim=-1).max())
+    out["layers"] = list(cap.layer_ids)
+    return out
