@@ -17,6 +17,7 @@ from typing import Callable
 
 from kvviz import bench, memory
 from kvviz.engines import cli as engines_cli
+from kvviz import kld_cli
 
 
 class _Parser(argparse.ArgumentParser):
@@ -179,6 +180,7 @@ COMMANDS: list[Command] = [
     Command("memory", "KV-cache bytes per format for a model, and what fits on a GPU", _add_memory, _run_memory),
     Command("bench", bench.HELP, bench.add_arguments, bench.run),  # kvviz/bench.py (imports torch when run)
     Command("engines", engines_cli.HELP, engines_cli.add_arguments, engines_cli.run),  # kvviz/engines/cli.py
+    Command("kld", kld_cli.HELP, kld_cli.add_arguments, kld_cli.run),  # kvviz/kld_cli.py (imports torch when run)
 ]
 
 

@@ -6,6 +6,8 @@ import math
 import pytest
 import torch
 
+import kvviz
+
 from kvviz.quality.kld import kld_stats, kld_stats_topk, per_position, summarize
 
 
@@ -111,3 +113,34 @@ def test_bad_shapes_raise():
     with pytest.raises(ValueError, match="top-k"):
         kld_stats_topk(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4), torch.zeros(2),
                        torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3), torch.zeros(2))
+
+
+def test_cli_kld_save_base_then_reuse(tmp_path, monkeypatch, capsys):
+    import kvviz.models
+    from kvviz import cli
+
+    tiny = kvviz.tiny_model("llama")
+    monkeypatch.setattr(kvviz.models, "load_model", lambda name=None: tiny)
+    text = tmp_path / "text.txt"
+    text.write_text("Keys and values of every token stay in the cache; attention reads them. " * 8)
+    base = tmp_path / "base.pt"
+    args = ["kld", "--text-file", str(text), "--windows", "2", "--window-tokens", "64"]
+    assert cli.main(args + ["--save-base", str(base), "int8"]) == 0
+    first = capsys.readouterr().out
+    assert "saved the exact model's log-probs at 62 positions" in first and base.is_file()
+    assert cli.main(["kld", "--base", str(base), "int8", "int4; 0=fp16"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("int8", "int4"))}
+    assert set(rows) == {"int8", "int4;"} and "62 positions scored" in out
+    # the saved baseline gives the same numbers as the live one
+    assert [r.split() for r in first.splitlines() if r.startswith("int8")] == [rows["int8"].split()]
+
+
+def test_cli_kld_bad_arguments(tmp_path, capsys):
+    from kvviz import cli
+
+    assert cli.main(["kld"]) == 2
+    assert "Name at least one spec" in capsys.readouterr().err
+    assert cli.main(["kld", "--base", str(tmp_path / "none.pt"), "int4"]) == 2
+    assert "No baseline file" in capsys.readouterr().err
+
