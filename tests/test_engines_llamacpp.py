@@ -80,3 +80,19 @@ def test_a_gguf_that_is_not_a_model_is_refused(tmp_path):
         engines.kld("llama.cpp", ["q8_0"], model=text, tokens=32)
     with pytest.raises(ValueError, match="No GGUF file at"):
         engines.kld("llama.cpp", ["q8_0"], model=tmp_path / "missing.gguf", tokens=32)
+
+
+def test_cli_llama_cpp():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-m", "kvviz", "engines", "--specs", "fp16,k=q8_0,v=q4_0", "--tokens", "32",
+                          "--threads", "2"], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("llama.cpp (llama-cpp-python ") and "31 positions" in lines[0]
+    assert lines[2].split()[:2] == ["fp16", "0.00000"] and lines[3].split()[0] == "k=q8_0,v=q4_0"
+    assert float(lines[3].split()[1]) > 0
+    assert "estimate: full vocabulary" in out.stdout and "K/V rotation: llama.cpp's default" in out.stdout

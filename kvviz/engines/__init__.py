@@ -13,6 +13,8 @@
 - vLLM and SGLang (kvviz/engines/servers.py): one server per `--kv-cache-dtype` plus a baseline server, all serving
   the same model; teacher-forced top-k prompt log-probs; KL over the top-k with the rest of the mass lumped (a
   lower bound). Servers spanning many GPUs are measured the same way as one.
+- kvviz's own simulation of the same formats on the same token ids (kvviz/engines/simulate.py; `--with-kvviz`),
+  for side-by-side tables.
 """
 
 from __future__ import annotations
