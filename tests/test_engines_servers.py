@@ -32,8 +32,10 @@ ROUTES = {
               ("POST", "/v1/completions"): "vllm_completions_no_prompt_logprobs.json"},
     "vcap": {("GET", "/v1/models"): "vllm_models.json",
              ("POST", "/v1/completions"): (400, "vllm_error_max_logprobs.json")},
-    "sbase": {("GET", "/get_model_info"): "sglang_model_info.json", ("POST", "/generate"): "sglang_generate_baseline.json"},
-    "sfp8": {("GET", "/get_model_info"): "sglang_model_info.json", ("POST", "/generate"): "sglang_generate_fp8_e4m3.json"},
+    "sbase": {("GET", "/get_model_info"): "sglang_model_info.json",
+              ("POST", "/generate"): "sglang_generate_baseline.json"},
+    "sfp8": {("GET", "/get_model_info"): "sglang_model_info.json",
+             ("POST", "/generate"): "sglang_generate_fp8_e4m3.json"},
     "snolp": {("GET", "/get_model_info"): "sglang_model_info.json",
               ("POST", "/generate"): "sglang_generate_no_logprobs.json"},
     "html": {("GET", "/v1/models"): (200, None)},
@@ -114,7 +116,8 @@ def _expected_kl(base_rows, cand_rows) -> list[float]:
 def test_vllm_prompt_logprobs_kld(server):
     stats = engines.kld({"baseline": f"{server}/vbase", "fp8_e4m3": f"{server}/vfp8/v1/"}, text=TEXT, top_k=2)
     s = stats["fp8_e4m3"]
-    base_rows, cand_rows = _fixture_rows("vllm_completions_baseline.json"), _fixture_rows("vllm_completions_fp8_e4m3.json")
+    base_rows = _fixture_rows("vllm_completions_baseline.json")
+    cand_rows = _fixture_rows("vllm_completions_fp8_e4m3.json")
     kl = _expected_kl(base_rows, cand_rows)
     assert s["n"] == 4
     assert s["mean"] == pytest.approx(sum(kl) / 4, rel=1e-12)

@@ -107,7 +107,7 @@ class Side:
         self.dtype = torch.float32
         self.base = 0  # absolute position of the first stored token
         self.tokens_quantized = 0  # every token is quantized at most once: the count of quantize inputs
-        self.saturated = 0  # FP8 static scale: values beyond the format's range under it, clamped (counted, warned once)
+        self.saturated = 0  # FP8 static scale: values clamped to the format's range under it (warned about once)
 
     # -- setup -------------------------------------------------------------------------------------------------
     def init(self, x: torch.Tensor) -> None:

@@ -101,7 +101,8 @@ def _print_table(results: dict[str, dict]) -> None:
     table = [["format", "mean KLD", "± se", "median", "p99", "max", "same top", "RMS Δp", "ln(PPL/PPL base)"]]
     for name, s in results.items():
         table.append([name, f"{s['mean']:.5f}", f"{s['mean_se']:.5f}", f"{s['median']:.5f}", f"{s['p99']:.4f}",
-                      f"{s['max']:.4f}", f"{s['same_top_p']:.2%}", f"{s['delta_p_rms']:.3%}", f"{s['ln_ppl_ratio']:+.5f}"])
+                      f"{s['max']:.4f}", f"{s['same_top_p']:.2%}", f"{s['delta_p_rms']:.3%}",
+                      f"{s['ln_ppl_ratio']:+.5f}"])
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))

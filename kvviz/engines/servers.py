@@ -256,8 +256,8 @@ def check_same_tokens(base: PromptLogprobs, cand: PromptLogprobs) -> None:
         if base.ids[t] != cand.ids[t] or not same_str:
             raise ValueError(
                 f"{cand.url} and the baseline {base.url} tokenize the text differently at token {t} (baseline "
-                f"{base.ids[t]} {base.strings[t]!r}, candidate {cand.ids[t]} {cand.strings[t]!r}): serve the same model "
-                "and tokenizer on every server, changing only --kv-cache-dtype.")
+                f"{base.ids[t]} {base.strings[t]!r}, candidate {cand.ids[t]} {cand.strings[t]!r}): serve the same "
+                "model and tokenizer on every server, changing only --kv-cache-dtype.")
     if len(base.ids) != len(cand.ids):
         raise ValueError(f"{cand.url} returned {len(cand.ids)} prompt tokens, the baseline {base.url} {len(base.ids)}: "
                          "serve the same model and tokenizer on every server, changing only --kv-cache-dtype.")

@@ -125,7 +125,8 @@ def valid_names() -> str:
     """One sentence listing what a spec may contain, for error messages."""
     return (
         f"base formats: {', '.join(BASES)} (alias fp8 = fp8_e4m3); options: /{'|/'.join(GRANULARITIES)}, /gN, "
-        f"/asym (int only), /rot, /{'|/'.join(SCALE_SOURCES)} (fp8 scale source); pairs: k=SPEC,v=SPEC; presets: {', '.join(PRESETS)}"
+        f"/asym (int only), /rot, /{'|/'.join(SCALE_SOURCES)} (fp8 scale source); pairs: k=SPEC,v=SPEC; "
+        f"presets: {', '.join(PRESETS)}"
     )
 
 
