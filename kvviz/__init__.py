@@ -20,7 +20,10 @@ _LAZY = {"load_model": "models", "tiny_model": "models", "describe_model": "mode
          # analysis, quality, calibration and export (kvviz/analysis, kvviz/quality, calibrate.py, export.py)
          "capture_kv": "analysis", "compare": "quality", "compare_stream": "quality", "perplexity": "quality",
          "needle": "quality", "KVScales": "calibrate", "calibrate_scales": "calibrate", "save_scales": "calibrate",
-         "load_scales": "calibrate", "export_commands": "export"}
+         "load_scales": "calibrate", "export_commands": "export",
+         # per-layer plans and sensitivity, llama.cpp's KLD statistics (kvviz/plan.py, analysis, quality)
+         "parse_plan": "plan", "format_plan": "plan", "export_plan": "export", "layer_sensitivity": "analysis",
+         "layer_norms": "analysis", "kld": "quality"}
 
 
 def _register_attention() -> None:

@@ -144,3 +144,18 @@ def test_cli_kld_bad_arguments(tmp_path, capsys):
     assert cli.main(["kld", "--base", str(tmp_path / "none.pt"), "int4"]) == 2
     assert "No baseline file" in capsys.readouterr().err
 
+
+
+def test_fast_row_values_equal_per_position():
+    """divergence._Base.values (two passes over the vocabulary) against the direct per_position."""
+    from kvviz.quality.divergence import _Base
+
+    torch.manual_seed(1)
+    logits_p, logits_q = 3 * torch.randn(50, 300), 3 * torch.randn(50, 300)
+    targets = torch.randint(0, 300, (50,))
+    lp = logits_p.double().log_softmax(-1)
+    fast = _Base(lp, targets).values(logits_q)
+    slow = per_position(lp, logits_q.double().log_softmax(-1), targets)
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10) if a.is_floating_point() else \
+            torch.testing.assert_close(a, b)

@@ -8,6 +8,7 @@
     attn = analysis.attention_errors(cap, ["k8v4", "k4v8"])        # {spec: [L]}
     cmp = analysis.scale_comparison(cap, "int8", layer=3, head=0)  # token / channel / head / tensor (+ /rot)
     rot = analysis.rotation_view(cap, layer=3, head=0)             # stats before and after the Hadamard rotation
+    sens = analysis.layer_sensitivity(model, tok, prompt, "int4")  # {"k": [L], "v": [L]}: KL, one layer at a time
 
 Everything returns plain data (numpy arrays, dicts, a dataclass of tensors); nothing here plots.
 """
@@ -15,6 +16,7 @@ Everything returns plain data (numpy arrays, dicts, a dataclass of tensors); not
 from kvviz.analysis.capture import KVCapture, LayerAttention, capture_ids, capture_kv
 from kvviz.analysis.errors import (attention_errors, error_map, error_maps, layer_errors, relative_error,
                                    scale_comparison)
+from kvviz.analysis.sensitivity import layer_norms, layer_sensitivity, ranking
 from kvviz.analysis.stats import (OUTLIER_FACTOR, capture_stats, channel_stats, kv_outlier_summary, outlier_mask,
                                   rotation_view)
 
@@ -30,8 +32,11 @@ __all__ = [
     "error_map",
     "error_maps",
     "kv_outlier_summary",
+    "layer_norms",
+    "layer_sensitivity",
     "layer_errors",
     "outlier_mask",
+    "ranking",
     "relative_error",
     "rotation_view",
     "scale_comparison",

@@ -7,11 +7,15 @@
         ...
     quality.perplexity(model, tok, ["fp8_e4m3", "int4"])               # WikiText-2 slice, strided windows
     quality.needle(model, tok, ["fp8_e4m3", "int4"])                   # retrieval rate against needle depth
+    quality.kld(model, tok, ["fp8_e4m3", "int4; 0,29=fp16"])           # llama.cpp's KLD statistics (divergence.py)
 
 Metrics come from one batched decode loop whose rows each hold their own format (kvviz.quality.rows); tokens/s
 come from each format's own cache and attention backend (kvviz.quality.speed).
 """
 
+# kvviz.quality.kld is the function below (the issue's API); the pure statistics are imported from the module by
+# name: `from kvviz.quality.kld import kld_stats` (sys.modules keeps the module, the attribute is the function)
+from kvviz.quality.divergence import base_logprobs, kld, load_base, save_base
 from kvviz.quality.compare import (FormatResult, QualityReport, StreamUpdate, compare, compare_stream, kl_top1,
                                    prefill)
 from kvviz.quality.needle import DEPTHS, haystack, needle
@@ -22,6 +26,10 @@ from kvviz.quality.speed import decode_speed, load_prefill, make_cache, timed_de
 __all__ = [
     "DEPTHS",
     "FormatResult",
+    "base_logprobs",
+    "kld",
+    "load_base",
+    "save_base",
     "QualityReport",
     "RowStackCache",
     "StreamUpdate",
