@@ -30,16 +30,17 @@ def logprobs(model, ids: list[int], spec, chunk: int = 128) -> torch.Tensor:
     return torch.log_softmax(torch.cat(logits, dim=1)[0].double(), dim=-1).float()  # [T, vocab]
 
 
-def kld(specs: list[str], ids: list[int], model_name: str | None = None, chunk: int = 128) -> dict[str, dict]:
+def kld(specs: list[str], ids: list[int], model=None, chunk: int = 128) -> dict[str, dict]:
     """{spec: kvviz.quality.kld stats} of kvviz's formats against DynamicCache on the token ids `ids` [T]
-    (T - 1 positions scored), with the bundled model `model_name` (default SmolLM2)."""
-    from kvviz.models import load_model
-
+    (T - 1 positions scored). model: a loaded causal LM, or a name for kvviz.models.load_model (default SmolLM2)."""
     for spec in specs:
         parse_kv(spec)
     if len(ids) < 2:
         raise ValueError("Give at least two token ids: the first position predicts the second.")
-    model, _ = load_model(model_name)
+    if model is None or isinstance(model, str):
+        from kvviz.models import load_model
+
+        model, _ = load_model(model)
     targets = torch.tensor(ids[1:])
     base = logprobs(model, ids, None, chunk)[:-1]
     out = {}
