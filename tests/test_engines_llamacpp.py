@@ -29,7 +29,7 @@ def test_kld_of_llama_cpp_types(stats):
     assert f16["mean"] == 0 and f16["max"] == 0 and f16["same_top_p"] == 1
     # q8_0 is close to f16 but not equal; a 4-bit V loses more
     assert 0 < q8["mean"] < 0.02, q8["mean"]
-    assert q8q4["mean"] > 2 * q8["mean"], (q8q4["mean"], q8["mean"])
+    assert q8q4["mean"] > 1.5 * q8["mean"], (q8q4["mean"], q8["mean"])
     assert q8q4["mean"] < 0.5 and q8q4["same_top_p"] > 0.8
     for s in (q8, q8q4):
         assert s["median"] <= s["p90"] <= s["p99"] <= s["max"] and s["mean_se"] > 0

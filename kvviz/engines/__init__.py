@@ -19,8 +19,6 @@
 
 from __future__ import annotations
 
-from kvviz.engines import servers
-
 ENGINES = ("llama.cpp", "vllm / sglang servers (a dict of URLs)")
 
 
@@ -44,6 +42,8 @@ def kld(engine, specs=None, *, model=None, text: str | None = None, tokens: int 
             raise ValueError("Name the llama.cpp cache types to measure, e.g. specs=['q8_0', 'k=q8_0,v=q4_0'].")
         return llamacpp.kld(specs, model=model, text=text, tokens=tokens, **options)
     if isinstance(engine, dict):
+        from kvviz.engines import servers  # kvviz.quality (transformers) only when measuring: `kvviz --help` is fast
+
         return servers.kld(engine, specs, model=model, text=text, tokens=tokens, **options)
     raise ValueError(f"engine must be 'llama.cpp' or a dict of server URLs ({{'baseline': url, 'fp8_e4m3': url2}}) "
                      f"for vLLM / SGLang; got {engine!r}.")

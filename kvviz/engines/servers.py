@@ -36,8 +36,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kvviz.quality.kld import kld_stats_topk
-
 APIS = ("vllm", "sglang")
 BASELINE = "baseline"
 DEFAULT_TOP_K = 20  # vLLM's default --max-logprobs
@@ -299,6 +297,8 @@ def kld(engine: dict[str, str], specs: list[str] | None = None, *, model: str | 
 
         text = wikitext()[: tokens * CHARS_PER_TOKEN]
     got = {n: fetch(u, text, api=api, top_k=top_k, model=model, timeout=timeout) for n, u in urls.items()}
+    from kvviz.quality.kld import kld_stats_topk  # kvviz.quality imports transformers
+
     base = got[BASELINE]
     for n in names:
         check_same_tokens(base, got[n])
