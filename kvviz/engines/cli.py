@@ -87,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{first['engine']}: {where}; {first['n']} positions scored against the engine's own baseline")
     _print_table(results)
     if simulated is not None:
-        print("\nkvviz's simulation, same tokens (transformers, the GGUF's weights dequantized to fp32, DynamicCache "
-              "baseline):")
+        print("\nkvviz's simulation, same tokens (transformers, the GGUF's weights dequantized to fp32, against the "
+              "exact model; positions 1 on):")
         _print_table(simulated)
     print(f"\nKLD in nats, KL(baseline || format) per position; estimate: {first['estimate']}.")
     if "rotation" in first:

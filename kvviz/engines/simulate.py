@@ -1,10 +1,10 @@
 """kvviz's own simulation of the same K/V formats on the same tokens, for side-by-side tables with an engine's.
 
 The model is kvviz.models.load_model's (the bundled GGUF dequantized to fp32 weights, run by transformers), fed the
-token ids the engine scored. The baseline is a DynamicCache (no quantization). Each format runs through a fresh
-kvviz.QuantizedKVCache the way llama.cpp's batch runs through its cache: a 1-token first forward, then chunks of
-`chunk` tokens whose queries read every earlier token and their own K/V as stored (quantized on append, before
-attention reads). Statistics are kvviz.quality.kld's, the same as the bridge's.
+token ids the engine scored. The runs are kvviz.quality.divergence.row_values': one batch with a row per format
+and an exact row, the first token alone and then the rest at once, so every later position reads K/V as the cache
+stores them (quantized on append, before attention reads), as in llama.cpp's batch. Positions 1..T-2 are scored
+(position 0 reads no cache in kvviz; llama.cpp's bridge also scores it). Statistics are kvviz.quality.kld's.
 
     from kvviz.engines import simulate
     simulate.kld(["q8_0", "k=q8_0,v=q4_0"], ids)        # ids: the tokens the bridge scored (with BOS)
@@ -14,38 +14,26 @@ from __future__ import annotations
 
 import torch
 
-from kvviz.formats import parse_kv
-from kvviz.quality.kld import kld_stats
-from kvviz.quality.speed import make_cache
 
+def kld(specs: list[str], ids: list[int], model=None) -> dict[str, dict]:
+    """{spec: kvviz.quality.kld stats} of kvviz's formats against the exact model on the token ids `ids` [T]
+    (positions 1..T-2 scored). model: a loaded causal LM, or a name for kvviz.models.load_model (default SmolLM2)."""
+    from kvviz.plan import parse_plan
+    from kvviz.quality.divergence import row_values
+    from kvviz.quality.kld import summarize
 
-@torch.no_grad()
-def logprobs(model, ids: list[int], spec, chunk: int = 128) -> torch.Tensor:
-    """Teacher-forced log-probs [len(ids), vocab] float32 through `spec`'s cache (None: DynamicCache)."""
-    x = torch.tensor([ids], device=model.device)  # [1, T]
-    cache = make_cache(model, spec)
-    logits = [model(input_ids=x[:, :1], cache=cache, use_cache=True).logits]
-    for start in range(1, x.shape[1], chunk):
-        logits.append(model(input_ids=x[:, start : start + chunk], cache=cache, use_cache=True).logits)
-    return torch.log_softmax(torch.cat(logits, dim=1)[0].double(), dim=-1).float()  # [T, vocab]
-
-
-def kld(specs: list[str], ids: list[int], model=None, chunk: int = 128) -> dict[str, dict]:
-    """{spec: kvviz.quality.kld stats} of kvviz's formats against DynamicCache on the token ids `ids` [T]
-    (T - 1 positions scored). model: a loaded causal LM, or a name for kvviz.models.load_model (default SmolLM2)."""
-    for spec in specs:
-        parse_kv(spec)
-    if len(ids) < 2:
-        raise ValueError("Give at least two token ids: the first position predicts the second.")
+    if len(ids) < 3:
+        raise ValueError("Give at least three token ids: position 0 reads no cache, position 1 is the first scored.")
     if model is None or isinstance(model, str):
         from kvviz.models import load_model
 
         model, _ = load_model(model)
-    targets = torch.tensor(ids[1:])
-    base = logprobs(model, ids, None, chunk)[:-1]
+    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    plans = [parse_plan(spec, n_layers) for spec in specs]  # bad specs fail before any compute
+    values, _ = row_values(model, torch.tensor([ids], device=model.device), plans)
     out = {}
-    for spec in specs:
-        stats = kld_stats(base, logprobs(model, ids, spec, chunk)[:-1], targets)
+    for spec, v in zip(specs, values):
+        stats = summarize(*v)
         stats.update(engine="kvviz (simulated: dequantized K/V, fp32 weights, SDPA)", estimate="full vocabulary")
         out[spec] = stats
     return out
