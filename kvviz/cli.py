@@ -84,6 +84,9 @@ def _model_from_args(args: argparse.Namespace) -> memory.ModelPreset:
     if len(named) > 1 or (named and given):
         drop = ", ".join((named[1:] if len(named) > 1 else []) + given)
         raise ValueError(f"give one of --model, --config, --hf-id or custom dimensions, not both (drop {drop}).")
+    if args.params is not None and args.params > 1e5:
+        raise ValueError(f"--params is in billions: {args.params:g} billion is {args.params / 1e3:g} trillion "
+                         f"parameters. For a 270M model write --params 0.27.")
     params = None if args.params is None else args.params * 1e9
     if named:
         if args.model is not None:

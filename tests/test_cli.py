@@ -58,6 +58,8 @@ def test_memory_custom_dimensions(capsys):
     (["memory", "--layers", "8", "--kv-heads", "2", "--head-dim", "64", "--context", "9", "--gpu", "l4"], "--params"),
     (["memory", "--model", "llama-3.1-8b", "--head-dim", "64", "--context", "100"], "not both"),
     (["memory", "--model", "llama-3.1-8b"], "--context"),
+    (["memory", "--layers", "8", "--kv-heads", "2", "--head-dim", "64", "--context", "9", "--params", "268e6"],
+     "--params is in billions"),
     (["nope"], "invalid choice"),
     ([], "COMMAND"),
 ])
