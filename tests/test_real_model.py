@@ -58,18 +58,24 @@ def test_loads_offline_with_the_expected_shape(real):
     assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (30, 9, 3, 64)
 
 
-def test_generates_with_k8v4(real):
-    model, tok = real
+def _generates_with_k8v4(model, tok, new_tokens: int) -> None:
+    """Greedy generation through a k8v4 cache writes text, and the cache holds what the memory model says."""
     enc = tok(PROMPT, return_tensors="pt")
     cache = QuantizedKVCache(model.config, "k8v4")
     with torch.no_grad():
-        out = model.generate(**enc, cache=cache, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+        out = model.generate(**enc, cache=cache, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False)
     new = out[0, enc["input_ids"].shape[1]:]
-    assert new.numel() == 8 and tok.decode(new, skip_special_tokens=True).strip()
-    assert cache.get_seq_length() == enc["input_ids"].shape[1] + 7  # the last token is never fed back
+    assert new.numel() == new_tokens and tok.decode(new, skip_special_tokens=True).strip()
+    # the last token is never fed back
+    assert cache.get_seq_length() == enc["input_ids"].shape[1] + new_tokens - 1
     # exactly what the memory model says this cache holds (transformers' layout: a sliding layer keeps W - 1)
     assert cache.nbytes() == kv_cache_bytes_for(model.config, cache.get_seq_length(), k="k8v4",
                                                 layout="transformers")
+
+
+def test_generates_with_k8v4(real):
+    _generates_with_k8v4(*real, new_tokens=8)
 
 
 def test_fp8_kl_below_int4(real):
@@ -106,17 +112,7 @@ def test_gemma_loads_offline_with_the_expected_shape(gemma):
 
 
 def test_gemma_generates_with_k8v4(gemma):
-    model, tok = gemma
-    enc = tok(PROMPT, return_tensors="pt")
-    cache = QuantizedKVCache(model.config, "k8v4")
-    with torch.no_grad():
-        out = model.generate(**enc, cache=cache, max_new_tokens=6, min_new_tokens=6, do_sample=False)
-    new = out[0, enc["input_ids"].shape[1]:]
-    assert new.numel() == 6 and tok.decode(new, skip_special_tokens=True).strip()
-    assert cache.get_seq_length() == enc["input_ids"].shape[1] + 5
-    # exactly what the memory model says this cache holds (transformers' layout: a sliding layer keeps W - 1)
-    assert cache.nbytes() == kv_cache_bytes_for(model.config, cache.get_seq_length(), k="k8v4",
-                                                layout="transformers")
+    _generates_with_k8v4(*gemma, new_tokens=6)
 
 
 def test_gemma_int8_kl_below_per_tensor_int4(gemma):
