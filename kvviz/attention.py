@@ -207,7 +207,7 @@ def _triton_runs_on(device: torch.device) -> bool:
 
 
 def _fused_reads(*sides: PackedKV) -> bool:
-    """False when the kernels cannot read a side's format yet (llama.cpp's q4_0 & co.): the reference reads it."""
+    """False when the Triton kernels have no decode branch for a side's format: the reference reads it then."""
     from kernels.packed import reads_format
 
     return all(reads_format(p.fmt) for p in sides)
