@@ -84,8 +84,27 @@ def _load(name: str):
     return models.load_model(None if name == DEFAULT_MODEL else name)
 
 
-def get_model(progress: gr.Progress | None = None):
-    """The process-wide loaded model (see kvviz.models.load_model for what it holds)."""
+def model_choices() -> list[str]:
+    """The models a user may pick in the page, the served default (model_name()) first."""
+    return [model_name()]
+
+
+def check_model(value) -> str:
+    """The picked model's name: one of model_choices(); None or "" means the default (ValueError otherwise)."""
+    if value is None or value == "":
+        return model_name()
+    return check_choice(value, "Model", model_choices())
+
+
+def model_input(tr) -> gr.Dropdown:
+    """The model picker every model tab opens with (its value is the `model` argument of the tab's endpoints)."""
+    return tr(gr.Dropdown(model_choices(), value=model_name(), label=t("model"), elem_classes=["kv-model"]),
+              label="model")
+
+
+def get_model(progress: gr.Progress | None = None, model: str | None = None):
+    """(model, tokenizer) of the picked `model` (a check_model name; None: the default), loaded on first use."""
+    check_model(model)
     return _MODEL.get(progress)
 
 
