@@ -13,11 +13,15 @@ api_names (for gradio_client): compare, needle, outliers, error_map, memory, exp
 
 from __future__ import annotations
 
+import contextlib
 import os
+
+with contextlib.suppress(ImportError):  # ZeroGPU: `spaces` must be imported before anything initialises CUDA
+    import spaces  # noqa: F401
 
 import gradio as gr
 
-from kvviz.ui import common, compare, errors, export, i18n, lessons, memory, outliers
+from kvviz.ui import common, compare, errors, export, i18n, lessons, memory, outliers, zerogpu
 from kvviz.ui.i18n import t
 
 CSS = """
@@ -73,6 +77,8 @@ def launch(demo: gr.Blocks, **kwargs):
 
 
 if __name__ == "__main__":
+    if zerogpu.active():  # the documented ZeroGPU pattern: load in the main process and move to "cuda" there
+        common.get_model()[0].to("cuda")
     launch(
         build_demo(),
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),

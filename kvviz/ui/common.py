@@ -28,6 +28,7 @@ import kvviz
 
 from .checks import (MAX_PROMPT_CHARS, check_bool, check_choice, check_float, check_int, check_names,  # noqa: F401
                      check_prompt, check_spec, check_text, check_upload, spec_list)
+from . import zerogpu
 from .i18n import t
 
 MAX_FORMATS = 6  # columns the Compare tab shows side by side, baseline included
@@ -193,8 +194,14 @@ def on_click(button: gr.Button, fn: Callable, inputs: list, outputs: list, api_n
     (preprocess=False), so `fn`'s own checks (kvviz.ui.checks) are the boundary for every argument's type and
     range; the call waits in the `concurrency_id` queue, and the queue position, then gr.Progress, show over
     `progress_on` (default: the outputs)."""
-    return button.click(fn, inputs, outputs, api_name=api_name, preprocess=False, concurrency_id=concurrency_id,
-                        show_progress="full", show_progress_on=progress_on, **kwargs)
+    return button.click(model_task(fn, concurrency_id), inputs, outputs, api_name=api_name, preprocess=False,
+                        concurrency_id=concurrency_id, show_progress="full", show_progress_on=progress_on, **kwargs)
+
+
+def model_task(fn: Callable, concurrency_id: str) -> Callable:
+    """`fn` decorated for ZeroGPU (kvviz.ui.zerogpu.gpu) when it computes on a model, i.e. waits in the "model"
+    queue; other endpoints (memory, the scale-file check) never ask for a GPU."""
+    return zerogpu.gpu(fn) if concurrency_id == "model" else fn
 
 
 def UploadFile(*args, **kwargs) -> gr.File:  # noqa: N802 (a component constructor, spelled like one)

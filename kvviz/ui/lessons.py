@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from .common import model_task
 from .i18n import lang_code, t
 
 
@@ -63,4 +64,5 @@ def wire(buttons: list[gr.Button], tabs: gr.Tabs, parts: dict[str, dict], note: 
         event = button.click(fill, lang, [tabs, note, *targets], api_visibility="private", queue=False)
         if lesson.action is not None:
             fn, inputs, outputs, concurrency_id = tab["actions"][lesson.action]
-            event.then(fn, inputs, outputs, api_visibility="private", concurrency_id=concurrency_id)
+            event.then(model_task(fn, concurrency_id), inputs, outputs, api_visibility="private",
+                       concurrency_id=concurrency_id)
