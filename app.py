@@ -5,10 +5,14 @@ tabs live in `kvviz/ui/` (one module per tab); the seven lessons of docs/DESIGN.
 (`kvviz/ui/lessons.py`); figures come from `kvviz/plots.py`.
 
 Run: `make run` (or `python app.py`) serves http://127.0.0.1:7860; GRADIO_SERVER_NAME and GRADIO_SERVER_PORT
-override the address (Spaces and the Dockerfile set them). KVVIZ_MODEL picks the model (default: the bundled
-SmolLM2-135M-Instruct); KVVIZ_CONCURRENCY bounds concurrent model computations (default 1).
+override the address (Spaces and the Dockerfile set them). KVVIZ_MODEL is the default model (default: the bundled
+SmolLM2-135M-Instruct), KVVIZ_MODELS lists more to pick from, KVVIZ_ALLOW_ANY_MODEL=1 lets users type any hub id
+(up to KVVIZ_MAX_PARAMS parameters), KVVIZ_MAX_MODELS bounds how many stay loaded (kvviz/ui/registry.py);
+KVVIZ_CONCURRENCY bounds concurrent model computations (default 1).
 
-api_names (for gradio_client): compare, needle, outliers, error_map, memory, export, check_scales.
+api_names (for gradio_client): compare, needle, outliers, error_map, memory, export, check_scales. Every one that
+runs a model (compare, needle, outliers, error_map, export, check_scales) takes a `model` argument, its last: a
+name from the page's model picker (omitted: KVVIZ_MODEL). Through the API results are in English.
 """
 
 from __future__ import annotations
@@ -62,9 +66,17 @@ def build_demo() -> gr.Blocks:
                                    ("memory", memory), ("export", export)):
                 with tr(gr.Tab(t(f"tab_{tab_id}"), id=tab_id, elem_id=f"tab-{tab_id}"), label=f"tab_{tab_id}"):
                     parts[tab_id] = module.build(tr)
-        lessons.wire(lesson_buttons, tabs, parts, lesson_note, lang)
-        lang.change(lambda choice: tr.updates(i18n.lang_code(choice)), lang, tr.components,
-                    api_visibility="private", queue=False)
+        pickers = [p["model"] for p in parts.values() if "kv-model" in (getattr(p.get("model"), "elem_classes", None)
+                                                                         or [])]
+        lessons.wire(lesson_buttons, tabs, parts, lesson_note, lang, pickers[0])
+        for picker in pickers:  # one selected model for the page: picking it in one tab picks it in all
+            others = [p for p in pickers if p is not picker]
+            picker.input(lambda m, n=len(others): m if n == 1 else [m] * n, picker, others,
+                         api_visibility="private", queue=False)
+            picker.change(common.header_markdown, picker, header, api_visibility="private", queue=False)
+        state = tr.language_state()
+        lang.change(lambda choice: [i18n.lang_code(choice), *tr.updates(i18n.lang_code(choice))], lang,
+                    [state, *tr.components], api_visibility="private", queue=False)
         demo.load(i18n.choice_from_request, None, lang, api_visibility="private", queue=False)
         demo.load(common.header_markdown, None, header, api_visibility="private", queue=False)  # model loaded yet?
     return demo

@@ -130,19 +130,20 @@ def bundled_gguf(name: str = DEFAULT_MODEL) -> Path | None:
     return target
 
 
-def load_model(name: str | None = None, dtype: torch.dtype = torch.float32):
+def load_model(name: str | None = None, dtype: torch.dtype = torch.float32, memoise: bool = True):
     """Load a causal LM and its tokenizer: `(model, tokenizer)`, eval mode, on the CPU.
 
     name: None (the default, "smollm2-135m") or a bundled model's name (`BUNDLED`: offline from its GGUF package;
     the hub copy when the package is missing), a local directory (a saved transformers model, or a directory
     holding one .gguf file), or a hub id (needs the network unless already in the hub cache).
     `trust_remote_code` is never enabled. Raises ValueError naming what was tried and what to do.
+    memoise: False loads a fresh copy that this module keeps no reference to, so a caller that bounds how many
+    models stay resident (the app's registry, kvviz/ui/registry.py) frees one by dropping it.
     """
-    return _load_cached(name or DEFAULT_MODEL, dtype)
+    return (_load_cached if memoise else _load)(name or DEFAULT_MODEL, dtype)
 
 
-@functools.lru_cache(maxsize=4)
-def _load_cached(name: str, dtype: torch.dtype):
+def _load(name: str, dtype: torch.dtype):
     if name in BUNDLED:
         model, tok = _load_bundled(name, dtype)
         model.config._name_or_path = BUNDLED[name].hub_id  # what it is, rather than the directory it was read from
@@ -151,6 +152,9 @@ def _load_cached(name: str, dtype: torch.dtype):
     else:
         model, tok = _load_hub(name, dtype)
     return _finish(model, tok)
+
+
+_load_cached = functools.lru_cache(maxsize=4)(_load)
 
 
 def _finish(model: PreTrainedModel, tok):

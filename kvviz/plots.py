@@ -64,34 +64,39 @@ def _finite(values: Sequence[float | None]) -> list[float | None]:
 # --- Compare -------------------------------------------------------------------------------------------------
 
 
-def metrics_bars(names: Sequence[str], columns: Mapping[str, Sequence[float | None]]) -> go.Figure:
+def metrics_bars(names: Sequence[str], columns: Mapping[str, Sequence[float | None]],
+                 title: str = "Quality and cost per format (baseline: the unquantized cache)",
+                 x_title: str = "format (K/V spec)") -> go.Figure:
     """One bar panel per metric, one bar per format.
 
     names: format labels, in display order. columns: {"KL (nats/token)": [one value per name], ...}; each key is the
     panel's y-axis title and must carry its unit in parentheses. A None or NaN value leaves the bar out.
+    title, x_title: the figure's title and every panel's x-axis title (the app passes them in the page's language).
     """
     assert columns, "metrics_bars needs at least one metric column"
-    for title, vals in columns.items():
-        assert len(vals) == len(names), f"column {title!r} has {len(vals)} values for {len(names)} formats"
+    for metric, vals in columns.items():
+        assert len(vals) == len(names), f"column {metric!r} has {len(vals)} values for {len(names)} formats"
     n = len(columns)
     fig = make_subplots(rows=1, cols=n, subplot_titles=[t.split(" (")[0] for t in columns],
                         horizontal_spacing=0.35 / max(n, 1) + 0.03)
     colors = format_colors(names)
-    for col, (title, vals) in enumerate(columns.items(), start=1):
+    for col, (metric, vals) in enumerate(columns.items(), start=1):
         fig.add_trace(go.Bar(x=list(names), y=_finite(vals), marker_color=[colors[n_] for n_ in names],
-                             name=title, showlegend=False,
-                             hovertemplate="%{x}<br>%{y:.4g}<extra>" + title + "</extra>"), row=1, col=col)
-        fig.update_yaxes(title_text=title, row=1, col=col, title_font=dict(size=11))
-        fig.update_xaxes(title_text="format (K/V spec)", tickangle=-35, row=1, col=col,
+                             name=metric, showlegend=False,
+                             hovertemplate="%{x}<br>%{y:.4g}<extra>" + metric + "</extra>"), row=1, col=col)
+        fig.update_yaxes(title_text=metric, row=1, col=col, title_font=dict(size=11))
+        fig.update_xaxes(title_text=x_title, tickangle=-35, row=1, col=col,
                          title_font=dict(size=11))
-    return _layout(fig, "Quality and cost per format (baseline: the unquantized cache)", height=380)
+    return _layout(fig, title, height=380)
 
 
 def needle_chart(depths_pct: Sequence[float], rates_by_format: Mapping[str, Sequence[float]],
-                 context_tokens: int) -> go.Figure:
+                 context_tokens: int, title: str | None = None,
+                 axis_titles: tuple[str, str] = ("needle depth (% of context)", "retrieval rate (%)")) -> go.Figure:
     """Needle-in-a-haystack retrieval rate against the needle's depth, one line per format.
 
     depths_pct: needle positions as % of the context (0 = start). rates_by_format: {format: [rate in 0..1 per depth]}.
+    title (default: says the context length), axis_titles (x, y): the app passes them in the page's language.
     """
     fig = go.Figure()
     colors = format_colors(list(rates_by_format))
@@ -99,9 +104,9 @@ def needle_chart(depths_pct: Sequence[float], rates_by_format: Mapping[str, Sequ
         assert len(rates) == len(depths_pct), f"{name}: {len(rates)} rates for {len(depths_pct)} depths"
         fig.add_trace(go.Scatter(x=list(depths_pct), y=[None if r is None else 100.0 * r for r in rates],
                                  mode="lines+markers", name=name, line=dict(color=colors[name], width=2)))
-    fig.update_xaxes(title_text="needle depth (% of context)", range=[-3, 103])
-    fig.update_yaxes(title_text="retrieval rate (%)", range=[-5, 105])
-    return _layout(fig, f"Needle in a haystack at {context_tokens} tokens of context")
+    fig.update_xaxes(title_text=axis_titles[0], range=[-3, 103])
+    fig.update_yaxes(title_text=axis_titles[1], range=[-5, 105])
+    return _layout(fig, title or f"Needle in a haystack at {context_tokens} tokens of context")
 
 
 # --- K outliers ----------------------------------------------------------------------------------------------

@@ -27,8 +27,15 @@ MEMORY_OK = ("llama-3.1-8b", 32, 8, 128, 8.0, 1, 1024, 131072, ["fp16", "k8v4"],
 
 
 @pytest.fixture(scope="module")
-def server():
-    with serve_app(model="tiny-llama") as srv:
+def broken_model(tmp_path_factory) -> str:
+    """A listed model that fails to load: a directory that holds no model."""
+    return str(tmp_path_factory.mktemp("not-a-model"))
+
+
+@pytest.fixture(scope="module")
+def server(broken_model):
+    """The app on tiny-llama, with tiny-qwen3, tiny-gemma3 and broken_model to pick."""
+    with serve_app(model="tiny-llama", KVVIZ_MODELS=f"tiny-qwen3,tiny-gemma3,{broken_model}") as srv:
         yield srv
 
 
@@ -73,8 +80,8 @@ def test_compare_streams_texts_and_ends_with_metrics(client):
     assert _traces(fig)[0]["y"] == [r[3] for r in rows]
     assert all(0 <= r[4] <= 100 for r in rows) and any(r[4] < 100 or r[3] > 0 for r in rows[1:]), rows
     assert len(_traces(fig)) == 5  # KL, top-1, cache, tokens/s, perplexity panels
-    assert all(r[9] > 1 for r in rows)  # perplexity
-    assert "Done in" in status
+    assert all(r[10] > 1 for r in rows)  # perplexity
+    assert "Done in" in status and "`tiny-llama`" in status  # the default model, named
 
 
 @pytest.mark.parametrize("args, message", [
@@ -313,16 +320,63 @@ def test_app_serves_after_errors_and_keeps_users_apart(server):
     assert f"{len(prompts['b'])} tokens" in results["b"]
 
 
+# --- the model picker: every model endpoint takes `model`; results name it ---------------------------------------
+
+
+def test_every_model_endpoint_runs_on_the_picked_model(client, tmp_path):
+    """compare, needle, outliers, error_map and export's calibration on a second tiny model: each result names it."""
+    *_, status = client.predict(PROMPT[:12], ["k8v4"], "", 3, False, "tiny-qwen3", api_name="/compare")
+    assert "`tiny-qwen3`" in status and "Done in" in status
+    fig, status = client.predict(["int4"], "", 256, "tiny-qwen3", api_name="/needle")
+    assert "`tiny-qwen3`" in status and "tiny-qwen3" in json.loads(fig["plot"])["layout"]["title"]["text"]
+    *figs, summary = client.predict(PROMPT, 1, 0, "tiny-gemma3", api_name="/outliers")
+    assert "`tiny-gemma3`" in summary
+    assert "tiny-gemma3" in json.loads(figs[3]["plot"])["layout"]["title"]["text"]  # the heatmap's title
+    *_, summary = client.predict(PROMPT, "int4", ["int8"], "", "V", 0, 0, "tiny-gemma3", api_name="/error_map")
+    assert "`tiny-gemma3`" in summary
+    md, *_ = client.predict("fp8_e4m3", "m", "Hello there.", "tiny-gemma3", api_name="/export")
+    assert "with `tiny-gemma3`" in md
+
+
+def test_the_same_prompt_on_two_models_gives_two_results(client):
+    """capture()'s cache is keyed by model too: the same prompt on another model is measured again."""
+    a = client.predict(PROMPT, 1, 0, "tiny-llama", api_name="/outliers")[-1]
+    b = client.predict(PROMPT, 1, 0, "tiny-qwen3", api_name="/outliers")[-1]
+    assert "`tiny-llama`" in a and "`tiny-qwen3`" in b
+    assert a.replace("tiny-llama", "") != b.replace("tiny-qwen3", "")  # different weights, different channels
+
+
+@pytest.mark.parametrize("api, args", [
+    ("compare", (PROMPT, ["k8v4"], "", 3, False)), ("needle", (["int4"], "", 256)), ("outliers", (PROMPT, 0, 0)),
+    ("error_map", (PROMPT, "int4", ["int8"], "", "V", 0, 0)), ("export", ("fp8_e4m3", "m", "Hi.")),
+])
+@pytest.mark.parametrize("model, message", [
+    ("gpt2", "Model must be one of 'tiny-llama', 'smollm2-135m', 'gemma-3-270m', 'tiny-qwen3'"),
+    ("HuggingFaceTB/SmolLM2-360M-Instruct", "allow any hub id with KVVIZ_ALLOW_ANY_MODEL=1"),  # no free ids here
+    ("/etc", "Model must be one of"),  # a path a caller makes up is never loaded
+    (7, "Model must be the name of a model (text)"),
+])
+def test_a_model_the_app_does_not_serve_is_refused(client, api, args, model, message):
+    assert message in _error(client, *args, model, api_name=api)
+
+
+def test_a_model_that_fails_to_load_leaves_the_others_serving(client, broken_model):
+    message = _error(client, PROMPT, 0, 0, broken_model, api_name="outliers")
+    assert "Could not load a causal LM from the directory" in message
+    assert "`tiny-llama`" in client.predict(PROMPT, 0, 0, "tiny-llama", api_name="/outliers")[-1]
+    assert "Could not load" in _error(client, PROMPT, 0, 0, broken_model, api_name="outliers")  # tried again
+
+
 # --- typed junk: every argument of every endpoint, given a value of the wrong type or out of range --------------
 
-GOOD_ARGS = {  # one valid call per endpoint; check_scales' file is made by the test
-    "compare": (PROMPT, ["k8v4"], "", 4, False),
-    "needle": (["int4"], "", 256),
-    "outliers": (PROMPT, 0, 0),
-    "error_map": (PROMPT, "int4", ["int8"], "", "V", 0, 0),
+GOOD_ARGS = {  # one valid call per endpoint, `model` last where it takes one; check_scales' file is made by the test
+    "compare": (PROMPT, ["k8v4"], "", 4, False, "tiny-llama"),
+    "needle": (["int4"], "", 256, "tiny-llama"),
+    "outliers": (PROMPT, 0, 0, "tiny-llama"),
+    "error_map": (PROMPT, "int4", ["int8"], "", "V", 0, 0, "tiny-llama"),
     "memory": ("custom", *MEMORY_OK[1:]),  # a custom shape: every field is read
-    "export": ("fp8_e4m3", "m", ""),
-    "check_scales": (None,),
+    "export": ("fp8_e4m3", "m", "", "tiny-llama"),
+    "check_scales": (None, "tiny-llama"),
 }
 _HUGE = 10**30
 
@@ -364,7 +418,7 @@ def test_good_args_of_the_junk_test_are_accepted(client, tmp_path):
     good.write_text(json.dumps({"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": {"0": 0.1, "1": 0.2}}}}))
     for api, args in GOOD_ARGS.items():
         if api == "check_scales":
-            args = (handle_file(str(good)),)
+            args = (handle_file(str(good)), "tiny-llama")
         client.predict(*args, api_name=f"/{api}")
 
 
@@ -458,7 +512,7 @@ def test_build_demo_has_no_side_effects_and_loads_no_model():
 
     demo = app.build_demo()
     assert isinstance(demo, gr.Blocks)
-    assert not common._MODEL.loaded, "building the page must not load the model (it loads on first use)"
+    assert common.MODELS.resident() == [], "building the page must not load a model (they load on first use)"
 
 
 def test_english_and_korean_have_the_same_strings():

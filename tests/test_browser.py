@@ -26,6 +26,7 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} missing: apt-get install chromium")
 
 MODEL = os.environ.get("KVVIZ_TEST_MODEL", "tiny-llama")
+OTHER_MODEL = "tiny-qwen3"  # a second model to pick in the page
 # A real model's first call converts and loads it (~1 min on a 2-core CPU); the tiny one answers at once.
 RUN_TIMEOUT_MS = 60_000 if MODEL.startswith("tiny-") else 900_000
 MAX_SCREENSHOT_BYTES = 300_000
@@ -43,7 +44,7 @@ _COUNT_MARKS = """(root) => Array.from(root.querySelectorAll('.js-plotly-plot'))
 
 @pytest.fixture(scope="module")
 def server():
-    with serve_app(model=MODEL) as srv:
+    with serve_app(model=MODEL, KVVIZ_MODELS=OTHER_MODEL) as srv:
         yield srv
 
 
@@ -184,4 +185,30 @@ def test_needle_lesson_opens_the_needle_chart(page, server):
                            timeout=RUN_TIMEOUT_MS)  # the lesson's own run: KIVI-2 retrieved, or skipped (tiny model)
     status = page.locator("#compare-needle-status").inner_text()
     assert "int4/tensor" in status and ("Skipped" in status or not MODEL.startswith("tiny-"))
+    assert not _error_toasts(page)
+
+
+def _pick_model(page, tab: str, name: str) -> None:
+    page.locator(f"#tab-{tab} .kv-model input").click()
+    page.get_by_role("option", name=name, exact=True).click()
+
+
+def test_switching_models_changes_the_header_the_other_tabs_and_the_result(page, server):
+    _open_tab(page, "outliers")
+    _pick_model(page, "outliers", OTHER_MODEL)
+    _wait_for_text(page, "#kv-header", f"{OTHER_MODEL} (")
+    _open_tab(page, "errors")  # picking in one tab picks in all
+    assert page.locator("#tab-errors .kv-model input").input_value() == OTHER_MODEL
+    _open_tab(page, "outliers")
+    page.locator("#outliers-run").click()
+    _wait_for_text(page, "#outliers-summary", OTHER_MODEL)
+    _wait_for_text(page, "#kv-header", OTHER_MODEL)
+    page.get_by_label("한국어").check()  # results follow the page's language
+    page.get_by_role("tab", name="메모리").wait_for(timeout=10_000)
+    page.locator("#outliers-run").click()
+    _wait_for_text(page, "#outliers-summary", "이상치 채널")
+    assert OTHER_MODEL in page.locator("#outliers-summary").inner_text()
+    page.get_by_label("English").check()
+    _pick_model(page, "outliers", MODEL)  # the other tests run on the default model
+    _wait_for_text(page, "#kv-header", f"{MODEL} (")
     assert not _error_toasts(page)

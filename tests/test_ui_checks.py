@@ -84,3 +84,25 @@ def test_check_upload_reads_only_uploaded_files(tmp_path):
                          (5, "got the number 5")]:
         with pytest.raises(ValueError, match=message):
             checks.check_upload(bad, "Scale file", root)
+
+
+@pytest.mark.parametrize("value, allow_any, expected", [
+    ("a", False, "a"), (" b ", False, "b"), ("org/model-1.5B", True, "org/model-1.5B"), ("a", True, "a"),
+])
+def test_check_model_name_accepts_listed_models_and_hub_ids_when_allowed(value, allow_any, expected):
+    assert checks.check_model_name(value, ["a", "b"], allow_any) == expected
+
+
+@pytest.mark.parametrize("value, allow_any, message", [
+    ("c", False, "Model must be one of 'a', 'b'; got the text 'c'"),
+    ("org/model", False, "allow any hub id with KVVIZ_ALLOW_ANY_MODEL=1"),
+    ("/etc/passwd", True, "or a Hugging Face hub id"),
+    ("../../x", True, "or a Hugging Face hub id"),
+    ("a/b/c", True, "or a Hugging Face hub id"),
+    (3, True, "Model must be the name of a model (text): one of 'a', 'b'; got the number 3"),
+    (None, False, "got nothing (null)"),
+])
+def test_check_model_name_refuses(value, allow_any, message):
+    with pytest.raises(ValueError) as info:
+        checks.check_model_name(value, ["a", "b"], allow_any)
+    assert message in str(info.value)

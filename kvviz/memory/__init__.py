@@ -10,7 +10,8 @@ nothing for recurrent (Mamba, Gated DeltaNet), KV-sharing and MLP-only layers, w
 Per-group scales and zero points are part of `bits_per_value` (kvviz.formats).
 
 Modules: configs (any config -> its text model's fields), layers (fields -> LayerShape per layer), bytes (exact
-bytes), presets (models as config fields, GPUs), fit (longest context, largest batch, the CLI/UI table).
+bytes), presets (models as config fields, GPUs), fit (longest context, largest batch, the CLI/UI table), params
+(a config's parameter count, counted on the meta device).
 
 Seed check: a 70B-class model (80 layers, 8 KV heads, head_dim 128) at 32K tokens in fp16 holds
 2 x 80 x 32768 x 8 x 128 x 2 = 10.74e9 bytes (10.7 GB) per sequence.
@@ -38,10 +39,11 @@ from .configs import MAX_CONFIG_BYTES, config_dict, read_config_file
 from .fit import (CONTEXT_CAP, kv_budget_bytes, max_batch, max_context, memory_table, model_kv_bytes,
                   resolve_model, split_formats)
 from .layers import KINDS, LAYOUTS, LayerShape, layer_shapes, state_shapes
+from .params import count_params
 from .presets import GB, GPU_PRESETS, MODEL_PRESETS, GpuPreset, ModelPreset, get_gpu_preset, get_model_preset
 
 __all__ = ["CONTEXT_CAP", "GB", "GPU_PRESETS", "KINDS", "LAYOUTS", "MAX_CONFIG_BYTES", "MODEL_PRESETS",
-           "CacheModel", "GpuPreset", "LayerShape", "ModelPreset", "config_dict", "get_gpu_preset",
+           "CacheModel", "GpuPreset", "LayerShape", "ModelPreset", "config_dict", "count_params", "get_gpu_preset",
            "get_model_preset", "kv_budget_bytes", "kv_cache_bytes", "kv_cache_bytes_for", "layer_breakdown",
            "layer_shapes", "max_batch", "max_context", "memory_table", "model_kv_bytes", "read_config_file",
            "resolve_model", "split_formats", "state_bytes_for", "state_shapes"]

@@ -161,3 +161,31 @@ def check_upload(value, what: str, upload_root: Path) -> Path:
     if not resolved.is_relative_to(upload_root.resolve()) or not resolved.is_file():
         raise ValueError(f"{what} must be a file uploaded to this app; {Path(path).name!r} is not one.")
     return resolved
+
+
+def looks_like_hub_id(text: str) -> bool:
+    """Whether `text` is spelled like a Hugging Face hub id, "owner/name" (no path tricks: no "..", no 3rd part)."""
+    parts = text.split("/")
+    return (len(parts) == 2 and all(p and p[0].isalnum() and all(c.isalnum() or c in "-_." for c in p) for p in parts)
+            and ".." not in text)
+
+
+def check_model_name(value, choices: Iterable[str], allow_any: bool) -> str:
+    """The model a caller picked: one of `choices`, or any hub id ("owner/name") when `allow_any`.
+
+    A local path is never accepted from a caller (only the Space owner lists local directories, in KVVIZ_MODELS).
+    """
+    choices = list(choices)
+    listed = ", ".join(map(repr, choices))
+    if not isinstance(value, str):
+        raise ValueError(f"Model must be the name of a model (text): one of {listed}; got {_shown(value)}.")
+    name = value.strip()
+    if name in choices:
+        return name
+    if allow_any:
+        if looks_like_hub_id(name):
+            return name
+        raise ValueError(f"Model must be one of {listed} or a Hugging Face hub id such as "
+                         f"'HuggingFaceTB/SmolLM2-360M-Instruct'; got {_shown(value)}.")
+    raise ValueError(f"Model must be one of {listed}; got {_shown(value)}. This app serves only these models (its "
+                     "owner may list more in KVVIZ_MODELS, or allow any hub id with KVVIZ_ALLOW_ANY_MODEL=1).")

@@ -1,7 +1,10 @@
-"""kvviz.ui.common: what every tab shares: the model (loaded once, lazily), input checks, error translation.
+"""kvviz.ui.common: what every tab shares: the model picker, input checks, error translation.
 
-- `get_model(progress)`: the process-wide model, loaded on first use under a lock, with a progress bar. It is
-  read-only once loaded; every result a user sees is returned from their own call, so users never share results.
+- `model_input(tr)`, `check_model(value)`, `get_model(progress, model)`: every model tab opens with a picker whose
+  value is its endpoints' `model` argument; the model loads on first use with a progress bar and stays resident
+  in `MODELS` (kvviz/ui/registry.py: which models are allowed, LRU of KVVIZ_MAX_MODELS, one load per name).
+  Models are read-only once loaded; every result a user sees is returned from their own call, so users never
+  share results.
 - `user_errors`: wraps a callback so a library ValueError reaches the user as a gr.Error message (no traceback)
   and the app keeps serving. Works for plain and generator (streaming) callbacks.
 - `on_click`: wires a named endpoint: raw values in (`preprocess=False`, so `kvviz.ui.checks` is the one place
@@ -9,8 +12,8 @@
 - `check_int`, `check_prompt`, `spec_list`, ...: re-exported from `kvviz.ui.checks`, the input checks at the UI
   boundary, raising ValueError with a sentence that says what to do.
 
-Model choice: env KVVIZ_MODEL (default: the bundled SmolLM2-135M-Instruct); a tiny random model name from
-`kvviz.models` makes tests fast.
+Model choice: env KVVIZ_MODEL is the default selection (default: the bundled SmolLM2-135M-Instruct), KVVIZ_MODELS
+lists more (registry.py); a tiny random model name (tiny-llama, tiny-gemma3...) makes tests fast.
 """
 
 from __future__ import annotations
@@ -28,17 +31,17 @@ import kvviz
 
 from .checks import (MAX_PROMPT_CHARS, check_bool, check_choice, check_float, check_int, check_names,  # noqa: F401
                      check_prompt, check_spec, check_text, check_upload, spec_list)
-from . import zerogpu
+from . import registry, zerogpu
 from .i18n import t
 
 MAX_FORMATS = 6  # columns the Compare tab shows side by side, baseline included
-DEFAULT_MODEL = "smollm2-135m"  # kvviz.models.DEFAULT_MODEL: the bundled SmolLM2-135M-Instruct
+DEFAULT_MODEL = registry.DEFAULT_MODEL  # kvviz.models.DEFAULT_MODEL: the bundled SmolLM2-135M-Instruct
 _CONCURRENCY_ENV = "KVVIZ_CONCURRENCY"
 
 
 def model_name() -> str:
-    """The model this process serves: env KVVIZ_MODEL, else the bundled default."""
-    return os.environ.get("KVVIZ_MODEL", "").strip() or DEFAULT_MODEL
+    """The default model: env KVVIZ_MODEL, else the bundled SmolLM2 (what a page selects when it opens)."""
+    return registry.default_model()
 
 
 def concurrency() -> int:
@@ -48,92 +51,79 @@ def concurrency() -> int:
     return int(text)
 
 
-class _ModelHolder:
-    """Loads the model once per process, on first use, under a lock (two first requests load it once)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._loaded = None
-
-    def get(self, progress: gr.Progress | None = None):
-        if self._loaded is not None:
-            return self._loaded
-        with self._lock:
-            if self._loaded is None:
-                if progress is not None:
-                    progress(0.0, desc=f"Loading model {model_name()} (first use only)…")
-                self._loaded = _load(model_name())
-                if progress is not None:
-                    progress(1.0, desc="Model loaded")
-        return self._loaded
-
-    @property
-    def loaded(self) -> bool:
-        return self._loaded is not None
-
-
-_MODEL = _ModelHolder()
-
-
-def _load(name: str):
-    """(model, tokenizer) for `name`: "tiny-llama" (or tiny-qwen2, tiny-mistral) builds kvviz's random-weight
-    test model; anything else goes to kvviz.models.load_model (bundled default, local directory, hub id)."""
-    from kvviz import models
-
-    if name.startswith("tiny-"):
-        return models.tiny_model(name.removeprefix("tiny-"))
-    return models.load_model(None if name == DEFAULT_MODEL else name)
+MODELS = registry.ModelRegistry()  # the process-wide resident models (kvviz/ui/registry.py)
 
 
 def model_choices() -> list[str]:
     """The models a user may pick in the page, the served default (model_name()) first."""
-    return [model_name()]
+    return registry.listed_models()
 
 
 def check_model(value) -> str:
-    """The picked model's name: one of model_choices(); None or "" means the default (ValueError otherwise)."""
-    if value is None or value == "":
-        return model_name()
-    return check_choice(value, "Model", model_choices())
+    """The picked model's name: one of model_choices() (or, with KVVIZ_ALLOW_ANY_MODEL=1, any hub id); None or ""
+    means the default (ValueError otherwise)."""
+    return registry.check_model(value)
 
 
 def model_input(tr) -> gr.Dropdown:
-    """The model picker every model tab opens with (its value is the `model` argument of the tab's endpoints)."""
-    return tr(gr.Dropdown(model_choices(), value=model_name(), label=t("model"), elem_classes=["kv-model"]),
-              label="model")
+    """The model picker every model tab opens with (its value is the `model` argument of the tab's endpoints).
+    With KVVIZ_ALLOW_ANY_MODEL=1 it also takes a typed hub id; otherwise only the listed models exist."""
+    free = registry.allow_any_model()
+    return tr(gr.Dropdown(model_choices(), value=model_name(), label=t("model"), elem_classes=["kv-model"],
+                          allow_custom_value=free, info=t("model_info_any") if free else None),
+              label="model", **({"info": "model_info_any"} if free else {}))
 
 
 def get_model(progress: gr.Progress | None = None, model: str | None = None):
-    """(model, tokenizer) of the picked `model` (a check_model name; None: the default), loaded on first use."""
-    check_model(model)
-    return _MODEL.get(progress)
+    """(model, tokenizer) of the picked `model` (a check_model name; None: the default), loaded on first use.
+    ValueError for a name that is not allowed, too large, or fails to load (the other models keep serving)."""
+    loaded, tokenizer = MODELS.get(check_model(model), progress)
+    return zerogpu.to_device(loaded), tokenizer
 
 
-def model_shape() -> tuple[int, int] | None:
-    """(layers, kv_heads) of the configured model without loading its weights, when cheaply known; else None.
+@functools.lru_cache(maxsize=16)
+def _tiny_shape(arch: str) -> tuple[int, int]:
+    from kvviz import tiny
 
-    Sizes the layer and head sliders at build time: tiny models are built (milliseconds), the bundled default
-    and other presets are read from kvviz.memory's presets, a loaded model is described directly.
+    config = tiny.tiny_config(arch)
+    return config.num_hidden_layers, config.num_key_value_heads
+
+
+def model_shape(model: str | None = None) -> tuple[int, int] | None:
+    """(layers, kv_heads) of `model` (None: the default) without loading its weights, when cheaply known; else None.
+
+    Sizes the layer and head sliders: a loaded model is described directly, tiny models from their config, the
+    bundled ones and other presets from kvviz.memory's presets, a listed local directory from its config.json.
     """
     from kvviz import memory, models
 
-    name = model_name()
-    if _MODEL.loaded:
-        d = models.describe_model(_MODEL.get()[0])
+    name = model_name() if model is None else model
+    loaded = MODELS.peek(name)
+    if loaded is not None:
+        d = models.describe_model(loaded[0])
         return d["layers"], d["kv_heads"]
     if name.startswith("tiny-"):
-        d = models.describe_model(models.tiny_model(name.removeprefix("tiny-"))[0])
-        return d["layers"], d["kv_heads"]
+        return _tiny_shape(name.removeprefix("tiny-"))
     if name in memory.MODEL_PRESETS:
         p = memory.MODEL_PRESETS[name]
         return p.layers, p.kv_heads
+    if name in model_choices() and (Path(name).expanduser() / "config.json").is_file():
+        try:
+            p = memory.resolve_model(str(Path(name).expanduser() / "config.json"))
+            return p.layers, p.kv_heads
+        except ValueError:
+            return None
     return None
 
 
-def layer_head_inputs(default_layer_fraction: float = 0.62):
-    """(layer, head) input components sized to the model: sliders when its shape is known, else numbers."""
-    shape = model_shape()
-    # 0.62: layer 18 of SmolLM2's 30, where post-RoPE K's outlier channels stand out most against V's.
+# 0.62: layer 18 of SmolLM2's 30, where post-RoPE K's outlier channels stand out most against V's.
+DEFAULT_LAYER_FRACTION = 0.62
+
+
+def layer_head_inputs(default_layer_fraction: float = DEFAULT_LAYER_FRACTION, model: str | None = None):
+    """(layer, head) input components sized to `model` (None: the default): sliders when its shape is known, else
+    numbers. layer_head_updates resizes them when the tab's model changes."""
+    shape = model_shape(model)
     if shape is None:
         return (gr.Number(0, label="Layer", precision=0, minimum=0),
                 gr.Number(0, label="KV head", precision=0, minimum=0))
@@ -142,26 +132,58 @@ def layer_head_inputs(default_layer_fraction: float = 0.62):
             gr.Slider(0, heads - 1, value=0, step=1, label="KV head"))
 
 
+def layer_head_updates(model, default_layer_fraction: float = DEFAULT_LAYER_FRACTION):
+    """(layer, head) updates that fit the sliders to the newly picked `model`'s shape; no change when its shape is
+    not known before loading (the call then checks the range: check_layer_head)."""
+    try:
+        shape = model_shape(check_model(model))
+    except ValueError:  # a half-typed hub id: nothing to resize to yet
+        shape = None
+    if shape is None:
+        return gr.update(), gr.update()
+    layers, heads = shape
+    return (gr.update(minimum=0, maximum=layers - 1, value=int(default_layer_fraction * (layers - 1))),
+            gr.update(minimum=0, maximum=heads - 1, value=0))
+
+
+def follow_model(model: gr.Dropdown, layer, head, default_layer_fraction: float = DEFAULT_LAYER_FRACTION) -> None:
+    """Resize a tab's layer and head inputs whenever its model picker changes."""
+    model.change(lambda m: layer_head_updates(m, default_layer_fraction), model, [layer, head],
+                 api_visibility="private", queue=False)
+
+
 def device_name() -> str:
-    """The device computations run on: "cuda (NVIDIA ...)" or "cpu"."""
+    """The device computations run on: "cuda (NVIDIA ...)", "cpu", or ZeroGPU's lent GPU."""
     import torch
 
+    if zerogpu.active():
+        return zerogpu.device_note()
     if torch.cuda.is_available():
         return f"cuda ({torch.cuda.get_device_name(0)})"
     return "cpu"
 
 
 def backend_name() -> str:
-    """The attention backend that decodes from the quantized cache: "triton" or "torch"."""
+    """The attention backend that decodes from the quantized cache: "triton", "cpu" or "torch" (on ZeroGPU:
+    triton, which each call's lent GPU runs)."""
     from kvviz import attention
 
+    if zerogpu.active():
+        return "triton"
     return attention.active_backend()
 
 
-def header_markdown() -> str:
-    """One line: which model, device and attention backend produce every number on the page."""
-    state = "loaded" if _MODEL.loaded else "loads on first use"
-    return (f"**Model** `{model_name()}` ({state}) · **device** `{device_name()}` · "
+def header_markdown(model: str | None = None) -> str:
+    """One line: which model (the picked one; None: the default), device and attention backend produce the page's
+    numbers, and which models are loaded now (switching to one of those is instant)."""
+    try:
+        name = check_model(model)
+    except ValueError:  # a half-typed hub id: the header keeps naming what the page would use
+        name = model_name()
+    state = "loaded" if MODELS.peek(name) is not None else "loads on first use"
+    others = [m for m in MODELS.resident() if m != name]
+    also = f" · also loaded: {', '.join(f'`{m}`' for m in others)}" if others else ""
+    return (f"**Model** `{name}` ({state}){also} · **device** `{device_name()}` · "
             f"**attention backend** `{backend_name()}`")
 
 
@@ -295,26 +317,28 @@ def prompt_token_ids(tokenizer, prompt: str, limit: int) -> list[int]:
     return ids
 
 
-@functools.lru_cache(maxsize=4)
-def _capture_cached(prompt: str):
+@functools.lru_cache(maxsize=8)
+def _capture_cached(model: str, prompt: str):
     from kvviz.analysis.capture import capture_kv
 
-    model, tok = get_model()
-    return capture_kv(model, tok, prompt, max_tokens=MAX_ANALYSIS_TOKENS)
+    loaded, tok = get_model(model=model)
+    return capture_kv(loaded, tok, prompt, max_tokens=MAX_ANALYSIS_TOKENS)
 
 
-def capture(prompt, progress: gr.Progress | None = None):
-    """K (pre/post RoPE), V and Q of every layer for `prompt` (kvviz.analysis KVCapture), cached per prompt.
+def capture(prompt, progress: gr.Progress | None = None, model: str | None = None):
+    """K (pre/post RoPE), V and Q of every layer for `prompt` on `model` (a check_model name; None: the default),
+    as a kvviz.analysis KVCapture, cached per (model, prompt).
 
-    The cache is keyed by the prompt text alone: the same text gives the same capture to whoever asks, so it
-    shares no user's result with another. Raises ValueError for an empty or too long prompt.
+    The cache is keyed by the model and the prompt text alone: the same text gives the same capture to whoever
+    asks, so it shares no user's result with another. Raises ValueError for an empty or too long prompt.
     """
     prompt = check_prompt(prompt)
-    model, tok = get_model(progress)
+    model = check_model(model)
+    _, tok = get_model(progress, model)
     prompt_token_ids(tok, prompt, MAX_ANALYSIS_TOKENS)
     if progress is not None:
         progress(0.5, desc="Capturing K and V of every layer…")
-    return _capture_cached(prompt)
+    return _capture_cached(model, prompt)
 
 
 def check_layer_head(cap, layer, head) -> tuple[int, int]:

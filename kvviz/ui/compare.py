@@ -4,10 +4,13 @@ Texts stream as `kvviz.quality.compare_stream` decodes all formats as one batch;
 unquantized baseline is marked. When the run ends, a table and bar charts give teacher-forced KL and top-1, cache bytes
 and tokens/s (each format's own cache and attention backend). The needle test runs on demand.
 api_names:
-    compare(prompt, specs, custom_specs, max_new_tokens, with_perplexity)
+    compare(prompt, specs, custom_specs, max_new_tokens, with_perplexity, model)
       -> (columns html, metrics table, metrics figure, status)
       (a generator: the columns update once per generated token; perplexity on WikiText-2 when asked)
-    needle(specs, custom_specs, context_tokens) -> (needle figure, status)
+    needle(specs, custom_specs, context_tokens, model) -> (needle figure, status)
+Cache bytes are given against the exact cache the model runs with (float32 on the CPU) and against a 16-bit cache,
+which is what engines store (fp16/bf16: k8v4 is 0.39x of it); the chart shows the 16-bit ratio. Results follow the
+page's language (the session's language state, English through the API).
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from kvviz import plots, quality
 from kvviz.attention import active_backend
 from kvviz.formats import parse_kv
 
-from .common import (MAX_FORMATS, check_bool, check_int, check_prompt, fitting_specs, get_model, model_name,
-                     on_click, prompt_input, prompt_token_ids, spec_list, table, user_errors)
-from .i18n import Translator, t
+from .common import (MAX_FORMATS, check_bool, check_int, check_model, check_prompt, fitting_specs, get_model,
+                     model_input, on_click, prompt_input, prompt_token_ids, spec_list, table, user_errors)
+from .i18n import Translator, lang_code, t
 
 TAB = "compare"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
@@ -30,6 +33,7 @@ SPEC_CHOICES = ["fp8_e4m3", "fp8_e5m2", "int8", "k8v4", "k4v8", "int4", "kivi4",
                 "k=q8_0,v=q4_0"]
 DEFAULT_SPECS = ["fp8_e4m3", "k8v4", "k4v8", "int4"]
 BASELINE = "exact (baseline)"  # the unquantized cache, in the model's dtype
+ENGINE_BYTES = 2  # fp16 / bf16: what engines store an unquantized KV value in
 MAX_NEW_TOKENS = 128
 MAX_PROMPT_TOKENS = 2048  # on a 2-core CPU a longer prefill through every format takes minutes
 SPEED_TOKENS = 8  # decode steps timed per format for tokens/s
@@ -57,39 +61,49 @@ def _marked(text: str, baseline: str | None) -> str:
             + f"<span class='kv-after'>{html.escape(text[end:])}</span>")
 
 
-def _columns(baseline: str, texts: dict[str, str], meta: dict[str, str]) -> str:
+def _columns(baseline: str, texts: dict[str, str], meta: dict[str, str], lang: str = "en") -> str:
+    """One column per format, the baseline first; meta: a line under each title, by format name (BASELINE's too)."""
     cols = [(BASELINE, baseline, None)] + [(name, txt, baseline) for name, txt in texts.items()]
     parts = []
     for name, txt, base in cols:
-        parts.append(f"<div class='kv-col'><h4>{html.escape(name)}</h4>"
+        title = t("r_baseline", lang) if name == BASELINE else name
+        parts.append(f"<div class='kv-col'><h4>{html.escape(title)}</h4>"
                      f"<div class='kv-meta'>{html.escape(meta.get(name, ''))}</div>"
                      f"<div class='kv-text'>{_marked(txt, base)}</div></div>")
     return f"<div class='kv-columns'>{''.join(parts)}</div>"
 
 
-def _metrics(report, dtype: str, elsize: int, ppl: dict | None) -> tuple[list[str], list[list], dict]:
+def _metrics(report, dtype: str, elsize: int, ppl: dict | None, lang: str = "en"
+             ) -> tuple[list[str], list[list], dict]:
     """Table headers and rows (baseline first) and the bar chart's columns, from a QualityReport.
     dtype, elsize: the model's dtype name and bytes per element, which the exact baseline cache holds.
-    ppl: kvviz.quality.perplexity's {"baseline" | name: perplexity}, or None when not measured."""
-    headers = ["format", "spec", "bits/value", "mean KL (nats/token)", "top-1 agreement (%)",
-               "first divergence (token)", "cache (KiB)", "cache vs exact", "tokens/s", "perplexity"]
+    ppl: kvviz.quality.perplexity's {"baseline" | name: perplexity}, or None when not measured.
+    Two byte ratios: against the exact cache as this model runs it (`dtype`, float32 on the CPU), and against a
+    16-bit cache, what engines store (the chart's): the exact cache holds plain values, so its 16-bit size is
+    baseline_bytes x 2 / elsize."""
+    headers = [t(k, lang) for k in ("h_format", "h_spec", "h_bits", "h_kl", "h_top1", "h_divergence", "h_cache_kib",
+                                    "h_vs16", "h_vs_exact", "h_tps", "h_ppl")]
+    headers[8] = headers[8].format(dtype=dtype)
+    bytes16 = report.baseline_bytes * ENGINE_BYTES / elsize
     base_tps = report.baseline_tokens_per_s
-    rows = [[BASELINE, dtype, 8 * elsize, 0.0, 100.0, "-", round(report.baseline_bytes / 1024, 1), "1.00×",
+    rows = [[t("r_baseline", lang), dtype, 8 * elsize, 0.0, 100.0, "-", round(report.baseline_bytes / 1024, 1),
+             f"{report.baseline_bytes / bytes16:.2f}×", "1.00×",
              None if base_tps is None else round(base_tps, 1), _ppl(ppl, "baseline")]]
     for f in report.formats:
         rows.append([f.name, f.spec, round(f.bits_per_value, 3), round(f.mean_kl, 5), round(100 * f.top1_rate, 1),
-                     "none" if f.first_divergence is None else f.first_divergence,
-                     round(f.cache_bytes / 1024, 1), f"{f.cache_bytes / report.baseline_bytes:.2f}×",
+                     t("r_none", lang) if f.first_divergence is None else f.first_divergence,
+                     round(f.cache_bytes / 1024, 1), f"{f.cache_bytes / bytes16:.2f}×",
+                     f"{f.cache_bytes / report.baseline_bytes:.2f}×",
                      None if f.tokens_per_s is None else round(f.tokens_per_s, 1), _ppl(ppl, f.name)])
     columns = {
-        "mean KL (nats/token)": [r[3] for r in rows],
-        "top-1 agreement (%)": [r[4] for r in rows],
-        "cache (KiB)": [r[6] for r in rows],
-        "decode speed (tokens/s)": [r[8] for r in rows],
+        t("c_kl", lang): [r[3] for r in rows],
+        t("c_top1", lang): [r[4] for r in rows],
+        t("c_vs16", lang): [round(float(r[7].rstrip("×")), 3) for r in rows],
+        t("c_tps", lang): [r[9] for r in rows],
     }
     if ppl is None:  # not measured: no empty column
         return headers[:-1], [r[:-1] for r in rows], columns
-    columns["perplexity (WikiText-2)"] = [r[9] for r in rows]
+    columns[t("c_ppl", lang)] = [r[10] for r in rows]
     return headers, rows, columns
 
 
@@ -108,51 +122,56 @@ def _check_prompt_fits(tok, model, prompt: str, new_tokens: int) -> int:
 
 
 @user_errors
-def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, progress=gr.Progress()):
-    """Stream every format's text side by side; end with the metrics table and chart."""
+def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, model=None, lang="en",
+        progress=gr.Progress()):
+    """Stream every format's text side by side on `model`; end with the metrics table and chart (in `lang`)."""
+    lang = lang_code(lang)
+    name = check_model(model)
     prompt = check_prompt(prompt)
     new_tokens = check_int(max_new_tokens, "Max new tokens", 2, MAX_NEW_TOKENS)
     with_perplexity = check_bool(with_perplexity, "Perplexity on WikiText-2")
     names = spec_list(specs, custom_specs, MAX_FORMATS)
     if not names:
         raise ValueError("Pick at least one format to compare with the unquantized baseline.")
-    model, tok = get_model(progress)
+    model, tok = get_model(progress, name)
     n_prompt = _check_prompt_fits(tok, model, prompt, new_tokens)
     names, skipped = fitting_specs(names, model)
-    skip_note = "\n\n**Skipped** (this model's shape cannot hold them): " + "; ".join(skipped) if skipped else ""
-    empty = plots.empty_figure("Metrics appear when generation ends.")
-    status = f"Prefilling {n_prompt} prompt tokens, then decoding {len(names)} formats + baseline as one batch…"
-    yield _columns("", {n: "" for n in names}, {}), None, empty, status
+    skip_note = f"\n\n{t('r_skipped', lang)} " + "; ".join(skipped) if skipped else ""
+    empty = plots.empty_figure(t("r_metrics_later", lang))
+    status = t("r_prefill", lang).format(n=n_prompt, formats=len(names), model=name)
+    yield _columns("", {n: "" for n in names}, {}, lang), None, empty, status
     for update in quality.compare_stream(model, tok, prompt, names, new_tokens, speed_tokens=SPEED_TOKENS):
         if update.report is None:
-            yield (_columns(update.baseline, update.texts, {}), gr.skip(), gr.skip(),
-                   f"Token {update.step + 1} of {new_tokens}…")
+            yield (_columns(update.baseline, update.texts, {}, lang), gr.skip(), gr.skip(),
+                   t("r_token", lang).format(i=update.step + 1, n=new_tokens, model=name))
             continue
         report = update.report
         ppl = None
         if with_perplexity:
-            yield gr.skip(), gr.skip(), gr.skip(), "Measuring perplexity on WikiText-2 through every format's cache…"
+            yield gr.skip(), gr.skip(), gr.skip(), t("r_ppl_running", lang)
             ppl = quality.perplexity(model, tok, names, windows=PPL_WINDOWS, window=PPL_WINDOW)["ppl"]
         headers, rows, columns = _metrics(report, str(model.dtype).removeprefix("torch."), model.dtype.itemsize,
-                                          ppl)
-        meta = {r[0]: f"KL {r[3]:.4f} · top-1 {r[4]:.0f}% · {r[7]} bytes" for r in rows[1:]}
-        meta[BASELINE] = f"{report.prompt_tokens} prompt tokens · unquantized {rows[0][1]} K/V"
-        fig = plots.metrics_bars([r[0] for r in rows], columns)
-        done = (f"Done in {report.seconds:.1f} s on `{model_name()}`. KL and top-1 are teacher-forced on the "
-                f"baseline's tokens ({report.metrics_backend}); tokens/s: each format's own cache, "
-                f"`{report.speed_backend}` attention backend, batch 1, {SPEED_TOKENS} steps.{skip_note}")
-        yield (_columns(report.baseline_text, {f.name: f.text for f in report.formats}, meta),
+                                          ppl, lang)
+        meta = {r[0]: t("r_meta", lang).format(kl=r[3], top1=r[4], vs16=r[7]) for r in rows[1:]}
+        meta[BASELINE] = t("r_meta_base", lang).format(n=report.prompt_tokens, dtype=rows[0][1])
+        fig = plots.metrics_bars([r[0] for r in rows], columns, title=t("f_metrics", lang).format(model=name),
+                                 x_title=t("f_format_axis", lang))
+        done = t("r_done", lang).format(s=report.seconds, model=name, metrics=report.metrics_backend,
+                                        speed=report.speed_backend, steps=SPEED_TOKENS) + skip_note
+        yield (_columns(report.baseline_text, {f.name: f.text for f in report.formats}, meta, lang),
                table(rows, headers), fig, done)
 
 
 @user_errors
-def needle(specs, custom_specs, context_tokens, progress=gr.Progress()):
-    """Retrieval rate against needle depth for the chosen formats (and the unquantized baseline)."""
+def needle(specs, custom_specs, context_tokens, model=None, lang="en", progress=gr.Progress()):
+    """Retrieval rate against needle depth for the chosen formats (and the unquantized baseline) on `model`."""
+    lang = lang_code(lang)
+    name = check_model(model)
     names = spec_list(specs, custom_specs, MAX_FORMATS)
     if not names:
         raise ValueError("Pick at least one format for the needle test.")
     context = check_int(context_tokens, "Context length", 256, 8192)
-    model, tok = get_model(progress)
+    model, tok = get_model(progress, name)
     positions = _positions(model)
     if context + 32 > positions:
         raise ValueError(f"A {context}-token haystack plus the question does not fit in this model's "
@@ -161,11 +180,12 @@ def needle(specs, custom_specs, context_tokens, progress=gr.Progress()):
     progress(0.2, desc=f"Hiding needles in {context} tokens of haystack, {len(names) + 1} formats…")
     result = quality.needle(model, tok, names, context_tokens=context)
     rates = {name: [float(hit) for hit in hits] for name, hits in result["retrieved"].items()}
-    fig = plots.needle_chart([100 * d for d in result["depths"]], rates, result["context_tokens"])
+    fig = plots.needle_chart([100 * d for d in result["depths"]], rates, result["context_tokens"],
+                             title=t("f_needle", lang).format(n=result["context_tokens"], model=name),
+                             axis_titles=(t("f_needle_x", lang), t("f_needle_y", lang)))
     found = ", ".join(f"`{n}` {100 * r:.0f}%" for n, r in result["rate"].items())
-    return fig, (f"One needle per depth in {context} tokens of WikiText-2, `{model_name()}`, answers read through "
-                 f"each format's cache. Retrieved: {found}."
-                 + ("\n\n**Skipped**: " + "; ".join(skipped) if skipped else ""))
+    return fig, (t("r_needle", lang).format(n=context, model=name, found=found)
+                 + (f"\n\n{t('r_skipped', lang)} " + "; ".join(skipped) if skipped else ""))
 
 
 def build(tr: Translator) -> dict:
@@ -174,6 +194,7 @@ def build(tr: Translator) -> dict:
     tr(gr.Markdown(t("compare_intro")), value="compare_intro")
     with gr.Row():
         with gr.Column(scale=3):
+            c["model"] = model_input(tr)
             c["prompt"] = prompt_input(tr, 3)
         with gr.Column(scale=2, min_width=280):
             c["specs"] = tr(gr.CheckboxGroup(SPEC_CHOICES, value=DEFAULT_SPECS, label=t("specs")), label="specs")
@@ -197,9 +218,10 @@ def build(tr: Translator) -> dict:
             c["needle_run"] = tr(gr.Button(t("needle_run"), elem_id=f"{TAB}-needle-run"), value="needle_run")
         c["needle_status"] = gr.Markdown(label="needle status", elem_id=f"{TAB}-needle-status")
         c["needle_fig"] = gr.Plot(plots.empty_figure(), label="needle in a haystack", show_label=False)
-    c["inputs"] = [c["prompt"], c["specs"], c["custom"], c["max_new"], c["ppl"]]
+    lang = tr.language_state()
+    c["inputs"] = [c["prompt"], c["specs"], c["custom"], c["max_new"], c["ppl"], c["model"], lang]
     c["outputs"] = [c["columns"], c["table"], c["fig"], c["status"]]
-    needle_io = ([c["specs"], c["custom"], c["needle_ctx"]], [c["needle_fig"], c["needle_status"]])
+    needle_io = ([c["specs"], c["custom"], c["needle_ctx"], c["model"], lang], [c["needle_fig"], c["needle_status"]])
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model"), "needle": (needle, *needle_io, "model")}
     # queue position and progress over the status line: the streamed columns stay readable
     on_click(c["run"], run, c["inputs"], c["outputs"], "compare", progress_on=[c["status"]])

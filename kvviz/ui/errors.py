@@ -2,7 +2,7 @@
 
 Numbers come from `kvviz.analysis` (error maps, per-layer relative error, attention-output error, scale
 comparison) on one captured prompt. api_name `error_map`:
-    error_map(prompt, format, formats, custom_formats, which, layer, head)
+    error_map(prompt, format, formats, custom_formats, which, layer, head, model)
       -> (token x channel heatmap, per-layer relative error figure, granularity figure, summary markdown)
 """
 
@@ -14,9 +14,9 @@ import numpy as np
 from kvviz import analysis, plots
 from kvviz.formats import parse_kv
 
-from .common import (capture, check_choice, check_layer_head, check_prompt, check_spec, layer_head_inputs,
-                     on_click, prompt_input, spec_list, user_errors)
-from .i18n import Translator, t
+from .common import (capture, check_choice, check_layer_head, check_model, check_prompt, check_spec, follow_model,
+                     layer_head_inputs, model_input, on_click, prompt_input, spec_list, user_errors)
+from .i18n import Translator, lang_code, t
 
 TAB = "errors"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
@@ -33,8 +33,11 @@ def _label(token: str) -> str:
 
 
 @user_errors
-def run(prompt, fmt, formats, custom_formats, which, layer, head, progress=gr.Progress()):
-    """Error heatmap for one format/layer/head, per-layer error for every chosen format, granularities side by side."""
+def run(prompt, fmt, formats, custom_formats, which, layer, head, model=None, lang="en", progress=gr.Progress()):
+    """Error heatmap for one format/layer/head of `model`, per-layer error for every chosen format, granularities
+    side by side; titles and summary in `lang`."""
+    lang = lang_code(lang)
+    name = check_model(model)
     prompt = check_prompt(prompt)
     tensor = WHICH[check_choice(which, "Tensor", WHICH)]
     fmt = check_spec(fmt, "Format for the heatmap")  # ValueError listing the valid names
@@ -42,14 +45,14 @@ def run(prompt, fmt, formats, custom_formats, which, layer, head, progress=gr.Pr
     specs = spec_list(formats, custom_formats, limit=8)
     if not specs:
         raise ValueError("Pick at least one format for the per-layer chart.")
-    cap = capture(prompt, progress)
+    cap = capture(prompt, progress, name)
     layer, head = check_layer_head(cap, layer, head)
     side = "V" if tensor == "values" else "K"
     progress(0.7, desc="Quantizing every layer in every format…")
 
-    where = f"layer {layer}, KV head {head}"
+    where = t("r_where_short", lang).format(layer=layer, head=head, model=name)
     emap = analysis.error_map(cap, fmt, layer, head, tensor)  # [T, D]
-    heat = plots.error_heatmap(emap, f"|{side} − {side}̂| for {fmt} ({which}, {where})",
+    heat = plots.error_heatmap(emap, t("f_error_heat", lang).format(side=side, fmt=fmt, which=which, where=where),
                                token_labels=[_label(s) for s in cap.tokens])
 
     per_layer, skipped = {}, []
@@ -62,13 +65,14 @@ def run(prompt, fmt, formats, custom_formats, which, layer, head, progress=gr.Pr
     if not specs:
         raise ValueError("None of the chosen formats fits this model: " + "; ".join(skipped))
     lines = {s: {"K": per_layer[s]["k"], "V": per_layer[s]["v"]} for s in specs}
-    fig_layers = plots.layer_error_lines(lines, "Relative error per layer (K post-RoPE solid, V dashed)")
+    fig_layers = plots.layer_error_lines(lines, t("f_layer_errors", lang).format(model=name),
+                                         y_title=t("f_rel_error", lang))
 
     base = (kv.v if tensor == "values" else kv.k).base
     note = ""
     cmp = analysis.scale_comparison(cap, base, layer, head, tensor, rot=True)
     if not cmp:  # fp16/bf16 casts have no scale to compare
-        note = f" ({base} has no scales; showing int4)"
+        note = " " + t("r_no_scales", lang).format(base=base)
         base = "int4"
         cmp = analysis.scale_comparison(cap, base, layer, head, tensor, rot=True)
     panels = {}
@@ -78,18 +82,17 @@ def run(prompt, fmt, formats, custom_formats, which, layer, head, progress=gr.Pr
             panels[f"per-{gran}" + (" + rotation" if rot else "")] = cmp[hit[0]]
     fig_gran = plots.granularity_heatmaps(
         {k: v["error_map"] for k, v in panels.items()},
-        f"{base}: one scale per token, per channel, per tensor ({which}, {where}){note}",
-        subtitles={k: f"rel. error {v['rel_error']:.3g} · {v['bits_per_value']:g} bits/value" for k, v in panels.items()})
+        t("f_granularity", lang).format(base=base, which=which, where=where) + note,
+        subtitles={k: t("f_gran_sub", lang).format(err=v["rel_error"], bits=v["bits_per_value"])
+                   for k, v in panels.items()})
 
     attn = analysis.attention_errors(cap, specs)  # {spec: [L]}
     rows = "\n".join(f"| `{s}` | {np.mean(per_layer[s]['k']):.4f} | {np.mean(per_layer[s]['v']):.4f} | "
                      f"{np.mean(attn[s]):.4f} | {parse_kv(s).bits_per_value(cap.head_dim):g} |" for s in specs)
-    md = ("Mean over layers, on this prompt's " + f"{len(cap.tokens)} tokens:\n\n"
-          "| format | K rel. error | V rel. error | attention-output rel. error | bits/value |\n"
-          "|---|---|---|---|---|\n" + rows + "\n\nThe attention-output error is what the next layer sees: "
-          "quantized K and V, the prompt's own queries.")
+    md = (t("r_errors_head", lang).format(n=len(cap.tokens), model=name) + "\n\n"
+          + t("r_errors_table", lang) + "\n|---|---|---|---|---|\n" + rows + "\n\n" + t("r_errors_note", lang))
     if skipped:
-        md += "\n\n**Skipped** (this model's shape cannot hold them): " + "; ".join(skipped)
+        md += f"\n\n{t('r_skipped', lang)} " + "; ".join(skipped)
     return heat, fig_layers, fig_gran, md
 
 
@@ -99,6 +102,7 @@ def build(tr: Translator) -> dict:
     tr(gr.Markdown(t("errors_intro")), value="errors_intro")
     with gr.Row():
         with gr.Column(scale=3):
+            c["model"] = model_input(tr)
             c["prompt"] = prompt_input(tr, 1)
             c["formats"] = tr(gr.CheckboxGroup(FORMAT_CHOICES, value=DEFAULT_FORMATS, label=t("error_formats")),
                               label="error_formats")
@@ -117,7 +121,9 @@ def build(tr: Translator) -> dict:
         c["layers_fig"] = gr.Plot(plots.empty_figure(), label="per-layer relative error", show_label=False)
     c["gran"] = gr.Plot(plots.empty_figure(), label="scale granularities", show_label=False)
     c["summary"] = gr.Markdown(elem_id="errors-summary", label="summary")
-    c["inputs"] = [c["prompt"], c["format"], c["formats"], c["custom"], c["which"], c["layer"], c["head"]]
+    follow_model(c["model"], c["layer"], c["head"])
+    c["inputs"] = [c["prompt"], c["format"], c["formats"], c["custom"], c["which"], c["layer"], c["head"], c["model"],
+                   tr.language_state()]
     c["outputs"] = [c["heat"], c["layers_fig"], c["gran"], c["summary"]]
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model")}
     on_click(c["run"], run, c["inputs"], c["outputs"], "error_map")

@@ -3,9 +3,10 @@
 Commands come from `kvviz.export`; per-layer scales from `kvviz.calibrate`, measured on the user's prompts with
 the loaded model. A format an engine lacks is shown as unsupported with the engine's closest option in words.
 api_names:
-    export(spec, model_id, calib_prompts)
+    export(spec, model_id, calib_prompts, model)
       -> (commands markdown, support table, scales JSON text, scales file, per-layer scales figure)
-    check_scales(file) -> summary markdown (a malformed file is a gr.Error naming what is wrong)
+      (`model` is the picked model the scales are calibrated on; `model_id` only goes into the commands)
+    check_scales(file, model) -> summary markdown (a malformed file is a gr.Error naming what is wrong)
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from kvviz import calibrate, plots
 from kvviz import export as kv_export
 from kvviz.formats import parse_kv
 
-from .common import (UploadFile, check_text, get_model, model_name, model_shape, on_click, table, upload_path,
-                     user_errors)
-from .i18n import Translator, t
+from .common import (UploadFile, check_model, check_text, get_model, model_input, model_shape, on_click, table,
+                     upload_path, user_errors)
+from .i18n import Translator, lang_code, t
 
 TAB = "export"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
@@ -39,27 +40,30 @@ MAX_PROMPTS = 32
 MAX_PROMPT_CHARS = 4000
 
 
-def _commands_markdown(spec: str, out: dict) -> str:
+def _commands_markdown(spec: str, out: dict, lang: str = "en") -> str:
     parts = [f"### `{parse_kv(spec).spec}`"]
     for engine, title in ENGINE_TITLES:
         r = out[engine]
         if r["supported"]:
-            parts.append(f"**{title}**: supported, `{r['flags']}`\n\n"
+            parts.append(f"**{title}**: {t('r_supported', lang)}, `{r['flags']}`\n\n"
                          f"```bash\n{r['cli']}\n```\n```python\n{r['python']}\n```\n{r['note']}")
         else:
-            parts.append(f"**{title}**: **not supported.** {r['note']}")
+            parts.append(f"**{title}**: **{t('r_not_supported', lang)}.** {r['note']}")
     return "\n\n".join(parts)
 
 
-def _support_table(model_id: str) -> list[list[str]]:
+def _support_table(model_id: str, lang: str = "en") -> list[list[str]]:
     """Every common format against each engine: the dtype flag, or ✗."""
-    return [[row["spec"], *(row[engine] or "✗ unsupported" for engine, _ in ENGINE_TITLES)]
+    return [[row["spec"], *(row[engine] or t("r_unsupported", lang) for engine, _ in ENGINE_TITLES)]
             for row in kv_export.export_table(SUPPORT_FORMATS, model_id)]
 
 
 @user_errors
-def run(spec, model_id, calib_prompts, progress=gr.Progress()):
-    """Commands for `spec`, the support table and, given prompts, per-layer FP8 scales as SGLang's JSON."""
+def run(spec, model_id, calib_prompts, model=None, lang="en", progress=gr.Progress()):
+    """Commands for `spec`, the support table and, given prompts, per-layer FP8 scales as SGLang's JSON, calibrated
+    on `model`."""
+    lang = lang_code(lang)
+    name = check_model(model)
     spec = check_text(spec, "KV format", max_chars=200)
     if not spec:
         raise ValueError("Pick a KV format (e.g. fp8_e4m3) to export.")
@@ -73,18 +77,17 @@ def run(spec, model_id, calib_prompts, progress=gr.Progress()):
         raise ValueError(f"{len(prompts)} calibration prompts given; use at most {MAX_PROMPTS}.")
     if any(len(p) > MAX_PROMPT_CHARS for p in prompts):
         raise ValueError(f"A calibration prompt is longer than {MAX_PROMPT_CHARS} characters; split or shorten it.")
-    md = _commands_markdown(spec, out)
-    support = table(_support_table(model_id), ["format", "vLLM --kv-cache-dtype", "SGLang --kv-cache-dtype",
-                                               "llama.cpp -ctk / -ctv"])
+    md = _commands_markdown(spec, out, lang)
+    support = table(_support_table(model_id, lang), [t("h_format", lang), "vLLM --kv-cache-dtype",
+                                                     "SGLang --kv-cache-dtype", "llama.cpp -ctk / -ctv"])
     kv = parse_kv(spec)
     if kv.k.base != "fp8_e4m3" or kv.k.granularity != "tensor":
-        note = ("\n\n_SGLang's scale file holds per-layer FP8 E4M3 per-tensor scales; pick fp8_e4m3 to calibrate "
-                "one on your prompts._")
-        return md + note, support, "", None, plots.empty_figure("Scales are calibrated for fp8_e4m3 only.")
+        return (md + "\n\n" + t("r_scales_fp8_only", lang), support, "", None,
+                plots.empty_figure(t("f_scales_fp8_only", lang)))
     if not prompts:
-        return (md + "\n\n_Add calibration prompts to get per-layer scales._", support, "", None,
-                plots.empty_figure("Add calibration prompts to calibrate scales."))
-    model, tok = get_model(progress)
+        return (md + "\n\n" + t("r_scales_no_prompts", lang), support, "", None,
+                plots.empty_figure(t("f_scales_no_prompts", lang)))
+    model, tok = get_model(progress, name)
     progress(0.3, desc=f"Calibrating per-layer scales on {len(prompts)} prompt(s)…")
     scales = calibrate.calibrate_scales(model, tok, prompts)
     doc = calibrate.scales_to_json(scales, model_type=getattr(model.config, "model_type", None))
@@ -92,23 +95,23 @@ def run(spec, model_id, calib_prompts, progress=gr.Progress()):
     path = Path(tempfile.mkdtemp(prefix="kvviz-scales-")) / "scales.json"
     path.write_text(text + "\n")
     fig = plots.layer_scales({"K (post-RoPE)": scales.k, "V": scales.v, "file (max of K, V)": scales.shared()},
-                             f"Calibrated FP8 E4M3 scales per layer ({len(prompts)} prompt(s), {model_name()})")
-    md += (f"\n\n**Scales**: calibrated on {len(prompts)} prompt(s) with `{model_name()}` (amax / 448 per layer). "
-           "SGLang applies one scale per layer to both K and V, so the file holds the larger of the two. Save it as "
-           "`scales.json` beside the command above.")
+                             t("f_scales", lang).format(n=len(prompts), model=name))
+    md += "\n\n" + t("r_scales", lang).format(n=len(prompts), model=name)
     return md, support, text, str(path), fig
 
 
 @user_errors
-def check_scales(file):
-    """Read an uploaded SGLang scale file and summarize it; a malformed one raises a clear message."""
+def check_scales(file, model=None):
+    """Read an uploaded SGLang scale file and summarize it against `model`'s layers; a malformed one raises a clear
+    message."""
+    name = check_model(model)
     if file is None:
         raise ValueError("Upload a scale file (JSON) first.")
     path = upload_path(file, "The scale file")
-    shape = model_shape()
+    shape = model_shape(name)
     scales = calibrate.load_scales(path, num_layers=shape[0] if shape else None)
     shared = scales.shared()
-    return (f"Valid SGLang scale file for {scales.num_layers} layers (matches `{model_name()}`): scales from "
+    return (f"Valid SGLang scale file for {scales.num_layers} layers (matches `{name}`): scales from "
             f"{min(shared):.4g} to {max(shared):.4g}.")
 
 
@@ -121,6 +124,7 @@ def build(tr: Translator) -> dict:
             c["spec"] = tr(gr.Dropdown(FORMAT_CHOICES, value="fp8_e4m3", allow_custom_value=True,
                                        label=t("export_format")), label="export_format")
             c["model_id"] = tr(gr.Textbox(DEFAULT_MODEL_ID, label=t("model_id")), label="model_id")
+            c["model"] = model_input(tr)
             c["prompts"] = tr(gr.Textbox(DEFAULT_PROMPTS, lines=4, label=t("calib_prompts")), label="calib_prompts")
             c["run"] = tr(gr.Button(t("run"), variant="primary", elem_id=f"{TAB}-run"), value="run")
         with gr.Column(scale=2):
@@ -138,10 +142,10 @@ def build(tr: Translator) -> dict:
         with gr.Column():
             c["check"] = tr(gr.Button(t("check"), elem_id=f"{TAB}-check"), value="check")
             c["check_out"] = gr.Markdown(label="scale file check")
-    c["inputs"] = [c["spec"], c["model_id"], c["prompts"]]
+    c["inputs"] = [c["spec"], c["model_id"], c["prompts"], c["model"], tr.language_state()]
     c["outputs"] = [c["commands"], c["table"], c["json"], c["file"], c["scales_fig"]]
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model")}
     on_click(c["run"], run, c["inputs"], c["outputs"], "export")
-    on_click(c["check"], check_scales, [c["upload"]], [c["check_out"]], "check_scales", concurrency_id="check_scales",
-             concurrency_limit=4)
+    on_click(c["check"], check_scales, [c["upload"], c["model"]], [c["check_out"]], "check_scales",
+             concurrency_id="check_scales", concurrency_limit=4)
     return c

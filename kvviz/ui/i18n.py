@@ -5,8 +5,10 @@ with a `Translator` as they build it: `tr(gr.Button(t("run", "en")), value="run"
 event then returns `tr.updates(lang)`, one `gr.update` per registered component, so switching language is one
 round trip and touches no per-user state on the server.
 
-Computed results (tables, figures, library messages) stay in English: they are data, and the library speaks
-English. What the student reads to understand a view (intros, labels, the lesson buttons) is translated.
+Results follow the page's language too: `Translator.language_state()` is a per-session gr.State holding the code
+("en" until the radio changes it), passed as the last input of every model endpoint. State inputs are not part of
+the API, so API callers get English. Table headers, figure titles, status lines and summaries are translated
+(`t("key", lang).format(...)`); format names, numbers and the library's own error messages stay as they are.
 """
 
 from __future__ import annotations
@@ -50,6 +52,19 @@ EN: dict[str, str] = {
                      "cache before attention, so a smaller cache can decode *slower* than the exact one. On CUDA the "
                      "Triton backend reads packed K/V inside the attention kernel (benchmarks/bench_decode.py "
                      "measures fused against unfused)."),
+    "lesson_on_model": "_This lesson runs on `{model}`, the model picked in the tabs; pick another to compare._",
+    "lesson_models1": ("**Across models** (largest K channel / median channel, 256 WikiText-2 tokens): Gemma 3 270M's "
+                       "reaches about 28-34× in its full-attention layers 5 and 11 (the lesson opens layer 11 there) "
+                       "against 4-19× in its sliding-window layers; SmolLM2's stays at 3.5-7.3× (5× at layer 17)."),
+    "lesson_models2": ("**Across models:** the larger the outlier channel, the more one per-tensor scale loses. On "
+                       "Gemma 3 270M, look at the full-attention layers 5 and 11 (K's largest channel about 28-34× "
+                       "the median), where the per-tensor map stands out most; SmolLM2's channels reach 3.5-7.3×."),
+    "lesson_models3": ("**Across models:** k8v4 holds 6.25 bits per value at SmolLM2's head_dim 64 (0.39× a 16-bit "
+                       "cache) and 6.06 at Gemma 3 270M's head_dim 256 (0.38×): the fp16 scale per head_dim row "
+                       "costs less on longer rows. The Compare table gives both byte ratios."),
+    "lesson_models6": ("**Across models:** Gemma 3 270M has head_dim 256, so int4 with one fp16 scale per row costs "
+                       "4.06 bits (SmolLM2: 4.25 at head_dim 64); groups of 16 and 8 cost 5 and 6 bits on both. The "
+                       "lesson opens the Memory tab on the picked model when it has a preset there."),
     "tab_compare": "Compare",
     "tab_outliers": "K outliers",
     "tab_errors": "Quantization error",
@@ -138,6 +153,82 @@ EN: dict[str, str] = {
     "calib_file": "SGLang scale file (calibrated on your prompts)",
     "scale_upload": "Check a scale file (JSON)",
     "check": "Check file",
+    "model_info_any": "Pick a listed model, or type any Hugging Face hub id (owner/name); its size is checked first",
+    # Results (callbacks fill the {fields})
+    "r_baseline": "exact (baseline)",
+    "r_none": "none",
+    "r_skipped": "**Skipped** (this model's shape cannot hold them):",
+    "r_metrics_later": "Metrics appear when generation ends.",
+    "r_prefill": "Prefilling {n} prompt tokens on `{model}`, then decoding {formats} formats + baseline as one batch…",
+    "r_token": "Token {i} of {n} (`{model}`)…",
+    "r_ppl_running": "Measuring perplexity on WikiText-2 through every format's cache…",
+    "r_meta": "KL {kl:.4f} · top-1 {top1:.0f}% · {vs16} of 16-bit bytes",
+    "r_meta_base": "{n} prompt tokens · unquantized {dtype} K/V",
+    "r_done": ("Done in {s:.1f} s on `{model}`. KL and top-1 are teacher-forced on the baseline's tokens ({metrics}); "
+               "tokens/s: each format's own cache, `{speed}` attention backend, batch 1, {steps} steps. Bytes: "
+               "\"cache vs 16-bit\" is against an fp16/bf16 cache, what engines store; \"cache vs exact\" against "
+               "the cache this model runs with here."),
+    "r_needle": ("One needle per depth in {n} tokens of WikiText-2, `{model}`, answers read through each format's "
+                 "cache. Retrieved: {found}."),
+    "h_format": "format",
+    "h_spec": "spec",
+    "h_bits": "bits/value",
+    "h_kl": "mean KL (nats/token)",
+    "h_top1": "top-1 agreement (%)",
+    "h_divergence": "first divergence (token)",
+    "h_cache_kib": "cache (KiB)",
+    "h_vs16": "cache vs 16-bit",
+    "h_vs_exact": "cache vs exact ({dtype})",
+    "h_tps": "tokens/s",
+    "h_ppl": "perplexity",
+    "c_kl": "mean KL (nats/token)",
+    "c_top1": "top-1 agreement (%)",
+    "c_vs16": "cache vs fp16/bf16 (× bytes)",
+    "c_tps": "decode speed (tokens/s)",
+    "c_ppl": "perplexity (WikiText-2)",
+    "f_metrics": "Quality and cost per format on {model} (baseline: the unquantized cache)",
+    "f_format_axis": "format (K/V spec)",
+    "f_needle": "Needle in a haystack at {n} tokens of context ({model})",
+    "f_needle_x": "needle depth (% of context)",
+    "f_needle_y": "retrieval rate (%)",
+    "r_where": "layer {layer}, KV head {head}, {n} tokens, `{model}`",
+    "f_k_max": "|K| max over tokens (abs. value)",
+    "f_x_max": "|x| max over tokens (abs. value)",
+    "f_rope": "K per channel, before and after RoPE ({where})",
+    "f_kv": "K beside V ({where})",
+    "f_rot": "Hadamard rotation spreads the outliers ({where})",
+    "f_heat": "Post-RoPE |K| max per layer and channel (KV head {head}, {model})",
+    "f_k_z": "|K| max (abs. value)",
+    "r_outliers": ("**Outlier channels** (|x| max above {factor}× the head's median channel), {where}:\n\n"
+                   "- K post-RoPE: {k_post}; largest channel / median = **{r_post:.1f}×**\n"
+                   "- K pre-RoPE: {k_pre}; {r_pre:.1f}×\n"
+                   "- V: {v}; {r_v:.1f}×\n"
+                   "- K post-RoPE after a Hadamard rotation: {rot_before:.1f}× → **{rot_after:.1f}×** (kurtosis "
+                   "{kurt_before:.1f} → {kurt_after:.1f}, mean over channels; 3 is Gaussian)\n\n"
+                   "Over all layers and heads: K post-RoPE has {n_k} outlier channels, V has {n_v}."),
+    "r_where_short": "layer {layer}, KV head {head}, {model}",
+    "f_error_heat": "|{side} − {side}̂| for {fmt} ({which}, {where})",
+    "f_layer_errors": "Relative error per layer on {model} (K post-RoPE solid, V dashed)",
+    "f_rel_error": "relative error (‖x - x̂‖ / ‖x‖)",
+    "r_no_scales": "({base} has no scales; showing int4)",
+    "f_granularity": "{base}: one scale per token, per channel, per tensor ({which}, {where})",
+    "f_gran_sub": "rel. error {err:.3g} · {bits:g} bits/value",
+    "r_errors_head": "Mean over layers, on this prompt's {n} tokens (`{model}`):",
+    "r_errors_table": "| format | K rel. error | V rel. error | attention-output rel. error | bits/value |",
+    "r_errors_note": ("The attention-output error is what the next layer sees: quantized K and V, the prompt's own "
+                      "queries."),
+    "r_supported": "supported",
+    "r_not_supported": "not supported",
+    "r_unsupported": "✗ unsupported",
+    "f_scales": "Calibrated FP8 E4M3 scales per layer ({n} prompt(s), {model})",
+    "r_scales": ("**Scales**: calibrated on {n} prompt(s) with `{model}` (amax / 448 per layer). SGLang applies one "
+                 "scale per layer to both K and V, so the file holds the larger of the two. Save it as "
+                 "`scales.json` beside the command above."),
+    "r_scales_fp8_only": ("_SGLang's scale file holds per-layer FP8 E4M3 per-tensor scales; pick fp8_e4m3 to "
+                          "calibrate one on your prompts._"),
+    "f_scales_fp8_only": "Scales are calibrated for fp8_e4m3 only.",
+    "r_scales_no_prompts": "_Add calibration prompts to get per-layer scales._",
+    "f_scales_no_prompts": "Add calibration prompts to calibrate scales.",
 }
 
 KO: dict[str, str] = {
@@ -170,6 +261,19 @@ KO: dict[str, str] = {
     "lesson_note7": ("**레슨 7.** tokens/s 열을 보세요. torch 백엔드는 매 단계 어텐션 전에 캐시 전체를 역양자화하므로, "
                      "작은 캐시가 원본보다 *느리게* 디코딩될 수 있습니다. CUDA에서는 Triton 백엔드가 어텐션 커널 안에서 "
                      "패킹된 K/V를 직접 읽습니다 (benchmarks/bench_decode.py가 융합 대 비융합을 측정합니다)."),
+    "lesson_on_model": "_이 레슨은 탭에서 고른 모델 `{model}`에서 실행됩니다; 다른 모델을 골라 비교해 보세요._",
+    "lesson_models1": ("**모델 간 차이** (가장 큰 K 채널 / 중앙값 채널, WikiText-2 256토큰): Gemma 3 270M은 전체 "
+                       "어텐션 레이어 5와 11에서 약 28-34배에 이르고(이 모델에서는 레슨이 레이어 11을 엽니다) 슬라이딩 "
+                       "윈도 레이어에서는 4-19배입니다; SmolLM2는 3.5-7.3배(레이어 17에서 5배)에 머뭅니다."),
+    "lesson_models2": ("**모델 간 차이:** 이상치 채널이 클수록 텐서 단위 스케일 하나가 더 많이 잃습니다. Gemma 3 "
+                       "270M에서는 전체 어텐션 레이어 5와 11(K의 가장 큰 채널이 중앙값의 약 28-34배)을 보세요. 텐서 "
+                       "단위 맵이 가장 두드러집니다; SmolLM2의 채널은 3.5-7.3배입니다."),
+    "lesson_models3": ("**모델 간 차이:** k8v4는 SmolLM2의 head_dim 64에서 값당 6.25비트(16비트 캐시의 0.39배), "
+                       "Gemma 3 270M의 head_dim 256에서 6.06비트(0.38배)입니다: head_dim 행마다 두는 fp16 스케일은 "
+                       "행이 길수록 덜 듭니다. 비교 표에 두 가지 바이트 비율이 모두 나옵니다."),
+    "lesson_models6": ("**모델 간 차이:** Gemma 3 270M은 head_dim이 256이라, 행마다 fp16 스케일 하나를 둔 int4는 "
+                       "4.06비트입니다(SmolLM2는 head_dim 64에서 4.25). 16개·8개 그룹은 두 모델 모두 5비트와 6비트. "
+                       "고른 모델에 프리셋이 있으면 레슨이 메모리 탭을 그 모델로 엽니다."),
     "tab_compare": "비교",
     "tab_outliers": "K 이상치",
     "tab_errors": "양자화 오차",
@@ -249,6 +353,80 @@ KO: dict[str, str] = {
     "calib_file": "SGLang 스케일 파일 (여러분의 프롬프트로 보정)",
     "scale_upload": "스케일 파일 검사 (JSON)",
     "check": "파일 검사",
+    "model_info_any": "목록의 모델을 고르거나 Hugging Face 허브 id(owner/name)를 직접 입력하세요; 크기를 먼저 확인합니다",
+    "r_baseline": "원본 (기준)",
+    "r_none": "없음",
+    "r_skipped": "**건너뜀** (이 모델의 형태로는 담을 수 없음):",
+    "r_metrics_later": "생성이 끝나면 지표가 나타납니다.",
+    "r_prefill": "`{model}`에서 프롬프트 토큰 {n}개를 프리필한 뒤, 포맷 {formats}개와 기준을 한 배치로 디코딩합니다…",
+    "r_token": "토큰 {i} / {n} (`{model}`)…",
+    "r_ppl_running": "모든 포맷의 캐시로 WikiText-2 퍼플렉서티를 측정하는 중…",
+    "r_meta": "KL {kl:.4f} · top-1 {top1:.0f}% · 16비트 대비 바이트 {vs16}",
+    "r_meta_base": "프롬프트 토큰 {n}개 · 양자화하지 않은 {dtype} K/V",
+    "r_done": ("`{model}`에서 {s:.1f}초 만에 완료. KL과 top-1은 기준의 토큰으로 teacher forcing 하여 측정했습니다 "
+               "({metrics}). 토큰/초: 포맷마다 자기 캐시, `{speed}` 어텐션 백엔드, 배치 1, {steps}단계. 바이트: "
+               "\"16비트 대비 캐시\"는 엔진이 저장하는 fp16/bf16 캐시와, \"원본 대비 캐시\"는 여기서 이 모델이 쓰는 "
+               "캐시와 비교한 값입니다."),
+    "r_needle": ("WikiText-2 {n}토큰 안에 깊이마다 바늘 하나, `{model}`, 각 포맷의 캐시로 읽은 답. 찾아낸 비율: "
+                 "{found}."),
+    "h_format": "포맷",
+    "h_spec": "스펙",
+    "h_bits": "값당 비트",
+    "h_kl": "평균 KL (nats/토큰)",
+    "h_top1": "top-1 일치율 (%)",
+    "h_divergence": "처음 갈라진 곳 (토큰)",
+    "h_cache_kib": "캐시 (KiB)",
+    "h_vs16": "16비트 대비 캐시",
+    "h_vs_exact": "원본({dtype}) 대비 캐시",
+    "h_tps": "토큰/초",
+    "h_ppl": "퍼플렉서티",
+    "c_kl": "평균 KL (nats/토큰)",
+    "c_top1": "top-1 일치율 (%)",
+    "c_vs16": "fp16/bf16 대비 캐시 (× 바이트)",
+    "c_tps": "디코딩 속도 (토큰/초)",
+    "c_ppl": "퍼플렉서티 (WikiText-2)",
+    "f_metrics": "{model}의 포맷별 품질과 비용 (기준: 양자화하지 않은 캐시)",
+    "f_format_axis": "포맷 (K/V 스펙)",
+    "f_needle": "문맥 {n}토큰에서 건초더미 속 바늘 ({model})",
+    "f_needle_x": "바늘 깊이 (문맥의 %)",
+    "f_needle_y": "찾아낸 비율 (%)",
+    "r_where": "레이어 {layer}, KV 헤드 {head}, 토큰 {n}개, `{model}`",
+    "f_k_max": "토큰 전체에서 |K| 최댓값 (절댓값)",
+    "f_x_max": "토큰 전체에서 |x| 최댓값 (절댓값)",
+    "f_rope": "채널별 K, RoPE 전과 후 ({where})",
+    "f_kv": "K와 V 나란히 ({where})",
+    "f_rot": "아다마르 회전이 이상치를 퍼뜨린다 ({where})",
+    "f_heat": "레이어·채널별 RoPE 이후 |K| 최댓값 (KV 헤드 {head}, {model})",
+    "f_k_z": "|K| 최댓값 (절댓값)",
+    "r_outliers": ("**이상치 채널** (|x| 최댓값이 헤드의 중앙값 채널의 {factor}배 이상), {where}:\n\n"
+                   "- RoPE 이후 K: {k_post}; 가장 큰 채널 / 중앙값 = **{r_post:.1f}×**\n"
+                   "- RoPE 이전 K: {k_pre}; {r_pre:.1f}×\n"
+                   "- V: {v}; {r_v:.1f}×\n"
+                   "- 아다마르 회전 뒤 RoPE 이후 K: {rot_before:.1f}× → **{rot_after:.1f}×** (첨도 "
+                   "{kurt_before:.1f} → {kurt_after:.1f}, 채널 평균; 가우스 분포는 3)\n\n"
+                   "모든 레이어와 헤드에서: RoPE 이후 K의 이상치 채널 {n_k}개, V는 {n_v}개."),
+    "r_where_short": "레이어 {layer}, KV 헤드 {head}, {model}",
+    "f_error_heat": "{fmt}의 |{side} − {side}̂| ({which}, {where})",
+    "f_layer_errors": "{model}의 레이어별 상대 오차 (RoPE 이후 K 실선, V 점선)",
+    "f_rel_error": "상대 오차 (‖x - x̂‖ / ‖x‖)",
+    "r_no_scales": "({base}에는 스케일이 없어 int4를 보여줍니다)",
+    "f_granularity": "{base}: 토큰별, 채널별, 텐서별 스케일 하나 ({which}, {where})",
+    "f_gran_sub": "상대 오차 {err:.3g} · 값당 {bits:g}비트",
+    "r_errors_head": "이 프롬프트의 토큰 {n}개에서 레이어 평균 (`{model}`):",
+    "r_errors_table": "| 포맷 | K 상대 오차 | V 상대 오차 | 어텐션 출력 상대 오차 | 값당 비트 |",
+    "r_errors_note": "어텐션 출력 오차는 다음 레이어가 보는 것입니다: 양자화된 K와 V, 그리고 프롬프트 자신의 쿼리.",
+    "r_supported": "지원",
+    "r_not_supported": "지원하지 않음",
+    "r_unsupported": "✗ 지원하지 않음",
+    "f_scales": "레이어별로 보정한 FP8 E4M3 스케일 (프롬프트 {n}개, {model})",
+    "r_scales": ("**스케일**: `{model}`로 프롬프트 {n}개에서 보정 (레이어마다 amax / 448). SGLang은 레이어마다 "
+                 "스케일 하나를 K와 V에 함께 쓰므로 파일에는 둘 중 큰 값이 들어갑니다. 위 명령 옆에 "
+                 "`scales.json`으로 저장하세요."),
+    "r_scales_fp8_only": ("_SGLang 스케일 파일은 레이어별 FP8 E4M3 텐서 단위 스케일을 담습니다; 프롬프트로 보정하려면 "
+                          "fp8_e4m3를 고르세요._"),
+    "f_scales_fp8_only": "스케일은 fp8_e4m3에서만 보정합니다.",
+    "r_scales_no_prompts": "_레이어별 스케일을 얻으려면 보정용 프롬프트를 넣으세요._",
+    "f_scales_no_prompts": "스케일을 보정하려면 보정용 프롬프트를 넣으세요.",
 }
 
 STRINGS = {"en": EN, "ko": KO}
@@ -279,6 +457,12 @@ class Translator:
             assert key in EN, f"unknown UI string key {key!r}"
         self._items.append((component, attr_keys))
         return component
+
+    def language_state(self) -> gr.State:
+        """The page's language code for callbacks (a gr.State in the current Blocks, made on first call)."""
+        if getattr(self, "_state", None) is None:
+            self._state = gr.State("en")
+        return self._state
 
     @property
     def components(self) -> list[Any]:

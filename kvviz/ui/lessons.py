@@ -3,6 +3,10 @@
 A lesson button opens its tab, fills the inputs that show the lesson, and runs the tab's action: one click, then
 the student reads the tab's opening sentence and the figure. Each tab's `build()` returns its components by name
 and its actions as `actions[name] = (fn, inputs, outputs, concurrency_id)`; a lesson names the tab, the settings and the action.
+
+Lessons run on the model selected in the page's picker (the tab's own `model` input). Where the lesson reads
+differently on another model, `by_model` changes a setting (Gemma 3 270M's outliers live in its full-attention
+layers 5 and 11) and the note's `lesson_models<i>` paragraph says what differs, from what the analysis measures.
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from .common import model_task
-from .i18n import lang_code, t
+from .i18n import EN, lang_code, t
 
 
 OPEN = "<open>"  # a setting for an Accordion: open it so the lesson's figure shows
+SELECTED = "<selected model>"  # a setting for the Memory tab's preset: the picked model when it is a preset
 
 
 @dataclass(frozen=True)
@@ -23,13 +28,15 @@ class Lesson:
     tab: str  # tab id in app.py
     settings: dict = field(default_factory=dict)  # component name in the tab's parts -> value
     action: str | None = "run"  # the tab's action to run after filling the inputs
+    by_model: dict = field(default_factory=dict)  # model name -> {component name: value} replacing settings
 
 
 LESSONS: tuple[Lesson, ...] = (
     # 1. K has a few huge channels post-RoPE, V does not.
-    Lesson("outliers", {"head": 0}),
+    # On Gemma 3 270M the full-attention layers hold them (layer 11: ~30x the median channel, 256 WikiText-2 tokens).
+    Lesson("outliers", {"head": 0}, by_model={"gemma-3-270m": {"layer": 11}}),
     # 2. Per-tensor scales are ruined by those outliers; per-token / per-channel are not; rotation spreads them.
-    Lesson("errors", {"format": "int4", "which": "K (post-RoPE)", "head": 0}),
+    Lesson("errors", {"format": "int4", "which": "K (post-RoPE)", "head": 0}, by_model={"gemma-3-270m": {"layer": 11}}),
     # 3. K is sensitive, V tolerant: k8v4 beats k4v8 at the same bytes.
     Lesson("compare", {"specs": ["k8v4", "k4v8"], "custom": ""}),
     # 4. E4M3 more precise, E5M2 more range: for KV, E4M3 wins.
@@ -39,29 +46,55 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson("compare", {"specs": ["int4", "kivi2"], "custom": "int4/tensor", "needle_ctx": 768, "needle_box": OPEN},
            action="needle"),
     # 6. Scale storage eats into the savings at small head_dim / short groups.
-    Lesson("memory", {"model": "smollm2-135m", "formats": ["fp16", "int4", "int4/g16", "int2"],
+    Lesson("memory", {"model": SELECTED, "formats": ["fp16", "int4", "int4/g16", "int2"],
                       "custom": "int4/g8\nint2/g8", "batch": 1}),
     # 7. Dequantizing outside the attention kernel can make a smaller cache slower; fusing fixes that.
     Lesson("compare", {"specs": ["int8", "int4"], "custom": ""}),
 )
 
 
-def wire(buttons: list[gr.Button], tabs: gr.Tabs, parts: dict[str, dict], note: gr.Markdown, lang: gr.Radio) -> None:
-    """Connect lesson button i to LESSONS[i]: select the tab, show the lesson's note (in the page's language), set
-    the inputs, then run the tab's action."""
+def _settings(lesson: Lesson, model: str | None) -> dict:
+    """The lesson's settings on `model`: its own, with by_model's for that model on top."""
+    return {**lesson.settings, **lesson.by_model.get(model, {})}
+
+
+def _value(value, model: str | None):
+    from kvviz.memory import MODEL_PRESETS
+
+    if value == OPEN:
+        return gr.Accordion(open=True)
+    if value == SELECTED:
+        return model if model in MODEL_PRESETS else "smollm2-135m"
+    return value
+
+
+def note(i: int, lang: str, model: str | None) -> str:
+    """Lesson i's note in `lang`: what to read, which model it runs on, and what differs between models."""
+    parts = [t(f"lesson_note{i}", lang), t("lesson_on_model", lang).format(model=model or "?")]
+    if f"lesson_models{i}" in EN:
+        parts.append(t(f"lesson_models{i}", lang))
+    return "\n\n".join(parts)
+
+
+def wire(buttons: list[gr.Button], tabs: gr.Tabs, parts: dict[str, dict], note_box: gr.Markdown, lang: gr.Radio,
+         model: gr.Dropdown) -> None:
+    """Connect lesson button i to LESSONS[i]: select the tab, show the lesson's note (in the page's language, for
+    the model selected in `model`, the page's picker), set the inputs, then run the tab's action on that model."""
     assert len(buttons) == len(LESSONS), f"{len(buttons)} lesson buttons for {len(LESSONS)} lessons"
     for i, (button, lesson) in enumerate(zip(buttons, LESSONS), start=1):
         tab = parts[lesson.tab]
-        missing = [k for k in lesson.settings if k not in tab]
+        names = list(dict.fromkeys([*lesson.settings, *(k for s in lesson.by_model.values() for k in s)]))
+        missing = [k for k in names if k not in tab]
         assert not missing, f"tab {lesson.tab!r} has no components {missing}"
-        targets = [tab[k] for k in lesson.settings]
-        values = list(lesson.settings.values())
+        targets = [tab[k] for k in names]
 
-        def fill(choice, _tab=lesson.tab, _values=values, _key=f"lesson_note{i}"):
-            values = [gr.Accordion(open=True) if v == OPEN else v for v in _values]
-            return (gr.Tabs(selected=_tab), gr.Markdown(t(_key, lang_code(choice)), visible=True), *values)
+        def fill(choice, picked, _lesson=lesson, _names=names, _i=i):
+            settings = _settings(_lesson, picked)
+            values = [_value(settings[k], picked) if k in settings else gr.skip() for k in _names]
+            return (gr.Tabs(selected=_lesson.tab), gr.Markdown(note(_i, lang_code(choice), picked), visible=True),
+                    *values)
 
-        event = button.click(fill, lang, [tabs, note, *targets], api_visibility="private", queue=False)
+        event = button.click(fill, [lang, model], [tabs, note_box, *targets], api_visibility="private", queue=False)
         if lesson.action is not None:
             fn, inputs, outputs, concurrency_id = tab["actions"][lesson.action]
             event.then(model_task(fn, concurrency_id), inputs, outputs, api_visibility="private",

@@ -2,7 +2,7 @@
 
 Statistics come from `kvviz.analysis` (capture, per-channel amax, the outlier rule, the Hadamard-rotated view).
 api_name `outliers`:
-    outliers(prompt, layer, head)
+    outliers(prompt, layer, head, model)
       -> (pre vs post RoPE figure, K vs V figure, rotated figure, layer x channel heatmap, outlier summary markdown)
 """
 
@@ -14,59 +14,57 @@ import numpy as np
 from kvviz import plots
 from kvviz.analysis.stats import OUTLIER_FACTOR, capture_stats, rotation_view
 
-from .common import capture, check_layer_head, layer_head_inputs, on_click, prompt_input, user_errors
-from .i18n import Translator, t
+from .common import (capture, check_layer_head, check_model, follow_model, layer_head_inputs, model_input, on_click,
+                     prompt_input, user_errors)
+from .i18n import Translator, lang_code, t
 
 TAB = "outliers"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 
-def _channels(stats: dict, layer: int, head: int) -> str:
+def _channels(stats: dict, layer: int, head: int, lang: str = "en") -> str:
     """'3 (12.1), 17 (9.8)': a head's outlier channels with their |x| max, largest first, or 'none'."""
     chans = stats["outliers"].get((layer, head), [])
     if not chans:
-        return "none"
+        return t("r_none", lang)
     amax = stats["amax"][layer, head]
     chans = sorted(chans, key=lambda c: -amax[c])
     return ", ".join(f"{c} ({amax[c]:.3g})" for c in chans)
 
 
 @user_errors
-def run(prompt, layer, head, progress=gr.Progress()):
-    """Per-channel magnitudes of K and V for one layer/head, the rotated view and the layer x channel map."""
-    cap = capture(prompt, progress)
+def run(prompt, layer, head, model=None, lang="en", progress=gr.Progress()):
+    """Per-channel magnitudes of K and V for one layer/head of `model`, the rotated view and the layer x channel
+    map; titles and summary in `lang`."""
+    lang = lang_code(lang)
+    name = check_model(model)
+    cap = capture(prompt, progress, name)
     layer, head = check_layer_head(cap, layer, head)
     stats = {w: capture_stats(cap, w) for w in ("keys_pre", "keys_post", "values")}
-    where = f"layer {layer}, KV head {head}, {len(cap.tokens)} tokens"
+    where = t("r_where", lang).format(layer=layer, head=head, n=len(cap.tokens), model=name)
 
     amax = {w: stats[w]["amax"][layer, head] for w in stats}  # each [head_dim]
     post_outliers = stats["keys_post"]["outliers"].get((layer, head), [])
+    k_max, x_max = t("f_k_max", lang), t("f_x_max", lang)
     fig_rope = plots.channel_profile({"K pre-RoPE": amax["keys_pre"], "K post-RoPE": amax["keys_post"]},
-                                     f"K per channel, before and after RoPE ({where})",
-                                     y_title="|K| max over tokens (abs. value)", outliers=post_outliers)
+                                     t("f_rope", lang).format(where=where), y_title=k_max, outliers=post_outliers)
     fig_kv = plots.channel_profile({"K post-RoPE": amax["keys_post"], "V": amax["values"]},
-                                   f"K beside V ({where})", y_title="|x| max over tokens (abs. value)",
-                                   outliers=post_outliers)
+                                   t("f_kv", lang).format(where=where), y_title=x_max, outliers=post_outliers)
     rot = rotation_view(cap, layer, head, "keys_post")
     fig_rot = plots.channel_profile({"K post-RoPE": rot["original"]["amax"],
                                      "K post-RoPE, Hadamard-rotated": rot["rotated"]["amax"]},
-                                    f"Hadamard rotation spreads the outliers ({where})",
-                                    y_title="|K| max over tokens (abs. value)")
+                                    t("f_rot", lang).format(where=where), y_title=k_max)
     heat = plots.layer_channel_heatmap(stats["keys_post"]["amax"][:, head, :],
-                                       f"Post-RoPE |K| max per layer and channel (KV head {head})",
-                                       z_title="|K| max (abs. value)")
+                                       t("f_heat", lang).format(head=head, model=name), z_title=t("f_k_z", lang))
 
     ratio = {w: float(stats[w]["amax_ratio"][layer, head]) for w in stats}
-    md = (f"**Outlier channels** (|x| max above {OUTLIER_FACTOR:g}× the head's median channel), {where}:\n\n"
-          f"- K post-RoPE: {_channels(stats['keys_post'], layer, head)}; largest channel / median = "
-          f"**{ratio['keys_post']:.1f}×**\n"
-          f"- K pre-RoPE: {_channels(stats['keys_pre'], layer, head)}; {ratio['keys_pre']:.1f}×\n"
-          f"- V: {_channels(stats['values'], layer, head)}; {ratio['values']:.1f}×\n"
-          f"- K post-RoPE after a Hadamard rotation: {float(rot['original']['amax_ratio']):.1f}× → "
-          f"**{float(rot['rotated']['amax_ratio']):.1f}×** (kurtosis "
-          f"{float(np.mean(rot['original']['kurtosis'])):.1f} → {float(np.mean(rot['rotated']['kurtosis'])):.1f}, "
-          "mean over channels; 3 is Gaussian)\n\n"
-          f"Over all layers and heads: K post-RoPE has {sum(map(len, stats['keys_post']['outliers'].values()))} "
-          f"outlier channels, V has {sum(map(len, stats['values']['outliers'].values()))}.")
+    md = t("r_outliers", lang).format(
+        factor=f"{OUTLIER_FACTOR:g}", where=where, k_post=_channels(stats["keys_post"], layer, head, lang),
+        r_post=ratio["keys_post"], k_pre=_channels(stats["keys_pre"], layer, head, lang), r_pre=ratio["keys_pre"],
+        v=_channels(stats["values"], layer, head, lang), r_v=ratio["values"],
+        rot_before=float(rot["original"]["amax_ratio"]), rot_after=float(rot["rotated"]["amax_ratio"]),
+        kurt_before=float(np.mean(rot["original"]["kurtosis"])), kurt_after=float(np.mean(rot["rotated"]["kurtosis"])),
+        n_k=sum(map(len, stats["keys_post"]["outliers"].values())),
+        n_v=sum(map(len, stats["values"]["outliers"].values())))
     return fig_rope, fig_kv, fig_rot, heat, md
 
 
@@ -76,6 +74,7 @@ def build(tr: Translator) -> dict:
     tr(gr.Markdown(t("outliers_intro")), value="outliers_intro")
     with gr.Row():
         with gr.Column(scale=3):
+            c["model"] = model_input(tr)
             c["prompt"] = prompt_input(tr, 1)
         with gr.Column(scale=1, min_width=220):
             layer, head = layer_head_inputs()
@@ -90,7 +89,8 @@ def build(tr: Translator) -> dict:
         c["fig_rot"] = gr.Plot(plots.empty_figure(), label="Hadamard-rotated K", show_label=False)
         c["heat"] = gr.Plot(plots.empty_figure(), label="layer x channel heatmap", show_label=False)
     tr(gr.Markdown(t("outliers_why")), value="outliers_why")
-    c["inputs"] = [c["prompt"], c["layer"], c["head"]]
+    follow_model(c["model"], c["layer"], c["head"])
+    c["inputs"] = [c["prompt"], c["layer"], c["head"], c["model"], tr.language_state()]
     c["outputs"] = [c["fig_rope"], c["fig_kv"], c["fig_rot"], c["heat"], c["summary"]]
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model")}
     on_click(c["run"], run, c["inputs"], c["outputs"], "outliers")
