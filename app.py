@@ -1,14 +1,15 @@
 """kvviz app: the Gradio playground for KV-cache quantization.
 
 `build_demo()` returns the page as a `gr.Blocks` (no side effects at import; the model loads on first use). The
-tabs live in `kvviz/ui/` (one module per tab); the seven lessons of docs/DESIGN.md are one-click buttons
+tabs live in `kvviz/ui/` (one module per tab); the eight lessons of docs/DESIGN.md are one-click buttons
 (`kvviz/ui/lessons.py`); figures come from `kvviz/plots.py`.
 
 Run: `make run` (or `python app.py`) serves http://127.0.0.1:7860; GRADIO_SERVER_NAME and GRADIO_SERVER_PORT
 override the address (Spaces and the Dockerfile set them). KVVIZ_MODEL picks the model (default: the bundled
 SmolLM2-135M-Instruct); KVVIZ_CONCURRENCY bounds concurrent model computations (default 1).
 
-api_names (for gradio_client): compare, needle, outliers, error_map, memory, export, check_scales.
+api_names (for gradio_client): compare, needle, outliers, error_map, sensitivity, plan_search, memory, export,
+check_scales.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 
 import gradio as gr
 
-from kvviz.ui import common, compare, errors, export, i18n, lessons, memory, outliers
+from kvviz.ui import common, compare, errors, export, i18n, lessons, memory, outliers, sensitivity
 from kvviz.ui.i18n import t
 
 CSS = """
@@ -36,7 +37,7 @@ CSS = """
 
 
 def build_demo() -> gr.Blocks:
-    """The whole page: title, language switch, header, lesson buttons and the five tabs."""
+    """The whole page: title, language switch, header, lesson buttons and the six tabs."""
     tr = i18n.Translator()
     with gr.Blocks(title="kvviz: KV-cache quantization playground") as demo:
         with gr.Row(equal_height=True):
@@ -50,15 +51,16 @@ def build_demo() -> gr.Blocks:
         tr(gr.Markdown(t("lessons")), value="lessons")
         with gr.Row(elem_id="kv-lessons"):
             lesson_buttons = [tr(gr.Button(t(f"lesson{i}"), size="sm", elem_id=f"lesson-{i}"), value=f"lesson{i}")
-                              for i in range(1, 8)]
+                              for i in range(1, 9)]
         lesson_note = gr.Markdown(visible=False, elem_id="kv-lesson-note")
         with gr.Tabs() as tabs:
             parts = {}
             for tab_id, module in (("compare", compare), ("outliers", outliers), ("errors", errors),
-                                   ("memory", memory), ("export", export)):
+                                   ("sensitivity", sensitivity), ("memory", memory), ("export", export)):
                 with tr(gr.Tab(t(f"tab_{tab_id}"), id=tab_id, elem_id=f"tab-{tab_id}"), label=f"tab_{tab_id}"):
                     parts[tab_id] = module.build(tr)
         lessons.wire(lesson_buttons, tabs, parts, lesson_note, lang)
+        sensitivity.wire_handover(parts["sensitivity"], tabs, parts)
         lang.change(lambda choice: tr.updates(i18n.lang_code(choice)), lang, tr.components,
                     api_visibility="private", queue=False)
         demo.load(i18n.choice_from_request, None, lang, api_visibility="private", queue=False)
