@@ -292,10 +292,10 @@ def sensitivity_heatmap(k: Sequence[float], v: Sequence[float], title: str,
     fig = go.Figure(go.Heatmap(  # plain lists (None for NaN): the JSON a client reads holds the numbers themselves
         z=[_finite(row) for row in z], x=list(range(len(k))), y=["K", "V"], customdata=[_finite(k), _finite(v)],
         colorscale="Inferno", reversescale=True,
-        colorbar=dict(title=dict(text=z_title, side="right"), tickprefix="1e"),
+        colorbar=dict(title=dict(text=z_title, side="right"), tickprefix="1e", dtick=1),
         hovertemplate="layer %{x} %{y}<br>KL %{customdata:.3g} nats/token<extra></extra>"))
     fig.update_xaxes(title_text="layer (index)", dtick=1 if len(k) <= 32 else None)
-    fig.update_yaxes(title_text="side (K or V)")
+    fig.update_yaxes(title_text="side (K or V)", autorange="reversed")  # K on top
     return _layout(fig, title, height=300)
 
 

@@ -204,6 +204,10 @@ def test_sensitivity_tab_measures_and_finds_a_plan(page, server, shots):
     page.locator("#sensitivity-to-memory").click()
     page.locator("#tab-memory").wait_for(state="visible")
     assert page.locator("#memory-custom textarea").input_value().splitlines()[0] == plan
+    _open_tab(page, "sensitivity")
+    page.locator("#sensitivity-to-compare").click()
+    page.locator("#tab-compare").wait_for(state="visible")
+    assert page.locator("#compare-custom textarea").input_value().splitlines()[0] == plan
     assert not _error_toasts(page)
 
 

@@ -25,8 +25,7 @@ from kvviz.analysis import layer_norms, layer_sensitivity, ranking
 
 from .checks import (MAX_PROMPT_CHARS, check_choice, check_float, check_int, check_spec, check_text, is_plan,
                      spec_list)
-from .common import (check_model, check_prompt, get_model, model_input, model_name, on_click, prompt_input, table,
-                     user_errors)
+from .common import check_model, check_prompt, get_model, model_input, on_click, prompt_input, table, user_errors
 from .i18n import Translator, t
 
 TAB = "sensitivity"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -121,11 +120,11 @@ def _candidates(chosen, custom) -> list[str]:
     return names
 
 
-def _export_line(plan_text: str, n_layers: int, lang: str) -> str:
+def _export_line(plan_text: str, n_layers: int, model: str, lang: str) -> str:
     """vLLM's flags for the plan (--kv-cache-dtype and --kv-cache-dtype-skip-layers), or why no engine takes it."""
     from kvviz.export import export_plan
 
-    out = export_plan(plan_text, n_layers, model_name())
+    out = export_plan(plan_text, n_layers, model)
     engines = [e for e, r in out.items() if r["supported"]]
     if not engines:
         return t("plan_export_none", lang).format(note=out["vllm"]["note"])
@@ -163,7 +162,7 @@ def search(model, source, prompt, candidates, custom_candidates, kl_budget, toke
         where=where, verdict=verdict, plan=res["plan_text"], kl=res["kl"], mib=res["bytes"] / _MIB,
         context=PLAN_CONTEXT, fp16=res["bytes"] / res["bytes_fp16"], cheapest=cheapest,
         uniform=res["bytes"] / uniform, seconds=res["seconds"])
-    md += "\n\n" + t("plan_export", lang) + "\n\n" + _export_line(res["plan_text"], n_layers, lang)
+    md += "\n\n" + t("plan_export", lang) + "\n\n" + _export_line(res["plan_text"], n_layers, name, lang)
     headers = [t(f"plan_col{i}", lang) for i in range(5)]
     rows = [[s["step"], s["move"], s["plan_text"], round(s["bytes"] / _MIB, 3), round(s["kl"], 6)] for s in steps]
     return fig, res["plan_text"], md, table(rows, headers)
@@ -172,7 +171,7 @@ def search(model, source, prompt, candidates, custom_candidates, kl_budget, toke
 # --- handing a plan to the Compare and Memory tabs -------------------------------------------------------------
 
 
-def _handover_specs(plan_text, candidates, custom_candidates) -> tuple[str, str]:
+def _handover_specs(model, plan_text, candidates, custom_candidates) -> tuple[str, str]:
     """(the plan, the uniform cheapest candidate) from the tab's fields, checked: the lines the other tabs get."""
     plan_text = check_text(plan_text, "Plan")
     if not plan_text:
@@ -180,40 +179,40 @@ def _handover_specs(plan_text, candidates, custom_candidates) -> tuple[str, str]
     from kvviz.memory import kv_cache_bytes_for
 
     names = _candidates(candidates, custom_candidates)
-    config = get_model()[0].config
+    config = get_model(model=check_model(model))[0].config
     cheapest = min(names, key=lambda c: kv_cache_bytes_for(config, PLAN_CONTEXT, k=c, layout="engine"))
     return plan_text, cheapest
 
 
 @user_errors
-def to_compare(plan_text, candidates, custom_candidates):
+def to_compare(model, plan_text, candidates, custom_candidates):
     """Open the Compare tab with the plan and the uniform cheapest candidate as its typed formats."""
-    plan_text, cheapest = _handover_specs(plan_text, candidates, custom_candidates)
+    plan_text, cheapest = _handover_specs(model, plan_text, candidates, custom_candidates)
     lines = [plan_text] + ([cheapest] if cheapest != plan_text else [])
     return gr.Tabs(selected="compare"), [], "\n".join(lines)
 
 
 @user_errors
-def to_memory(plan_text, candidates, custom_candidates):
+def to_memory(model, plan_text, candidates, custom_candidates):
     """Open the Memory tab on this model's shape (its preset, else custom dimensions) with the plan, fp16 and the
     uniform cheapest candidate."""
     from kvviz import memory as mem
     from kvviz import models
 
-    plan_text, cheapest = _handover_specs(plan_text, candidates, custom_candidates)
-    name = model_name()
+    plan_text, cheapest = _handover_specs(model, plan_text, candidates, custom_candidates)
+    name = check_model(model)
     lines = [plan_text] + ([cheapest] if cheapest not in (plan_text, "fp16") else [])
     if name in mem.MODEL_PRESETS:
         shape = (name, gr.skip(), gr.skip(), gr.skip())
     else:
-        d = models.describe_model(get_model()[0])
+        d = models.describe_model(get_model(model=name)[0])
         shape = ("custom", d["layers"], d["kv_heads"], d["head_dim"])
     return (gr.Tabs(selected="memory"), *shape, ["fp16"], "\n".join(lines))
 
 
 def wire_handover(c: dict, tabs: gr.Tabs, parts: dict) -> None:
     """Connect the plan's buttons to the Compare and Memory tabs' inputs (app.py calls it once all tabs exist)."""
-    src = [c["plan"], c["candidates"], c["custom_candidates"]]
+    src = [c["model"], c["plan"], c["candidates"], c["custom_candidates"]]
     cmp, memory = parts["compare"], parts["memory"]
     c["to_compare"].click(to_compare, src, [tabs, cmp["specs"], cmp["custom"]],
                           api_visibility="private", queue=False)
