@@ -193,9 +193,10 @@ def compare(model, tokenizer, prompt, specs: list[str], max_new_tokens: int = 32
             speed_tokens: int = 0, free_running: bool = True) -> QualityReport:
     """Compare KV formats on one prompt (see the module docstring). prompt: a string or token ids [1, T].
 
-    specs: KV specs ("fp8_e4m3", "k=int8,v=int4", "kivi2", ...) or per-layer plans ("int4; 0,27=fp16"). scales: static scales for per-tensor formats,
-    {layer: (k_scale, v_scale)} (kvviz.calibrate.KVScales.for_cache()). speed_tokens > 0 also times that many
-    decode steps of each format's own cache with the active attention backend (tokens_per_s).
+    specs: KV specs ("fp8_e4m3", "k=int8,v=int4", "kivi2", ...) or per-layer plans ("int4; 0,27=fp16").
+    scales: static scales for per-tensor formats, {layer: (k_scale, v_scale)} (kvviz.calibrate.KVScales.for_cache()).
+    speed_tokens > 0 also times that many decode steps of each format's own cache with the active attention
+    backend (tokens_per_s).
     free_running=False skips the free-running rows (text "", token_ids [], first_divergence None): metrics only,
     half the rows.
     """
