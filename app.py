@@ -1,7 +1,7 @@
 """kvviz app: the Gradio playground for KV-cache quantization.
 
 `build_demo()` returns the page as a `gr.Blocks` (no side effects at import; the model loads on first use). The
-tabs live in `kvviz/ui/` (one module per tab); the seven lessons of docs/DESIGN.md are one-click buttons
+tabs live in `kvviz/ui/` (one module per tab); the eight lessons of docs/DESIGN.md are one-click buttons
 (`kvviz/ui/lessons.py`); figures come from `kvviz/plots.py`.
 
 Run: `make run` (or `python app.py`) serves http://127.0.0.1:7860; GRADIO_SERVER_NAME and GRADIO_SERVER_PORT
@@ -10,9 +10,10 @@ SmolLM2-135M-Instruct), KVVIZ_MODELS lists more to pick from, KVVIZ_ALLOW_ANY_MO
 (up to KVVIZ_MAX_PARAMS parameters), KVVIZ_MAX_MODELS bounds how many stay loaded (kvviz/ui/registry.py);
 KVVIZ_CONCURRENCY bounds concurrent model computations (default 1).
 
-api_names (for gradio_client): compare, needle, outliers, error_map, memory, export, check_scales. Every one that
-runs a model (compare, needle, outliers, error_map, export, check_scales) takes a `model` argument, its last: a
-name from the page's model picker (omitted: KVVIZ_MODEL). Through the API results are in English.
+api_names (for gradio_client): compare, needle, outliers, error_map, sensitivity, plan_search, memory, export,
+check_scales. Every one that runs a model takes a `model` argument: a name from the page's model picker (omitted:
+KVVIZ_MODEL); it comes last, except in sensitivity and plan_search, where it comes first. Through the API results
+are in English.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ with contextlib.suppress(ImportError):  # ZeroGPU: `spaces` must be imported bef
 
 import gradio as gr
 
-from kvviz.ui import common, compare, errors, export, i18n, lessons, memory, outliers, zerogpu
+from kvviz.ui import common, compare, errors, export, i18n, lessons, memory, outliers, sensitivity, zerogpu
 from kvviz.ui.i18n import t
 
 CSS = """
@@ -44,7 +45,7 @@ CSS = """
 
 
 def build_demo() -> gr.Blocks:
-    """The whole page: title, language switch, header, lesson buttons and the five tabs."""
+    """The whole page: title, language switch, header, lesson buttons and the six tabs."""
     tr = i18n.Translator()
     with gr.Blocks(title="kvviz: KV-cache quantization playground") as demo:
         with gr.Row(equal_height=True):
@@ -58,17 +59,18 @@ def build_demo() -> gr.Blocks:
         tr(gr.Markdown(t("lessons")), value="lessons")
         with gr.Row(elem_id="kv-lessons"):
             lesson_buttons = [tr(gr.Button(t(f"lesson{i}"), size="sm", elem_id=f"lesson-{i}"), value=f"lesson{i}")
-                              for i in range(1, 8)]
+                              for i in range(1, 9)]
         lesson_note = gr.Markdown(visible=False, elem_id="kv-lesson-note")
         with gr.Tabs() as tabs:
             parts = {}
             for tab_id, module in (("compare", compare), ("outliers", outliers), ("errors", errors),
-                                   ("memory", memory), ("export", export)):
+                                   ("sensitivity", sensitivity), ("memory", memory), ("export", export)):
                 with tr(gr.Tab(t(f"tab_{tab_id}"), id=tab_id, elem_id=f"tab-{tab_id}"), label=f"tab_{tab_id}"):
                     parts[tab_id] = module.build(tr)
         pickers = [p["model"] for p in parts.values() if "kv-model" in (getattr(p.get("model"), "elem_classes", None)
                                                                          or [])]
         lessons.wire(lesson_buttons, tabs, parts, lesson_note, lang, pickers[0])
+        sensitivity.wire_handover(parts["sensitivity"], tabs, parts)
         for picker in pickers:  # one selected model for the page: picking it in one tab picks it in all
             others = [p for p in pickers if p is not picker]
             picker.input(lambda m, n=len(others): m if n == 1 else [m] * n, picker, others,

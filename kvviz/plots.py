@@ -277,3 +277,67 @@ def layer_scales(scales: Mapping[str, Sequence[float]], title: str) -> go.Figure
     fig.update_xaxes(title_text="layer (index)")
     fig.update_yaxes(title_text="scale (|x| per FP8 unit)", rangemode="tozero")
     return _layout(fig, title)
+
+
+# --- Sensitivity and plans -----------------------------------------------------------------------------------
+
+
+def sensitivity_heatmap(k: Sequence[float], v: Sequence[float], title: str,
+                        z_title: str = "mean KL (nats/token, log colour)") -> go.Figure:
+    """Per-layer sensitivity as a {K, V} x layer heatmap: the mean KL when only that layer's K (or V) is quantized.
+
+    k, v: [layers] KL in nats (NaN for layers that hold no K/V: a gap). The colour is log10 of the KL, so one peak
+    does not flatten every other layer; hover shows the KL itself.
+    """
+    assert len(k) == len(v), f"{len(k)} K values for {len(v)} V values"
+    kl = np.array([_finite(k), _finite(v)], dtype=float)  # [2, layers], None -> NaN
+    positive = kl[np.isfinite(kl) & (kl > 0)]
+    floor = float(positive.min()) if positive.size else 1e-12
+    z = np.log10(np.where(np.isfinite(kl), np.maximum(kl, floor), np.nan))
+    fig = go.Figure(go.Heatmap(  # plain lists (None for NaN): the JSON a client reads holds the numbers themselves
+        z=[_finite(row) for row in z], x=list(range(len(k))), y=["K", "V"], customdata=[_finite(k), _finite(v)],
+        colorscale="Inferno", reversescale=True,
+        colorbar=dict(title=dict(text=z_title, side="right"), tickprefix="1e", dtick=1),
+        hovertemplate="layer %{x} %{y}<br>KL %{customdata:.3g} nats/token<extra></extra>"))
+    fig.update_xaxes(title_text="layer (index)", dtick=1 if len(k) <= 32 else None)
+    fig.update_yaxes(title_text="side (K or V)", autorange="reversed")  # K on top
+    return _layout(fig, title, height=300)
+
+
+def sensitivity_ranking(rows: Sequence[tuple[str, int, float]], title: str, top: int = 12) -> go.Figure:
+    """The `top` most damaging (side, layer) pairs as horizontal bars, worst on top.
+
+    rows: [(side "k" | "v", layer, KL in nats)] sorted worst first (kvviz.analysis.sensitivity.ranking).
+    """
+    assert rows, "sensitivity_ranking needs at least one (side, layer, kl) row"
+    shown = list(rows[:top])[::-1]  # plotly draws the first bar at the bottom
+    colors = {"k": _PALETTE[3], "v": _PALETTE[0]}
+    fig = go.Figure(go.Bar(
+        x=_finite([kl for _, _, kl in shown]), y=[f"{side.upper()} {layer}" for side, layer, _ in shown],
+        orientation="h", marker_color=[colors[side] for side, _, _ in shown],
+        hovertemplate="%{y}<br>KL %{x:.3g} nats/token<extra></extra>"))
+    fig.update_xaxes(title_text="mean KL (nats/token)", type="log")
+    fig.update_yaxes(title_text="side and layer (index)")
+    return _layout(fig, title, height=max(300, 60 + 24 * len(shown)))
+
+
+def plan_tradeoff(nbytes: Sequence[float], kl: Sequence[float], labels: Sequence[str], kl_budget: float,
+                  chosen: int, title: str, x_title: str = "KV cache (MiB)") -> go.Figure:
+    """The plan search's path: cache size against KL for every step, the budget as a dashed line, the chosen plan
+    marked. nbytes: [steps] in the unit of `x_title`; kl: [steps] mean KL in nats; labels: [steps] hover text (the
+    plan string); chosen: the index of the plan picked."""
+    assert len(nbytes) == len(kl) == len(labels), f"{len(nbytes)} sizes, {len(kl)} KLs, {len(labels)} labels"
+    assert 0 <= chosen < len(kl), f"chosen step {chosen} outside 0..{len(kl) - 1}"
+    y = [None if k is None or not np.isfinite(k) or k <= 0 else float(k) for k in kl]  # log axis: no zeros
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=list(nbytes), y=y, mode="lines+markers", name="search path", text=list(labels),
+                             line=dict(color=_PALETTE[0], width=2), marker=dict(size=6),
+                             hovertemplate="%{text}<br>%{x:.4g} · KL %{y:.3g}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[nbytes[0], nbytes[-1]], y=[kl_budget, kl_budget], mode="lines", name="KL budget",
+                             line=dict(color="#777", dash="dash", width=1.5), hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=[nbytes[chosen]], y=[y[chosen]], mode="markers", name="chosen plan",
+                             text=[labels[chosen]], marker=dict(symbol="star", size=16, color=_PALETTE[1]),
+                             hovertemplate="%{text}<br>%{x:.4g} · KL %{y:.3g}<extra></extra>"))
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(title_text="mean KL (nats/token)", type="log")
+    return _layout(fig, title, height=400)

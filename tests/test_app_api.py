@@ -20,7 +20,8 @@ from gradio_client import Client, handle_file
 
 from app_server import serve_app
 
-API_NAMES = ("compare", "needle", "outliers", "error_map", "memory", "export", "check_scales")
+API_NAMES = ("compare", "needle", "outliers", "error_map", "sensitivity", "plan_search", "memory", "export",
+             "check_scales")
 PROMPT = "The capital of France is Paris, and the capital of Korea is"
 MEMORY_OK = ("llama-3.1-8b", 32, 8, 128, 8.0, 1, 1024, 131072, ["fp16", "k8v4"], "", ["l4", "h100-80gb"], None, "",
              "engine")
@@ -159,6 +160,122 @@ def test_error_map_draws_heatmap_layers_and_granularities(client):
 ])
 def test_error_map_rejects_bad_input(client, args, message):
     assert message in _error(client, *args, api_name="error_map")
+
+
+# --- sensitivity and plan_search ----------------------------------------------------------------------------
+
+SENS_OK = ("prompt", PROMPT, "int4", 32, "tiny-llama")
+PLAN_OK = ("prompt", PROMPT, ["int4", "fp16"], "", 0.01, 32, "tiny-llama")
+
+
+def test_sensitivity_draws_map_ranking_and_norms(client):
+    heat, bars, table, summary = client.predict(*SENS_OK, api_name="/sensitivity")
+    (trace,) = _traces(heat)
+    assert trace["type"] == "heatmap" and trace["y"] == ["K", "V"] and len(trace["z"][0]) == 2  # 2 layers
+    rows = table["data"]
+    assert [r[0] for r in rows] == [0, 1] and table["headers"][1] == "K: KL (nats/token)"
+    kl = {("K", r[0]): r[1] for r in rows} | {("V", r[0]): r[2] for r in rows}
+    # the map draws the table's KLs (K row, then V row); the bars rank the same four, worst on top (drawn last)
+    assert trace["customdata"][0] == pytest.approx([kl["K", 0], kl["K", 1]], rel=1e-3, abs=1e-6)
+    assert trace["customdata"][1] == pytest.approx([kl["V", 0], kl["V", 1]], rel=1e-3, abs=1e-6)
+    (bar,) = _traces(bars)
+    assert sorted(bar["y"]) == ["K 0", "K 1", "V 0", "V 1"] and bar["x"] == sorted(bar["x"])
+    assert kl[tuple(bar["y"][-1].split())[0], int(bar["y"][-1][-1])] == pytest.approx(max(kl.values()), rel=1e-3)
+    assert all(v > 0 for v in kl.values()) and all(r[5] >= 1 for r in rows)  # channel ratio: max over median
+    assert "tiny-llama, int4, 32 tokens" in summary and "of layer" in summary
+    assert "tiny-llama" in json.loads(heat["plot"])["layout"]["title"]["text"]
+
+
+def test_sensitivity_speaks_korean_and_reads_wikitext(monkeypatch):
+    """The page's language reaches the callback as the session's state (the API answers in English)."""
+    monkeypatch.setenv("KVVIZ_MODEL", "tiny-llama")
+    from kvviz.ui import sensitivity
+
+    heat, _, table, summary = sensitivity.run("WikiText-2", "", "int8", 16, "tiny-llama", "ko",
+                                              progress=lambda *a, **k: None)
+    assert list(table.columns)[0] == "레이어" and "tiny-llama, int8, 16토큰" in summary
+    assert "한 레이어의 K 또는 V만" in heat.layout.title.text
+
+
+def test_plan_search_curve_plan_bytes_and_export(client):
+    fig, plan, summary, steps = client.predict(*PLAN_OK[:2], ["int2", "int4", "fp16"], "", 10.0, 32, "tiny-llama",
+                                               api_name="/plan_search")
+    assert plan == "int2"  # any plan fits a 10-nat budget: the cheapest, uniform int2
+    rows = steps["data"]
+    assert len(rows) == 1 + 2 * 2 and rows[-1][2] == "fp16"  # 2 layers x 2 rungs, ending all in fp16
+    assert all(a[3] < b[3] for a, b in zip(rows, rows[1:]))  # bytes rise along the path
+    path, budget, chosen = _traces(fig)
+    assert path["x"] == pytest.approx([r[3] for r in rows], abs=1e-3) and chosen["text"] == ["int2"]
+    assert budget["y"] == [10.0, 10.0]
+    assert "`int2`, within the budget of 10" in summary and "1.000× uniform int2" in summary
+    assert "No engine can express this plan" in summary  # vLLM has no plain int2
+    # a budget only all-fp16 meets, or none: the answer moves up the path
+    _, tight, summary, _ = client.predict(*PLAN_OK[:2], ["int2", "int4", "fp16"], "", 0.0, 32, "tiny-llama",
+                                          api_name="/plan_search")
+    assert tight == "fp16" and ("within the budget of 0" in summary or "no plan on the path" in summary)
+
+
+def test_plan_search_mixed_plan_exports_vllm_skip_layers(client):
+    """A budget between the two ends picks the one-layer-in-fp16 plan; vLLM expresses it with skip layers."""
+    args = [*PLAN_OK[:2], ["fp8_e4m3", "fp16"], "", 0.0, 32, "tiny-llama"]
+    _, _, _, steps = client.predict(*args, api_name="/plan_search")
+    (mixed,) = [r for r in steps["data"] if ";" in r[2]]  # 2 layers: one step has exactly one layer in fp16
+    assert mixed[2] in ("fp16; 1=fp8_e4m3", "fp8_e4m3; 1=fp16") and steps["data"][0][4] > mixed[4]
+    args[4] = mixed[4] * 1.05 + 1e-6  # the table rounds KL to 6 places
+    _, plan, summary, _ = client.predict(*args, api_name="/plan_search")
+    skipped = 0 if plan.startswith("fp16") else 1
+    assert plan == mixed[2] and "--kv-cache-dtype fp8_e4m3 " in summary
+    assert f"--kv-cache-dtype-skip-layers {skipped}`" in summary
+
+
+@pytest.mark.parametrize("args, message", [
+    (("prompt", "", "int4", 32, "tiny-llama"), "prompt is empty"),
+    (("books", PROMPT, "int4", 32, "tiny-llama"), "Text must be one of 'prompt', 'WikiText-2'"),
+    (("prompt", PROMPT, "int5", 32, "tiny-llama"), "Unknown KV format 'int5'"),
+    (("prompt", PROMPT, None, 32, "tiny-llama"), "Format is empty"),
+    (("prompt", PROMPT, "mxfp4", 32, "tiny-llama"), "cannot be stored as mxfp4"),
+    (("prompt", PROMPT, "int4", 4, "tiny-llama"), "Tokens must be a whole number from 16 to 512, got the number"),
+    (("prompt", PROMPT, "int4", 10**6, "tiny-llama"), "Tokens must be a whole number from 16 to 512"),
+    (("prompt", PROMPT, "int4", 32, "gpt-9"), "Model must be one of"),
+])
+def test_sensitivity_rejects_bad_input(client, args, message):
+    assert message in _error(client, *args, api_name="sensitivity")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({2: [], 3: ""}, "Pick at least one candidate format"),
+    ({2: "int4"}, "Candidate formats must be a list of names"),
+    ({3: "int5"}, "Unknown KV format 'int5'"),
+    ({3: "int4; 0=fp16"}, "is a per-layer plan"),
+    ({2: ["int2", "int4", "int8", "fp8_e4m3", "fp16"]}, "compare at most 4 at once"),
+    ({2: ["int4", "mxfp4"]}, "cannot be stored as mxfp4"),
+    ({4: -0.1}, "KL budget (nats/token) must be a number from 0 to 10, got the number -0.1"),
+    ({4: 1e9}, "KL budget (nats/token) must be a number from 0 to 10"),
+    ({4: None}, "KL budget (nats/token) is missing"),
+    ({4: "small"}, "KL budget (nats/token) must be a number"),
+    ({5: 1}, "Tokens must be a whole number from 16 to 512"),
+])
+def test_plan_search_rejects_bad_input(client, change, message):
+    args = [change.get(i, a) for i, a in enumerate(PLAN_OK)]
+    assert message in _error(client, *args, api_name="plan_search")
+
+
+def test_compare_and_memory_take_a_plan(client):
+    """The plan the search hands over: Compare generates through it, Memory counts its bytes per layer."""
+    _, table, _, _ = client.predict(PROMPT, ["int4"], "int4; 1=fp16", 4, False, api_name="/compare")
+    rows = {r[0]: r for r in table["data"]}
+    assert rows["int4; 1=fp16"][1] == "int4; 1=fp16"
+    assert rows["int4"][6] < rows["int4; 1=fp16"][6] < rows["exact (baseline)"][6]  # cache KiB between the two
+    assert "layer 5 does not exist; this model has layers 0-1" in _error(
+        client, PROMPT, [], "int4; 5=fp16", 4, False, api_name="compare")
+    args = (*MEMORY_OK[:8], ["fp16", "int4"], "int4; 0-15=fp16\nint2", ["l4"], None, "", "engine")
+    _, fit, formula, _ = client.predict(*args, api_name="/memory")
+    gb = {r[0]: r[2] for r in fit["data"]}
+    assert list(gb) == ["fp16", "int4", "int4; 0-15=fp16", "int2"]
+    assert gb["int4; 0-15=fp16"] == pytest.approx((gb["fp16"] + gb["int4"]) / 2, rel=1e-3)  # 16 layers of each
+    assert "`int4; 0-15=fp16`: each layer in its own format" in formula
+    bad = (*args[:9], "int4; 40=fp16", *args[10:])
+    assert "layer 40 does not exist; this model has layers 0-31" in _error(client, *bad, api_name="memory")
 
 
 # --- memory --------------------------------------------------------------------------------------------------
@@ -374,6 +491,8 @@ GOOD_ARGS = {  # one valid call per endpoint, `model` last where it takes one; c
     "needle": (["int4"], "", 256, "tiny-llama"),
     "outliers": (PROMPT, 0, 0, "tiny-llama"),
     "error_map": (PROMPT, "int4", ["int8"], "", "V", 0, 0, "tiny-llama"),
+    "sensitivity": SENS_OK,
+    "plan_search": PLAN_OK,
     "memory": ("custom", *MEMORY_OK[1:]),  # a custom shape: every field is read
     "export": ("fp8_e4m3", "m", "", "tiny-llama"),
     "check_scales": (None, "tiny-llama"),

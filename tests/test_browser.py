@@ -212,3 +212,36 @@ def test_switching_models_changes_the_header_the_other_tabs_and_the_result(page,
     _pick_model(page, "outliers", MODEL)  # the other tests run on the default model
     _wait_for_text(page, "#kv-header", f"{MODEL} (")
     assert not _error_toasts(page)
+
+
+def test_sensitivity_tab_measures_and_finds_a_plan(page, server, shots):
+    """The Sensitivity tab on a short prompt: the map and the ranking draw, then the plan search draws its curve
+    and names a plan, which the Memory button hands over to the Memory tab."""
+    _open_tab(page, "sensitivity")
+    page.locator("#tab-sensitivity").get_by_label("prompt", exact=True).check()
+    page.locator("#sensitivity-run").click()
+    _wait_for_text(page, "#sensitivity-summary", "The worst")
+    page.locator("#sensitivity-plan-run").click()
+    _wait_for_text(page, "#sensitivity-plan-summary", "Searched in")
+    counts = _wait_for_plots(page, "sensitivity", server)
+    assert len(counts) == 3 and all(n > 0 for n in counts), counts
+    plan = page.locator("#sensitivity-plan textarea").input_value()
+    assert plan and plan in page.locator("#sensitivity-plan-summary").inner_text()
+    _screenshot(page, shots, "sensitivity")
+    page.locator("#sensitivity-to-memory").click()
+    page.locator("#tab-memory").wait_for(state="visible")
+    assert page.locator("#memory-custom textarea").input_value().splitlines()[0] == plan
+    _open_tab(page, "sensitivity")
+    page.locator("#sensitivity-to-compare").click()
+    page.locator("#tab-compare").wait_for(state="visible")
+    assert page.locator("#compare-custom textarea").input_value().splitlines()[0] == plan
+    assert not _error_toasts(page)
+
+
+def test_sensitivity_lesson_runs_the_map_and_the_plan_search(page, server):
+    page.locator("#lesson-8").click()
+    page.locator("#tab-sensitivity").wait_for(state="visible")
+    _wait_for_text(page, "#kv-lesson-note", "Lesson 8")
+    _wait_for_text(page, "#sensitivity-summary", "int4, 128 tokens")  # the lesson's WikiText-2 window
+    _wait_for_text(page, "#sensitivity-plan-summary", "budget 0.16")  # then its own plan search
+    assert not _error_toasts(page)

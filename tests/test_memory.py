@@ -224,3 +224,15 @@ def test_llama_cpp_pair_counts_each_side():
     fp16 = kv_cache_bytes(80, 8, 128, 32768, k="fp16")
     assert kv_cache_bytes(80, 8, 128, 32768, k="k=q8_0,v=q4_0") * 16 == fp16 * 6.5
     assert kv_cache_bytes(80, 8, 128, 32768, k="q8_0", v="q4_0") * 16 == fp16 * 6.5
+
+
+def test_memory_table_takes_a_per_layer_plan():
+    """A plan (one spec per layer) is one row: its bytes are its layers' sum, its bits per value their mean."""
+    plan = ["fp16"] * 16 + ["int4"] * 16
+    fp16, int4, mixed = memory.memory_table("llama-3.1-8b", ["fp16", "int4", plan], 4096)
+    assert mixed["format"] == "fp16; 16-31=int4"
+    assert mixed["bytes"] == (fp16["bytes"] + int4["bytes"]) // 2
+    assert mixed["k_bits"] == pytest.approx((fp16["k_bits"] + int4["k_bits"]) / 2)
+    assert mixed["v_bits"] == pytest.approx((fp16["v_bits"] + int4["v_bits"]) / 2)
+    with pytest.raises(ValueError, match="31 entries for 32 layers"):
+        memory.memory_table("llama-3.1-8b", [plan[:31]], 4096)

@@ -63,6 +63,9 @@ def _figures():
     yield P.layer_scales({"K": [0.01, 0.02], "V": [0.005, 0.004]}, "scales")
     yield P.memory_vs_context([1024, 4096, 32768], {"fp16": [0.1, 0.4, 3.2], "fp8": [0.05, 0.2, 1.6]},
                               {"L4 24 GB": 20.0, "H100 80 GB": 70.0})
+    yield P.sensitivity_heatmap([0.03, 0.001, math.nan], [0.002, 0.0005, math.nan], "sensitivity")
+    yield P.sensitivity_ranking([("k", 0, 0.03), ("v", 0, 0.002), ("k", 1, 0.001)], "ranking")
+    yield P.plan_tradeoff([1.0, 1.5, 2.0], [0.2, 0.05, 1e-6], ["int4", "int4; 0=fp16", "fp16"], 0.1, 1, "plans")
 
 
 @pytest.mark.parametrize("fig", list(_figures()), ids=lambda f: f.layout.title.text[:30] or "untitled")
@@ -98,6 +101,9 @@ def test_format_colors_are_stable_and_distinct():
     lambda: P.error_heatmap(np.zeros((2, 3)), "x", token_labels=["a"]),
     lambda: P.granularity_heatmaps({"a": np.zeros((2, 3)), "b": np.zeros((3, 3))}, "x"),
     lambda: P.memory_vs_context([1, 2], {"fp16": [1.0]}, {}),
+    lambda: P.sensitivity_heatmap([0.1, 0.2], [0.1], "x"),
+    lambda: P.plan_tradeoff([1.0, 2.0], [0.1], ["a", "b"], 0.1, 0, "x"),
+    lambda: P.plan_tradeoff([1.0, 2.0], [0.1, 0.2], ["a", "b"], 0.1, 2, "x"),
 ])
 def test_mismatched_shapes_fail_loudly(call):
     with pytest.raises(AssertionError):
@@ -111,3 +117,22 @@ def test_plots_never_import_gradio():
     names = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
     mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not any("gradio" in (m or "") for m in names | mods)
+
+
+def test_sensitivity_heatmap_colours_log_kl_and_leaves_gaps():
+    """The colour is log10 of the KL (one peak does not flatten the rest); hover keeps the KL; NaN is a gap."""
+    fig = P.sensitivity_heatmap([0.1, 0.001, math.nan], [0.01, 0.0, 1.0], "s")
+    z, kl = fig.data[0].z, fig.data[0].customdata
+    assert list(z[0][:2]) == pytest.approx([-1.0, -3.0]) and z[0][2] is None
+    assert z[1][1] == pytest.approx(-3.0)  # a zero KL sits at the smallest positive one, not at -inf
+    assert list(kl[0]) == [0.1, 0.001, None] and list(fig.data[0].y) == ["K", "V"]
+
+
+def test_ranking_puts_the_worst_on_top_and_plan_tradeoff_marks_the_choice():
+    rows = [("k", 19, 0.03), ("k", 10, 0.013), ("v", 0, 0.001)]
+    bars = P.sensitivity_ranking(rows, "r", top=2)
+    assert list(bars.data[0].y) == ["K 10", "K 19"]  # plotly draws the first bar at the bottom
+    fig = P.plan_tradeoff([25.0, 27.4, 94.4], [0.237, 0.154, 0.0], ["int4", "int4; 19=fp16", "fp16"], 0.16, 1, "p")
+    path, budget, chosen = fig.data
+    assert list(path.y) == [0.237, 0.154, None]  # a zero KL has no place on the log axis: a gap
+    assert list(budget.y) == [0.16, 0.16] and list(chosen.x) == [27.4] and list(chosen.text) == ["int4; 19=fp16"]

@@ -74,6 +74,22 @@ def test_stream_yields_every_step_then_the_report(tiny):
     assert len(updates[-1].baseline) >= len(updates[1].baseline)
 
 
+def test_compare_takes_a_per_layer_plan(tiny):
+    """A plan is one row: its cache holds each layer in its own format (bytes between the two uniform specs),
+    its bits per value are the layers' mean; a uniform plan is the spec itself."""
+    model, tok = tiny
+    report = quality.compare(model, tok, PROMPT, ["int4", "int4; 1=fp16", "int4; 0-1=int4", "fp16"],
+                             max_new_tokens=4)
+    int4, plan, same, fp16 = report.formats
+    assert plan.spec == "int4; 1=fp16" and same.spec == "int4"
+    assert int4.cache_bytes < plan.cache_bytes < fp16.cache_bytes
+    assert plan.cache_bytes == (int4.cache_bytes + fp16.cache_bytes) // 2  # 2 layers: one of each
+    assert plan.bits_per_value == pytest.approx((int4.bits_per_value + fp16.bits_per_value) / 2)
+    assert same.cache_bytes == int4.cache_bytes
+    with pytest.raises(ValueError, match="layer 2 does not exist"):
+        quality.compare(model, tok, PROMPT, ["int4; 2=fp16"], max_new_tokens=4)
+
+
 @pytest.mark.parametrize("kwargs", [dict(specs=[]), dict(specs="int4"), dict(specs=["int3"]),
                                     dict(specs=["int4"], max_new_tokens=1), dict(specs=["int4"], prompt="")])
 def test_compare_rejects_bad_input(tiny, kwargs):

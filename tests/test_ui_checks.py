@@ -69,6 +69,20 @@ def test_names_and_specs():
         checks.check_spec("int5")
 
 
+def test_spec_list_keeps_a_typed_plan_whole():
+    """A line that assigns layers is one per-layer plan; ';' still separates plain specs on other lines."""
+    typed = "int4; 0,27=fp16\nk8v4; int8\nk8v4;29=k=int8,v=int8"
+    assert checks.spec_list([], typed, limit=6) == ["int4; 0,27=fp16", "k8v4", "int8", "k8v4;29=k=int8,v=int8"]
+    assert checks.spec_list([], "int4;0,27=fp16\nint4 ;  0,27=fp16", limit=6) == ["int4;0,27=fp16"]  # same plan
+    assert checks.is_plan("0-14=int8; 15-29=int4") and not checks.is_plan("k=int8,v=int4")
+    with pytest.raises(ValueError, match="Unknown KV format 'int5'"):
+        checks.spec_list([], "int4; 3=int5", limit=6)
+    assert [kv.spec for kv in checks.plan_or_spec("int4; 1=fp16", 3)] == ["int4", "fp16", "int4"]
+    assert checks.plan_or_spec("int4", 3) == "int4"
+    with pytest.raises(ValueError, match="layer 3 does not exist; this model has layers 0-2"):
+        checks.plan_or_spec("int4; 3=fp16", 3)
+
+
 def test_check_upload_reads_only_uploaded_files(tmp_path):
     root = tmp_path / "uploads"
     (root / "abc").mkdir(parents=True)

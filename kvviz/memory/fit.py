@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from kvviz.plan import format_plan
+
 from .bytes import CacheModel, _check_count, _kv_formats, state_bytes_for
 from .configs import config_dict
 from .presets import GB, MODEL_PRESETS, ModelPreset, get_gpu_preset
@@ -127,11 +129,23 @@ def _bits(cache: CacheModel, k_fmt, v_fmt) -> tuple[float | None, float | None]:
     return (k_fmt.bits_per_value(k_dim) if k_dim else None, v_fmt.bits_per_value(v_dim) if v_dim else None)
 
 
+def _plan_bits(cache: CacheModel) -> tuple[float | None, float | None]:
+    """Bits per value of K and V averaged over every value a plan's layers hold (None: no layer holds that side)."""
+    sums = {"k": [0.0, 0], "v": [0.0, 0]}
+    for (_, _, k_heads, k_dim, v_heads, v_dim, (k_fmt, v_fmt, _)), count in cache.groups.items():
+        for side, values, dim, fmt in (("k", k_heads * k_dim, k_dim, k_fmt), ("v", v_heads * v_dim, v_dim, v_fmt)):
+            if values:
+                sums[side][0] += count * values * fmt.bits_per_value(dim)
+                sums[side][1] += count * values
+    return tuple(bits / n if n else None for bits, n in sums.values())
+
+
 def memory_table(model, formats, context: int, gpu=None, batch: int = 1, gpus: int = 1,
                  weight_bytes_per_param: float = 2, reserve_fraction: float = 0.1,
                  layout: str = "engine") -> list[dict]:
     """One row (a plain dict) per KV format for `model`, `batch` sequences of `context` tokens: what the CLI
-    and the UI show. `formats`: a list of specs, or one comma-separated string (see split_formats).
+    and the UI show. `formats`: a list of specs (an entry may be a per-layer plan: a list of one spec per layer,
+    kvviz.plan), or one comma-separated string (see split_formats).
 
     Keys: format, k_bits, v_bits (bits per value, scales included; None where the layout has no V), bytes and gb
     (the K/V cache), state_bytes (recurrent layers' fixed state), tokens_vs_fp16 (how many times the tokens of
@@ -152,12 +166,16 @@ def memory_table(model, formats, context: int, gpu=None, batch: int = 1, gpus: i
                layout=layout)
     rows = []
     for spec in formats:
-        k_fmt, v_fmt = _kv_formats(spec, None)
         cache = CacheModel(m, spec, None, layout)
         nbytes = cache.bytes(context, batch)
-        k_bits, v_bits = _bits(cache, k_fmt, v_fmt)
+        if isinstance(spec, (list, tuple)):  # a per-layer plan (kvviz.plan)
+            k_bits, v_bits = _plan_bits(cache)
+            name = format_plan(spec)
+        else:
+            k_bits, v_bits = _bits(cache, *_kv_formats(spec, None))
+            name = spec if isinstance(spec, str) else getattr(spec, "name", str(spec))
         row = {
-            "format": spec if isinstance(spec, str) else getattr(spec, "name", str(spec)),
+            "format": name,
             "k_bits": k_bits, "v_bits": v_bits,
             "bytes": nbytes, "gb": nbytes / GB, "state_bytes": state,
             "tokens_vs_fp16": fp16 / nbytes if nbytes else None,

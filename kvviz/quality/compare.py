@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from kvviz.attention import active_backend
-from kvviz.formats import parse_kv
+from kvviz.plan import format_plan, is_uniform, parse_plan
 from kvviz.quality.rows import RowStackCache
 from kvviz.quality.speed import decode_speed
 
@@ -95,10 +95,20 @@ def _encode(tokenizer, prompt) -> torch.Tensor:
     return tokenizer(prompt, return_tensors="pt")["input_ids"][:, :]
 
 
-def _check_specs(specs) -> list:
+def _check_specs(specs, n_layers: int) -> list:
+    """One KVSpec per spec, or one KVSpec per layer for a non-uniform plan (kvviz.plan: "int4; 0,27=fp16", or a
+    list); ValueError on a bad spec or plan, before any compute."""
     if isinstance(specs, str) or not specs:
         raise ValueError("specs must be a non-empty list of KV specs, e.g. ['fp8_e4m3', 'k8v4'].")
-    return [parse_kv(s) for s in specs]  # ValueError on a bad spec, before any compute
+    plans = [parse_plan(s, n_layers) for s in specs]
+    return [p[0] if is_uniform(p) else p for p in plans]
+
+
+def _spec_and_bits(kv, head_dim: int) -> tuple[str, float]:
+    """(canonical spec or plan string, bits per value: a plan's mean over its layers)."""
+    if isinstance(kv, list):
+        return format_plan(kv), float(np.mean([x.bits_per_value(head_dim) for x in kv]))
+    return kv.spec, kv.bits_per_value(head_dim)
 
 
 def kl_top1(base_logits: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,7 +131,7 @@ def prefill(model, ids: torch.Tensor):
 def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: int = 32, scales: dict | None = None,
                    speed_tokens: int = 0, free_running: bool = True) -> Iterator[StreamUpdate]:
     """Generator form of `compare`: one StreamUpdate per generated token, the last one carrying the report."""
-    kvs = _check_specs(specs)
+    kvs = _check_specs(specs, model.config.get_text_config(decoder=True).num_hidden_layers)
     if max_new_tokens < 2:
         raise ValueError("max_new_tokens must be at least 2 (step 0 comes from the shared prefill).")
     names = [str(s) for s in specs]
@@ -160,14 +170,15 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
         speeds = {j: decode_speed(model, dyn, kvs[j], base_ids[0], speed_tokens, scales) for j in range(n)}
     results = []
     for j, kv in enumerate(kvs):
+        spec, bits = _spec_and_bits(kv, head_dim)
         if free_running:
             diverge = next((i for i, (a, b) in enumerate(zip(base_ids, free_ids[j])) if a != b), None)
         else:
             free_ids[j], diverge = [], None
         results.append(FormatResult(
-            name=names[j], spec=kv.spec, text=decode(free_ids[j]), token_ids=free_ids[j], first_divergence=diverge,
+            name=names[j], spec=spec, text=decode(free_ids[j]), token_ids=free_ids[j], first_divergence=diverge,
             kl=kl_arr[j], top1=top1_arr[j], cache_bytes=stack.row_nbytes(1 + j),
-            bits_per_value=kv.bits_per_value(head_dim), tokens_per_s=speeds.get(j)))
+            bits_per_value=bits, tokens_per_s=speeds.get(j)))
     tokens = ids.shape[1] + max_new_tokens - 1  # tokens held after the last step
     cfg = model.config.get_text_config(decoder=True)
     baseline_bytes = 2 * cfg.num_hidden_layers * tokens * stack.layers[0].keys.shape[1] * head_dim * \
@@ -182,9 +193,10 @@ def compare(model, tokenizer, prompt, specs: list[str], max_new_tokens: int = 32
             speed_tokens: int = 0, free_running: bool = True) -> QualityReport:
     """Compare KV formats on one prompt (see the module docstring). prompt: a string or token ids [1, T].
 
-    specs: KV specs ("fp8_e4m3", "k=int8,v=int4", "kivi2", ...). scales: static scales for per-tensor formats,
-    {layer: (k_scale, v_scale)} (kvviz.calibrate.KVScales.for_cache()). speed_tokens > 0 also times that many
-    decode steps of each format's own cache with the active attention backend (tokens_per_s).
+    specs: KV specs ("fp8_e4m3", "k=int8,v=int4", "kivi2", ...) or per-layer plans ("int4; 0,27=fp16").
+    scales: static scales for per-tensor formats, {layer: (k_scale, v_scale)} (kvviz.calibrate.KVScales.for_cache()).
+    speed_tokens > 0 also times that many decode steps of each format's own cache with the active attention
+    backend (tokens_per_s).
     free_running=False skips the free-running rows (text "", token_ids [], first_divergence None): metrics only,
     half the rows.
     """

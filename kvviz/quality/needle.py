@@ -50,7 +50,7 @@ def needle(model, tokenizer, specs: list[str], context_tokens: int = 1024, depth
     Returns {"depths": [...], "context_tokens": int, "needles": [value per depth], "answers": {name: [text]},
     "retrieved": {name: [bool]}, "rate": {name: float}} with name "baseline" first, then the specs as given.
     """
-    kvs = _check_specs(specs)
+    kvs = _check_specs(specs, model.config.get_text_config(decoder=True).num_hidden_layers)  # specs or plans
     names = ["baseline"] + [str(s) for s in specs]
     rng = random.Random(seed)
     out = {"depths": list(depths), "context_tokens": context_tokens, "needles": [],

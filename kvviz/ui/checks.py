@@ -1,8 +1,8 @@
 """kvviz.ui.checks: the type and range checks every named endpoint applies to its arguments, at the boundary.
 
-The app's named endpoints (`compare`, `needle`, `outliers`, `error_map`, `export`, `check_scales`) are wired with
-`preprocess=False` (kvviz.ui.common.on_click), so what a caller sends (JSON from gradio_client, or the page's
-own values) reaches these checks before anything else reads it. Each check takes the raw value and the field's
+The app's named endpoints (`compare`, `needle`, `outliers`, `error_map`, `sensitivity`, `plan_search`, `memory`,
+`export`, `check_scales`) are wired with `preprocess=False` (kvviz.ui.common.on_click), so what a caller sends
+(JSON from gradio_client, or the page's own values) reaches these checks before anything else reads it. Each check takes the raw value and the field's
 name as the user sees it, and returns the value in the type the callback needs, or raises ValueError with a
 sentence naming the field, what it takes and what it got; `common.user_errors` turns that into a gr.Error.
 So a number where a format is expected, a string where a list is, None, a huge number or a negative one all
@@ -115,20 +115,47 @@ def check_names(value, what: str, max_items: int = MAX_LIST_ITEMS) -> list[str]:
     return [v.strip() for v in value if v.strip()]
 
 
+def is_plan(text: str) -> bool:
+    """Whether a typed line is a per-layer plan (kvviz.plan: "int4; 0,27=fp16"): some ';'-part assigns layers."""
+    return any(sep and lhs.strip()[:1].isdigit() for lhs, sep, _ in (p.partition("=") for p in text.split(";")))
+
+
+def _canonical(spec: str) -> str:
+    """A spec's canonical string; for a plan, its specs checked (the layers are checked once the model is known,
+    by plan_or_spec) and its spacing normalized."""
+    if not is_plan(spec):
+        return kvviz.parse_kv(spec).spec
+    parts = [p.strip() for p in spec.split(";") if p.strip()]
+    for part in parts:
+        lhs, sep, rhs = part.partition("=")
+        kvviz.parse_kv(rhs if sep and lhs.strip()[:1].isdigit() else part)
+    return "; ".join(parts)
+
+
+def plan_or_spec(spec: str, num_layers: int):
+    """A spec_list entry as the library takes it: a plan -> one KVSpec per layer (ValueError for a layer this
+    model lacks), anything else -> the spec string."""
+    from kvviz.plan import parse_plan
+
+    return parse_plan(spec, num_layers) if is_plan(spec) else spec
+
+
 def spec_list(chosen, custom, limit: int, what: str = "Formats") -> list[str]:
     """The K/V specs picked (checkboxes) plus those typed (one per line or ';'-separated), checked, deduplicated.
 
-    Each is parsed with kvviz.parse_kv, so an unknown format raises the registry's ValueError (which lists the
-    valid names). Order: as picked, then as typed. More than `limit` distinct formats is refused.
+    A typed line that assigns layers ("int4; 0,27=fp16", kvviz.plan) is one per-layer plan, kept whole. Each spec
+    is parsed with kvviz.parse_kv, so an unknown format raises the registry's ValueError (which lists the valid
+    names). Order: as picked, then as typed. More than `limit` distinct formats is refused.
     """
     items = check_names(chosen, what)
-    for line in check_text(custom, f"{what} (typed)").replace(";", "\n").splitlines():
-        if line.strip():
-            items.append(line.strip())
+    for line in check_text(custom, f"{what} (typed)").splitlines():
+        for spec in [line] if is_plan(line) else line.split(";"):
+            if spec.strip():
+                items.append(spec.strip())
     out: list[str] = []
     seen: set[str] = set()
     for spec in items:
-        canonical = kvviz.parse_kv(spec).spec
+        canonical = _canonical(spec)
         if canonical not in seen:
             seen.add(canonical)
             out.append(spec)

@@ -30,7 +30,7 @@ import gradio as gr
 import kvviz
 
 from .checks import (MAX_PROMPT_CHARS, check_bool, check_choice, check_float, check_int, check_names,  # noqa: F401
-                     check_prompt, check_spec, check_text, check_upload, spec_list)
+                     check_prompt, check_spec, check_text, check_upload, plan_or_spec, spec_list)
 from . import registry, zerogpu
 from .i18n import t
 
@@ -265,11 +265,13 @@ def fitting_specs(names: list[str], model) -> tuple[list[str], list[str]]:
     from kvviz import models
 
     head_dim = models.describe_model(model)["head_dim"]
+    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     fit, skipped = [], []
     for name in names:
-        kv = kvviz.parse_kv(name)
+        plan = plan_or_spec(name, n_layers)  # a plan naming a layer this model lacks raises here
+        kvs = set(plan) if isinstance(plan, list) else {kvviz.parse_kv(name)}
         try:
-            for fmt in (kv.k, kv.v):
+            for fmt in (f for kv in kvs for f in (kv.k, kv.v)):
                 fmt.nbytes_for((1, 1, 64, head_dim))  # [batch, kv_heads, tokens, head_dim]
             fit.append(name)
         except ValueError as e:

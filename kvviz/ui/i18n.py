@@ -24,7 +24,7 @@ EN: dict[str, str] = {
     "subtitle": ("Quantize a real language model's KV cache and see what it does: to the keys and values themselves, "
                  "to memory, and to the text the model writes. Pick a lesson below or open a tab."),
     "language": "Language",
-    "lessons": "### Seven lessons, one click each",
+    "lessons": "### Eight lessons, one click each",
     "lesson1": "1 · K has outlier channels, V doesn't",
     "lesson2": "2 · Per-tensor scales fail, per-token/channel don't",
     "lesson3": "3 · K is sensitive, V tolerant (k8v4 vs k4v8)",
@@ -32,6 +32,7 @@ EN: dict[str, str] = {
     "lesson5": "5 · int4 loses the middle of a long context",
     "lesson6": "6 · Scales eat into the savings",
     "lesson7": "7 · Fused dequantization is faster",
+    "lesson8": "8 · A few layers carry the damage: keep them precise",
     "lesson_note1": ("**Lesson 1.** Read the *K beside V* chart: a few post-RoPE K channels (marked ▼) reach several "
                      "times the others, while V's channels stay level. The heatmap shows the same channels lit up "
                      "layer after layer."),
@@ -65,11 +66,19 @@ EN: dict[str, str] = {
     "lesson_models6": ("**Across models:** Gemma 3 270M has head_dim 256, so int4 with one fp16 scale per row costs "
                        "4.06 bits (SmolLM2: 4.25 at head_dim 64); groups of 16 and 8 cost 5 and 6 bits on both. The "
                        "lesson opens the Memory tab on the picked model when it has a preset there."),
+    "lesson_note8": ("**Lesson 8.** The map quantizes one layer's K or V to int4 at a time, on 128 tokens of "
+                     "WikiText-2. On SmolLM2, layer 19's K stands out: KL 0.031 nats/token, 15× the median tensor's "
+                     "0.0020 (the next, layer 10's K, 0.013); its largest K channel is 7.0× its median channel, the "
+                     "highest ratio of any layer (median 4.8×). Then the plan search (int4 and fp16, budget 0.16): "
+                     "every layer in int4 costs KL 0.237; keeping layer 19 alone in fp16 cuts it to 0.154 (−35%) "
+                     "for 9% more bytes (0.29× fp16 instead of 0.27×). Getting under 0.05 takes 17 layers in fp16. "
+                     "Both runs take several minutes on a 2-core CPU."),
     "tab_compare": "Compare",
     "tab_outliers": "K outliers",
     "tab_errors": "Quantization error",
     "tab_memory": "Memory",
     "tab_export": "Export",
+    "tab_sensitivity": "Sensitivity",
     "prompt": "Prompt",
     "model": "Model",
     "prompt_ph": "Type a prompt, or pick an example below.",
@@ -85,7 +94,8 @@ EN: dict[str, str] = {
         "sensitive half."),
     "specs": "Formats to compare (the unquantized baseline always runs)",
     "custom_specs": "More formats (custom)",
-    "custom_specs_info": "One K/V spec per line, e.g. k=int8,v=int4 or fp8_e5m2 or int4/channel/g32/asym",
+    "custom_specs_info": ("One K/V spec per line, e.g. k=int8,v=int4 or fp8_e5m2 or int4/channel/g32/asym, or a "
+                          "per-layer plan such as int4; 0,27=fp16"),
     "max_new_tokens": "Max new tokens",
     "with_ppl": "Also measure perplexity on WikiText-2 (adds seconds per format)",
     "outputs": "Generated text (first divergence from the baseline highlighted)",
@@ -229,6 +239,66 @@ EN: dict[str, str] = {
     "f_scales_fp8_only": "Scales are calibrated for fp8_e4m3 only.",
     "r_scales_no_prompts": "_Add calibration prompts to get per-layer scales._",
     "f_scales_no_prompts": "Add calibration prompts to calibrate scales.",
+    # Sensitivity
+    "sens_intro": (
+        "**What you see:** how much one layer's K or V, stored in the chosen format while every other tensor stays "
+        "exact, moves the model's next-token distribution (mean teacher-forced KL over the text). A few layers carry "
+        "most of the damage; the table's magnitudes say why (a K channel far above the layer's median channel). "
+        "Keep those layers in higher precision: *Find a plan* below does it within a KL budget."),
+    "sens_source": "Text to measure on",
+    "sens_source_info": "WikiText-2: the bundled test slice; prompt: the text below",
+    "sens_spec": "Format (K/V spec)",
+    "sens_tokens": "Tokens",
+    "sens_tokens_info": "The text is cut to this many tokens; on a 2-core CPU, SmolLM2 needs minutes at 256",
+    "sens_run": "Measure sensitivity",
+    "sens_norms": "Per layer: KL of K and V, and the K/V magnitudes that explain the peaks",
+    "sens_where": "{model}, {spec}, {tokens} tokens",
+    "sens_heat_title": "KL when only one layer's K or V is quantized ({where})",
+    "sens_rank_title": "Most damaging layers ({where})",
+    "sens_col0": "layer",
+    "sens_col1": "K: KL (nats/token)",
+    "sens_col2": "V: KL (nats/token)",
+    "sens_col3": "K max |x|",
+    "sens_col4": "K median channel max",
+    "sens_col5": "K channel ratio (×)",
+    "sens_col6": "K largest token norm",
+    "sens_col7": "V max |x|",
+    "sens_col8": "V channel ratio (×)",
+    "sens_col9": "V largest token norm",
+    "sens_summary": ("**{where}**: {rows} variants, each with one layer's K (or V) quantized and its other side in "
+                     "{other}, measured as one batch in {seconds:.1f} s. The worst:"),
+    "sens_peak_line": ("- **{side} of layer {layer}**: KL {kl:.4g} nats/token, {times:.1f}× the median; its largest "
+                       "{side} channel is {ratio:.1f}× its median channel (median layer {median_ratio:.1f}×), "
+                       "max |{side}| {peak:.3g}"),
+    "plan_intro": (
+        "### Find a plan\n"
+        "Start with every layer in the cheapest candidate; raise one layer at a time to the next candidate, the "
+        "largest KL saved per byte first; return the cheapest plan whose KL stays within the budget. The curve is "
+        "every step of that climb."),
+    "plan_candidates": "Candidate formats (the search mixes them per layer)",
+    "plan_custom": "More candidates (custom)",
+    "plan_custom_info": "One K/V spec per line, e.g. k=int8,v=int4",
+    "plan_budget": "KL budget (nats/token)",
+    "plan_budget_info": "mean teacher-forced KL the plan may cost, 0 to 10; 0.01 is hard to notice in the text",
+    "plan_run": "Find a plan",
+    "plan_found": "Plan (default; layers=spec)",
+    "plan_to_compare": "Compare this plan",
+    "plan_to_memory": "Plan's memory",
+    "plan_steps": "Every step of the search: the layer moved, the plan, its bytes and KL",
+    "plan_where": "{model}, candidates {cands}, budget {budget:g}",
+    "plan_fig_title": "KV bytes against KL along the search ({where})",
+    "plan_within": "within the budget of {budget:g}",
+    "plan_over": "**no plan on the path stays within {budget:g}**: this is the all-top plan",
+    "plan_summary": ("**{where}**: `{plan}`, {verdict}. KL {kl:.4g} nats/token; {mib:.3f} MiB of KV cache at "
+                     "{context:,} tokens: {fp16:.3f}× fp16, {uniform:.3f}× uniform {cheapest}. "
+                     "Searched in {seconds:.1f} s."),
+    "plan_export": "**Serving it:**",
+    "plan_export_none": "No engine can express this plan: {note}",
+    "plan_col0": "step",
+    "plan_col1": "move",
+    "plan_col2": "plan",
+    "plan_col3": "KV cache (MiB)",
+    "plan_col4": "KL (nats/token)",
 }
 
 KO: dict[str, str] = {
@@ -236,7 +306,7 @@ KO: dict[str, str] = {
     "subtitle": ("실제 언어 모델의 KV 캐시를 양자화하고, 그 결과가 키와 값, 메모리, 그리고 모델이 쓰는 글에 어떤 영향을 "
                  "주는지 직접 확인하세요. 아래 레슨을 고르거나 탭을 여세요."),
     "language": "언어",
-    "lessons": "### 일곱 가지 레슨, 각각 한 번의 클릭",
+    "lessons": "### 여덟 가지 레슨, 각각 한 번의 클릭",
     "lesson1": "1 · K에는 이상치 채널이 있고 V에는 없다",
     "lesson2": "2 · 텐서 단위 스케일은 실패, 토큰/채널 단위는 성공",
     "lesson3": "3 · K는 민감하고 V는 관대하다 (k8v4 vs k4v8)",
@@ -244,6 +314,7 @@ KO: dict[str, str] = {
     "lesson5": "5 · int4는 긴 문맥의 중간을 놓친다",
     "lesson6": "6 · 스케일 저장이 절감분을 갉아먹는다",
     "lesson7": "7 · 역양자화를 커널에 융합하면 빨라진다",
+    "lesson8": "8 · 소수의 레이어가 손상을 짊어진다: 그 레이어는 정밀하게",
     "lesson_note1": ("**레슨 1.** *K beside V* 그래프를 보세요: RoPE 이후 몇몇 K 채널(▼ 표시)은 다른 채널의 몇 배에 "
                      "이르지만 V의 채널은 고르게 유지됩니다. 히트맵에서는 같은 채널이 여러 레이어에 걸쳐 밝게 빛납니다."),
     "lesson_note2": ("**레슨 2.** 아래쪽 네 맵을 같은 색 척도로 비교하세요: 텐서 전체에 스케일 하나를 쓰면 이상치 채널이 "
@@ -274,11 +345,19 @@ KO: dict[str, str] = {
     "lesson_models6": ("**모델 간 차이:** Gemma 3 270M은 head_dim이 256이라, 행마다 fp16 스케일 하나를 둔 int4는 "
                        "4.06비트입니다(SmolLM2는 head_dim 64에서 4.25). 16개·8개 그룹은 두 모델 모두 5비트와 6비트. "
                        "고른 모델에 프리셋이 있으면 레슨이 메모리 탭을 그 모델로 엽니다."),
+    "lesson_note8": ("**레슨 8.** 이 맵은 WikiText-2의 128토큰에서 한 번에 한 레이어의 K 또는 V만 int4로 양자화합니다. "
+                     "SmolLM2에서는 레이어 19의 K가 두드러집니다: KL 0.031 nats/토큰으로 중간 텐서(0.0020)의 15배 "
+                     "(다음은 레이어 10의 K, 0.013). 그 레이어의 가장 큰 K 채널은 중간 채널의 7.0배로, 모든 레이어 중 "
+                     "가장 높습니다(중간 레이어 4.8배). 이어서 계획 탐색(int4와 fp16, 예산 0.16): 모든 레이어를 int4로 "
+                     "두면 KL 0.237, 레이어 19 하나만 fp16으로 두면 0.154(−35%)로 줄고 바이트는 9%만 늘어납니다 "
+                     "(fp16의 0.27배 대신 0.29배). 0.05 아래로 내리려면 17개 레이어가 fp16이어야 합니다. 2코어 CPU에서 "
+                     "두 실행 모두 몇 분 걸립니다."),
     "tab_compare": "비교",
     "tab_outliers": "K 이상치",
     "tab_errors": "양자화 오차",
     "tab_memory": "메모리",
     "tab_export": "내보내기",
+    "tab_sensitivity": "민감도",
     "prompt": "프롬프트",
     "model": "모델",
     "prompt_ph": "프롬프트를 입력하거나 아래 예시를 고르세요.",
@@ -292,7 +371,8 @@ KO: dict[str, str] = {
         "바이트는 같지만 민감한 쪽은 K입니다."),
     "specs": "비교할 포맷 (양자화하지 않은 기준은 항상 실행)",
     "custom_specs": "추가 포맷 (직접 입력)",
-    "custom_specs_info": "한 줄에 K/V 스펙 하나, 예: k=int8,v=int4 또는 fp8_e5m2 또는 int4/channel/g32/asym",
+    "custom_specs_info": ("한 줄에 K/V 스펙 하나, 예: k=int8,v=int4 또는 fp8_e5m2 또는 int4/channel/g32/asym, 또는 "
+                          "int4; 0,27=fp16 같은 레이어별 계획"),
     "max_new_tokens": "최대 생성 토큰 수",
     "with_ppl": "WikiText-2 퍼플렉서티도 측정 (포맷마다 몇 초 추가)",
     "outputs": "생성된 글 (기준과 처음 갈라지는 곳 강조)",
@@ -427,6 +507,62 @@ KO: dict[str, str] = {
     "f_scales_fp8_only": "스케일은 fp8_e4m3에서만 보정합니다.",
     "r_scales_no_prompts": "_레이어별 스케일을 얻으려면 보정용 프롬프트를 넣으세요._",
     "f_scales_no_prompts": "스케일을 보정하려면 보정용 프롬프트를 넣으세요.",
+    "sens_intro": (
+        "**보고 있는 것:** 한 레이어의 K 또는 V만 고른 포맷으로 저장하고 나머지는 모두 원본으로 둘 때, 모델의 다음 토큰 "
+        "분포가 얼마나 움직이는지(글 전체에 대한 teacher forcing 평균 KL). 소수의 레이어가 손상의 대부분을 짊어지며, "
+        "표의 크기 통계가 그 이유를 보여줍니다(레이어의 중간 채널보다 훨씬 큰 K 채널). 그런 레이어는 더 높은 정밀도로 "
+        "두세요: 아래 *계획 찾기*가 KL 예산 안에서 그렇게 합니다."),
+    "sens_source": "측정할 글",
+    "sens_source_info": "WikiText-2: 함께 들어 있는 테스트 구간; prompt: 아래 글",
+    "sens_spec": "포맷 (K/V 스펙)",
+    "sens_tokens": "토큰 수",
+    "sens_tokens_info": "글을 이 토큰 수로 자릅니다; 2코어 CPU에서 SmolLM2는 256토큰에 몇 분 걸립니다",
+    "sens_run": "민감도 측정",
+    "sens_norms": "레이어별: K와 V의 KL, 그리고 최고점을 설명하는 K/V 크기",
+    "sens_where": "{model}, {spec}, {tokens}토큰",
+    "sens_heat_title": "한 레이어의 K 또는 V만 양자화했을 때의 KL ({where})",
+    "sens_rank_title": "가장 해로운 레이어 ({where})",
+    "sens_col0": "레이어",
+    "sens_col1": "K: KL (nats/토큰)",
+    "sens_col2": "V: KL (nats/토큰)",
+    "sens_col3": "K 최대 |x|",
+    "sens_col4": "K 채널 최대값의 중앙값",
+    "sens_col5": "K 채널 비율 (×)",
+    "sens_col6": "K 최대 토큰 노름",
+    "sens_col7": "V 최대 |x|",
+    "sens_col8": "V 채널 비율 (×)",
+    "sens_col9": "V 최대 토큰 노름",
+    "sens_summary": ("**{where}**: 한 레이어의 K(또는 V)만 양자화하고 반대쪽은 {other}로 둔 {rows}개 변형을 한 배치로 "
+                     "{seconds:.1f}초에 측정했습니다. 가장 나쁜 것:"),
+    "sens_peak_line": ("- **레이어 {layer}의 {side}**: KL {kl:.4g} nats/토큰, 중앙값의 {times:.1f}배; 가장 큰 {side} 채널이 "
+                       "중간 채널의 {ratio:.1f}배 (중간 레이어 {median_ratio:.1f}배), 최대 |{side}| {peak:.3g}"),
+    "plan_intro": (
+        "### 계획 찾기\n"
+        "모든 레이어를 가장 싼 후보로 시작해, 바이트당 줄어드는 KL이 가장 큰 레이어부터 한 번에 하나씩 다음 후보로 "
+        "올립니다. KL이 예산 안에 드는 가장 싼 계획을 돌려줍니다. 곡선은 그 과정의 모든 단계입니다."),
+    "plan_candidates": "후보 포맷 (레이어마다 섞어 씀)",
+    "plan_custom": "추가 후보 (직접 입력)",
+    "plan_custom_info": "한 줄에 K/V 스펙 하나, 예: k=int8,v=int4",
+    "plan_budget": "KL 예산 (nats/토큰)",
+    "plan_budget_info": "계획이 치를 수 있는 teacher forcing 평균 KL, 0에서 10; 0.01은 글에서 알아차리기 어렵습니다",
+    "plan_run": "계획 찾기",
+    "plan_found": "계획 (기본값; 레이어=스펙)",
+    "plan_to_compare": "이 계획 비교하기",
+    "plan_to_memory": "이 계획의 메모리",
+    "plan_steps": "탐색의 모든 단계: 옮긴 레이어, 계획, 바이트와 KL",
+    "plan_where": "{model}, 후보 {cands}, 예산 {budget:g}",
+    "plan_fig_title": "탐색 경로의 KV 바이트 대 KL ({where})",
+    "plan_within": "예산 {budget:g} 이내",
+    "plan_over": "**경로의 어떤 계획도 {budget:g} 안에 들지 않습니다**: 모든 레이어를 최상위 후보로 둔 계획입니다",
+    "plan_summary": ("**{where}**: `{plan}`, {verdict}. KL {kl:.4g} nats/토큰; {context:,}토큰에서 KV 캐시 {mib:.3f} MiB: "
+                     "fp16의 {fp16:.3f}배, 균일 {cheapest}의 {uniform:.3f}배. 탐색 {seconds:.1f}초."),
+    "plan_export": "**서빙하려면:**",
+    "plan_export_none": "이 계획을 표현할 수 있는 엔진이 없습니다: {note}",
+    "plan_col0": "단계",
+    "plan_col1": "이동",
+    "plan_col2": "계획",
+    "plan_col3": "KV 캐시 (MiB)",
+    "plan_col4": "KL (nats/토큰)",
 }
 
 STRINGS = {"en": EN, "ko": KO}

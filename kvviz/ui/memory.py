@@ -18,7 +18,7 @@ from kvviz import memory as mem
 from kvviz import plots
 from kvviz.formats import parse_kv
 
-from .checks import check_choice, check_float, check_int, check_names, check_text, spec_list
+from .checks import check_choice, check_float, check_int, check_names, check_text, plan_or_spec, spec_list
 from .common import UploadFile, on_click, table, upload_path, user_errors
 from .i18n import Translator, t
 
@@ -76,7 +76,8 @@ def run(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, fo
     if m.params is None:
         gpu_names = []  # the weights are unknown: no fit (the formula says so)
 
-    caches = {s: mem.CacheModel(m, s, None, layout) for s in specs}
+    plans = {s: plan_or_spec(s, m.layers) for s in specs}  # "int4; 0,27=fp16": one spec per layer
+    caches = {s: mem.CacheModel(m, plans[s], None, layout) for s in specs}
     contexts = sorted({int(round(x)) for x in np.geomspace(lo, hi, _POINTS)} | _window_edges(caches, lo, hi))
     gb = {s: [c.bytes(x, batch) / mem.GB for x in contexts] for s, c in caches.items()}
     windowed = {f"{s}: windowed layers": [_windowed_bytes(c, x, batch) / mem.GB for x in contexts]
@@ -90,16 +91,16 @@ def run(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, fo
     headers = ["format", "bits/value (K / V)", f"GB at {hi:,} tokens × {batch}", "tokens vs fp16"]
     headers += [f"{g} ({mem.GPU_PRESETS[g].memory_gb:g} GB)" for g in gpu_names]
     rows = []
-    for r in mem.memory_table(m, specs, hi, batch=batch, layout=layout):
+    for s, r in zip(specs, mem.memory_table(m, list(plans.values()), hi, batch=batch, layout=layout)):
         bits = " / ".join("-" if b is None else f"{b:g}" for b in (r["k_bits"], r["v_bits"]))
-        row = [r["format"], bits, round(r["gb"], 3),
+        row = [s, bits, round(r["gb"], 3),
                "-" if r["tokens_vs_fp16"] is None else f"{r['tokens_vs_fp16']:.2f}×"]
         for g in gpu_names:
-            longest = mem.max_context(m, g, r["format"], batch=batch, layout=layout)
+            longest = mem.max_context(m, g, plans[s], batch=batch, layout=layout)
             shown = "any" if longest >= mem.CONTEXT_CAP else f"{longest:,}"
-            row.append(f"{shown} tokens · batch {mem.max_batch(m, g, hi, r['format'], layout=layout):,}")
+            row.append(f"{shown} tokens · batch {mem.max_batch(m, g, hi, plans[s], layout=layout):,}")
         rows.append(row)
-    return (fig, table(rows, headers), _formula(m, batch, hi, specs, budgets, state, layout),
+    return (fig, table(rows, headers), _formula(m, batch, hi, plans, budgets, state, layout),
             _breakdown(caches, hi, batch))
 
 
@@ -128,18 +129,22 @@ def _breakdown(caches: dict, tokens: int, batch: int):
     return table(rows, headers)
 
 
-def _formula(m: mem.ModelPreset, batch: int, tokens: int, specs: list[str], budgets: dict[str, float],
+def _formula(m: mem.ModelPreset, batch: int, tokens: int, plans: dict, budgets: dict[str, float],
              state: int, layout: str) -> str:
     """The memory formula, once in symbols and once per format and layer kind with this model's numbers in it."""
     out = ["**bytes = Σ over layers: (K heads × K dim + V heads × V dim) × batch × tokens held × bits per value ÷ 8**"
            " (+ per-layer static scales; bits per value include per-group scales and zero points; tokens held: the "
            f"context for full attention, the window for sliding and chunked layers; {layout} layout)\n"]
-    for s in specs:
+    for s, plan in plans.items():
+        rows = mem.layer_breakdown(m, tokens, batch, plan, layout=layout)
+        exact = sum(r["bytes"] for r in rows)
+        if isinstance(plan, list):  # a per-layer plan: each layer's own bits per value
+            out.append(f"- `{s}`: each layer in its own format, summed over {len(plan)} layers × {batch} = "
+                       f"**{exact / mem.GB:.4g} GB** ({exact:,} bytes)")
+            continue
         bits = parse_kv(s).bits_per_value(m.head_dim)
-        rows = mem.layer_breakdown(m, tokens, batch, s, layout=layout)
         parts = [f"{r['layers']} × ({r['k_heads']}×{r['k_dim']} + {r['v_heads']}×{r['v_dim']}) × {r['tokens']:,}"
                  for r in rows if r["k_heads"]]
-        exact = sum(r["bytes"] for r in rows)
         out.append(f"- `{s}`: [{' + '.join(parts)}] × {batch} × {bits:g} ÷ 8 = **{exact / mem.GB:.4g} GB** "
                    f"({exact:,} bytes)")
     if state:
