@@ -11,9 +11,9 @@ SmolLM2-135M-Instruct), KVVIZ_MODELS lists more to pick from, KVVIZ_ALLOW_ANY_MO
 KVVIZ_CONCURRENCY bounds concurrent model computations (default 1).
 
 api_names (for gradio_client): compare, needle, outliers, error_map, sensitivity, plan_search, memory, export,
-check_scales. Every one that runs a model takes a `model` argument: a name from the page's model picker (omitted:
-KVVIZ_MODEL); it comes last, except in sensitivity and plan_search, where it comes first. Through the API results
-are in English.
+check_scales. Every one that runs a model (compare, needle, outliers, error_map, sensitivity, plan_search, export)
+ends with `model` (a name from the page's model picker; omitted: KVVIZ_MODEL) and `language` ("English", the
+default, or "한국어": the results' language); check_scales takes (file, model).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def build_demo() -> gr.Blocks:
                 tr(gr.Markdown(t("title")), value="title")
                 tr(gr.Markdown(t("subtitle")), value="subtitle")
             with gr.Column(scale=1, min_width=170):
-                lang = tr(gr.Radio(list(i18n.LANGUAGES), value="English", label=t("language"),
-                                   elem_id="kv-lang"), label="language")
+                lang = tr.language_input(tr(gr.Radio(list(i18n.LANGUAGES), value="English", label=t("language"),
+                                                 elem_id="kv-lang"), label="language"))
         header = gr.Markdown(common.header_markdown(), elem_id="kv-header")
         tr(gr.Markdown(t("lessons")), value="lessons")
         with gr.Row(elem_id="kv-lessons"):
@@ -76,9 +76,8 @@ def build_demo() -> gr.Blocks:
             picker.input(lambda m, n=len(others): m if n == 1 else [m] * n, picker, others,
                          api_visibility="private", queue=False)
             picker.change(common.header_markdown, picker, header, api_visibility="private", queue=False)
-        state = tr.language_state()
-        lang.change(lambda choice: [i18n.lang_code(choice), *tr.updates(i18n.lang_code(choice))], lang,
-                    [state, *tr.components], api_visibility="private", queue=False)
+        lang.change(lambda choice: tr.updates(i18n.lang_code(choice)), lang, tr.components,
+                    api_visibility="private", queue=False)
         demo.load(i18n.choice_from_request, None, lang, api_visibility="private", queue=False)
         demo.load(common.header_markdown, None, header, api_visibility="private", queue=False)  # model loaded yet?
     return demo

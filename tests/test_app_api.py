@@ -164,8 +164,8 @@ def test_error_map_rejects_bad_input(client, args, message):
 
 # --- sensitivity and plan_search ----------------------------------------------------------------------------
 
-SENS_OK = ("prompt", PROMPT, "int4", 32, "tiny-llama")
-PLAN_OK = ("prompt", PROMPT, ["int4", "fp16"], "", 0.01, 32, "tiny-llama")
+SENS_OK = ("prompt", PROMPT, "int4", 32, "tiny-llama", "English")
+PLAN_OK = ("prompt", PROMPT, ["int4", "fp16"], "", 0.01, 32, "tiny-llama", "English")
 
 
 def test_sensitivity_draws_map_ranking_and_norms(client):
@@ -477,6 +477,19 @@ def test_a_model_the_app_does_not_serve_is_refused(client, api, args, model, mes
     assert message in _error(client, *args, model, api_name=api)
 
 
+def test_results_in_korean_when_asked_and_in_english_by_default(client):
+    _, table, fig, status = client.predict(PROMPT[:12], ["k8v4"], "", 3, False, "tiny-llama", "한국어",
+                                           api_name="/compare")
+    assert table["headers"][:4] == ["포맷", "스펙", "값당 비트", "평균 KL (nats/토큰)"]
+    assert table["data"][0][0] == "원본 (기준)" and "16비트 대비 캐시" in table["headers"]
+    assert "tiny-llama의 포맷별 품질과 비용" in json.loads(fig["plot"])["layout"]["title"]["text"]
+    assert status.startswith("`tiny-llama`에서")
+    *_, summary = client.predict(PROMPT, 0, 0, "tiny-gemma3", "한국어", api_name="/outliers")
+    assert "**이상치 채널**" in summary and "`tiny-gemma3`" in summary
+    _, table, _, status = client.predict(PROMPT[:12], ["k8v4"], "", 3, False, "tiny-llama", api_name="/compare")
+    assert table["headers"][0] == "format" and status.startswith("Done in")
+
+
 def test_a_model_that_fails_to_load_leaves_the_others_serving(client, broken_model):
     message = _error(client, PROMPT, 0, 0, broken_model, api_name="outliers")
     assert "Could not load a causal LM from the directory" in message
@@ -486,15 +499,15 @@ def test_a_model_that_fails_to_load_leaves_the_others_serving(client, broken_mod
 
 # --- typed junk: every argument of every endpoint, given a value of the wrong type or out of range --------------
 
-GOOD_ARGS = {  # one valid call per endpoint, `model` last where it takes one; check_scales' file is made by the test
-    "compare": (PROMPT, ["k8v4"], "", 4, False, "tiny-llama"),
-    "needle": (["int4"], "", 256, "tiny-llama"),
-    "outliers": (PROMPT, 0, 0, "tiny-llama"),
-    "error_map": (PROMPT, "int4", ["int8"], "", "V", 0, 0, "tiny-llama"),
+GOOD_ARGS = {  # one valid call per endpoint, with its `model` and `language`; check_scales' file is made by the test
+    "compare": (PROMPT, ["k8v4"], "", 4, False, "tiny-llama", "English"),
+    "needle": (["int4"], "", 256, "tiny-llama", "English"),
+    "outliers": (PROMPT, 0, 0, "tiny-llama", "한국어"),
+    "error_map": (PROMPT, "int4", ["int8"], "", "V", 0, 0, "tiny-llama", "English"),
     "sensitivity": SENS_OK,
     "plan_search": PLAN_OK,
     "memory": ("custom", *MEMORY_OK[1:]),  # a custom shape: every field is read
-    "export": ("fp8_e4m3", "m", "", "tiny-llama"),
+    "export": ("fp8_e4m3", "m", "", "tiny-llama", "English"),
     "check_scales": (None, "tiny-llama"),
 }
 _HUGE = 10**30

@@ -100,6 +100,17 @@ def test_check_upload_reads_only_uploaded_files(tmp_path):
             checks.check_upload(bad, "Scale file", root)
 
 
+@pytest.mark.parametrize("value, expected", [(None, "en"), ("English", "en"), ("한국어", "ko"), ("ko", "ko")])
+def test_check_language(value, expected):
+    assert checks.check_language(value) == expected
+
+
+@pytest.mark.parametrize("value", ["Korean", 3, ["en"]])
+def test_check_language_refuses(value):
+    with pytest.raises(ValueError, match="Language must be one of 'English', '한국어'"):
+        checks.check_language(value)
+
+
 @pytest.mark.parametrize("value, allow_any, expected", [
     ("a", False, "a"), (" b ", False, "b"), ("org/model-1.5B", True, "org/model-1.5B"), ("a", True, "a"),
 ])

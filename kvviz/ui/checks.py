@@ -23,6 +23,7 @@ import kvviz
 MAX_PROMPT_CHARS = 20_000  # checked before tokenizing: a megabyte of text would cost the tokenizer seconds
 MAX_FIELD_CHARS = 4_000  # any other free-text field (custom formats, model id, one calibration prompt)
 MAX_LIST_ITEMS = 64  # a list argument longer than any choice list the app offers
+LANGUAGES = {"English": "en", "한국어": "ko"}  # the page's language radio: choice -> code (kvviz/ui/i18n.py)
 
 
 def _shown(value) -> str:
@@ -162,6 +163,15 @@ def spec_list(chosen, custom, limit: int, what: str = "Formats") -> list[str]:
     if len(out) > limit:
         raise ValueError(f"{len(out)} formats chosen; compare at most {limit} at once (untick some).")
     return out
+
+
+def check_language(value) -> str:
+    """The language code ("en", "ko") of the page's language radio value (or a code); None means English."""
+    if value is None:
+        return "en"
+    if value in ("en", "ko"):
+        return value
+    return LANGUAGES[check_choice(value, "Language", LANGUAGES)]
 
 
 def check_spec(value, what: str = "Format") -> str:

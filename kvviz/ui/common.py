@@ -29,8 +29,9 @@ import gradio as gr
 
 import kvviz
 
-from .checks import (MAX_PROMPT_CHARS, check_bool, check_choice, check_float, check_int, check_names,  # noqa: F401
-                     check_prompt, check_spec, check_text, check_upload, plan_or_spec, spec_list)
+from .checks import (MAX_PROMPT_CHARS, check_bool, check_choice, check_float, check_int,  # noqa: F401
+                     check_language, check_names, check_prompt, check_spec, check_text, check_upload, plan_or_spec,
+                     spec_list)
 from . import registry, zerogpu
 from .i18n import t
 

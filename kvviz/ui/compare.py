@@ -23,9 +23,9 @@ from kvviz import plots, quality
 from kvviz.attention import active_backend
 from kvviz.formats import parse_kv
 
-from .common import (MAX_FORMATS, check_bool, check_int, check_model, check_prompt, fitting_specs, get_model,
-                     model_input, on_click, prompt_input, prompt_token_ids, spec_list, table, user_errors)
-from .i18n import Translator, lang_code, t
+from .common import (MAX_FORMATS, check_bool, check_int, check_language, check_model, check_prompt, fitting_specs,
+                     get_model, model_input, on_click, prompt_input, prompt_token_ids, spec_list, table, user_errors)
+from .i18n import Translator, t
 
 TAB = "compare"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
@@ -125,7 +125,7 @@ def _check_prompt_fits(tok, model, prompt: str, new_tokens: int) -> int:
 def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, model=None, lang="en",
         progress=gr.Progress()):
     """Stream every format's text side by side on `model`; end with the metrics table and chart (in `lang`)."""
-    lang = lang_code(lang)
+    lang = check_language(lang)
     name = check_model(model)
     prompt = check_prompt(prompt)
     new_tokens = check_int(max_new_tokens, "Max new tokens", 2, MAX_NEW_TOKENS)
@@ -165,7 +165,7 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, mode
 @user_errors
 def needle(specs, custom_specs, context_tokens, model=None, lang="en", progress=gr.Progress()):
     """Retrieval rate against needle depth for the chosen formats (and the unquantized baseline) on `model`."""
-    lang = lang_code(lang)
+    lang = check_language(lang)
     name = check_model(model)
     names = spec_list(specs, custom_specs, MAX_FORMATS)
     if not names:
@@ -218,7 +218,7 @@ def build(tr: Translator) -> dict:
             c["needle_run"] = tr(gr.Button(t("needle_run"), elem_id=f"{TAB}-needle-run"), value="needle_run")
         c["needle_status"] = gr.Markdown(label="needle status", elem_id=f"{TAB}-needle-status")
         c["needle_fig"] = gr.Plot(plots.empty_figure(), label="needle in a haystack", show_label=False)
-    lang = tr.language_state()
+    lang = tr.language_input()
     c["inputs"] = [c["prompt"], c["specs"], c["custom"], c["max_new"], c["ppl"], c["model"], lang]
     c["outputs"] = [c["columns"], c["table"], c["fig"], c["status"]]
     needle_io = ([c["specs"], c["custom"], c["needle_ctx"], c["model"], lang], [c["needle_fig"], c["needle_status"]])

@@ -14,9 +14,9 @@ import numpy as np
 from kvviz import analysis, plots
 from kvviz.formats import parse_kv
 
-from .common import (capture, check_choice, check_layer_head, check_model, check_prompt, check_spec, follow_model,
-                     layer_head_inputs, model_input, on_click, prompt_input, spec_list, user_errors)
-from .i18n import Translator, lang_code, t
+from .common import (capture, check_choice, check_language, check_layer_head, check_model, check_prompt, check_spec,
+                     follow_model, layer_head_inputs, model_input, on_click, prompt_input, spec_list, user_errors)
+from .i18n import Translator, t
 
 TAB = "errors"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
@@ -36,7 +36,7 @@ def _label(token: str) -> str:
 def run(prompt, fmt, formats, custom_formats, which, layer, head, model=None, lang="en", progress=gr.Progress()):
     """Error heatmap for one format/layer/head of `model`, per-layer error for every chosen format, granularities
     side by side; titles and summary in `lang`."""
-    lang = lang_code(lang)
+    lang = check_language(lang)
     name = check_model(model)
     prompt = check_prompt(prompt)
     tensor = WHICH[check_choice(which, "Tensor", WHICH)]
@@ -123,7 +123,7 @@ def build(tr: Translator) -> dict:
     c["summary"] = gr.Markdown(elem_id="errors-summary", label="summary")
     follow_model(c["model"], c["layer"], c["head"])
     c["inputs"] = [c["prompt"], c["format"], c["formats"], c["custom"], c["which"], c["layer"], c["head"], c["model"],
-                   tr.language_state()]
+                   tr.language_input()]
     c["outputs"] = [c["heat"], c["layers_fig"], c["gran"], c["summary"]]
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model")}
     on_click(c["run"], run, c["inputs"], c["outputs"], "error_map")

@@ -21,9 +21,9 @@ from kvviz import calibrate, plots
 from kvviz import export as kv_export
 from kvviz.formats import parse_kv
 
-from .common import (UploadFile, check_model, check_text, get_model, model_input, model_shape, on_click, table,
-                     upload_path, user_errors)
-from .i18n import Translator, lang_code, t
+from .common import (UploadFile, check_language, check_model, check_text, get_model, model_input, model_shape,
+                     on_click, table, upload_path, user_errors)
+from .i18n import Translator, t
 
 TAB = "export"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
@@ -62,7 +62,7 @@ def _support_table(model_id: str, lang: str = "en") -> list[list[str]]:
 def run(spec, model_id, calib_prompts, model=None, lang="en", progress=gr.Progress()):
     """Commands for `spec`, the support table and, given prompts, per-layer FP8 scales as SGLang's JSON, calibrated
     on `model`."""
-    lang = lang_code(lang)
+    lang = check_language(lang)
     name = check_model(model)
     spec = check_text(spec, "KV format", max_chars=200)
     if not spec:
@@ -142,7 +142,7 @@ def build(tr: Translator) -> dict:
         with gr.Column():
             c["check"] = tr(gr.Button(t("check"), elem_id=f"{TAB}-check"), value="check")
             c["check_out"] = gr.Markdown(label="scale file check")
-    c["inputs"] = [c["spec"], c["model_id"], c["prompts"], c["model"], tr.language_state()]
+    c["inputs"] = [c["spec"], c["model_id"], c["prompts"], c["model"], tr.language_input()]
     c["outputs"] = [c["commands"], c["table"], c["json"], c["file"], c["scales_fig"]]
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model")}
     on_click(c["run"], run, c["inputs"], c["outputs"], "export")

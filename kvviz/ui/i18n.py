@@ -5,10 +5,11 @@ with a `Translator` as they build it: `tr(gr.Button(t("run", "en")), value="run"
 event then returns `tr.updates(lang)`, one `gr.update` per registered component, so switching language is one
 round trip and touches no per-user state on the server.
 
-Results follow the page's language too: `Translator.language_state()` is a per-session gr.State holding the code
-("en" until the radio changes it), passed as the last input of every model endpoint. State inputs are not part of
-the API, so API callers get English. Table headers, figure titles, status lines and summaries are translated
-(`t("key", lang).format(...)`); format names, numbers and the library's own error messages stay as they are.
+Results follow the page's language too: the language radio (`Translator.language_input()`) is the last input of
+every model endpoint, so an API caller may ask for Korean ("한국어") and gets English by default. Table headers,
+figure titles, status lines and summaries are translated (`t("key", lang).format(...)`); format names, numbers and
+the library's own error messages stay as they are. (Not a gr.State: a State makes every page hold a heartbeat
+connection open.)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import gradio as gr
 
-LANGUAGES = {"English": "en", "한국어": "ko"}
+from .checks import LANGUAGES  # noqa: F401 (the radio's choices, kept beside the check of its value)
 
 EN: dict[str, str] = {
     "title": "# kvviz: KV-cache quantization playground",
@@ -594,11 +595,14 @@ class Translator:
         self._items.append((component, attr_keys))
         return component
 
-    def language_state(self) -> gr.State:
-        """The page's language code for callbacks (a gr.State in the current Blocks, made on first call)."""
-        if getattr(self, "_state", None) is None:
-            self._state = gr.State("en")
-        return self._state
+    def language_input(self, radio: gr.Radio | None = None) -> gr.Radio:
+        """The page's language radio, which callbacks take as their `lang` input. app.py registers its radio
+        here; a tab built alone gets a hidden English one."""
+        if radio is not None:
+            self._language = radio
+        elif getattr(self, "_language", None) is None:
+            self._language = gr.Radio(list(LANGUAGES), value="English", label="Language", visible=False)
+        return self._language
 
     @property
     def components(self) -> list[Any]:

@@ -14,9 +14,9 @@ import numpy as np
 from kvviz import plots
 from kvviz.analysis.stats import OUTLIER_FACTOR, capture_stats, rotation_view
 
-from .common import (capture, check_layer_head, check_model, follow_model, layer_head_inputs, model_input, on_click,
-                     prompt_input, user_errors)
-from .i18n import Translator, lang_code, t
+from .common import (capture, check_language, check_layer_head, check_model, follow_model, layer_head_inputs,
+                     model_input, on_click, prompt_input, user_errors)
+from .i18n import Translator, t
 
 TAB = "outliers"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
@@ -35,7 +35,7 @@ def _channels(stats: dict, layer: int, head: int, lang: str = "en") -> str:
 def run(prompt, layer, head, model=None, lang="en", progress=gr.Progress()):
     """Per-channel magnitudes of K and V for one layer/head of `model`, the rotated view and the layer x channel
     map; titles and summary in `lang`."""
-    lang = lang_code(lang)
+    lang = check_language(lang)
     name = check_model(model)
     cap = capture(prompt, progress, name)
     layer, head = check_layer_head(cap, layer, head)
@@ -90,7 +90,7 @@ def build(tr: Translator) -> dict:
         c["heat"] = gr.Plot(plots.empty_figure(), label="layer x channel heatmap", show_label=False)
     tr(gr.Markdown(t("outliers_why")), value="outliers_why")
     follow_model(c["model"], c["layer"], c["head"])
-    c["inputs"] = [c["prompt"], c["layer"], c["head"], c["model"], tr.language_state()]
+    c["inputs"] = [c["prompt"], c["layer"], c["head"], c["model"], tr.language_input()]
     c["outputs"] = [c["fig_rope"], c["fig_kv"], c["fig_rot"], c["heat"], c["summary"]]
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model")}
     on_click(c["run"], run, c["inputs"], c["outputs"], "outliers")

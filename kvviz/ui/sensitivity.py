@@ -4,11 +4,11 @@ plan within a KL budget.
 Numbers come from `kvviz.analysis` (layer_sensitivity: the teacher-forced KL when only one layer's K or V is
 quantized; layer_norms: the K/V magnitudes that explain its peaks) and `kvviz.plan.search` (a greedy climb from
 the cheapest format, the most sensitive layers first). The text is the prompt or the bundled WikiText-2 slice,
-cut to `tokens` tokens. Headers, titles and the summary follow the page's language (the session's language state;
-English through the API). api_names:
-    sensitivity(source, prompt, spec, tokens, model)
+cut to `tokens` tokens. Headers, titles and the summary follow the page's language (the language radio, the last
+input: "English" or "한국어" through the API). api_names:
+    sensitivity(source, prompt, spec, tokens, model, language)
       -> (K/V x layer heatmap, ranked bars, per-layer norms table, summary markdown)
-    plan_search(source, prompt, candidates, custom_candidates, kl_budget, tokens, model)
+    plan_search(source, prompt, candidates, custom_candidates, kl_budget, tokens, model, language)
       -> (trade-off figure, plan string, summary markdown (bytes, ratios, engine flags), steps table)
 The plan's two buttons hand it to the Compare and Memory tabs (`wire_handover`, called by app.py).
 """
@@ -23,8 +23,8 @@ import numpy as np
 from kvviz import plots
 from kvviz.analysis import layer_norms, layer_sensitivity, ranking
 
-from .checks import (MAX_PROMPT_CHARS, check_choice, check_float, check_int, check_spec, check_text, is_plan,
-                     spec_list)
+from .checks import (MAX_PROMPT_CHARS, check_choice, check_float, check_int, check_language, check_spec, check_text,
+                     is_plan, spec_list)
 from .common import check_model, check_prompt, get_model, model_input, on_click, prompt_input, table, user_errors
 from .i18n import Translator, t
 
@@ -50,10 +50,6 @@ def _text(source, prompt) -> str:
     source = check_choice(source, "Text", SOURCES)
     prompt = check_text(prompt, "The prompt", MAX_PROMPT_CHARS)  # checked either way: a wrong type is an error
     return wikitext() if source == "WikiText-2" else check_prompt(prompt)
-
-
-def _lang(value) -> str:
-    return "en" if value is None or value == "" else check_choice(value, "Language", ("en", "ko"))
 
 
 def _norm_rows(sens: dict, norms: dict) -> list[list]:
@@ -91,7 +87,7 @@ def run(source, prompt, spec, tokens, model=None, lang="en", progress=gr.Progres
     text = _text(source, prompt)
     spec = check_spec(spec, "Format")
     tokens = check_int(tokens, "Tokens", MIN_TOKENS, MAX_TOKENS)
-    lang = _lang(lang)
+    lang = check_language(lang)
     llm, tok = get_model(progress, model=name)
     from kvviz.analysis.sensitivity import kv_layers
 
@@ -142,7 +138,7 @@ def search(source, prompt, candidates, custom_candidates, kl_budget, tokens, mod
     names = _candidates(candidates, custom_candidates)
     budget = check_float(kl_budget, "KL budget (nats/token)", 0.0, MAX_KL_BUDGET)
     tokens = check_int(tokens, "Tokens", MIN_TOKENS, MAX_TOKENS)
-    lang = _lang(lang)
+    lang = check_language(lang)
     llm, tok = get_model(progress, model=name)
     n_layers = llm.config.get_text_config(decoder=True).num_hidden_layers
     progress(0.1, desc=f"Ranking layers for {', '.join(names)}, then measuring every plan on the path "
@@ -267,7 +263,7 @@ def build(tr: Translator) -> dict:
     c["plan_summary"] = gr.Markdown(elem_id=f"{TAB}-plan-summary", label="plan summary")
     c["steps"] = tr(gr.Dataframe(label=t("plan_steps"), wrap=True), label="plan_steps")
 
-    lang = tr.language_state()
+    lang = tr.language_input()
     c["inputs"] = [c["source"], c["prompt"], c["spec"], c["tokens"], c["model"], lang]
     c["outputs"] = [c["heat"], c["bars"], c["norms"], c["summary"]]
     plan_in = [c["source"], c["prompt"], c["candidates"], c["custom_candidates"], c["budget"], c["tokens"],
