@@ -8,7 +8,7 @@ Run: `make run` (or `python app.py`) serves http://127.0.0.1:7860; GRADIO_SERVER
 override the address (Spaces and the Dockerfile set them). KVVIZ_MODEL picks the model (default: the bundled
 SmolLM2-135M-Instruct); KVVIZ_CONCURRENCY bounds concurrent model computations (default 1).
 
-api_names (for gradio_client): compare, needle, outliers, error_map, memory, export, check_scales.
+api_names (for gradio_client): compare, needle, engine_compare, outliers, error_map, memory, export, check_scales.
 """
 
 from __future__ import annotations

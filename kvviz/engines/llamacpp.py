@@ -37,7 +37,7 @@ _ROT_ENV = "LLAMA_ATTN_ROT_DISABLE"
 MIN_TOKENS = 16
 
 
-def _import():
+def import_llama_cpp():
     try:
         import llama_cpp
     except ImportError as err:
@@ -202,7 +202,7 @@ def run(specs: list[str], *, model=None, text: str | None = None, tokens: int = 
         raise ValueError(f"tokens must be a whole number >= {MIN_TOKENS}; got {tokens!r}.")
     pairs = {spec: type_pair(spec) for spec in specs}  # bad specs fail before any model loads
     path = resolve_gguf(model)
-    llama_cpp = _import()
+    llama_cpp = import_llama_cpp()
     if text is None:
         from kvviz.quality.perplexity import wikitext
 

@@ -20,8 +20,10 @@ from kvviz import plots, quality
 from kvviz.attention import active_backend
 from kvviz.formats import parse_kv
 
+from . import engines
 from .common import (MAX_FORMATS, check_bool, check_int, check_prompt, fitting_specs, get_model, model_name,
                      on_click, prompt_input, prompt_token_ids, spec_list, table, user_errors)
+from .common import ScaleNotes
 from .i18n import Translator, t
 
 TAB = "compare"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -123,7 +125,9 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, prog
     empty = plots.empty_figure("Metrics appear when generation ends.")
     status = f"Prefilling {n_prompt} prompt tokens, then decoding {len(names)} formats + baseline as one batch…"
     yield _columns("", {n: "" for n in names}, {}), None, empty, status
-    for update in quality.compare_stream(model, tok, prompt, names, new_tokens, speed_tokens=SPEED_TOKENS):
+    notes = ScaleNotes()  # the library's static-scale warnings, one line per format
+    stream = quality.compare_stream(model, tok, prompt, names, new_tokens, speed_tokens=SPEED_TOKENS)
+    for update in notes.watch(stream):
         if update.report is None:
             yield (_columns(update.baseline, update.texts, {}), gr.skip(), gr.skip(),
                    f"Token {update.step + 1} of {new_tokens}…")
@@ -132,7 +136,8 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, prog
         ppl = None
         if with_perplexity:
             yield gr.skip(), gr.skip(), gr.skip(), "Measuring perplexity on WikiText-2 through every format's cache…"
-            ppl = quality.perplexity(model, tok, names, windows=PPL_WINDOWS, window=PPL_WINDOW)["ppl"]
+            with notes.catching():
+                ppl = quality.perplexity(model, tok, names, windows=PPL_WINDOWS, window=PPL_WINDOW)["ppl"]
         headers, rows, columns = _metrics(report, str(model.dtype).removeprefix("torch."), model.dtype.itemsize,
                                           ppl)
         meta = {r[0]: f"KL {r[3]:.4f} · top-1 {r[4]:.0f}% · {r[7]} bytes" for r in rows[1:]}
@@ -140,7 +145,9 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, prog
         fig = plots.metrics_bars([r[0] for r in rows], columns)
         done = (f"Done in {report.seconds:.1f} s on `{model_name()}`. KL and top-1 are teacher-forced on the "
                 f"baseline's tokens ({report.metrics_backend}); tokens/s: each format's own cache, "
-                f"`{report.speed_backend}` attention backend, batch 1, {SPEED_TOKENS} steps.{skip_note}")
+                f"`{report.speed_backend}` attention backend, batch 1, {SPEED_TOKENS} steps.{skip_note}"
+                + notes.markdown())
+        notes.toast()
         yield (_columns(report.baseline_text, {f.name: f.text for f in report.formats}, meta),
                table(rows, headers), fig, done)
 
@@ -159,13 +166,16 @@ def needle(specs, custom_specs, context_tokens, progress=gr.Progress()):
                          f"{positions} positions; use at most {positions - 32} tokens.")
     names, skipped = fitting_specs(names, model)
     progress(0.2, desc=f"Hiding needles in {context} tokens of haystack, {len(names) + 1} formats…")
-    result = quality.needle(model, tok, names, context_tokens=context)
+    notes = ScaleNotes()
+    with notes.catching():
+        result = quality.needle(model, tok, names, context_tokens=context)
+    notes.toast()
     rates = {name: [float(hit) for hit in hits] for name, hits in result["retrieved"].items()}
     fig = plots.needle_chart([100 * d for d in result["depths"]], rates, result["context_tokens"])
     found = ", ".join(f"`{n}` {100 * r:.0f}%" for n, r in result["rate"].items())
     return fig, (f"One needle per depth in {context} tokens of WikiText-2, `{model_name()}`, answers read through "
                  f"each format's cache. Retrieved: {found}."
-                 + ("\n\n**Skipped**: " + "; ".join(skipped) if skipped else ""))
+                 + ("\n\n**Skipped**: " + "; ".join(skipped) if skipped else "") + notes.markdown())
 
 
 def build(tr: Translator) -> dict:
@@ -204,4 +214,5 @@ def build(tr: Translator) -> dict:
     # queue position and progress over the status line: the streamed columns stay readable
     on_click(c["run"], run, c["inputs"], c["outputs"], "compare", progress_on=[c["status"]])
     on_click(c["needle_run"], needle, *needle_io, "needle")
+    c |= engines.build(tr, c["actions"])  # kvviz beside llama.cpp, its own endpoint (engine_compare)
     return c

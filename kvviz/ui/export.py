@@ -22,6 +22,7 @@ from kvviz.formats import parse_kv
 
 from .common import (UploadFile, check_text, get_model, model_name, model_shape, on_click, table, upload_path,
                      user_errors)
+from .common import ScaleNotes
 from .i18n import Translator, t
 
 TAB = "export"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -86,7 +87,10 @@ def run(spec, model_id, calib_prompts, progress=gr.Progress()):
                 plots.empty_figure("Add calibration prompts to calibrate scales."))
     model, tok = get_model(progress)
     progress(0.3, desc=f"Calibrating per-layer scales on {len(prompts)} prompt(s)…")
-    scales = calibrate.calibrate_scales(model, tok, prompts)
+    notes = ScaleNotes()  # the library warns when the prompts hold fewer than 64 tokens
+    with notes.catching():
+        scales = calibrate.calibrate_scales(model, tok, prompts)
+    notes.toast()
     doc = calibrate.scales_to_json(scales, model_type=getattr(model.config, "model_type", None))
     text = json.dumps(doc, indent=2)
     path = Path(tempfile.mkdtemp(prefix="kvviz-scales-")) / "scales.json"
@@ -95,7 +99,7 @@ def run(spec, model_id, calib_prompts, progress=gr.Progress()):
                              f"Calibrated FP8 E4M3 scales per layer ({len(prompts)} prompt(s), {model_name()})")
     md += (f"\n\n**Scales**: calibrated on {len(prompts)} prompt(s) with `{model_name()}` (amax / 448 per layer). "
            "SGLang applies one scale per layer to both K and V, so the file holds the larger of the two. Save it as "
-           "`scales.json` beside the command above.")
+           "`scales.json` beside the command above." + notes.markdown())
     return md, support, text, str(path), fig
 
 

@@ -77,6 +77,25 @@ EN: dict[str, str] = {
     "metrics": "Metrics per format",
     "needle_intro": ("**Needle in a haystack:** hide a fact at several depths of a long context and ask for it back. "
                      "int4 tends to lose facts from the middle first."),
+    # Compare: the engine view (kvviz/ui/engines.py)
+    "engine_title": "kvviz against llama.cpp: the same cache types measured inside the engine",
+    "engine_intro": ("**What you see:** llama.cpp's own KV cache types run inside llama.cpp (in-process, on the "
+                     "model's GGUF file) and in kvviz's simulation, on the same tokens of WikiText-2. Each side's KLD "
+                     "is taken against its own unquantized run, with llama.cpp's `--kl-divergence` statistics."),
+    "engine_pairs": "llama.cpp cache types (-ctk / -ctv; a pair is k=K,v=V)",
+    "engine_tokens": "Tokens of WikiText-2 (more: slower, steadier figures)",
+    "engine_rotate": "Rotate K/V in llama.cpp (Hadamard, its default; kvviz's formats are unrotated)",
+    "engine_run": "Run kvviz and llama.cpp",
+    "engine_table": "Mean KLD (nats/token), 99th percentile, and top-token agreement, per format",
+    "engine_why": (
+        "**Why the two columns differ** (measured on SmolLM2, 256 tokens, 2026-11-30). *Baselines:* each side is "
+        "compared with its own engine: llama.cpp runs the GGUF's quantized weights (Q4_1) with quantized "
+        "activations and an f16 cache, kvviz the same weights dequantized to fp32 with an exact cache. *Rotation:* "
+        "llama.cpp rotates a quantized K and V by a Hadamard transform unless told not to; that cut q4_0's mean KLD "
+        "from 0.100 to 0.037, so compare kvviz with rotation off. *q8_0's floor:* llama.cpp's q8_0 measures 0.0042 "
+        "against kvviz's 0.00025. Quantizing Q to q8_0 for the dot product, as llama.cpp's CPU code does, is not "
+        "the cause: doing the same in kvviz only moves it to 0.00043, and llama.cpp with V alone in q8_0 (K in f16, "
+        "so Q is not quantized) already measures 0.0032. Where llama.cpp's floor comes from is not pinned down yet."),
     "needle_title": "Needle in a haystack: long-context retrieval (lesson 5)",
     "needle_run": "Run needle test",
     "needle_context": "Context length (tokens)",
@@ -195,6 +214,24 @@ KO: dict[str, str] = {
     "metrics": "포맷별 지표",
     "needle_intro": ("**건초더미 속 바늘:** 긴 문맥의 여러 깊이에 사실 하나를 숨기고 다시 물어봅니다. int4는 중간에 있는 "
                      "사실부터 잃는 경향이 있습니다."),
+    # Compare: 엔진 보기 (kvviz/ui/engines.py)
+    "engine_title": "kvviz와 llama.cpp: 같은 캐시 타입을 엔진 안에서 측정",
+    "engine_intro": ("**보고 있는 것:** llama.cpp의 KV 캐시 타입을 llama.cpp 안에서(프로세스 안, 모델의 GGUF 파일로) "
+                     "그리고 kvviz의 시뮬레이션으로, WikiText-2의 같은 토큰에 대해 돌린 결과입니다. 각각의 KLD는 자기 "
+                     "엔진의 양자화하지 않은 실행과 비교하며, 통계는 llama.cpp의 `--kl-divergence`와 같습니다."),
+    "engine_pairs": "llama.cpp 캐시 타입 (-ctk / -ctv; 쌍은 k=K,v=V)",
+    "engine_tokens": "WikiText-2 토큰 수 (많을수록 느리지만 수치가 안정적)",
+    "engine_rotate": "llama.cpp에서 K/V 회전 (하다마드, 기본값; kvviz 포맷은 회전하지 않음)",
+    "engine_run": "kvviz와 llama.cpp 실행",
+    "engine_table": "포맷별 평균 KLD (nats/토큰), 99번째 백분위수, 최상위 토큰 일치율",
+    "engine_why": (
+        "**두 열이 다른 이유** (SmolLM2, 256 토큰, 2026-11-30 측정). *기준선:* 각각 자기 엔진과 비교합니다. llama.cpp는 "
+        "GGUF의 양자화된 가중치(Q4_1)와 양자화된 활성값, f16 캐시로 돌고, kvviz는 같은 가중치를 fp32로 풀어 정확한 "
+        "캐시로 돕니다. *회전:* llama.cpp는 끄지 않으면 양자화된 K와 V를 하다마드 변환으로 회전합니다. 그 덕에 q4_0의 "
+        "평균 KLD가 0.100에서 0.037로 내려갔으니, kvviz와는 회전을 끄고 비교하세요. *q8_0의 바닥:* llama.cpp의 q8_0은 "
+        "0.0042, kvviz는 0.00025입니다. llama.cpp의 CPU 코드처럼 내적을 위해 Q를 q8_0으로 양자화하는 것은 원인이 "
+        "아닙니다. kvviz에서 똑같이 하면 0.00043으로 움직일 뿐이고, llama.cpp에서 V만 q8_0(K는 f16이라 Q는 양자화되지 "
+        "않음)으로 해도 이미 0.0032가 나옵니다. llama.cpp의 바닥이 어디서 오는지는 아직 밝히지 못했습니다."),
     "needle_title": "건초더미 속 바늘: 긴 문맥에서 찾아내기 (레슨 5)",
     "needle_run": "바늘 테스트 실행",
     "needle_context": "문맥 길이 (토큰)",
