@@ -39,7 +39,14 @@ EN: dict[str, str] = {
     "lesson_note3": ("**Lesson 3.** k8v4 and k4v8 hold the same bytes. Compare their KL and top-1: 4-bit K hurts far "
                      "more than 4-bit V, because K's errors move the attention weights while V's average out."),
     "lesson_note4": ("**Lesson 4.** In the per-layer chart fp8_e4m3 sits below fp8_e5m2: K and V span a modest range, "
-                     "so E4M3's extra mantissa bit is worth more than E5M2's extra exponent range."),
+                     "so E4M3's extra mantissa bit is worth more than E5M2's extra exponent range. *E4M3's range "
+                     "still matters under a static scale:* vLLM and SGLang store FP8 with a scale of 1.0 unless given "
+                     "calibrated scales (`fp8_e4m3/unit` here), so any |K| above 448 saturates. Measured on 512 "
+                     "tokens of WikiText-2 (benchmarks/fp8_unit_scale.py): SmolLM2's largest post-RoPE |K| is 26.5, "
+                     "17× under 448, Gemma 3 270M's 97.4, 4.6× under; neither saturates, and a unit scale's K error "
+                     "(2.6%) equals a calibrated scale's. Qwen2-style models carry a large k_proj bias: on kvviz's tiny "
+                     "Qwen2 with a bias of 600 and -700 on one channel of each of its two heads, |K| reaches 701, 6.4% of K saturates under a "
+                     "unit scale, and K's relative error is 24% against 2.4% with a calibrated scale."),
     "lesson_note5": ("**Lesson 5.** The needle chart plots retrieval against where a fact sits in a 768-token "
                      "context (a few minutes on a 2-core CPU). On this small model per-token int4 still finds it at "
                      "this length, while per-tensor int4 and 2-bit KIVI lose the needles past the start; longer "
@@ -180,7 +187,14 @@ KO: dict[str, str] = {
     "lesson_note3": ("**레슨 3.** k8v4와 k4v8은 같은 바이트를 씁니다. KL과 top-1을 비교하세요: 4비트 K가 4비트 V보다 "
                      "훨씬 해롭습니다. K의 오차는 어텐션 가중치를 바꾸지만 V의 오차는 평균 속에서 상쇄되기 때문입니다."),
     "lesson_note4": ("**레슨 4.** 레이어별 그래프에서 fp8_e4m3가 fp8_e5m2보다 아래에 있습니다: K와 V의 값 범위는 크지 "
-                     "않으므로 E4M3의 가수 1비트가 E5M2의 넓은 지수 범위보다 값집니다."),
+                     "않으므로 E4M3의 가수 1비트가 E5M2의 넓은 지수 범위보다 값집니다. *정적 스케일에서는 E4M3의 "
+                     "범위도 중요합니다:* vLLM과 SGLang은 보정된 스케일이 없으면 FP8을 스케일 1.0으로 저장하므로 "
+                     "(여기서는 `fp8_e4m3/unit`) |K|가 448을 넘으면 포화됩니다. WikiText-2 512토큰에서 측정한 값"
+                     "(benchmarks/fp8_unit_scale.py): SmolLM2의 RoPE 후 |K| 최댓값은 26.5로 448보다 17배 작고, "
+                     "Gemma 3 270M은 97.4로 4.6배 작습니다. 둘 다 포화되지 않고, 단위 스케일의 K 오차(2.6%)는 보정된 "
+                     "스케일과 같습니다. Qwen2 계열 모델은 k_proj 바이어스가 큽니다: kvviz의 작은 Qwen2의 두 헤드에서 "
+                     "한 채널씩 600과 -700의 바이어스를 주면 |K|가 701에 이르고, 단위 스케일에서 K의 6.4%가 포화되며 K의 상대 "
+                     "오차는 보정된 스케일의 2.4%에 비해 24%입니다."),
     "lesson_note5": ("**레슨 5.** 바늘 그래프는 768토큰 문맥에서 사실이 놓인 위치에 따른 검색 성공률입니다 (2코어 CPU에서 "
                      "몇 분). 이 작은 모델에서는 이 길이에서 토큰 단위 int4는 아직 찾아내지만, 텐서 단위 int4와 2비트 "
                      "KIVI는 시작 부분 이후의 바늘을 놓칩니다. 문맥을 길게(슬라이더) 하면 4비트 포맷이 더 힘들어집니다."),
