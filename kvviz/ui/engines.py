@@ -91,8 +91,12 @@ def run(model, pairs, tokens, rotate, progress=gr.Progress()):
                          "kvviz's own figures are in the Compare tab above.") from err
     gguf = _gguf(model)
     start = time.perf_counter()
-    progress(0.05, desc=f"llama.cpp: {tokens} tokens through an f16 cache and {len(pairs)} quantized ones…")
-    ids, theirs = llamacpp.run(pairs, model=str(gguf), tokens=tokens, rotate=rotate)
+    progress(0.05, desc=f"llama.cpp: {tokens} tokens through an f16 cache (the baseline)…")
+
+    def on_pair(i: int, spec: str) -> None:  # llama.cpp's share of the bar: 0.05 to 0.5
+        progress(0.05 + 0.45 * (i + 1) / (len(pairs) + 1), desc=f"llama.cpp: {tokens} tokens through {spec}…")
+
+    ids, theirs = llamacpp.run(pairs, model=str(gguf), tokens=tokens, rotate=rotate, on_pair=on_pair)
     lm, _ = get_model(progress, model=model)
     progress(0.5, desc=f"kvviz: the same {len(ids)} tokens, {len(pairs)} formats and the exact model as one batch…")
     ours = simulate.kld(pairs, ids, lm)
