@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from kvviz.analysis.capture import capture_ids
-from kvviz.cache.sides import MIN_FIT_TOKENS
+from kvviz.cache.sides import MIN_FIT_TOKENS, ScaleWarning
 from kvviz.formats import max_value
 
 SGLANG_DTYPE = "float8_e4m3fn"
@@ -89,8 +89,9 @@ def calibrate_scales(model, tokenizer, prompts: list[str], base: str = "fp8_e4m3
         k_stat = k if k_stat is None else torch.maximum(k_stat, k)
         v_stat = v if v_stat is None else torch.maximum(v_stat, v)
     if seen < MIN_FIT_TOKENS:
-        warnings.warn(f"FP8 scales calibrated on {seen} tokens (fewer than {MIN_FIT_TOKENS}): later tokens with larger "
-                      "K or V saturate. Calibrate on more text.", stacklevel=2)
+        warnings.warn(ScaleWarning(f"FP8 scales calibrated on {seen} tokens (fewer than {MIN_FIT_TOKENS}): later "
+                                   "tokens with larger K or V saturate. Calibrate on more text.", "few_tokens",
+                                   f"{base}/calibrated", tokens=seen), stacklevel=2)
     tiny = torch.finfo(torch.float32).tiny  # an all-zero layer must not get a zero scale
     k_scale = (k_stat / fmt_max).clamp(min=tiny)
     v_scale = (v_stat / fmt_max).clamp(min=tiny)

@@ -90,6 +90,26 @@ def metrics_bars(names: Sequence[str], columns: Mapping[str, Sequence[float | No
     return _layout(fig, title, height=380)
 
 
+def engine_bars(formats: Sequence[str], series: Mapping[str, Sequence[float | None]],
+                title: str = "Mean KLD per format: kvviz's simulation beside the engine's own") -> go.Figure:
+    """Grouped bars: one group per format, one bar per source (kvviz, llama.cpp), on a log axis (q8_0 and q4_0
+    differ by orders of magnitude).
+
+    formats: K/V specs, in display order. series: {source: [mean KLD in nats per format]}; None or NaN leaves a gap.
+    """
+    assert series, "engine_bars needs at least one series"
+    for name, vals in series.items():
+        assert len(vals) == len(formats), f"series {name!r} has {len(vals)} values for {len(formats)} formats"
+    fig = go.Figure()
+    colors = format_colors(list(series))
+    for name, vals in series.items():
+        fig.add_trace(go.Bar(x=list(formats), y=_finite(vals), name=name, marker_color=colors[name],
+                             hovertemplate="%{x}<br>%{y:.4g} nats<extra>" + name + "</extra>"))
+    fig.update_xaxes(title_text="K/V cache type (kvviz spec)")
+    fig.update_yaxes(title_text="mean KLD (nats/token, log)", type="log")
+    return _layout(fig, title, barmode="group")
+
+
 def needle_chart(depths_pct: Sequence[float], rates_by_format: Mapping[str, Sequence[float]],
                  context_tokens: int, title: str | None = None,
                  axis_titles: tuple[str, str] = ("needle depth (% of context)", "retrieval rate (%)")) -> go.Figure:

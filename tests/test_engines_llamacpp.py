@@ -42,6 +42,14 @@ def test_unrotated_differs_from_rotated(stats):
     assert plain["mean"] > 0 and plain["mean"] != stats["k=q8_0,v=q4_0"]["mean"]
 
 
+def test_run_reports_each_pair_before_it_runs():
+    from kvviz.engines import llamacpp
+
+    seen = []
+    ids, out = llamacpp.run(["q8_0", "q4_0"], tokens=16, threads=2, on_pair=lambda i, spec: seen.append((i, spec)))
+    assert seen == [(0, "q8_0"), (1, "q4_0")] and list(out) == ["q8_0", "q4_0"] and len(ids) == 16
+
+
 def test_quantized_v_without_flash_attention_gets_llama_cpps_reason():
     with pytest.raises(ValueError, match="quantized V cache requires flash_attn"):
         engines.kld("llama.cpp", ["k=fp16,v=q4_0"], tokens=32, flash_attn=False)

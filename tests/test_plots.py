@@ -51,6 +51,7 @@ def _figures():
     names = ["fp16", "fp8", "k8v4", "k4v8"]
     yield P.metrics_bars(names, {"KL (nats/token)": [0, 0.01, 0.02, 0.2], "top-1 (%)": [100, 99, 98, 80],
                                  "perplexity (exp nats)": [10, 10.1, 10.2, 13], "cache (MiB)": [4, 2, 1.5, 1.5]})
+    yield P.engine_bars(["q8_0", "q4_0"], {"kvviz": [0.00025, 0.073], "llama.cpp": [0.0042, None]})
     yield P.needle_chart([0, 25, 50, 75, 100], {"fp16": [1, 1, 1, 1, 1], "int4": [1, 0.5, 0.2, 0.6, 1]}, 2048)
     yield P.channel_profile({"K pre-RoPE": rng.random(64), "K post-RoPE": rng.random(64)}, "K", outliers=[3, 17])
     yield P.layer_channel_heatmap(rng.random((30, 64)), "layers")
@@ -104,6 +105,7 @@ def test_format_colors_are_stable_and_distinct():
     lambda: P.sensitivity_heatmap([0.1, 0.2], [0.1], "x"),
     lambda: P.plan_tradeoff([1.0, 2.0], [0.1], ["a", "b"], 0.1, 0, "x"),
     lambda: P.plan_tradeoff([1.0, 2.0], [0.1, 0.2], ["a", "b"], 0.1, 2, "x"),
+    lambda: P.engine_bars(["q8_0", "q4_0"], {"kvviz": [0.1]}),
 ])
 def test_mismatched_shapes_fail_loudly(call):
     with pytest.raises(AssertionError):

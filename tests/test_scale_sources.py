@@ -4,7 +4,9 @@ chosen scale (with the count of saturated values)."""
 
 from __future__ import annotations
 
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,3 +143,18 @@ def test_export_warns_about_vllm_float16_cache_on_a_bf16_model():
         warnings.simplefilter("error")
         for spec, dtype in (("fp16", "float16"), ("bf16", "bfloat16"), ("fp8_e4m3", "bfloat16"), ("fp16", None)):
             assert "54338" not in export_commands(spec, model_dtype=dtype)["vllm"]["note"]
+
+
+def test_a_k_beyond_448_saturates_under_a_unit_scale_and_not_under_a_calibrated_one():
+    """Lesson 4's note: on the tiny Qwen2 with a large k_proj bias (benchmarks/fp8_unit_scale.py), a unit scale
+    saturates K and multiplies its error; a calibrated scale does not saturate."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from fp8_unit_scale import biased_qwen2, measure
+
+    from kvviz.quality.perplexity import wikitext
+
+    r = measure(*biased_qwen2(), wikitext())
+    assert r["max_k"] > 448 and r["headroom"] < 1, r
+    assert 0.01 < r["saturated"] / r["values"] < 0.2, r  # the biased channels, where RoPE leaves them large
+    assert r["rel_unit"] > 5 * r["rel_calibrated"], r
+    assert r["rel_calibrated"] < 0.05, r  # E4M3's own rounding: about 2-3% relative error

@@ -48,7 +48,7 @@ from kvviz.attention import PackedKV
 
 from .layers import QuantizedHybridLayer, QuantizedHybridSlidingLayer, QuantizedKVLayer, QuantizedSlidingLayer
 from .quantized import SUPPORTED_TYPES, QuantizedKVCache, layer_head_dims
-from .sides import held_tokens
+from .sides import ScaleWarning, held_tokens
 
-__all__ = ["PackedKV", "QuantizedKVCache", "QuantizedKVLayer", "QuantizedSlidingLayer", "QuantizedHybridLayer",
+__all__ = ["PackedKV", "ScaleWarning", "QuantizedKVCache", "QuantizedKVLayer", "QuantizedSlidingLayer", "QuantizedHybridLayer",
            "QuantizedHybridSlidingLayer", "SUPPORTED_TYPES", "held_tokens", "layer_head_dims"]

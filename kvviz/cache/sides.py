@@ -25,6 +25,19 @@ _MIN_CAPACITY = 64  # tokens; buffers then double
 MIN_FIT_TOKENS = 64  # a static scale fitted on fewer tokens is warned about: later tokens tend to exceed it
 
 
+class ScaleWarning(UserWarning):
+    """A static FP8 scale's problem, warned once per layer side (so dozens per run); its fields let a caller merge
+    them into one line. kind: "few_tokens" (fitted on `tokens` < MIN_FIT_TOKENS tokens) or "saturated" (`count` of
+    `total` values beyond the format's range under the scale, in the update where the side first saturated).
+    spec: the format's canonical spec; side: "layer 3 K", or "" for a calibration over all layers."""
+
+    def __init__(self, message: str, kind: str, spec: str, side: str = "", tokens: int = 0, count: int = 0,
+                 total: int = 0):
+        super().__init__(message)
+        assert kind in ("few_tokens", "saturated"), f"unknown ScaleWarning kind {kind!r}"
+        self.kind, self.spec, self.side, self.tokens, self.count, self.total = kind, spec, side, tokens, count, total
+
+
 def aligned(fmt: Format, position: int) -> int:
     """The first position a side of `fmt` can start at while keeping `position`: channel groups stay whole."""
     return position - position % fmt.group if fmt.granularity == "channel" else position
@@ -145,9 +158,11 @@ class Side:
                              "kvviz.calibrate.calibrate_scales(...).for_cache(), or load_scales('scales.json') for an "
                              "SGLang scale file), or write /first or /unit.")
         if self.given_scale is None and x.shape[2] < MIN_FIT_TOKENS:
-            warnings.warn(f"{self.name}: {self.fmt.spec}'s static scale was fitted on the first update, {x.shape[2]} "
-                          f"token(s) (fewer than {MIN_FIT_TOKENS}): later tokens beyond its range saturate. Prefill "
-                          "more tokens, or use calibrated scales (kvviz.calibrate, /calibrated).", stacklevel=2)
+            warnings.warn(ScaleWarning(
+                f"{self.name}: {self.fmt.spec}'s static scale was fitted on the first update, {x.shape[2]} token(s) "
+                f"(fewer than {MIN_FIT_TOKENS}): later tokens beyond its range saturate. Prefill more tokens, or use "
+                "calibrated scales (kvviz.calibrate, /calibrated).", "few_tokens", self.fmt.spec, self.name,
+                tokens=x.shape[2]), stacklevel=2)
         if self.given_scale is not None:
             s = torch.as_tensor(self.given_scale, dtype=torch.float32, device=x.device)
             if self.fmt.granularity == "tensor":
@@ -183,9 +198,11 @@ class Side:
         limit = max_value(self.fmt.base) * self.static.to(x.device) * (1 + 1e-6)  # amax / fmax * fmax may round down
         over = int((x.detach().float().abs() > limit).sum())
         if over and not self.saturated:
-            warnings.warn(f"{self.name}: {over} of {x.numel()} values exceed {self.fmt.spec}'s range under its "
-                          f"{self.fmt.scale_source} scale (|x| > {max_value(self.fmt.base):g} x scale) and saturate. "
-                          "Use calibrated scales (kvviz.calibrate, /calibrated) or a per-token format.", stacklevel=3)
+            warnings.warn(ScaleWarning(
+                f"{self.name}: {over} of {x.numel()} values exceed {self.fmt.spec}'s range under its "
+                f"{self.fmt.scale_source} scale (|x| > {max_value(self.fmt.base):g} x scale) and saturate. Use "
+                "calibrated scales (kvviz.calibrate, /calibrated) or a per-token format.", "saturated", self.fmt.spec,
+                self.name, count=over, total=x.numel()), stacklevel=3)
         self.saturated += over
 
     def append(self, x: torch.Tensor, keep_from: int = 0) -> None:

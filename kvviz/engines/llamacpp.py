@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ _ROT_ENV = "LLAMA_ATTN_ROT_DISABLE"
 MIN_TOKENS = 16
 
 
-def _import():
+def import_llama_cpp():
     try:
         import llama_cpp
     except ImportError as err:
@@ -185,13 +186,15 @@ def kld(specs: list[str], *, model=None, text: str | None = None, tokens: int = 
 
 
 def run(specs: list[str], *, model=None, text: str | None = None, tokens: int = 512, flash_attn: bool = True,
-        rotate: bool = True, threads: int | None = None) -> tuple[list[int], dict[str, dict]]:
+        rotate: bool = True, threads: int | None = None,
+        on_pair: Callable[[int, str], None] | None = None) -> tuple[list[int], dict[str, dict]]:
     """llama.cpp's teacher-forced KLD of each spec's K/V cache types against an f16 cache.
 
     specs: kvviz specs llama.cpp can store ("q8_0", "k=q8_0,v=q4_0", "q4_1", ...). model: None (the bundled SmolLM2
     GGUF), a bundled model's name, or a .gguf path. text: default the WikiText-2 slice; its first `tokens` tokens are
     evaluated (tokens - 1 positions scored). flash_attn: llama.cpp refuses a quantized V without it (ValueError with
     its reason). rotate: llama.cpp's default Hadamard rotation of a quantized K/V (False: LLAMA_ATTN_ROT_DISABLE=1).
+    on_pair(i, spec): called before the i-th spec runs (0-based, after the baseline), for a progress bar.
 
     Returns (token ids scored [T], {spec: stats}), stats: kvviz.quality.kld's STAT_KEYS plus "engine", "k_type",
     "v_type", "rotation", "model" and "estimate" ("full vocabulary").
@@ -202,7 +205,7 @@ def run(specs: list[str], *, model=None, text: str | None = None, tokens: int = 
         raise ValueError(f"tokens must be a whole number >= {MIN_TOKENS}; got {tokens!r}.")
     pairs = {spec: type_pair(spec) for spec in specs}  # bad specs fail before any model loads
     path = resolve_gguf(model)
-    llama_cpp = _import()
+    llama_cpp = import_llama_cpp()
     if text is None:
         from kvviz.quality.perplexity import wikitext
 
@@ -216,7 +219,9 @@ def run(specs: list[str], *, model=None, text: str | None = None, tokens: int = 
     targets = torch.tensor(ids[1:])  # [T - 1]
     base = _logprobs(llm, ids)[:-1]  # [T - 1, vocab]
     out = {}
-    for spec, (k_type, v_type) in pairs.items():
+    for i, (spec, (k_type, v_type)) in enumerate(pairs.items()):
+        if on_pair is not None:
+            on_pair(i, spec)
         cand = _logprobs(_load(llama_cpp, path, tokens, k_type, v_type, **run), ids)[:-1]
         stats = kld_stats(base, cand, targets)
         stats.update(engine=f"llama.cpp (llama-cpp-python {llama_cpp.__version__})", k_type=k_type, v_type=v_type,

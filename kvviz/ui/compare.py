@@ -23,8 +23,10 @@ from kvviz import plots, quality
 from kvviz.attention import active_backend
 from kvviz.formats import parse_kv
 
-from .common import (MAX_FORMATS, check_bool, check_int, check_language, check_model, check_prompt, fitting_specs,
-                     get_model, model_input, on_click, prompt_input, prompt_token_ids, spec_list, table, user_errors)
+from . import engines
+from .common import (MAX_FORMATS, ScaleNotes, check_bool, check_int, check_language, check_model, check_prompt,
+                     fitting_specs, get_model, model_input, on_click, prompt_input, prompt_token_ids, spec_list, table,
+                     user_errors)
 from .i18n import Translator, t
 
 TAB = "compare"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -140,7 +142,9 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, mode
     empty = plots.empty_figure(t("r_metrics_later", lang))
     status = t("r_prefill", lang).format(n=n_prompt, formats=len(names), model=name)
     yield _columns("", {n: "" for n in names}, {}, lang), None, empty, status
-    for update in quality.compare_stream(model, tok, prompt, names, new_tokens, speed_tokens=SPEED_TOKENS):
+    notes = ScaleNotes()  # the library's static-scale warnings, one line per format
+    stream = quality.compare_stream(model, tok, prompt, names, new_tokens, speed_tokens=SPEED_TOKENS)
+    for update in notes.watch(stream):
         if update.report is None:
             yield (_columns(update.baseline, update.texts, {}, lang), gr.skip(), gr.skip(),
                    t("r_token", lang).format(i=update.step + 1, n=new_tokens, model=name))
@@ -149,7 +153,8 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, mode
         ppl = None
         if with_perplexity:
             yield gr.skip(), gr.skip(), gr.skip(), t("r_ppl_running", lang)
-            ppl = quality.perplexity(model, tok, names, windows=PPL_WINDOWS, window=PPL_WINDOW)["ppl"]
+            with notes.catching():
+                ppl = quality.perplexity(model, tok, names, windows=PPL_WINDOWS, window=PPL_WINDOW)["ppl"]
         headers, rows, columns = _metrics(report, str(model.dtype).removeprefix("torch."), model.dtype.itemsize,
                                           ppl, lang)
         meta = {r[0]: t("r_meta", lang).format(kl=r[3], top1=r[4], vs16=r[7]) for r in rows[1:]}
@@ -157,7 +162,8 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, mode
         fig = plots.metrics_bars([r[0] for r in rows], columns, title=t("f_metrics", lang).format(model=name),
                                  x_title=t("f_format_axis", lang))
         done = t("r_done", lang).format(s=report.seconds, model=name, metrics=report.metrics_backend,
-                                        speed=report.speed_backend, steps=SPEED_TOKENS) + skip_note
+                                        speed=report.speed_backend, steps=SPEED_TOKENS) + skip_note + notes.markdown()
+        notes.toast()
         yield (_columns(report.baseline_text, {f.name: f.text for f in report.formats}, meta, lang),
                table(rows, headers), fig, done)
 
@@ -178,14 +184,17 @@ def needle(specs, custom_specs, context_tokens, model=None, lang="en", progress=
                          f"{positions} positions; use at most {positions - 32} tokens.")
     names, skipped = fitting_specs(names, model)
     progress(0.2, desc=f"Hiding needles in {context} tokens of haystack, {len(names) + 1} formats…")
-    result = quality.needle(model, tok, names, context_tokens=context)
+    notes = ScaleNotes()
+    with notes.catching():
+        result = quality.needle(model, tok, names, context_tokens=context)
+    notes.toast()
     rates = {name: [float(hit) for hit in hits] for name, hits in result["retrieved"].items()}
     fig = plots.needle_chart([100 * d for d in result["depths"]], rates, result["context_tokens"],
                              title=t("f_needle", lang).format(n=result["context_tokens"], model=name),
                              axis_titles=(t("f_needle_x", lang), t("f_needle_y", lang)))
     found = ", ".join(f"`{n}` {100 * r:.0f}%" for n, r in result["rate"].items())
     return fig, (t("r_needle", lang).format(n=context, model=name, found=found)
-                 + (f"\n\n{t('r_skipped', lang)} " + "; ".join(skipped) if skipped else ""))
+                 + (f"\n\n{t('r_skipped', lang)} " + "; ".join(skipped) if skipped else "") + notes.markdown())
 
 
 def build(tr: Translator) -> dict:
@@ -226,4 +235,5 @@ def build(tr: Translator) -> dict:
     # queue position and progress over the status line: the streamed columns stay readable
     on_click(c["run"], run, c["inputs"], c["outputs"], "compare", progress_on=[c["status"]])
     on_click(c["needle_run"], needle, *needle_io, "needle")
+    c |= engines.build(tr, c["actions"], c["model"])  # kvviz beside llama.cpp on the tab's model (engine_compare)
     return c

@@ -21,8 +21,8 @@ from kvviz import calibrate, plots
 from kvviz import export as kv_export
 from kvviz.formats import parse_kv
 
-from .common import (UploadFile, check_language, check_model, check_text, get_model, model_input, model_shape,
-                     on_click, table, upload_path, user_errors)
+from .common import (ScaleNotes, UploadFile, check_language, check_model, check_text, get_model, model_input,
+                     model_shape, on_click, table, upload_path, user_errors)
 from .i18n import Translator, t
 
 TAB = "export"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -89,14 +89,17 @@ def run(spec, model_id, calib_prompts, model=None, lang="en", progress=gr.Progre
                 plots.empty_figure(t("f_scales_no_prompts", lang)))
     model, tok = get_model(progress, name)
     progress(0.3, desc=f"Calibrating per-layer scales on {len(prompts)} prompt(s)…")
-    scales = calibrate.calibrate_scales(model, tok, prompts)
+    notes = ScaleNotes()  # the library warns when the prompts hold fewer than 64 tokens
+    with notes.catching():
+        scales = calibrate.calibrate_scales(model, tok, prompts)
+    notes.toast()
     doc = calibrate.scales_to_json(scales, model_type=getattr(model.config, "model_type", None))
     text = json.dumps(doc, indent=2)
     path = Path(tempfile.mkdtemp(prefix="kvviz-scales-")) / "scales.json"
     path.write_text(text + "\n")
     fig = plots.layer_scales({"K (post-RoPE)": scales.k, "V": scales.v, "file (max of K, V)": scales.shared()},
                              t("f_scales", lang).format(n=len(prompts), model=name))
-    md += "\n\n" + t("r_scales", lang).format(n=len(prompts), model=name)
+    md += "\n\n" + t("r_scales", lang).format(n=len(prompts), model=name) + notes.markdown()
     return md, support, text, str(path), fig
 
 

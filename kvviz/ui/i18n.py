@@ -43,7 +43,14 @@ EN: dict[str, str] = {
     "lesson_note3": ("**Lesson 3.** k8v4 and k4v8 hold the same bytes. Compare their KL and top-1: 4-bit K hurts far "
                      "more than 4-bit V, because K's errors move the attention weights while V's average out."),
     "lesson_note4": ("**Lesson 4.** In the per-layer chart fp8_e4m3 sits below fp8_e5m2: K and V span a modest range, "
-                     "so E4M3's extra mantissa bit is worth more than E5M2's extra exponent range."),
+                     "so E4M3's extra mantissa bit is worth more than E5M2's extra exponent range. *E4M3's range "
+                     "still matters under a static scale:* vLLM and SGLang store FP8 with a scale of 1.0 unless given "
+                     "calibrated scales (`fp8_e4m3/unit` here), so any |K| above 448 saturates. Measured on 512 "
+                     "tokens of WikiText-2 (benchmarks/fp8_unit_scale.py): SmolLM2's largest post-RoPE |K| is 26.5, "
+                     "17× under 448, Gemma 3 270M's 97.4, 4.6× under; neither saturates, and a unit scale's K error "
+                     "(2.6%) equals a calibrated scale's. Qwen2-style models carry a large k_proj bias: on kvviz's tiny "
+                     "Qwen2 with a bias of 600 and -700 on one channel of each of its two heads, |K| reaches 701, 6.4% of K saturates under a "
+                     "unit scale, and K's relative error is 24% against 2.4% with a calibrated scale."),
     "lesson_note5": ("**Lesson 5.** The needle chart plots retrieval against where a fact sits in a 768-token "
                      "context (a few minutes on a 2-core CPU). On this small model per-token int4 still finds it at "
                      "this length, while per-tensor int4 and 2-bit KIVI lose the needles past the start; longer "
@@ -103,6 +110,25 @@ EN: dict[str, str] = {
     "metrics": "Metrics per format",
     "needle_intro": ("**Needle in a haystack:** hide a fact at several depths of a long context and ask for it back. "
                      "int4 tends to lose facts from the middle first."),
+    # Compare: the engine view (kvviz/ui/engines.py)
+    "engine_title": "kvviz against llama.cpp: the same cache types measured inside the engine",
+    "engine_intro": ("**What you see:** llama.cpp's own KV cache types run inside llama.cpp (in-process, on the "
+                     "model's GGUF file) and in kvviz's simulation, on the same tokens of WikiText-2. Each side's KLD "
+                     "is taken against its own unquantized run, with llama.cpp's `--kl-divergence` statistics."),
+    "engine_pairs": "llama.cpp cache types (-ctk / -ctv; a pair is k=K,v=V)",
+    "engine_tokens": "Tokens of WikiText-2 (more: slower, steadier figures)",
+    "engine_rotate": "Rotate K/V in llama.cpp (Hadamard, its default; kvviz's formats are unrotated)",
+    "engine_run": "Run kvviz and llama.cpp",
+    "engine_table": "Mean KLD (nats/token), 99th percentile, and top-token agreement, per format",
+    "engine_why": (
+        "**Why the two columns differ** (measured on SmolLM2, 256 tokens, 2026-11-30). *Baselines:* each side is "
+        "compared with its own engine: llama.cpp runs the GGUF's quantized weights (Q4_1) with quantized "
+        "activations and an f16 cache, kvviz the same weights dequantized to fp32 with an exact cache. *Rotation:* "
+        "llama.cpp rotates a quantized K and V by a Hadamard transform unless told not to; that cut q4_0's mean KLD "
+        "from 0.100 to 0.037, so compare kvviz with rotation off. *q8_0's floor:* llama.cpp's q8_0 measures 0.0042 "
+        "against kvviz's 0.00025. Quantizing Q to q8_0 for the dot product, as llama.cpp's CPU code does, is not "
+        "the cause: doing the same in kvviz only moves it to 0.00043, and llama.cpp with V alone in q8_0 (K in f16, "
+        "so Q is not quantized) already measures 0.0032. Where llama.cpp's floor comes from is not pinned down yet."),
     "needle_title": "Needle in a haystack: long-context retrieval (lesson 5)",
     "needle_run": "Run needle test",
     "needle_context": "Context length (tokens)",
@@ -324,7 +350,14 @@ KO: dict[str, str] = {
     "lesson_note3": ("**레슨 3.** k8v4와 k4v8은 같은 바이트를 씁니다. KL과 top-1을 비교하세요: 4비트 K가 4비트 V보다 "
                      "훨씬 해롭습니다. K의 오차는 어텐션 가중치를 바꾸지만 V의 오차는 평균 속에서 상쇄되기 때문입니다."),
     "lesson_note4": ("**레슨 4.** 레이어별 그래프에서 fp8_e4m3가 fp8_e5m2보다 아래에 있습니다: K와 V의 값 범위는 크지 "
-                     "않으므로 E4M3의 가수 1비트가 E5M2의 넓은 지수 범위보다 값집니다."),
+                     "않으므로 E4M3의 가수 1비트가 E5M2의 넓은 지수 범위보다 값집니다. *정적 스케일에서는 E4M3의 "
+                     "범위도 중요합니다:* vLLM과 SGLang은 보정된 스케일이 없으면 FP8을 스케일 1.0으로 저장하므로 "
+                     "(여기서는 `fp8_e4m3/unit`) |K|가 448을 넘으면 포화됩니다. WikiText-2 512토큰에서 측정한 값"
+                     "(benchmarks/fp8_unit_scale.py): SmolLM2의 RoPE 후 |K| 최댓값은 26.5로 448보다 17배 작고, "
+                     "Gemma 3 270M은 97.4로 4.6배 작습니다. 둘 다 포화되지 않고, 단위 스케일의 K 오차(2.6%)는 보정된 "
+                     "스케일과 같습니다. Qwen2 계열 모델은 k_proj 바이어스가 큽니다: kvviz의 작은 Qwen2의 두 헤드에서 "
+                     "한 채널씩 600과 -700의 바이어스를 주면 |K|가 701에 이르고, 단위 스케일에서 K의 6.4%가 포화되며 K의 상대 "
+                     "오차는 보정된 스케일의 2.4%에 비해 24%입니다."),
     "lesson_note5": ("**레슨 5.** 바늘 그래프는 768토큰 문맥에서 사실이 놓인 위치에 따른 검색 성공률입니다 (2코어 CPU에서 "
                      "몇 분). 이 작은 모델에서는 이 길이에서 토큰 단위 int4는 아직 찾아내지만, 텐서 단위 int4와 2비트 "
                      "KIVI는 시작 부분 이후의 바늘을 놓칩니다. 문맥을 길게(슬라이더) 하면 4비트 포맷이 더 힘들어집니다."),
@@ -380,6 +413,24 @@ KO: dict[str, str] = {
     "metrics": "포맷별 지표",
     "needle_intro": ("**건초더미 속 바늘:** 긴 문맥의 여러 깊이에 사실 하나를 숨기고 다시 물어봅니다. int4는 중간에 있는 "
                      "사실부터 잃는 경향이 있습니다."),
+    # Compare: 엔진 보기 (kvviz/ui/engines.py)
+    "engine_title": "kvviz와 llama.cpp: 같은 캐시 타입을 엔진 안에서 측정",
+    "engine_intro": ("**보고 있는 것:** llama.cpp의 KV 캐시 타입을 llama.cpp 안에서(프로세스 안, 모델의 GGUF 파일로) "
+                     "그리고 kvviz의 시뮬레이션으로, WikiText-2의 같은 토큰에 대해 돌린 결과입니다. 각각의 KLD는 자기 "
+                     "엔진의 양자화하지 않은 실행과 비교하며, 통계는 llama.cpp의 `--kl-divergence`와 같습니다."),
+    "engine_pairs": "llama.cpp 캐시 타입 (-ctk / -ctv; 쌍은 k=K,v=V)",
+    "engine_tokens": "WikiText-2 토큰 수 (많을수록 느리지만 수치가 안정적)",
+    "engine_rotate": "llama.cpp에서 K/V 회전 (하다마드, 기본값; kvviz 포맷은 회전하지 않음)",
+    "engine_run": "kvviz와 llama.cpp 실행",
+    "engine_table": "포맷별 평균 KLD (nats/토큰), 99번째 백분위수, 최상위 토큰 일치율",
+    "engine_why": (
+        "**두 열이 다른 이유** (SmolLM2, 256 토큰, 2026-11-30 측정). *기준선:* 각각 자기 엔진과 비교합니다. llama.cpp는 "
+        "GGUF의 양자화된 가중치(Q4_1)와 양자화된 활성값, f16 캐시로 돌고, kvviz는 같은 가중치를 fp32로 풀어 정확한 "
+        "캐시로 돕니다. *회전:* llama.cpp는 끄지 않으면 양자화된 K와 V를 하다마드 변환으로 회전합니다. 그 덕에 q4_0의 "
+        "평균 KLD가 0.100에서 0.037로 내려갔으니, kvviz와는 회전을 끄고 비교하세요. *q8_0의 바닥:* llama.cpp의 q8_0은 "
+        "0.0042, kvviz는 0.00025입니다. llama.cpp의 CPU 코드처럼 내적을 위해 Q를 q8_0으로 양자화하는 것은 원인이 "
+        "아닙니다. kvviz에서 똑같이 하면 0.00043으로 움직일 뿐이고, llama.cpp에서 V만 q8_0(K는 f16이라 Q는 양자화되지 "
+        "않음)으로 해도 이미 0.0032가 나옵니다. llama.cpp의 바닥이 어디서 오는지는 아직 밝히지 못했습니다."),
     "needle_title": "건초더미 속 바늘: 긴 문맥에서 찾아내기 (레슨 5)",
     "needle_run": "바늘 테스트 실행",
     "needle_context": "문맥 길이 (토큰)",

@@ -1,0 +1,139 @@
+"""kvviz.ui.engines: the Compare tab's engine view: kvviz's simulation beside llama.cpp's own KLD, for the same
+llama.cpp cache types on the same model and the same tokens.
+
+llama.cpp runs in-process (kvviz.engines.llamacpp, llama-cpp-python) on the model's GGUF file; kvviz runs the
+same GGUF's weights, dequantized (kvviz.engines.simulate), on the token ids llama.cpp scored. Each side is measured
+against its own engine's unquantized baseline, with llama.cpp's `--kl-divergence` statistics (kvviz.quality.kld).
+Why the figures differ is the static note under the chart (i18n "engine_why"); it states only what was measured.
+api_name:
+    engine_compare(pairs, tokens, rotate, model) -> (table, figure, status markdown, in English)
+      pairs: list of specs made of PAIR_TYPES (["q8_0", "k=q8_0,v=q4_0"]); tokens: MIN_TOKENS..MAX_TOKENS of
+      WikiText-2; rotate: llama.cpp's Hadamard rotation of K/V on (its default) or off (LLAMA_ATTN_ROT_DISABLE=1,
+      as kvviz stores them); model: the Compare tab's picker, a model_choices() name with a GGUF (the bundled ones).
+"""
+
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from kvviz import plots
+from kvviz.formats import parse_kv
+
+from .common import check_bool, check_int, check_model, check_names, get_model, on_click, table, user_errors
+from .i18n import Translator, t
+
+PAIR_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # llama.cpp's -ctk / -ctv types kvviz stores
+PAIR_CHOICES = [*PAIR_TYPES, "k=q8_0,v=q4_0", "k=q8_0,v=q5_0", "k=q8_0,v=iq4_nl"]
+DEFAULT_PAIRS = ["q8_0", "k=q8_0,v=q4_0", "q4_0"]
+MAX_PAIRS = 6  # each pair loads the GGUF once and adds a row to kvviz's batch
+MIN_TOKENS, MAX_TOKENS, DEFAULT_TOKENS = 32, 512, 128  # 256 tokens of three pairs: minutes on a busy 2-core CPU
+HEADERS = ["format", "kvviz mean KLD", "kvviz p99 KLD", "kvviz same top (%)", "llama.cpp mean KLD",
+           "llama.cpp p99 KLD", "llama.cpp same top (%)"]
+
+
+def check_pairs(value) -> list[str]:
+    """The chosen llama.cpp type pairs: each one of PAIR_TYPES or `k=A,v=B` of two of them, deduplicated;
+    ValueError naming the types for anything else, and for none or more than MAX_PAIRS."""
+    out, seen = [], set()
+    for name in check_names(value, "llama.cpp cache types"):
+        try:
+            kv = parse_kv(name)
+        except ValueError:
+            kv = None
+        if kv is None or kv.k.spec not in PAIR_TYPES or kv.v.spec not in PAIR_TYPES:
+            raise ValueError(f"llama.cpp cache types must be one of {', '.join(PAIR_TYPES)}, or a pair of them such "
+                             f"as k=q8_0,v=q4_0; got {name!r}.")
+        if kv.spec not in seen:
+            seen.add(kv.spec)
+            out.append(name)
+    if not out:
+        raise ValueError("Pick at least one llama.cpp cache type (e.g. q8_0) to compare.")
+    if len(out) > MAX_PAIRS:
+        raise ValueError(f"{len(out)} cache types chosen; compare at most {MAX_PAIRS} at once (untick some).")
+    return out
+
+
+def _gguf(model: str):
+    """The GGUF llama.cpp loads for the served model; ValueError saying what to serve when it has none."""
+    from kvviz import models
+    from kvviz.engines import llamacpp
+
+    if model.startswith("tiny-"):
+        raise ValueError(f"The engine view runs llama.cpp on the model's GGUF file; {model} is a random test model "
+                         f"built in code and has none. Serve a bundled model: KVVIZ_MODEL="
+                         f"{' or '.join(models.BUNDLED)}.")
+    return llamacpp.resolve_gguf(model)
+
+
+def _rows(pairs: list[str], ours: dict, theirs: dict) -> list[list]:
+    def side(s):
+        return [round(s["mean"], 5), round(s["p99"], 4), round(100 * s["same_top_p"], 1)]
+
+    return [[p, *side(ours[p]), *side(theirs[p])] for p in pairs]
+
+
+@user_errors
+def run(pairs, tokens, rotate, model=None, progress=gr.Progress()):
+    """llama.cpp's KLD of each pair beside kvviz's simulation of it on `model` (the Compare tab's picker): table,
+    grouped bars, what was run (in English)."""
+    model = check_model(model)
+    pairs = check_pairs(pairs)
+    tokens = check_int(tokens, "Tokens", MIN_TOKENS, MAX_TOKENS)
+    rotate = check_bool(rotate, "Rotate K/V in llama.cpp")
+    from kvviz.engines import llamacpp, simulate
+
+    try:
+        llamacpp.import_llama_cpp()
+    except ValueError as err:
+        raise ValueError(f"The engine view runs llama.cpp, which this app cannot load: {err} Then restart the app; "
+                         "kvviz's own figures are in the Compare tab above.") from err
+    gguf = _gguf(model)
+    start = time.perf_counter()
+    progress(0.05, desc=f"llama.cpp: {tokens} tokens through an f16 cache (the baseline)…")
+
+    def on_pair(i: int, spec: str) -> None:  # llama.cpp's share of the bar: 0.05 to 0.5
+        progress(0.05 + 0.45 * (i + 1) / (len(pairs) + 1), desc=f"llama.cpp: {tokens} tokens through {spec}…")
+
+    ids, theirs = llamacpp.run(pairs, model=str(gguf), tokens=tokens, rotate=rotate, on_pair=on_pair)
+    lm, _ = get_model(progress, model=model)
+    progress(0.5, desc=f"kvviz: the same {len(ids)} tokens, {len(pairs)} formats and the exact model as one batch…")
+    ours = simulate.kld(pairs, ids, lm)
+    rows = _rows(pairs, ours, theirs)
+    fig = plots.engine_bars(pairs, {"kvviz (simulated)": [r[1] for r in rows],
+                                    f"llama.cpp ({'rotated' if rotate else 'unrotated'} K/V)": [r[4] for r in rows]})
+    first = theirs[pairs[0]]
+    status = (f"Done in {time.perf_counter() - start:.0f} s. `{model}`: {first['engine']} runs `{gguf.name}` as "
+              f"is, f16-cache baseline, positions 0 to {len(ids) - 2} scored, K/V rotation: "
+              f"{first['rotation']}; kvviz runs the same weights dequantized to fp32, exact baseline, positions 1 to "
+              f"{len(ids) - 2}. The first {len(ids)} tokens of the WikiText-2 slice. KLD in nats per token; same top: "
+              "positions whose top token agrees with the engine's own baseline.")
+    return table(rows, HEADERS), fig, status
+
+
+def build(tr: Translator, actions: dict, model: gr.Dropdown) -> dict:
+    """Lay out the engine view (an accordion, inside the current tab), on the tab's model picker `model`; adds its
+    action to `actions` as "engine"; returns its components, keys prefixed "engine_"."""
+    c: dict = {}
+    c["engine_box"] = tr(gr.Accordion(t("engine_title"), open=False, elem_id="compare-engine"), label="engine_title")
+    with c["engine_box"]:
+        tr(gr.Markdown(t("engine_intro")), value="engine_intro")
+        with gr.Row():
+            with gr.Column(scale=2, min_width=280):
+                c["engine_pairs"] = tr(gr.CheckboxGroup(PAIR_CHOICES, value=DEFAULT_PAIRS, label=t("engine_pairs")),
+                                       label="engine_pairs")
+            with gr.Column(scale=1, min_width=220):
+                c["engine_tokens"] = tr(gr.Slider(MIN_TOKENS, MAX_TOKENS, value=DEFAULT_TOKENS, step=32,
+                                                  label=t("engine_tokens")), label="engine_tokens")
+                c["engine_rotate"] = tr(gr.Checkbox(False, label=t("engine_rotate")), label="engine_rotate")
+                c["engine_run"] = tr(gr.Button(t("engine_run"), elem_id="compare-engine-run"), value="engine_run")
+        c["engine_status"] = gr.Markdown(elem_id="compare-engine-status", label="engine status")
+        c["engine_table"] = tr(gr.Dataframe(label=t("engine_table"), wrap=True), label="engine_table")
+        c["engine_fig"] = gr.Plot(plots.empty_figure(), label="kvviz against llama.cpp", show_label=False)
+        tr(gr.Markdown(t("engine_why")), value="engine_why")
+    inputs = [c["engine_pairs"], c["engine_tokens"], c["engine_rotate"], model]
+    outputs = [c["engine_table"], c["engine_fig"], c["engine_status"]]
+    actions["engine"] = (run, inputs, outputs, "model")
+    on_click(c["engine_run"], run, inputs, outputs, "engine_compare")
+    return c
