@@ -17,7 +17,7 @@ from typing import Callable
 
 from kvviz import bench, memory
 from kvviz.engines import cli as engines_cli
-from kvviz import kld_cli
+from kvviz import kld_cli, plan_cli
 
 
 class _Parser(argparse.ArgumentParser):
@@ -184,6 +184,9 @@ COMMANDS: list[Command] = [
     Command("bench", bench.HELP, bench.add_arguments, bench.run),  # kvviz/bench.py (imports torch when run)
     Command("engines", engines_cli.HELP, engines_cli.add_arguments, engines_cli.run),  # kvviz/engines/cli.py
     Command("kld", kld_cli.HELP, kld_cli.add_arguments, kld_cli.run),  # kvviz/kld_cli.py (imports torch when run)
+    Command("sensitivity", plan_cli.SENSITIVITY_HELP, plan_cli.add_sensitivity_arguments,  # kvviz/plan_cli.py
+            plan_cli.run_sensitivity),
+    Command("plan", plan_cli.PLAN_HELP, plan_cli.add_plan_arguments, plan_cli.run_plan),
 ]
 
 

@@ -149,25 +149,44 @@ def _move_order(sens: dict[str, list[float]], costs: dict[str, list[int]], ladde
         rung[best[0]] += 1
 
 
+def _given_sensitivity(sensitivity, ladder: list[str], n_layers: int) -> dict | None:
+    """A previous search's sensitivities, checked against this ladder (None when not given)."""
+    if sensitivity is None:
+        return None
+    want = ladder[:-1]
+    if not isinstance(sensitivity, dict) or sorted(sensitivity) != sorted(want) or \
+            any(len(sensitivity[c]) != n_layers for c in want):
+        got = sorted(sensitivity) if isinstance(sensitivity, dict) else type(sensitivity).__name__
+        raise ValueError(f"sensitivity must be a previous search's result['sensitivity'] for these candidates: "
+                         f"{{candidate: [one KL per layer] x {n_layers}}} for {want}; got {got}. Leave it out to "
+                         f"measure it.")
+    return {c: [float(x) for x in sensitivity[c]] for c in want}
+
+
 def search(model, tokenizer, prompts, candidates: list[str], kl_budget: float, max_tokens: int = 256,
-           context: int = 4096, rows_per_pass: int | None = None) -> dict:
+           context: int = 4096, rows_per_pass: int | None = None, sensitivity: dict | None = None) -> dict:
     """The cheapest plan, in bytes, whose mean teacher-forced KL stays within `kl_budget` (nats), by a greedy,
     sensitivity-ordered climb:
 
     1. Order the candidates by the bytes a uniform plan of each holds at `context` tokens (the memory model's
        engine layout): the ladder, cheapest rung first. Ties keep the order given.
     2. For every rung but the top, measure each layer's sensitivity: the KL with only that layer (K and V) in
-       that candidate, everything else exact (one batched run of L rows per rung).
+       that candidate, everything else exact (one batched run for all rungs, the exact row among them).
     3. Start with every layer on the cheapest rung. Repeatedly raise one layer one rung: the move with the
        largest estimated KL reduction (its sensitivity at the current rung minus at the next; the top counts as
        0) per byte added. This fixes a path of L x (rungs - 1) + 1 plans, from all-cheapest to all-top.
-    4. Measure the KL of every plan on the path (one batched run), and return the cheapest within the budget.
+    4. Measure the KL of every plan on the path (one batched run, the exact log-probs of step 2 reused), and
+       return the cheapest within the budget.
+
+    Both runs go through kvviz.analysis.rows as prefix trees: plans that agree on their first layers share them.
 
     prompts: one text or a list (each cut to max_tokens tokens; the KL averages over all their positions).
     Returns {"plan": [spec per layer], "plan_text", "kl", "bytes", "bytes_fp16", "within_budget", "kl_budget",
     "candidates" (the ladder), "context", "sensitivity": {candidate: [L]}, "steps": [{"step", "move",
     "plan_text", "bytes", "kl", "within_budget"}] (bytes rise step by step: the trade-off curve), "seconds"}.
     When no plan on the path meets the budget, "within_budget" is False and the plan is the all-top one.
+    sensitivity: a previous result's "sensitivity" for the same model, prompts, max_tokens and candidates, to
+    skip step 2 (a new budget still measures the path; the path itself depends only on the sensitivities).
     """
     import time
 
@@ -203,16 +222,13 @@ def search(model, tokenizer, prompts, candidates: list[str], kl_budget: float, m
     costs = {c: [plan_bytes([c if j == i else ladder[-1] for j in range(n_layers)]) for i in range(n_layers)]
              for c in ladder}
     ids_list = [_prompt_ids(model, tokenizer, p, max_tokens) for p in prompts]
-    sens: dict[str, list[float]] = {}
-    for c in ladder[:-1]:
-        variants = []
-        for i in layers:
-            plan: list = [None] * n_layers
-            plan[i] = c
-            variants.append(plan)
-        kls = plans_kl(model, ids_list, variants, rows_per_pass)
-        sens[c] = [math.nan] * n_layers
-        for i, kl in zip(layers, kls):
+    bases: list = []  # the exact log-probs per prompt, measured once
+    sens = _given_sensitivity(sensitivity, ladder, n_layers)
+    if sens is None:
+        variants = [[c if j == i else None for j in range(n_layers)] for c in ladder[:-1] for i in layers]
+        kls = plans_kl(model, ids_list, variants, rows_per_pass, bases=bases)
+        sens = {c: [math.nan] * n_layers for c in ladder[:-1]}
+        for (c, i), kl in zip([(c, i) for c in ladder[:-1] for i in layers], kls):
             sens[c][i] = kl
     sens_for_order = {c: [0.0 if math.isnan(x) else x for x in v] for c, v in sens.items()}
     moves = _move_order(sens_for_order, costs, ladder, layers)
@@ -221,7 +237,7 @@ def search(model, tokenizer, prompts, candidates: list[str], kl_budget: float, m
         nxt = list(path[-1])
         nxt[i] = hi
         path.append(nxt)
-    kls = plans_kl(model, ids_list, path, rows_per_pass)
+    kls = plans_kl(model, ids_list, path, rows_per_pass, bases=bases)
     steps = []
     for n, (plan, kl) in enumerate(zip(path, kls)):
         move = "start: every layer " + ladder[0] if n == 0 else f"layer {moves[n - 1][0]}: {moves[n - 1][1]} -> " \

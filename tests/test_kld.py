@@ -146,15 +146,37 @@ def test_cli_kld_bad_arguments(tmp_path, capsys):
 
 
 
+def test_baseline_kl_equals_per_position():
+    """Baseline.kl (the vocabulary read in float32, sum P z from the hidden states) against per_position's KL."""
+    from kvviz.analysis.rows import Baseline
+    from kvviz.tiny import tiny_model
+
+    model, _ = tiny_model("llama")
+    torch.manual_seed(2)
+    hidden = torch.randn(40, model.config.hidden_size)
+    hidden_q = hidden + 0.05 * torch.randn(40, model.config.hidden_size)
+    head = model.get_output_embeddings()
+    lp = head(hidden).double().log_softmax(-1)
+    targets = torch.randint(0, lp.shape[1], (40,))
+    base = Baseline(lp, targets)
+    slow = per_position(lp, head(hidden_q).double().log_softmax(-1), targets)[0]
+    p_z = base.p_z_from_hidden(model, hidden_q)
+    assert p_z is not None
+    # p_z is formed in float64 from the hidden states, the reference from float32 logits: their rounding differs
+    torch.testing.assert_close(base.kl(head(hidden_q), p_z), slow, rtol=5e-4, atol=1e-7)
+    torch.testing.assert_close(base.kl(head(hidden_q)), slow, rtol=5e-5, atol=1e-8)  # exponentials in float32
+    assert float(slow.min()) > 1e-6  # the candidate differs: the comparison is not between zeros
+
+
 def test_fast_row_values_equal_per_position():
-    """divergence._Base.values (two passes over the vocabulary) against the direct per_position."""
-    from kvviz.quality.divergence import _Base
+    """kvviz.analysis.rows.Baseline.values (two passes over the vocabulary) against the direct per_position."""
+    from kvviz.analysis.rows import Baseline
 
     torch.manual_seed(1)
     logits_p, logits_q = 3 * torch.randn(50, 300), 3 * torch.randn(50, 300)
     targets = torch.randint(0, 300, (50,))
     lp = logits_p.double().log_softmax(-1)
-    fast = _Base(lp, targets).values(logits_q)
+    fast = Baseline(lp, targets).values(logits_q)
     slow = per_position(lp, logits_q.double().log_softmax(-1), targets)
     for a, b in zip(fast, slow):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10) if a.is_floating_point() else \

@@ -1,5 +1,7 @@
 """Per-layer sensitivity (kvviz.analysis.sensitivity), the plan search (kvviz.plan.search) and kld() over windows
-(kvviz.quality.divergence), on a 4-layer tiny Llama whose layer 2 carries huge K channels."""
+(kvviz.quality.divergence), on a 4-layer tiny Llama whose layer 2 carries huge K channels; the prefix-tree rows
+(kvviz.analysis.rows) against the plain definition, one QuantizedKVCache per variant; the sensitivity and plan
+CLIs."""
 
 import math
 
@@ -7,10 +9,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from kvviz.analysis.sensitivity import layer_norms, layer_sensitivity, ranking
+import kvviz
+import kvviz.models
+from kvviz import cli
+from kvviz.analysis.rows import _prefix_tree, row_hidden
+from kvviz.analysis.sensitivity import _prompt_ids, layer_norms, layer_sensitivity, plans_kl, ranking, variant_plans
 from kvviz.plan import parse_plan, search
 from kvviz.quality.divergence import base_logprobs, kld, load_base, save_base
-from kvviz.tiny import ByteTokenizer, tiny_config
+from kvviz.tiny import ByteTokenizer, tiny_config, tiny_model
 
 OUTLIER_LAYER = 2
 TEXT = ("The cache stores keys and values for every token it has seen, and attention reads them back at every "
@@ -76,8 +82,68 @@ def test_sensitivity_matches_a_single_plan_run(outlier_model):
     ids = tok(TEXT, return_tensors="pt")["input_ids"][0, :48]
     plan = [None] * 4
     plan[OUTLIER_LAYER] = "k=int4,v=fp16"
-    from kvviz.analysis.sensitivity import plans_kl
     assert plans_kl(model, [ids[None]], [plan])[0] == pytest.approx(sens["k"][OUTLIER_LAYER], rel=1e-4)
+
+
+def _plain_sensitivity(model, tok, text: str, spec: str, max_tokens: int) -> dict:
+    """The definition, computed the straightforward way: per variant its own batch-1 QuantizedKVCache over the whole
+    model, the first token alone then the rest, float64 log-softmax, KL(exact || variant) averaged over 1..T-2."""
+    ids = _prompt_ids(model, tok, text, max_tokens)
+    n_layers = model.config.num_hidden_layers
+
+    def logprobs(plan):
+        cache = kvviz.QuantizedKVCache(model.config, plan)
+        with torch.no_grad():
+            model(input_ids=ids[:, :1], cache=cache, use_cache=True)
+            logits = model(input_ids=ids[:, 1:], cache=cache, use_cache=True).logits[0, :-1]  # positions 1..T-2
+        return torch.log_softmax(logits.double(), dim=-1)
+
+    lp = logprobs([None] * n_layers)
+    out = {"k": [math.nan] * n_layers, "v": [math.nan] * n_layers}
+    for plan, (side, i) in zip(*variant_plans(model, spec)):
+        out[side][i] = float((lp.exp() * (lp - logprobs(plan))).sum(-1).mean())
+    return out
+
+
+@pytest.mark.parametrize("arch, spec", [("outlier", "int4"), ("gemma3", "int4"), ("qwen2", "k8v4"),
+                                        ("gemma4", "int4")])
+def test_fast_sensitivity_equals_the_plain_definition(outlier_model, arch, spec):
+    """The prefix-tree rows (variants forking from the exact run) give the numbers of the plain definition. gemma3
+    and qwen2 have sliding layers; gemma4's KV-shared layers make the rows run unshared (every row every layer)."""
+    model, tok = outlier_model if arch == "outlier" else tiny_model(arch)
+    fast = layer_sensitivity(model, tok, TEXT, spec, max_tokens=48)
+    plain = _plain_sensitivity(model, tok, TEXT, spec, 48)
+    for side in ("k", "v"):
+        assert [math.isnan(x) for x in fast[side]] == [math.isnan(x) for x in plain[side]]
+        got = [x for x in fast[side] if not math.isnan(x)]
+        # float noise: float32 logits in another batch shape move a KL by ~1e-9 nats
+        assert got == pytest.approx([x for x in plain[side] if not math.isnan(x)], rel=1e-3, abs=1e-8)
+        assert max(got) > 1e-6  # something was quantized: the comparison is not between zeros
+
+
+def test_prefix_tree_shares_the_exact_trunk():
+    """Sensitivity's variants: layer j runs the exact row, the variants of layers < j and the two forking at j."""
+    plans = [[None] * 5] + [[("k" if s == 0 else "v") if j == i else None for j in range(5)] for s in (0, 1)
+                            for i in range(5)]
+    specs = [[None if x is None else kvviz.parse_kv("int4" if x == "k" else "int8") for x in p] for p in plans]
+    owners, parents, leaves = _prefix_tree(specs)
+    assert [len(o) for o in owners] == [2 * j + 3 for j in range(5)]
+    assert parents[0] == [0, 0, 0]  # every row of layer 0 reads the one input row
+    assert sorted(leaves) == list(range(11))  # every plan ends in its own row
+    # two plans that differ only in their last layer share every row before it
+    same = _prefix_tree([specs[5], [*specs[5][:4], specs[10][4]]])[0]
+    assert [len(o) for o in same] == [1, 1, 1, 1, 2]
+
+
+def test_tree_rows_equal_unshared_rows(outlier_model):
+    """Plans with shared prefixes (a search path) give the same hidden states as each plan run alone."""
+    model, tok = outlier_model
+    ids = tok(TEXT, return_tensors="pt")["input_ids"][:, :40]
+    plans = ["int4", "int4; 3=int8", "int4; 2-3=int8", "int8; 0=int4", None, "k8v4; 1=fp16"]
+    together = row_hidden(model, ids, plans)
+    for r, plan in enumerate(plans):
+        alone = row_hidden(model, ids, [plan])[0]
+        torch.testing.assert_close(together[r], alone, rtol=1e-4, atol=1e-5)
 
 
 def test_search_respects_the_budget_and_its_curve(outlier_model):
@@ -100,6 +166,19 @@ def test_search_respects_the_budget_and_its_curve(outlier_model):
     ok = [s for s in mid["steps"] if s["kl"] <= budget]
     assert mid["bytes"] == min(s["bytes"] for s in ok) < steps[-1]["bytes"]
     assert parse_plan(mid["plan_text"], 4) == parse_plan(mid["plan"], 4)
+
+
+def test_search_reuses_given_sensitivities(outlier_model):
+    model, tok = outlier_model
+    cands = ["k=int4,v=fp16", "k=int2,v=fp16", "fp16"]
+    first = search(model, tok, TEXT, cands, kl_budget=1e-3, max_tokens=48)
+    again = search(model, tok, TEXT, cands, kl_budget=1e-3, max_tokens=48, sensitivity=first["sensitivity"])
+    assert again["sensitivity"] == first["sensitivity"]
+    assert [s["plan_text"] for s in again["steps"]] == [s["plan_text"] for s in first["steps"]]
+    # the exact row ran in another batch (the path's, not the sensitivity run's): float sums differ slightly
+    assert [s["kl"] for s in again["steps"]] == pytest.approx([s["kl"] for s in first["steps"]], rel=1e-3)
+    with pytest.raises(ValueError, match="previous search's result"):
+        search(model, tok, TEXT, cands, kl_budget=1e-3, max_tokens=48, sensitivity={"int4": [0.0] * 4})
 
 
 def test_search_bad_input(outlier_model):
@@ -141,3 +220,22 @@ def test_kld_bad_input(tmp_path, outlier_model):
         load_base(bad)
     with pytest.raises(ValueError, match="No baseline file"):
         load_base(tmp_path / "missing.pt")
+
+
+def test_cli_sensitivity_and_plan(outlier_model, monkeypatch, capsys, tmp_path):
+    """The CLIs print the map (the outlier layer first), the path and a plan within the budget."""
+    monkeypatch.setattr(kvviz.models, "load_model", lambda name=None: outlier_model)
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    assert cli.main(["sensitivity", "--spec", "int4", "--tokens", "48", "--text-file", str(text)]) == 0
+    out = capsys.readouterr().out
+    assert f"most damaging: K{OUTLIER_LAYER} " in out and "sensitivity took" in out
+    assert len([line for line in out.splitlines() if line.strip()[:1].isdigit()]) == 4  # one row per layer
+    assert cli.main(["plan", "--candidates", "int4,int8,fp16", "--kl-budget", "1e9", "--tokens", "48",
+                     "--text-file", str(text)]) == 0
+    out = capsys.readouterr().out
+    assert "plan: int4\n" in out and "within the budget" in out and "uniform fp16:" in out
+    assert cli.main(["plan", "--candidates", "k=int8,v=int4,fp16", "--kl-budget", "0.1"]) == 2
+    assert "cannot go in it" in capsys.readouterr().err
+    assert cli.main(["sensitivity", "--spec", "bogus"]) == 2
+    assert "Unknown KV format" in capsys.readouterr().err

@@ -5,8 +5,11 @@ teacher-forced KL(exact || variant) over the prompt's positions, where the varia
 `spec` and keeps everything else exact: the other side of layer i in fp16 (the model's own dtype when that is
 fp16 / bf16; on a float32 model fp16's rounding of one tensor moves the KL by orders of magnitude less than any
 quantized format), every other layer as computed (kvviz.QuantizedKVCache plans, None entries). All 2L variants and
-the exact row run as rows of ONE batch (kvviz.quality.rows.RowStackCache), with the first token alone and the
-rest in one chunk so that every later position reads the quantized cache (kvviz.quality.divergence).
+the exact row run as rows of ONE batch, with the first token alone and the rest in one chunk so that every later
+position reads the quantized cache (kvviz.analysis.rows). The rows run as a prefix tree: variant i is the exact run
+up to layer i, so it forks from the exact row there, and layer j computes 2j + 3 rows instead of 2L + 1 (about
+half the decoder work); the exact row's log-probs are formed once and every variant's KL is taken against them.
+`plans_kl` is the same measurement for any plans (kvviz.plan.search's path).
 
 Qwen2.5-7B's k_proj bias gives layers 0 and 27 K norms of 600-900 against a median of 22: those layers top the K
 ranking at 3-4 bits, and `layer_norms` shows why (max |K| and the largest channel's amax over the median's).
@@ -25,7 +28,7 @@ import torch
 from kvviz.analysis.capture import capture_ids
 from kvviz.formats import KVSpec, get_format, parse_kv
 from kvviz.memory.layers import layer_shapes
-from kvviz.quality.divergence import row_values
+from kvviz.analysis.rows import row_values
 
 
 def _prompt_ids(model, tokenizer, prompt: str, max_tokens: int) -> torch.Tensor:
@@ -68,19 +71,27 @@ def variant_plans(model, spec) -> tuple[list, list[tuple[str, int]]]:
 
 @torch.no_grad()
 def plans_kl(model, ids_list: list[torch.Tensor], plans: list, rows_per_pass: int | None = None,
-             scales: dict | None = None) -> list[float]:
+             scales: dict | None = None, bases: list | None = None) -> list[float]:
     """Mean teacher-forced KL (nats) of each plan against the exact model over every scored position of every
-    prompt (ids [1, T] each; positions 1..T-2), the plans batched as rows, `rows_per_pass` at a time."""
+    prompt (ids [1, T] each; positions 1..T-2), the plans batched as rows, `rows_per_pass` at a time.
+
+    bases: a list that carries the exact model's log-probs per prompt between calls: empty, it is filled (the
+    exact row runs beside the first pass); filled, the exact model does not run again (same ids_list)."""
     step = rows_per_pass or len(plans)
     if step < 1:
         raise ValueError(f"rows_per_pass must be a positive number of rows, got {rows_per_pass}.")
+    bases = [] if bases is None else bases
+    assert not bases or len(bases) == len(ids_list), f"{len(bases)} saved baselines for {len(ids_list)} prompts"
     sums, count = [0.0] * len(plans), 0
-    for ids in ids_list:
-        base = None
+    for n, ids in enumerate(ids_list):
+        base = bases[n] if bases and len(bases) == len(ids_list) else None
         for start in range(0, len(plans), step):
-            values, base = row_values(model, ids, plans[start : start + step], base=base, scales=scales)
-            for j, (kl, *_) in enumerate(values):
+            values, base = row_values(model, ids, plans[start : start + step], base=base, scales=scales,
+                                      kl_only=True)
+            for j, kl in enumerate(values):
                 sums[start + j] += float(kl.sum())
+        if len(bases) < len(ids_list):
+            bases.append(base)
         count += ids.shape[1] - 2
     return [s / count for s in sums]
 
@@ -91,7 +102,8 @@ def layer_sensitivity(model, tokenizer, prompt: str, spec, max_tokens: int = 256
     """Mean teacher-forced KL (nats) when only one layer's K (or V) is stored in `spec` (see the module docstring).
 
     prompt: text, cut to its first max_tokens tokens; positions 1..T-2 are scored. rows_per_pass: variants per
-    batch (None: all 2L at once; fewer bounds memory on long prompts, at the same compute).
+    batch (None: all 2L at once; fewer bounds memory on long prompts, at somewhat more compute: each batch runs its
+    own exact trunk up to its variants' layers).
     Returns {"k": [L], "v": [L]} (NaN for layers that hold no K/V), plus "spec" (canonical), "tokens" (T),
     "other" (the 16-bit format of the unmeasured side), "seconds".
     """

@@ -1,7 +1,7 @@
 """kvviz's own simulation of the same K/V formats on the same tokens, for side-by-side tables with an engine's.
 
 The model is kvviz.models.load_model's (the bundled GGUF dequantized to fp32 weights, run by transformers), fed the
-token ids the engine scored. The runs are kvviz.quality.divergence.row_values': one batch with a row per format
+token ids the engine scored. The runs are kvviz.analysis.rows.row_values': one batch with a row per format
 and an exact row, the first token alone and then the rest at once, so every later position reads K/V as the cache
 stores them (quantized on append, before attention reads), as in llama.cpp's batch. Positions 1..T-2 are scored
 (position 0 reads no cache in kvviz; llama.cpp's bridge also scores it). Statistics are kvviz.quality.kld's.
@@ -19,7 +19,7 @@ def kld(specs: list[str], ids: list[int], model=None) -> dict[str, dict]:
     """{spec: kvviz.quality.kld stats} of kvviz's formats against the exact model on the token ids `ids` [T]
     (positions 1..T-2 scored). model: a loaded causal LM, or a name for kvviz.models.load_model (default SmolLM2)."""
     from kvviz.plan import parse_plan
-    from kvviz.quality.divergence import row_values
+    from kvviz.analysis.rows import row_values
     from kvviz.quality.kld import summarize
 
     if len(ids) < 3:

@@ -9,7 +9,7 @@
     quality.needle(model, tok, ["fp8_e4m3", "int4"])                   # retrieval rate against needle depth
     quality.kld(model, tok, ["fp8_e4m3", "int4; 0,29=fp16"])           # llama.cpp's KLD statistics (divergence.py)
 
-Metrics come from one batched decode loop whose rows each hold their own format (kvviz.quality.rows); tokens/s
+Metrics come from one batched decode loop whose rows each hold their own format (kvviz.cache.rows); tokens/s
 come from each format's own cache and attention backend (kvviz.quality.speed).
 """
 
@@ -20,7 +20,7 @@ from kvviz.quality.compare import (FormatResult, QualityReport, StreamUpdate, co
                                    prefill)
 from kvviz.quality.needle import DEPTHS, haystack, needle
 from kvviz.quality.perplexity import perplexity, wikitext
-from kvviz.quality.rows import RowStackCache
+from kvviz.cache.rows import RowStackCache
 from kvviz.quality.speed import decode_speed, load_prefill, make_cache, timed_decode
 
 __all__ = [

@@ -2,7 +2,7 @@
 first divergence, and teacher-forced per-step KL(baseline || format) and top-1 agreement.
 
 One prefill (DynamicCache, the prompt attends to its own unquantized K/V as in vLLM) serves every format: its K/V
-are copied into each format's cache. Then ONE batched decode loop (kvviz.quality.rows.RowStackCache) runs
+are copied into each format's cache. Then ONE batched decode loop (kvviz.cache.rows.RowStackCache) runs
 1 + 2 x len(specs) rows: row 0 the exact baseline (greedy), then per format a teacher-forced row (fed the baseline's
 tokens) and a free-running row (fed its own greedy tokens). Step 0's token comes from the shared prefill, so it is
 the same everywhere; KL and top-1 are measured on the decode steps 1..N-1, where the format's cache is read.
@@ -23,8 +23,8 @@ import torch
 from transformers import DynamicCache
 
 from kvviz.attention import active_backend
+from kvviz.cache.rows import RowStackCache
 from kvviz.plan import format_plan, is_uniform, parse_plan
-from kvviz.quality.rows import RowStackCache
 from kvviz.quality.speed import decode_speed
 
 METRICS_BACKEND = "torch reference, batched (dequantized K/V + SDPA)"

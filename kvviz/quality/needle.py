@@ -3,7 +3,7 @@ read back through each format's cache contains it (the seed: int4 loses mid-cont
 
 The haystack (filler with the needle sentence at the given depth) is the prompt: one prefill, stored in every
 format's cache. The question then goes through the cache as a chunk and the answer is decoded greedily, so both
-read the needle from the quantized cache. All formats run as rows of one batch (kvviz.quality.rows).
+read the needle from the quantized cache. All formats run as rows of one batch (kvviz.cache.rows).
 
     res = needle(model, tok, ["fp8_e4m3", "int4", "kivi2"], context_tokens=1024)
     res["rate"]        # {"baseline": 1.0, "fp8_e4m3": 1.0, "int4": 0.6, ...}
@@ -18,7 +18,7 @@ import torch
 
 from kvviz.quality.compare import _check_specs, prefill
 from kvviz.quality.perplexity import wikitext
-from kvviz.quality.rows import RowStackCache
+from kvviz.cache.rows import RowStackCache
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 NEEDLE = " The secret number is {value}. Remember it: {value}."

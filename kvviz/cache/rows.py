@@ -8,8 +8,13 @@ when its row's cache quantizes it, and the full-precision tail (residual window,
 each step. The mirror holds exactly what `PackedKV.dequantize()` returns (the torch backend's reference read), so
 the "kvviz" attention function gets plain tensors and runs SDPA over all rows at once.
 
-This serves quality metrics (teacher-forced KL, free-running text, needle retrieval): one set of weight reads per
-step for every format. Speed of a format's own cache and backend is measured separately (kvviz.quality.speed).
+This serves quality metrics (teacher-forced KL, free-running text, needle retrieval, per-layer sensitivity): one set
+of weight reads per step for every format. Speed of a format's own cache and backend is measured separately
+(kvviz.quality.speed).
+
+Rows per layer: by default every layer holds every row. With `layer_rows`, layer j holds its own rows, each taking
+layer j of one of the given plans; kvviz.analysis.rows uses this to run many per-layer plans as a prefix tree (plans
+that agree on layers 0..j share one row up to layer j), so the batch differs from layer to layer.
 
     stack = RowStackCache(model.config, [None, "fp8_e4m3", "k8v4"])   # row 0 exact, rows 1-2 quantized
     stack.load_prefill(dynamic_cache)                                  # the prompt's K/V, copied into every row
@@ -21,7 +26,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from kvviz.cache import QuantizedKVCache
+from kvviz.cache.quantized import QuantizedKVCache, _layer_plan
 from kvviz.formats import QTensor
 
 _MIN_CAPACITY = 64
@@ -37,6 +42,7 @@ class _RowStackLayer(CacheLayerMixin):
     def __init__(self, row_layers: list):
         super().__init__()
         self.rows = row_layers  # QuantizedKVLayer or None (exact row) per batch row
+        self.exact = [b for b, row in enumerate(row_layers) if row is None]
         self.n = 0
         self.done = {"k": [0] * len(row_layers), "v": [0] * len(row_layers)}  # quantized tokens mirrored per row
 
@@ -65,9 +71,14 @@ class _RowStackLayer(CacheLayerMixin):
         t = key_states.shape[2]
         end = self.n + t
         self._grow(end)
+        if self.exact:  # exact rows: what attention reads is what came in, one copy for all of them
+            self.keys[self.exact, :, self.n : end] = key_states[self.exact]
+            self.values[self.exact, :, self.n : end] = value_states[self.exact]
         for b, row in enumerate(self.rows):
+            if row is None:
+                continue
             k_new, v_new = key_states[b : b + 1], value_states[b : b + 1]
-            out = (k_new, v_new) if row is None else row.update(k_new, v_new)
+            out = row.update(k_new, v_new)
             for side, buf, got, raw in (("k", self.keys, out[0], k_new), ("v", self.values, out[1], v_new)):
                 if isinstance(got, torch.Tensor):  # exact row, or a row cache's first (prefill) update
                     buf[b, :, self.n : end] = raw[0]
@@ -115,17 +126,28 @@ def _slice(packed, start: int, stop: int) -> QTensor:
 class RowStackCache(Cache):
     """A batch of rows, each with its own KV spec (None: exact). See the module docstring.
 
-    config: the model config. specs: one entry per batch row, a spec string / KVSpec or None.
+    config: the model config. specs: one entry per batch row (per plan, with layer_rows), a spec string / KVSpec,
+    a per-layer plan (a list with one spec or None per layer, or a plan string) or None.
     scales: static scales passed to every quantized row's QuantizedKVCache ({layer: (k_scale, v_scale)}).
+    layer_rows: None (every layer holds one row per spec, in order) or, per layer j, the index into `specs` of
+    each row layer j holds (that row stores what specs[p]'s layer j stores); a (plan, layer) pair at most once.
     """
 
-    def __init__(self, config, specs: list, scales: dict | None = None):
-        self.row_caches = [None if s is None else QuantizedKVCache(config, s, scales=_scales_for(s, scales))
+    def __init__(self, config, specs: list, scales: dict | None = None, layer_rows: list[list[int]] | None = None):
+        self.row_caches = [None if s is None else QuantizedKVCache(config, s, scales=_scales_for(config, s, scales))
                            for s in specs]
         n_layers = config.get_text_config(decoder=True).num_hidden_layers
-        layers = [_RowStackLayer([None if c is None else c.layers[i] for c in self.row_caches])
-                  for i in range(n_layers)]
+        if layer_rows is None:
+            layer_rows = [list(range(len(specs)))] * n_layers
+        assert len(layer_rows) == n_layers, f"layer_rows has {len(layer_rows)} layers, the model {n_layers}"
+        assert all(len(set(r)) == len(r) for r in layer_rows), "a plan's layer serves one row per layer at most"
+        layers = [_RowStackLayer([self._layer(p, i) for p in rows]) for i, rows in enumerate(layer_rows)]
         super().__init__(layers=layers)
+
+    def _layer(self, p: int, i: int):
+        """Plan p's cache layer i, or None where that layer is exact (an exact row, or a plan's None entry)."""
+        c = self.row_caches[p]
+        return None if c is None or c.plan[i] is None else c.layers[i]
 
     def load_prefill(self, cache: Cache) -> None:
         """Copy a batch-1 prefilled cache (e.g. a DynamicCache) into every row: each row's cache stores (and
@@ -141,12 +163,10 @@ class RowStackCache(Cache):
         return None if c is None else c.nbytes()
 
 
-def _scales_for(spec, scales):
+def _scales_for(config, spec, scales):
     """Static scales only reach rows whose formats take them (QuantizedKVCache rejects them otherwise)."""
     if not scales:
         return None
-    from kvviz.formats import parse_kv
-
-    kv = parse_kv(spec)
-    takes = any(f.granularity in ("tensor", "head") or f.base == "nvfp4" for f in (kv.k, kv.v))
+    kvs = [kv for kv in _layer_plan(spec, config.get_text_config(decoder=True).num_hidden_layers) if kv is not None]
+    takes = any(f.granularity in ("tensor", "head") or f.base == "nvfp4" for kv in kvs for f in (kv.k, kv.v))
     return scales if takes else None

@@ -1,0 +1,210 @@
+"""Teacher-forced rows: many KV specs or per-layer plans run over one token window as rows of one batch, and their
+KL divergence against the exact model, with every position reading the quantized cache, as in an engine.
+
+How a window of T tokens runs (`row_hidden`): each row holds its own spec or plan (kvviz.cache.rows.RowStackCache).
+The first `first_chunk` tokens (default 1) go in alone: a cache's first update hands attention the raw K/V, so
+keeping that chunk to one token means every later position reads quantized K/V, as llama.cpp does (it quantizes
+the prompt's K/V before attention reads them; vLLM's prefill instead attends to its own unquantized K/V). The rest
+goes through in chunks of `chunk` tokens (default: all at once): each chunk's queries read the quantized history
+and their own tokens as the cache stores them (it quantizes on append, before attention reads), so for per-token
+formats the chunk size does not change the result; for per-channel (KIVI) formats a group's scales may see later
+tokens of the same chunk.
+
+Rows share work as a prefix tree. A decoder layer's output depends only on its input and on what its own cache
+layer stores, so two plans that store the same formats in layers 0..j compute the same hidden states through layer
+j: they run as ONE row up to there and fork where their plans first differ. Layer j's batch holds one row per
+distinct prefix of the plans (formats of layers 0..j); a pre-hook on each decoder layer gathers its input rows from
+the previous layer's output (`index_select` by parent). For per-layer sensitivity ("only layer i quantized", plus
+the exact row) layer j runs 2j + 3 rows instead of 2L + 1: the variants of layer i start from the exact run's
+layer-i input, as the plain definition computes it, with about half the decoder work. The model's own forward builds
+the masks, positions and rotary tables (batch 1, broadcast over the rows); nothing of a decoder is re-implemented.
+
+Scoring (`row_values`): positions `score_from`..T-2 (logits at t predict token t+1), each row's logits formed from
+its final hidden states one row at a time (memory stays at one [N, vocab]), compared with the exact row's
+log-probs (`Baseline`, computed once per window, or a saved one).
+
+    hidden = row_hidden(model, ids, [None, "int4", "int4; 0=fp16"])      # [3, T, hidden]
+    values, base = row_values(model, ids, ["int4", "int4; 0=fp16"])      # per-position (kld, nll, nll_base, top)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvviz.cache.quantized import _layer_plan
+from kvviz.cache.rows import RowStackCache
+
+
+def lm_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """The causal LM head on decoder hidden states [T, hidden] -> logits [T, vocab] (the model's dtype), with
+    Gemma's final logit softcapping where the config has it."""
+    logits = model.get_output_embeddings()(hidden)
+    cap = getattr(model.config.get_text_config(decoder=True), "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def lm_logprobs(model, hidden: torch.Tensor) -> torch.Tensor:
+    """[T, hidden] -> float64 log-softmax [T, vocab]."""
+    return torch.log_softmax(lm_logits(model, hidden).double(), dim=-1)
+
+
+class Baseline:
+    """What every candidate row is compared with, computed once per window: the exact model's log-probs lp
+    [N, vocab] (float64), P = exp(lp), sum_i P_i lp_i, sum_i P_i, argmax and -lp(target)."""
+
+    def __init__(self, lp: torch.Tensor, targets: torch.Tensor):
+        self.lp, self.targets = lp, targets
+        self.p = lp.exp()
+        self.p_lp = torch.where(self.p > 0, self.p * lp, torch.zeros_like(lp)).sum(-1)  # [N]
+        self.p_sum = self.p.sum(-1)
+        self.top = lp.argmax(-1)
+        self.nll = -lp.gather(-1, targets[:, None])[:, 0]
+
+    def kl(self, logits: torch.Tensor, p_z: torch.Tensor | None = None) -> torch.Tensor:
+        """KL(exact || candidate) [N] of a candidate's logits [N, vocab] (the model's dtype), as values() gives it
+        but with the vocabulary read in that dtype, never copied to float64: with lq = z - lse(z),
+        KL = sum P lp - sum P z + lse(z) sum P, where lse(z) = max + log(sum exp(z - max)), the exponentials summed
+        in float64 (their float32 rounding errors are independent, so the sum keeps ~1e-9 relative), and
+        sum P z = p_z when given (`p_z_from_hidden`: one dot product per position instead of a vocabulary pass)."""
+        top = logits.amax(dim=-1, keepdim=True)  # [N, 1]
+        lse = top[:, 0].double() + torch.exp(logits - top).sum(dim=-1, dtype=torch.float64).log()
+        if p_z is None:
+            p_z = torch.linalg.vecdot(self.p, logits.double())
+        return self.p_lp - p_z + lse * self.p_sum
+
+    def p_z_from_hidden(self, model, hidden: torch.Tensor) -> torch.Tensor | None:
+        """sum_v P_v z_v [N] of the candidate's hidden states [N, hidden] as (P W) . h, when the LM head is one
+        linear map z = W h (no bias, no softcapping): P W [N, hidden] is formed once per baseline, in float64.
+        None for other heads."""
+        head = model.get_output_embeddings()
+        if getattr(model.config.get_text_config(decoder=True), "final_logit_softcapping", None) or \
+                not isinstance(head, torch.nn.Linear) or head.bias is not None:
+            return None
+        if getattr(self, "_pw", None) is None:
+            self._pw = self.p @ head.weight.double()  # [N, hidden]
+        return torch.linalg.vecdot(self._pw, hidden.double())
+
+    def values(self, logits: torch.Tensor):
+        """Per-position (kld, nll, nll_base, same_top) [N] of a candidate's logits [N, vocab], the same numbers as
+        kvviz.quality.kld.per_position."""
+        z = logits.double()
+        lse = torch.logsumexp(z, dim=-1)  # [N]
+        kld = self.p_lp - torch.linalg.vecdot(self.p, z) + lse * self.p_sum
+        nll = lse - z.gather(-1, self.targets[:, None])[:, 0]
+        return kld, nll, self.nll, z.argmax(-1) == self.top
+
+
+def _prefix_tree(plans: list[list]) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """The rows of every layer for plans (one KVSpec or None per layer each) run as a prefix tree.
+
+    Returns (owners, parents, leaves): owners[j][r], the plan whose layer j row r stores (the first plan with that
+    prefix); parents[j][r], the row of layer j - 1 whose output row r of layer j reads (layer 0: row 0 of the
+    batch-1 input); leaves[p], plan p's row in the last layer's output."""
+    key = lambda kv: None if kv is None else (kv.spec, kv.residual)  # noqa: E731  (a KVSpec's name is a label)
+    owners, parents = [], []
+    row_of = [0] * len(plans)  # each plan's row in the previous layer (layer -1: the input, one row)
+    for j in range(len(plans[0])):
+        index: dict = {}
+        owner, parent = [], []
+        for p, plan in enumerate(plans):
+            node = (row_of[p], key(plan[j]))
+            if node not in index:
+                index[node] = len(owner)
+                owner.append(p)
+                parent.append(row_of[p])
+            row_of[p] = index[node]
+        owners.append(owner)
+        parents.append(parent)
+    return owners, parents, row_of
+
+
+def _forkable_layers(model) -> list | None:
+    """The decoder layers rows can fork between, or None where they cannot: no `layers` list on the decoder, or
+    layers that read another layer's K/V (Gemma 4's KV sharing: producer and consumer must hold the same rows)."""
+    text = model.config.get_text_config(decoder=True)
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None or len(layers) < text.num_hidden_layers or getattr(text, "num_kv_shared_layers", 0):
+        return None
+    return list(layers[: text.num_hidden_layers])
+
+
+def _forking_hook(parent: torch.Tensor):
+    """A decoder-layer pre-hook that replaces the hidden states [R_prev, t, hidden] with the rows `parent` picks."""
+
+    def hook(module, args, kwargs):
+        if args:
+            return (args[0].index_select(0, parent.to(args[0].device)), *args[1:]), kwargs
+        kwargs["hidden_states"] = kwargs["hidden_states"].index_select(0, parent.to(kwargs["hidden_states"].device))
+        return args, kwargs
+
+    return hook
+
+
+@torch.no_grad()
+def row_hidden(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk: int | None = None,
+               scales: dict | None = None) -> torch.Tensor:
+    """Final hidden states [rows, T, hidden] of the same tokens ids [1, T], row r holding rows[r] (a spec, a plan
+    string or list, or None: exact), fed in chunks and run as a prefix tree (see the module docstring)."""
+    n, t = len(rows), ids.shape[1]
+    if not 1 <= first_chunk < t:
+        raise ValueError(f"first_chunk must be in 1..{t - 1} for a window of {t} tokens; got {first_chunk}.")
+    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    plans = [[None] * n_layers if r is None else _layer_plan(r, n_layers) for r in rows]
+    specs = [None if all(kv is None for kv in p) else p for p in plans]
+    layers = _forkable_layers(model)
+    step = chunk or t
+    bounds = [0, first_chunk] + list(range(first_chunk + step, t, step)) + [t]
+    body = model.get_decoder()
+    if layers is None:  # one row per plan in every layer, the batch fed as is
+        stack = RowStackCache(model.config, specs, scales=scales)
+        return torch.cat([body(input_ids=ids[:, a:b].expand(n, -1), cache=stack, use_cache=True).last_hidden_state
+                          for a, b in zip(bounds[:-1], bounds[1:]) if b > a], dim=1)  # [rows, T, hidden]
+    owners, parents, leaves = _prefix_tree(plans)
+    stack = RowStackCache(model.config, specs, scales=scales, layer_rows=owners)
+    hooks = [layer.register_forward_pre_hook(_forking_hook(torch.tensor(parent)), with_kwargs=True)
+             for layer, parent in zip(layers, parents)]
+    try:
+        hidden = [body(input_ids=ids[:, a:b], cache=stack, use_cache=True).last_hidden_state
+                  for a, b in zip(bounds[:-1], bounds[1:]) if b > a]  # each [last layer's rows, t_chunk, hidden]
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.cat(hidden, dim=1).index_select(0, torch.tensor(leaves, device=ids.device))  # [rows, T, hidden]
+
+
+def check_score_from(score_from: int, t: int) -> None:
+    if not 1 <= score_from <= t - 2:
+        raise ValueError(f"score_from must be in 1..{t - 2} for a window of {t} tokens (position 0 reads no "
+                         f"cache); got {score_from}.")
+
+
+@torch.no_grad()
+def row_values(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk: int | None = None,
+               score_from: int = 1, base: torch.Tensor | None = None, scales: dict | None = None,
+               kl_only: bool = False):
+    """Per-position KL values of every row against the exact model on one window ids [1, T].
+
+    rows: one spec / plan per candidate (a plan: a list of one spec per layer, None = that layer exact).
+    base: the exact model's log-probs [N, vocab] at the scored positions, when already known (saved); else an
+    exact row runs in the same batch (sharing its layers with every row whose first layers are exact).
+    Returns (values, base): values[r] = (kld, nll, nll_base, same_top), each [N] with N = T - 1 - score_from (as
+    kvviz.quality.kld.per_position gives them), or with kl_only the kld [N] alone; and the base log-probs
+    [N, vocab].
+    """
+    t = ids.shape[1]
+    check_score_from(score_from, t)
+    run = rows if base is not None else [None] + list(rows)
+    hidden = row_hidden(model, ids, run, first_chunk, chunk, scales)[:, score_from : t - 1]  # [R, N, hidden]
+    targets = ids[0, score_from + 1 :]  # [N]
+    if base is None:
+        base = lm_logprobs(model, hidden[0])
+        hidden = hidden[1:]
+    elif base.shape[0] != targets.shape[0]:
+        raise ValueError(f"The saved baseline has {base.shape[0]} positions per window; this run scores "
+                         f"{targets.shape[0]}. Use the window settings it was saved with.")
+    ref = Baseline(base, targets)
+    if kl_only:
+        return [ref.kl(lm_logits(model, h), ref.p_z_from_hidden(model, h)) for h in hidden], base
+    return [ref.values(lm_logits(model, h)) for h in hidden], base
