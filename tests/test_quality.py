@@ -47,12 +47,19 @@ def test_report_fields(tiny):
             assert f.token_ids[f.first_divergence] != report.baseline_ids[f.first_divergence]
 
 
-def test_batched_rows_match_each_formats_own_cache(tiny):
-    """The batched per-row-format decode gives the KL a format's own QuantizedKVCache gives alone."""
-    model, tok = tiny
-    report = quality.compare(model, tok, PROMPT, LOSSY, max_new_tokens=10)
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "mistral", "cohere2", "gpt_oss", "llama4", "deepseek_v3"])
+def test_batched_rows_match_each_formats_own_cache(tiny, arch):
+    """The batched per-row-format decode gives the KL a format's own QuantizedKVCache gives alone, on sliding
+    windows and chunks shorter than the prompt (rows whose caches evict) and on MLA's latents (layers that hand
+    back dequantized tensors) too."""
+    model, tok = tiny if arch == "llama" else tiny_model(arch)
+    specs = LOSSY if arch == "llama" else ["int2/g16", "k=int8,v=int4", "int4/channel/g8/asym", "fp8_e4m3", "nvfp4"]
+    report = quality.compare(model, tok, PROMPT, specs, max_new_tokens=10)
     ids = tok(PROMPT, return_tensors="pt")["input_ids"]
     cont = torch.tensor([report.baseline_ids])
+    with torch.no_grad():  # the batch's exact row decodes what the model itself generates (windows included)
+        ref = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    assert report.baseline_ids == ref
     base_cache, _ = quality.prefill(model, ids)
     with torch.no_grad():
         base = torch.cat([model(input_ids=cont[:, i : i + 1], cache=base_cache).logits[:, -1] for i in range(9)])

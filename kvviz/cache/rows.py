@@ -79,23 +79,30 @@ class _RowStackLayer(CacheLayerMixin):
                 continue
             k_new, v_new = key_states[b : b + 1], value_states[b : b + 1]
             out = row.update(k_new, v_new)
-            for side, buf, got, raw in (("k", self.keys, out[0], k_new), ("v", self.values, out[1], v_new)):
-                if isinstance(got, torch.Tensor):  # exact row, or a row cache's first (prefill) update
-                    buf[b, :, self.n : end] = raw[0]
+            for side, buf, got in (("k", self.keys, out[0]), ("v", self.values, out[1])):
+                if isinstance(got, torch.Tensor):  # the prefill (its own K/V), or a layer that hands back tensors
+                    buf[b, :, end - got.shape[2] : end] = got[0]  # (MLA latents: the dequantized history)
                 else:
                     self._sync(side, b, got, buf, end)
         self.n = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def _sync(self, side: str, b: int, packed, buf: torch.Tensor, end: int) -> None:
-        """Mirror row b from its PackedKV: dequantize newly quantized tokens once, copy the tail."""
-        nq, m = packed.n_quantized, self.done[side][b]
-        assert packed.seq_len == end, f"row {b} holds {packed.seq_len} tokens, expected {end}"
-        if nq > m:
-            buf[b, :, m:nq] = packed.fmt.dequantize(_slice(packed, m, nq))[0].to(buf.dtype)
-            self.done[side][b] = nq
+        """Mirror row b from its packed side: dequantize newly quantized tokens once, copy the tail.
+
+        A sliding-window (or chunked) layer's row holds only its last `seq_len` positions: what its cache evicted
+        keeps its mirrored values here, where the model's sliding mask hides it, as it hides an exact row's old
+        tokens. `done` counts absolute positions.
+        """
+        start = end - packed.seq_len  # positions the row's own cache has evicted
+        assert start >= 0, f"row {b} holds {packed.seq_len} tokens, more than the {end} it was given"
+        nq = packed.n_quantized
+        m = max(self.done[side][b], start)
+        if start + nq > m:
+            buf[b, :, m : start + nq] = packed.fmt.dequantize(_slice(packed, m - start, nq))[0].to(buf.dtype)
+            self.done[side][b] = start + nq
         if packed.tail.shape[2]:
-            buf[b, :, nq:end] = packed.tail[0].to(buf.dtype)
+            buf[b, :, start + nq : end] = packed.tail[0].to(buf.dtype)
 
     def get_seq_length(self) -> int:
         return self.n

@@ -21,6 +21,7 @@ from typing import Iterator
 import numpy as np
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from kvviz.attention import active_backend
 from kvviz.cache.rows import RowStackCache
@@ -121,8 +122,14 @@ def kl_top1(base_logits: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tens
 
 @torch.no_grad()
 def prefill(model, ids: torch.Tensor):
-    """The prompt through a DynamicCache: (cache, last-position logits [1, vocab])."""
+    """The prompt through a DynamicCache: (cache, last-position logits [1, vocab]).
+
+    Its sliding-window layers keep every token, as full layers do (the model's sliding mask still hides what the
+    window has passed), so that a cache loaded from it (`load_prefill`, `RowStackCache.load_prefill`) gets the
+    whole prompt and evicts by its own rule, as it would have holding the prompt itself.
+    """
     cache = DynamicCache(config=model.config)
+    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in cache.layers]
     out = model(input_ids=ids.to(model.device), cache=cache, use_cache=True, logits_to_keep=1)
     return cache, out.logits[:, -1].float()
 
