@@ -186,15 +186,11 @@ def test_sensitivity_draws_map_ranking_and_norms(client):
     assert "tiny-llama" in json.loads(heat["plot"])["layout"]["title"]["text"]
 
 
-def test_sensitivity_speaks_korean_and_reads_wikitext(monkeypatch):
-    """The page's language reaches the callback as the session's state (the API answers in English)."""
-    monkeypatch.setenv("KVVIZ_MODEL", "tiny-llama")
-    from kvviz.ui import sensitivity
-
-    heat, _, table, summary = sensitivity.run("WikiText-2", "", "int8", 16, "tiny-llama", "ko",
-                                              progress=lambda *a, **k: None)
-    assert list(table.columns)[0] == "레이어" and "tiny-llama, int8, 16토큰" in summary
-    assert "한 레이어의 K 또는 V만" in heat.layout.title.text
+def test_sensitivity_speaks_korean_and_reads_wikitext(client):
+    heat, _, table, summary = client.predict("WikiText-2", "", "int8", 16, "tiny-llama", "한국어",
+                                             api_name="/sensitivity")
+    assert table["headers"][0] == "레이어" and "tiny-llama, int8, 16토큰" in summary
+    assert "한 레이어의 K 또는 V만" in json.loads(heat["plot"])["layout"]["title"]["text"]
 
 
 def test_plan_search_curve_plan_bytes_and_export(client):
