@@ -325,6 +325,27 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
                     acc[g, i] += p * vtile[j, i]
 
 
+@nb.njit(**_OPTS)
+def _unit(u, q, lengths, mask, has_mask, sm, cap, n_kv, splits, per_split,
+          km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
+          vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn,
+          mid_m, mid_l, mid_acc):
+    """Work item u = (b, kv head, split) of stage 1: its partial softmax state into mid_*[u]."""
+    gqa = q.shape[1] // n_kv
+    bh = u // splits
+    b = bh // n_kv
+    h = bh - b * n_kv
+    start = (u - bh * splits) * per_split
+    stop = min(lengths[b], start + per_split)
+    mid_m[u, :] = -np.inf
+    mid_l[u, :] = 0.0
+    mid_acc[u, :, :] = 0.0
+    _attend(q[b, h * gqa:(h + 1) * gqa], mask, has_mask, sm, cap, b, h, bh, start, stop,
+            km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
+            vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn,
+            mid_m[u], mid_l[u], mid_acc[u])
+
+
 @nb.njit(parallel=True, **_OPTS)
 def decode_partials(q, lengths, mask, has_mask, sm_scale, softcap, n_kv, splits, per_split,
                     km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
@@ -336,23 +357,27 @@ def decode_partials(q, lengths, mask, has_mask, sm_scale, softcap, n_kv, splits,
     kn / vn: [B] int64 packed tokens per side. Writes mid_m, mid_l: [B * Hkv * splits, G] f32 (m = -inf: no
     token) and mid_acc: [B * Hkv * splits, G, Dv] f32 in V's planar order.
     """
-    batch, hq, dk = q.shape
-    gqa = hq // n_kv
     sm = np.float32(sm_scale)  # every value stays fp32: a float64 would make numba widen the dot products
     cap = np.float32(softcap)
-    for u in nb.prange(batch * n_kv * splits):
-        bh = u // splits
-        b = bh // n_kv
-        h = bh - b * n_kv
-        start = (u - bh * splits) * per_split
-        stop = min(lengths[b], start + per_split)
-        mid_m[u, :] = -np.inf
-        mid_l[u, :] = 0.0
-        mid_acc[u, :, :] = 0.0
-        _attend(q[b, h * gqa:(h + 1) * gqa], mask, has_mask, sm, cap, b, h, bh, start, stop,
-                km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
-                vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn,
-                mid_m[u], mid_l[u], mid_acc[u])
+    for u in nb.prange(q.shape[0] * n_kv * splits):
+        _unit(u, q, lengths, mask, has_mask, sm, cap, n_kv, splits, per_split,
+              km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
+              vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn, mid_m, mid_l, mid_acc)
+
+
+@nb.njit(**_OPTS)
+def decode_partials_serial(q, lengths, mask, has_mask, sm_scale, softcap, n_kv, splits, per_split,
+                           km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
+                           vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn,
+                           mid_m, mid_l, mid_acc):
+    """decode_partials on the calling thread: for small work, where waking the thread pool costs more than the
+    work (and, on a busy machine, waits for a descheduled worker)."""
+    sm = np.float32(sm_scale)
+    cap = np.float32(softcap)
+    for u in range(q.shape[0] * n_kv * splits):
+        _unit(u, q, lengths, mask, has_mask, sm, cap, n_kv, splits, per_split,
+              km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
+              vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn, mid_m, mid_l, mid_acc)
 
 
 @nb.njit(**_OPTS)
