@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import threading
 import time
 
@@ -34,6 +35,10 @@ KINDS = ("float", "int", "fp4")  # format families (kvviz Format.kind) whose cod
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # OCP MX v1.0 FP4 magnitudes by code & 7
 _FLOAT_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}  # cpu_jit E_F16, E_BF16, E_F32
 _MIN_TOKENS_PER_SPLIT = 256
+# Below this many (token x KV head) rows a call runs on the calling thread (cpu_jit.decode_partials_serial): waking
+# numba's pool cost more than a 4K-token SmolLM2 layer (12,288 rows) on a busy 2-core machine (README, performance).
+# Override with KVVIZ_CPU_PARALLEL_ROWS (0: always the pool).
+_PARALLEL_ROWS = int(os.environ.get("KVVIZ_CPU_PARALLEL_ROWS", 1 << 16))
 _LOCK = threading.Lock()  # numba's workqueue threading layer must not be entered by two threads at once
 
 
@@ -210,6 +215,7 @@ def decode_attention_cpu(
     sinks: torch.Tensor | None = None,
     softcap: float | None = None,
     num_splits: int | None = None,
+    parallel: bool | None = None,
 ) -> torch.Tensor:
     """Decode attention of one new query token per sequence over packed K/V, fused on the CPU.
 
@@ -222,6 +228,7 @@ def decode_attention_cpu(
     sinks:    optional [Hq] logits that join the softmax denominator with no value (gpt-oss)
     softcap:  optional float > 0: scores = softcap * tanh(scores / softcap) (Gemma 2); None / 0 off
     num_splits: token splits per (b, kv head) run as parallel work items; None: enough to keep the threads busy
+    parallel: run the work items on numba's thread pool; None: when B * Hkv * max(lengths) >= _PARALLEL_ROWS
     Returns [B, Hq, D_v] in q's dtype. Without numba, or for a side it has no branch for (llama.cpp's ggml
     blocks), it returns the float64 reference's answer.
     """
@@ -241,8 +248,10 @@ def decode_attention_cpu(
     qk = q.detach().float() if k.rotation is None else q.detach().float() @ k.rotation.float()  # [B, Hq, D_k]
     k_pb, v_pb = (8 // side.bits if side.bits < 8 else 1 for side in (k, v))
     qk = qk[..., _planar(head_dim, k_pb)].contiguous() if k_pb > 1 else qk.contiguous()  # K's planar order
+    if parallel is None:
+        parallel = batch * hkv * max_length >= _PARALLEL_ROWS
     if num_splits is None:
-        threads = jit.nb.get_num_threads()
+        threads = jit.nb.get_num_threads() if parallel else 1
         num_splits = min(math.ceil(2 * threads / max(1, batch * hkv)), math.ceil(max_length / _MIN_TOKENS_PER_SPLIT))
     num_splits = max(1, int(num_splits))
     per_split = max(1, math.ceil(max(1, max_length) / num_splits / jit.BLOCK)) * jit.BLOCK
@@ -264,7 +273,7 @@ def decode_attention_cpu(
     mid_l = torch.empty(units, gqa)
     mid_acc = torch.empty(units, gqa, dv)
     with _LOCK:
-        jit.decode_partials(
+        (jit.decode_partials if parallel else jit.decode_partials_serial)(
             qk.numpy(), lengths.numpy(), mask.numpy(), kv_mask is not None, sm_scale, float(softcap or 0.0),
             hkv, num_splits, per_split, *k_args, *v_args,
             mid_m.numpy(), mid_l.numpy(), mid_acc.numpy(),
@@ -285,10 +294,11 @@ def _smoke() -> None:
     side = PackedSide(data=data, head_dim=4, elem="int", bits=4, offset=8,
                       scale=torch.ones(1, 1, 2, 1, dtype=torch.float16), scale_kind="token")
     q = torch.tensor([[[1.0, 0.0, 0.0, 0.0]]])
-    out = decode_attention_cpu(q, side, side, 2, sm_scale=1.0)
     keys = torch.tensor([[0.0, 1, 1, 0], [1, 1, 0, 0]])  # low nibble first
     want = torch.softmax(keys @ q[0, 0], 0) @ keys
-    assert torch.allclose(out[0, 0], want, atol=1e-6), f"CPU decode smoke test: {out} != {want}"
+    for parallel in (False, True):  # both entry points, so that neither compiles in the middle of a generation
+        out = decode_attention_cpu(q, side, side, 2, sm_scale=1.0, parallel=parallel)
+        assert torch.allclose(out[0, 0], want, atol=1e-6), f"CPU decode smoke test: {out} != {want}"
 
 
 if __name__ == "__main__":

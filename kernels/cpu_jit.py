@@ -57,6 +57,9 @@ def _as_f32(typingctx, bits):
     return types.float32(bits), codegen
 
 
+_U = np.uint64  # an index known to be >= 0: numba adds no wraparound for unsigned indices (see _codes)
+
+
 @nb.njit(inline="always", **_OPTS)
 def _u16(buf, o):
     return np.uint32(buf[o]) | (np.uint32(buf[o + 1]) << 8)
@@ -96,31 +99,51 @@ def _width(dt):
     return 1 if dt == E_LUT else (4 if dt == E_F32 else 2)
 
 
-@nb.njit(**_OPTS)
-def _decode_block(meta, data, lut, scale, zero, slut, tsv, tzv, tail, npk, b, h, t0, n, live, tile):
-    """Dequantize tokens t0..t0+n-1 (where live) of (batch b, kv head h) into tile[:n, :D], in planar order:
-    element d of a row sits at (d % pb) * (D / pb) + d // pb for pb codes per byte (identity for pb = 1), so the
-    nibble / 2-bit unpacking loops are contiguous and vectorize. The caller permutes q and the output to match."""
-    d = meta[M_DIM]
-    elem = meta[M_ELEM]
-    pb = meta[M_PER_BYTE]
-    nb_ = d // pb
-    off = np.float32(meta[M_OFFSET])
-    d_base = meta[M_D_OFF] + b * meta[M_D_SB] + h * meta[M_D_SH]
-    d_st = meta[M_D_ST]
-    skind = meta[M_SKIND]
-    sdt = meta[M_SDT]
-    sw = _width(sdt)
-    group = meta[M_GROUP]
-    has_zero = meta[M_ZERO] != 0
-    s_base = meta[M_S_OFF] + b * meta[M_S_SB] + h * meta[M_S_SH]
-    s_st = meta[M_S_ST]
-    z_base = meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH]
-    z_st = meta[M_Z_ST]
-    tdt = meta[M_TDT]
-    tw = _width(tdt)
-    t_base = meta[M_T_OFF] + b * meta[M_T_SB] + h * meta[M_T_SH]
-    t_st = meta[M_T_ST]
+@nb.njit(inline="always", **_OPTS)
+def _codes(data, o, elem, pb, nb_, off, lut, lo, hi, s, z, tile, j):
+    """Bytes lo..hi-1 of the packed row at byte offset o -> tile[j] as decode(code) * s + z, in planar order:
+    element d of a row sits at (d % pb) * (D / pb) + d // pb for pb codes per byte (identity for pb = 1), so each
+    field of a byte (low nibble, high nibble, ...) fills one contiguous run and the loops vectorize.
+
+    Indices are cast to unsigned (_U), so numba emits no negative-index wraparound in these loops. No array view
+    per row (`tile[j]`): each costs two atomic reference-count calls, which kept these loops ~4x slower."""
+    if elem == E_LUT:  # fp8, E2M1: codes through a table of 256 / 16 floats
+        if pb == 1:
+            for i in range(lo, hi):
+                tile[_U(j), _U(i)] = lut[data[_U(o + i)]] * s + z
+        else:
+            for i in range(lo, hi):
+                c = data[_U(o + i)]
+                tile[_U(j), _U(i)] = lut[c & 15] * s + z
+                tile[_U(j), _U(nb_ + i)] = lut[c >> 4] * s + z
+    elif elem == E_INT8:  # int8 two's complement
+        for i in range(lo, hi):
+            tile[_U(j), _U(i)] = np.float32(np.int8(data[_U(o + i)])) * s + z
+    else:  # E_UINT: (code - offset) * s + z = code * s + c0, codes unpacked with shifts
+        c0 = z - off * s
+        if pb == 1:
+            for i in range(lo, hi):
+                tile[_U(j), _U(i)] = np.float32(data[_U(o + i)]) * s + c0
+        elif pb == 2:  # element 2i in the low nibble
+            for i in range(lo, hi):
+                x = data[_U(o + i)]
+                tile[_U(j), _U(i)] = np.float32(x & 15) * s + c0
+                tile[_U(j), _U(nb_ + i)] = np.float32(x >> 4) * s + c0
+        else:  # element 4i + p at bits 2p
+            for i in range(lo, hi):
+                c = data[_U(o + i)]
+                tile[_U(j), _U(i)] = np.float32(c & 3) * s + c0
+                tile[_U(j), _U(nb_ + i)] = np.float32((c >> 2) & 3) * s + c0
+                tile[_U(j), _U(2 * nb_ + i)] = np.float32((c >> 4) & 3) * s + c0
+                tile[_U(j), _U(3 * nb_ + i)] = np.float32(c >> 6) * s + c0
+
+
+@nb.njit(inline="always", **_OPTS)
+def _rows(data, lut, scale, zero, slut, tail, live, tile, elem, geo, fl, npk, t0, n):
+    """The row loop of _decode_block (see there), inlined once per element kind."""
+    (pb, nb_, d_base, d_st, skind, sdt, sw, gp, ngroups, has_zero, s_base, s_st, z_base, z_st, tdt, tw,
+     t_base, t_st) = geo
+    off, tsv, s_row, z_row = fl
     for j in range(n):
         if not live[j]:
             continue
@@ -132,47 +155,71 @@ def _decode_block(meta, data, lut, scale, zero, slut, tsv, tzv, tail, npk, b, h,
                     tile[j, p * nb_ + i] = _read(tail, o + (pb * i + p) * tw, tdt, slut)
             continue
         o = d_base + t * d_st
-        if elem == E_UINT:  # integer codes: value = code - offset, unpacked with shifts (vectorizes)
-            if pb == 1:
-                for i in range(d):
-                    tile[j, i] = np.float32(data[o + i]) - off
-            elif pb == 2:  # element 2i in the low nibble
-                for i in range(nb_):
-                    c = data[o + i]
-                    tile[j, i] = np.float32(c & 15) - off
-                    tile[j, nb_ + i] = np.float32(c >> 4) - off
-            else:  # element 4i + p at bits 2p
-                for i in range(nb_):
-                    c = data[o + i]
-                    tile[j, i] = np.float32(c & 3) - off
-                    tile[j, nb_ + i] = np.float32((c >> 2) & 3) - off
-                    tile[j, 2 * nb_ + i] = np.float32((c >> 4) & 3) - off
-                    tile[j, 3 * nb_ + i] = np.float32(c >> 6) - off
-        elif elem == E_INT8:  # int8 two's complement
-            for i in range(d):
-                tile[j, i] = np.float32(np.int8(data[o + i]))
-        elif elem == E_LUT:  # fp8, E2M1: codes through a table
-            if pb == 1:
-                for i in range(d):
-                    tile[j, i] = lut[data[o + i]]
-            else:
-                for i in range(nb_):
-                    c = data[o + i]
-                    tile[j, i] = lut[c & 15]
-                    tile[j, nb_ + i] = lut[c >> 4]
+        if elem == E_LUT or elem >= E_UINT:
+            for gi in range(ngroups):
+                sc, z = s_row, z_row
+                if skind == S_TOKEN:
+                    sc = _read(scale, s_base + t * s_st + gi * sw, sdt, slut) * tsv
+                    if has_zero != 0:
+                        z = _read(zero, z_base + t * z_st + gi * sw, sdt, slut)
+                _codes(data, o, elem, pb, nb_, off, lut, gi * gp, (gi + 1) * gp, sc, z, tile, j)
         else:
-            for i in range(d):
-                tile[j, i] = _read(data, o + i * _width(elem), elem, lut)
+            for i in range(nb_ * pb):
+                tile[j, i] = _read(data, o + i * _width(elem), elem, lut) * s_row + z_row
 
 
 @nb.njit(**_OPTS)
-def _scale_rows(meta, scale, zero, slut, tsv, tzv, b, h, t0, n, npk, live, tile):
-    """Apply scales, tensor scale and zero points to the packed rows of a block decoded by _decode_block (planar
-    order). Separate from the unpacking loops: together in one function LLVM stops vectorizing them."""
+def _decode_block(meta, data, lut, scale, zero, slut, tsv, tzv, tail, npk, b, h, t0, n, live, tile):
+    """Dequantize tokens t0..t0+n-1 (where live) of (batch b, kv head h) into tile[:n, :D] (planar order, see
+    _codes). Token scales and tensor scales are applied while unpacking, one (scale, zero) per group of a row;
+    channel scales (one per channel and token group) afterwards by _scale_channels."""
+    d = meta[M_DIM]
+    elem = meta[M_ELEM]
+    pb = meta[M_PER_BYTE]
+    nb_ = d // pb
+    off = np.float32(meta[M_OFFSET])
+    d_base = meta[M_D_OFF] + b * meta[M_D_SB] + h * meta[M_D_SH]
+    d_st = meta[M_D_ST]
+    skind = meta[M_SKIND]
+    sdt = meta[M_SDT]
+    sw = _width(sdt)
+    group = meta[M_GROUP] if skind == S_TOKEN else d  # channels sharing one (scale, zero) in a row
+    gp = group // pb  # bytes of one group (planar: its channels sit at p * nb_ + [gi * gp, (gi + 1) * gp))
+    has_zero = meta[M_ZERO]
+    s_base = meta[M_S_OFF] + b * meta[M_S_SB] + h * meta[M_S_SH]
+    s_st = meta[M_S_ST]
+    z_base = meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH]
+    z_st = meta[M_Z_ST]
+    tdt = meta[M_TDT]
+    tw = _width(tdt)
+    t_base = meta[M_T_OFF] + b * meta[M_T_SB] + h * meta[M_T_SH]
+    t_st = meta[M_T_ST]
+    s_row = tsv if skind == S_NONE else np.float32(1.0)  # S_NONE: x = decode * tensor_scale + tensor zero
+    z_row = tzv if skind == S_NONE else np.float32(0.0)
+    ngroups = d // group
+    geo = (pb, nb_, d_base, d_st, skind, sdt, sw, gp, ngroups, has_zero, s_base, s_st, z_base, z_st, tdt, tw,
+           t_base, t_st)  # fewer than 30 arguments: CPython passes more as *args, which numba cannot inline
+    fl = (off, tsv, s_row, z_row)
+    # One copy of the row loop per element kind, each with its kind a compile-time constant: with the kind only
+    # known at run time LLVM leaves the unpacking loops scalar (measured 4x slower).
+    if elem == E_UINT:
+        _rows(data, lut, scale, zero, slut, tail, live, tile, E_UINT, geo, fl, npk, t0, n)
+    elif elem == E_LUT:
+        _rows(data, lut, scale, zero, slut, tail, live, tile, E_LUT, geo, fl, npk, t0, n)
+    elif elem == E_INT8:
+        _rows(data, lut, scale, zero, slut, tail, live, tile, E_INT8, geo, fl, npk, t0, n)
+    else:  # a 16 / 32-bit float cast
+        _rows(data, lut, scale, zero, slut, tail, live, tile, elem, geo, fl, npk, t0, n)
+    if skind == S_CHANNEL:
+        _scale_channels(meta, scale, zero, slut, tsv, b, h, t0, n, npk, live, tile)
+
+
+@nb.njit(**_OPTS)
+def _scale_channels(meta, scale, zero, slut, tsv, b, h, t0, n, npk, live, tile):
+    """Channel scales (KIVI's K): packed row t takes scale row t // group, one scale (and zero) per channel."""
     d = meta[M_DIM]
     pb = meta[M_PER_BYTE]
     nb_ = d // pb
-    skind = meta[M_SKIND]
     sdt = meta[M_SDT]
     sw = _width(sdt)
     group = meta[M_GROUP]
@@ -185,29 +232,27 @@ def _scale_rows(meta, scale, zero, slut, tsv, tzv, b, h, t0, n, npk, live, tile)
         t = t0 + j
         if not live[j] or t >= npk:
             continue
-        if skind == S_NONE:
-            if tsv != 1.0 or tzv != 0.0:
-                for i in range(d):
-                    tile[j, i] = tile[j, i] * tsv + tzv
-        elif skind == S_TOKEN:  # group g covers planar positions p * nb_ + [g * group / pb, (g + 1) * group / pb)
-            so = s_base + t * s_st
-            zo = z_base + t * z_st
-            gp = group // pb
-            for gi in range(d // group):
-                s = _read(scale, so + gi * sw, sdt, slut) * tsv
-                z = _read(zero, zo + gi * sw, sdt, slut) if has_zero else np.float32(0.0)
-                for p in range(pb):
-                    for i in range(p * nb_ + gi * gp, p * nb_ + (gi + 1) * gp):
-                        tile[j, i] = tile[j, i] * s + z
-        else:  # channel: scale row t // group holds one scale per channel
-            so = s_base + (t // group) * s_st
-            zo = z_base + (t // group) * z_st
-            for i in range(nb_):
-                for p in range(pb):
-                    c = pb * i + p
-                    s = _read(scale, so + c * sw, sdt, slut) * tsv
-                    z = _read(zero, zo + c * sw, sdt, slut) if has_zero else np.float32(0.0)
-                    tile[j, p * nb_ + i] = tile[j, p * nb_ + i] * s + z
+        so = s_base + (t // group) * s_st
+        zo = z_base + (t // group) * z_st
+        for i in range(nb_):
+            for p in range(pb):
+                c = pb * i + p
+                s = _read(scale, so + c * sw, sdt, slut) * tsv
+                z = _read(zero, zo + c * sw, sdt, slut) if has_zero else np.float32(0.0)
+                tile[j, p * nb_ + i] = tile[j, p * nb_ + i] * s + z
+
+
+@nb.njit(inline="always", **_OPTS)
+def _exp(x):
+    """exp(x) in fp32 for x <= 0 (softmax weights), as plain arithmetic that LLVM vectorizes (libm's expf does not):
+    2**k * e**f with k = round(x / ln 2), |f| <= ln(2) / 2, e**f by its degree-6 Taylor polynomial (relative error
+    below 3e-7). x < -87 gives about 1e-38, not 0: callers zero masked weights themselves."""
+    x = max(x, np.float32(-87.0))
+    k = np.float32(math.floor(x * np.float32(1.4426950408889634) + np.float32(0.5)))  # 1/ln(2)
+    f = x - k * np.float32(0.6931471805599453)  # ln(2)
+    p = np.float32(1.0) + f * (np.float32(1.0) + f * (np.float32(0.5) + f * (np.float32(1.0 / 6) + f * (
+        np.float32(1.0 / 24) + f * (np.float32(1.0 / 120) + f * np.float32(1.0 / 720))))))
+    return p * _as_f32((np.int32(k) + np.int32(127)) << 23)
 
 
 @nb.njit(**_OPTS)
@@ -217,18 +262,21 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
             m, l, acc):
     """Online softmax over tokens start..stop-1 of (b, kv head h) for its G query heads q: [G, Dk] (planar).
     m, l: [G], acc: [G, Dv] f32, updated in place. Kept out of the prange body: numba compiles a parfor body
-    without the fastmath flags, and the dot products then stop vectorizing."""
+    without the fastmath flags, and the dot products then stop vectorizing.
+
+    GQA: each K / V row is dequantized once into the block's tile and read by all G query heads while it is in
+    L1; the loops run token-outer, head-inner for that reason. No array views inside the loops: each view costs
+    numba two atomic reference-count calls."""
     gqa, dk = q.shape
     dv = acc.shape[1]
-    ktile = np.zeros((BLOCK, dk), np.float32)
+    ktile = np.zeros((BLOCK, dk), np.float32)  # 16 KiB at D = 64: the only dequantized K held
     vtile = np.zeros((BLOCK, dv), np.float32)
-    s = np.empty((gqa, BLOCK), np.float32)
+    s = np.empty((gqa, BLOCK), np.float32)  # scores, then softmax weights
     live = np.ones(BLOCK, np.bool_)
     kts_, ktz_, vts_, vtz_ = kts[bh], ktz[bh], vts[bh], vtz[bh]
     kn_, vn_ = kn[b], vn[b]
     for t0 in range(start, stop, BLOCK):
         n = min(BLOCK, stop - t0)
-        n_live = n
         if has_mask:
             n_live = 0
             for j in range(n):
@@ -237,38 +285,65 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
             if n_live == 0:  # a block wholly outside the window / left padding: its bytes are never read
                 continue
         _decode_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, ktail, kn_, b, h, t0, n, live, ktile)
-        _scale_rows(km, kscale, kzero, kslut, kts_, ktz_, b, h, t0, n, kn_, live, ktile)
         _decode_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, vtail, vn_, b, h, t0, n, live, vtile)
-        _scale_rows(vm, vscale, vzero, vslut, vts_, vtz_, b, h, t0, n, vn_, live, vtile)
-        # No array views inside these loops: each view costs numba two atomic reference-count calls.
-        for g in range(gqa):
-            for j in range(n):
+        for j in range(n):  # s[g, j] = q[g] . k[j]: one K row, G dot products
+            for g in range(gqa):
                 a = np.float32(0.0)
                 for i in range(dk):
                     a += q[g, i] * ktile[j, i]
                 s[g, j] = a * sm
-            if cap > 0:
+        if cap > 0:
+            for g in range(gqa):
                 for j in range(n):
                     s[g, j] = np.float32(cap * math.tanh(s[g, j] / cap))
+        for g in range(gqa):
             mx = m[g]
             for j in range(n):
                 if live[j]:
                     mx = max(mx, s[g, j])
-            alpha = np.float32(math.exp(m[g] - mx)) if m[g] > -np.inf else np.float32(0.0)
+            alpha = _exp(m[g] - mx) if m[g] > -np.inf else np.float32(0.0)
             m[g] = mx
-            for i in range(dv):
-                acc[g, i] *= alpha
             lsum = np.float32(0.0)
             for j in range(n):
-                p = np.float32(math.exp(s[g, j] - mx)) if live[j] else np.float32(0.0)
+                p = _exp(s[g, j] - mx)
                 s[g, j] = p
                 lsum += p
+            if has_mask:  # masked tokens weigh exactly 0 (their tile rows may hold stale or NaN values)
+                for j in range(n):
+                    if not live[j]:
+                        lsum -= s[g, j]
+                        s[g, j] = np.float32(0.0)
             l[g] = l[g] * alpha + lsum
-            for j in range(n):
+            for i in range(dv):
+                acc[g, i] *= alpha
+        for j in range(n):  # acc[g] += p[g, j] * v[j]: one V row, G updates
+            if has_mask and not live[j]:
+                continue
+            for g in range(gqa):
                 p = s[g, j]
-                if p != 0.0:
-                    for i in range(dv):
-                        acc[g, i] += p * vtile[j, i]
+                for i in range(dv):
+                    acc[g, i] += p * vtile[j, i]
+
+
+@nb.njit(**_OPTS)
+def _unit(u, q, lengths, mask, has_mask, sm, cap, n_kv, splits, per_split,
+          km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
+          vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn,
+          mid_m, mid_l, mid_acc):
+    """Work item u = (b, kv head, split) of stage 1: its partial softmax state into mid_*[u]."""
+    gqa = q.shape[1] // n_kv
+    bh = u // splits
+    b = bh // n_kv
+    h = bh - b * n_kv
+    start = (u - bh * splits) * per_split
+    stop = min(lengths[b], start + per_split)
+    mid_m[u, :] = -np.inf
+    mid_l[u, :] = 0.0
+    mid_acc[u, :, :] = 0.0
+    _attend(q[b, h * gqa:(h + 1) * gqa], mask, has_mask, sm, cap, b, h, bh, start, stop,
+            km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
+            vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn,
+            mid_m[u], mid_l[u], mid_acc[u])
 
 
 @nb.njit(parallel=True, **_OPTS)
@@ -282,23 +357,27 @@ def decode_partials(q, lengths, mask, has_mask, sm_scale, softcap, n_kv, splits,
     kn / vn: [B] int64 packed tokens per side. Writes mid_m, mid_l: [B * Hkv * splits, G] f32 (m = -inf: no
     token) and mid_acc: [B * Hkv * splits, G, Dv] f32 in V's planar order.
     """
-    batch, hq, dk = q.shape
-    gqa = hq // n_kv
     sm = np.float32(sm_scale)  # every value stays fp32: a float64 would make numba widen the dot products
     cap = np.float32(softcap)
-    for u in nb.prange(batch * n_kv * splits):
-        bh = u // splits
-        b = bh // n_kv
-        h = bh - b * n_kv
-        start = (u - bh * splits) * per_split
-        stop = min(lengths[b], start + per_split)
-        mid_m[u, :] = -np.inf
-        mid_l[u, :] = 0.0
-        mid_acc[u, :, :] = 0.0
-        _attend(q[b, h * gqa:(h + 1) * gqa], mask, has_mask, sm, cap, b, h, bh, start, stop,
-                km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
-                vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn,
-                mid_m[u], mid_l[u], mid_acc[u])
+    for u in nb.prange(q.shape[0] * n_kv * splits):
+        _unit(u, q, lengths, mask, has_mask, sm, cap, n_kv, splits, per_split,
+              km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
+              vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn, mid_m, mid_l, mid_acc)
+
+
+@nb.njit(**_OPTS)
+def decode_partials_serial(q, lengths, mask, has_mask, sm_scale, softcap, n_kv, splits, per_split,
+                           km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
+                           vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn,
+                           mid_m, mid_l, mid_acc):
+    """decode_partials on the calling thread: for small work, where waking the thread pool costs more than the
+    work (and, on a busy machine, waits for a descheduled worker)."""
+    sm = np.float32(sm_scale)
+    cap = np.float32(softcap)
+    for u in range(q.shape[0] * n_kv * splits):
+        _unit(u, q, lengths, mask, has_mask, sm, cap, n_kv, splits, per_split,
+              km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, kn,
+              vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, vn, mid_m, mid_l, mid_acc)
 
 
 @nb.njit(**_OPTS)

@@ -59,13 +59,16 @@ def test_kv_pairs(pair):
     assert run_case(kv.k.spec, kv.v.spec, 3, 300) <= TOL
 
 
+@pytest.mark.parametrize("parallel", (False, True))
 @pytest.mark.parametrize("splits", (1, 3, 7))
-def test_split_counts(splits):
-    """Splits are merged exactly (a split may hold only masked or no tokens)."""
-    assert run_case("int4", "int4", 3, 300, num_splits=splits) <= TOL
+def test_split_counts(splits, parallel):
+    """Splits are merged exactly (a split may hold only masked or no tokens), on the calling thread (the default
+    below kernels.cpu._PARALLEL_ROWS) and on numba's pool alike."""
+    assert run_case("int4", "int4", 3, 300, num_splits=splits, parallel=parallel) <= TOL
 
 
-def test_mask_window_and_empty_rows():
+@pytest.mark.parametrize("parallel", (False, True))
+def test_mask_window_and_empty_rows(parallel):
     """Left padding plus a window (kv_mask), a block with no live token, and a length-0 row (zeros, no NaN)."""
     kx, vx = kv_data(200)
     fmt = F.get_format("mxfp4")
@@ -74,7 +77,7 @@ def test_mask_window_and_empty_rows():
     mask = torch.zeros(2, 200, dtype=torch.bool)
     mask[0, 140:] = True  # row 0 sees a window of its last 60 tokens: whole 64-token blocks masked
     lengths = torch.tensor([200, 0])
-    out = cpu.decode_attention_cpu(q, k, v, lengths, kv_mask=mask, num_splits=3)
+    out = cpu.decode_attention_cpu(q, k, v, lengths, kv_mask=mask, num_splits=3, parallel=parallel)
     ref = decode_attention_reference(q, k, v, lengths, kv_mask=mask)
     assert torch.isfinite(out).all()
     assert rel_err(out, ref) <= TOL
