@@ -60,7 +60,7 @@ def test_check_pairs_refuses_with_a_message(pairs, message):
 def test_a_model_without_gguf_is_refused_with_what_to_serve(monkeypatch):
     monkeypatch.setenv("KVVIZ_MODEL", "tiny-llama")
     with pytest.raises(gr.Error, match="tiny-llama is a random test model.*KVVIZ_MODEL=smollm2-135m"):
-        engines.run("tiny-llama", ["q8_0"], 32, False)
+        engines.run(["q8_0"], 32, False, "tiny-llama")
 
 
 def test_missing_llama_cpp_python_says_how_to_install_it(monkeypatch):
@@ -158,7 +158,7 @@ def test_engine_compare_rotation_changes_llama_cpp_only(client):
 
 
 @pytest.mark.parametrize("index, junk, message", [
-    (3, "gemma-9b", "Model must be one of"), (3, -1, "Model must be one of"), (3, ["x"], "Model must be one of"),
+    (3, "gemma-9b", "Model must be one of"), (3, -1, "Model must be the name of a model"), (3, ["x"], "Model must be the name of a model"),
     (0, "q8_0", "must be a list of names"), (0, 0, "must be a list of names"), (0, [1], "must hold names"),
     (0, ["int4"], "must be one of q8_0"), (0, ["k=q8_0,v=fp8_e4m3"], "must be one of q8_0"),
     (0, ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "k=q8_0,v=q4_0"], "at most 6"), (0, [], "Pick at least"),
