@@ -5,7 +5,7 @@ batch-1 `kvviz.QuantizedKVCache` for its own spec, which stores the row's tokens
 (quantized once, on append; residual window; static scales). What attention reads is a dequantized mirror of every
 row, kept in one [batch, kv_heads, capacity, head_dim] buffer per layer and side: a token is dequantized once,
 when its row's cache quantizes it, and the full-precision tail (residual window, partial channel group) is copied
-each step. The mirror holds exactly what `PackedKV.dequantize()` returns (the torch backend's reference read), so
+each step. The mirror holds exactly what `QTensor.dequantize()` of the row's side returns (the torch backend's reference read), so
 the "kvviz" attention function gets plain tensors and runs SDPA over all rows at once.
 
 This serves quality metrics (teacher-forced KL, free-running text, needle retrieval): one set of weight reads per
@@ -22,7 +22,6 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvviz.cache import QuantizedKVCache
-from kvviz.formats import QTensor
 
 _MIN_CAPACITY = 64
 
@@ -77,11 +76,11 @@ class _RowStackLayer(CacheLayerMixin):
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def _sync(self, side: str, b: int, packed, buf: torch.Tensor, end: int) -> None:
-        """Mirror row b from its PackedKV: dequantize newly quantized tokens once, copy the tail."""
+        """Mirror row b from its side (a QTensor): dequantize newly quantized tokens once, copy the tail."""
         nq, m = packed.n_quantized, self.done[side][b]
         assert packed.seq_len == end, f"row {b} holds {packed.seq_len} tokens, expected {end}"
         if nq > m:
-            buf[b, :, m:nq] = packed.fmt.dequantize(_slice(packed, m, nq))[0].to(buf.dtype)
+            buf[b, :, m:nq] = packed.slice(m, nq).dequantize()[0].to(buf.dtype)
             self.done[side][b] = nq
         if packed.tail.shape[2]:
             buf[b, :, nq:end] = packed.tail[0].to(buf.dtype)
@@ -94,22 +93,6 @@ class _RowStackLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return -1
-
-
-def _slice(packed, start: int, stop: int) -> QTensor:
-    """Tokens start..stop-1 of a PackedKV's quantized part as a QTensor (channel formats: whole groups)."""
-    fmt = packed.fmt
-    if fmt.granularity == "channel":
-        g = fmt.group
-        assert start % g == 0 and stop % g == 0, f"channel groups of {g} cut at {start}..{stop}"
-        group_slice = slice(start // g, stop // g)
-    else:
-        group_slice = slice(start, stop)
-    pick = lambda t: None if t is None else t[:, :, group_slice]  # noqa: E731
-    b, h = packed.data.shape[:2]
-    return QTensor(fmt=fmt, shape=(b, h, stop - start, packed.head_dim), dtype=packed.dtype,
-                   data=packed.data[:, :, start:stop], scale=pick(packed.scale), zero=pick(packed.zero),
-                   tensor_scale=packed.tensor_scale)
 
 
 class RowStackCache(Cache):
@@ -148,5 +131,4 @@ def _scales_for(spec, scales):
     from kvviz.formats import parse_kv
 
     kv = parse_kv(spec)
-    takes = any(f.granularity in ("tensor", "head") or f.base == "nvfp4" for f in (kv.k, kv.v))
-    return scales if takes else None
+    return scales if kv.k.takes_scale or kv.v.takes_scale else None
