@@ -1,6 +1,6 @@
-"""Tests for kvviz.attention: backend choice, the PackedKV handle, the torch reference path, and the fused
-Triton decode path (run on the CPU through TRITON_INTERPRET=1, in a subprocess so the interpreter is set before
-triton is first imported) against the reference.
+"""Tests for kvviz.attention: backend choice, the QTensor a cache side hands attention, the torch reference path,
+and the fused Triton decode path (run on the CPU through TRITON_INTERPRET=1, in a subprocess so the interpreter is
+set before triton is first imported) against the reference.
 
     python -m pytest tests/test_attention.py -q
 """
