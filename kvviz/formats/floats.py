@@ -72,4 +72,4 @@ def decode(fmt, q) -> torch.Tensor:
     if fmt.granularity is None:
         return x
     s = q.tensor_scale if q.scale is None else q.scale
-    return groups.scale(x, s.float(), fmt.granularity, fmt.group)
+    return groups.scale_(x, s.float(), fmt.granularity, fmt.group)

@@ -72,7 +72,7 @@ def decode(fmt, q) -> torch.Tensor:
     codes = q.data.float() if bits == 8 else unpack(q.data, bits).float()
     if bits < 8 and not fmt.asym:
         codes -= 2 ** (bits - 1)  # symmetric codes are stored offset by 2**(bits-1)
-    x = groups.scale(codes, s, gran, group)
+    x = groups.scale_(codes, s, gran, group)
     if fmt.asym:
-        x = x + groups.expand(q.zero.float(), gran, group, q.values_shape)
+        x = x.add_(groups.expand(q.zero.float(), gran, group, q.values_shape))
     return x
