@@ -24,7 +24,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere in the repository
 
 import kvviz  # noqa: E402
-from kernels import decode_attention, side_from_format, triton_usable  # noqa: E402
+from kernels import decode_attention, side_from_format, side_of, triton_usable  # noqa: E402
 
 FORMATS = (
     "fp8_e4m3", "fp8_e5m2", "fp8_e4m3/token", "int8", "int8/asym", "int4", "int4/asym", "int4/g32/asym",
@@ -85,8 +85,7 @@ def bench_shape(batch: int, context: int, heads: tuple[int, int, int], formats, 
     for spec in formats:
         fmt = kvviz.get_format(spec)
         kq, vq = fmt.quantize(k), fmt.quantize(v)
-        ks = side_from_format(fmt, kq.data, kq.scale, kq.zero, kq.tensor_scale)
-        vs = side_from_format(fmt, vq.data, vq.scale, vq.zero, vq.tensor_scale)
+        ks, vs = side_of(kq), side_of(vq)
         held = kq.nbytes + vq.nbytes
         rows.append((f"{spec} fused", timer(lambda: decode_attention(q, ks, vs, context)), held))
         unfused = lambda: sdpa(fmt.dequantize(kq), fmt.dequantize(vq))  # noqa: E731

@@ -6,12 +6,13 @@ transformers probes for it; looking like it would switch transformers' hub-kerne
     decode_attention(q, k, v, lengths)   split-K decode attention over packed K/V (Triton; CPU: reference)
     quant_pack(fmt, x, data, scale, ...) quantize new tokens and write them into packed cache buffers (Triton)
     PackedSide                           the plain-tensor description of one packed side (K or V)
+    side_of(q)                           a kvviz QTensor (a cache side, or a quantized tensor) as a PackedSide
     decode_attention_reference(...)      float64 dequantize + attention, the reference every test compares to
 """
 
 from kernels.decode import decode_attention
 from kernels.pack import quant_pack, quant_pack_supported
-from kernels.packed import PackedSide, hadamard, side_from_format
+from kernels.packed import PackedSide, hadamard, side_from_format, side_of
 from kernels.reference import decode_attention_reference, dequantize_side
 from kernels._triton import triton_usable
 
@@ -24,5 +25,6 @@ __all__ = [
     "quant_pack",
     "quant_pack_supported",
     "side_from_format",
+    "side_of",
     "triton_usable",
 ]

@@ -32,7 +32,7 @@ def quant_pack_supported(fmt, head_dim: int) -> bool:
         return head_dim >= 32 and fmt.base in _GGML_TYPES
     if fmt.granularity == "channel":
         return False
-    if fmt.granularity in ("tensor", "head") and (fmt.kind == "fp4" or fmt.asym):
+    if fmt.static_scale and (fmt.kind == "fp4" or fmt.asym):
         return False  # asym per-tensor zero points are computed from the whole tensor: not an append
     return True
 
@@ -78,14 +78,14 @@ def quant_pack(
         return
     from kernels.jit.quant_pack import _quant_pack_kernel
 
-    static = fmt.granularity in ("tensor", "head")
+    static = fmt.static_scale
     if fmt.rot:
         x = x.float() @ hadamard(head_dim, device=x.device)  # kvviz.formats rotates in fp32 the same way
     assert x.stride(-1) == 1 and data.stride(-1) == 1, "x and data must be contiguous along their last dim"
     group = head_dim if static else (fmt.group or head_dim)
     if data.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         data = data.view(torch.uint8)
-    needs_ts = static or fmt.base == "nvfp4"
+    needs_ts = fmt.takes_scale
     if needs_ts and tensor_scale is None:
         raise ValueError(f"{fmt.spec} appends with a fixed tensor scale: pass tensor_scale.")
     ts = per_head(tensor_scale, batch, heads, x.device) if needs_ts else data

@@ -1,8 +1,10 @@
-"""`PackedSide`: one side (K or V) of a packed KV cache, described with plain tensors and simple values.
+"""`PackedSide`: how the kernels read one side (K or V) of a packed KV cache: plain tensors and simple values.
 
-The kernels and their references read only this; they never import kvviz. `side_from_format` maps anything
-with kvviz `Format` attributes (`base`, `kind`, `bits`, `granularity`, `group`, `asym`, `rot`) onto it by duck
-typing. Layout (the kvviz QTensor layout, with a batch and a kv-head axis in front, a token capacity `cap`):
+kvviz's one type for a packed side is `kvviz.formats.QTensor` (a cache side: quantized buffers plus a
+full-precision tail). The kernels never import kvviz, so they read this decoded description of it instead, built
+in one place: `side_of(q)` takes anything shaped like a QTensor (`fmt`, `data`, `scale`, `zero`, `tensor_scale`,
+`head_dim`, `tail`), `side_from_format` the same pieces one by one; both read the format by duck typing (`base`,
+`kind`, `bits`, `granularity`, `group`, `asym`, `rot`, `static_scale`). Layout (the kvviz QTensor layout, with a batch and a kv-head axis in front, a token capacity `cap`):
 
     data          [B, Hkv, cap, D * bits // 8]  fp16/bf16/fp32 (casts), int8 (int8 sym), uint8 (int8 asym, int4,
                                                 int2, E2M1: element 2i in the low nibble; int2: 4i+j at bits 2j),
@@ -167,6 +169,13 @@ def side_from_format(
         scale=scale if scale_kind else None, scale_kind=scale_kind, group=fmt.group if scale_kind else None,
         zero=zero, tensor_scale=tensor_scale, n_packed=n_packed, tail=tail, rotation=rotation,
     )
+
+
+def side_of(q) -> PackedSide:
+    """A kvviz QTensor (duck-typed; a cache side's views over its buffers, read in place, or a quantized tensor
+    [B, Hkv, T, D]) as the kernels' PackedSide: tokens 0..n_quantized-1 packed, the tail after them."""
+    return side_from_format(q.fmt, q.data, q.scale, q.zero, q.tensor_scale, head_dim=q.head_dim,
+                            n_packed=q.data.shape[2], tail=q.tail)
 
 
 def _ggml_side(fmt, data, scale, zero, *, head_dim, n_packed, tail, rotation) -> PackedSide:

@@ -3,9 +3,10 @@
 transformers calls attention as `fn(module, query, key, value, attention_mask, scaling=..., dropout=...)` right
 after `cache.update(...)`. With a `DynamicCache` (or during the first prefill of a `kvviz.QuantizedKVCache`) key and
 value are plain tensors and this is exactly transformers' SDPA path. Once a `QuantizedKVCache` holds history its
-`update()` returns two `PackedKV` handles instead (one for K, one for V), which this function dispatches on:
+`update()` returns two `QTensor`s instead (one per side, K and V: kvviz/formats/qtensor.py), which this function
+dispatches on:
 
-- backend "torch" (the reference, and the CPU path): `PackedKV.dequantize()` both, then SDPA;
+- backend "torch" (the reference, and the CPU path): `QTensor.dequantize()` both, then SDPA;
 - backend "triton": for single-token decode, `_triton_decode(...)`, the fused kernel from `kernels/` that reads the
   packed buffers in place; a multi-token query (teacher forcing, chunked prefill) uses the reference.
 
@@ -18,97 +19,18 @@ Select the function with `model.set_attn_implementation("kvviz")` (kvviz.load_mo
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
-from typing import Any
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from kvviz.formats import QTensor
+
 ATTN_NAME = "kvviz"
 BACKENDS = ("auto", "torch", "triton", "cpu")
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class PackedKV:
-    """One side (K or V) of one layer of a `QuantizedKVCache`, as the attention function reads it.
-
-    Tokens 0..n_quantized-1 are stored quantized in `fmt`'s QTensor layout (kvviz/formats, see the contract),
-    tokens n_quantized..seq_len-1 in full precision in `tail`. The tensors are views into the layer's growable
-    buffers (capacity along the token axis, so strides along batch/head include the spare capacity): a kernel
-    reads them in place and must use their strides. Nothing is copied to build a handle.
-
-    fmt:          the kvviz Format of the stored tokens (fmt.spec, .base, .granularity, .group, .asym, .rot).
-    data:         [batch, kv_heads, n_quantized, packed_head_dim] codes (dtype per format: int8, uint8, fp8, fp16).
-    scale:        token granularity: [batch, kv_heads, n_quantized, head_dim // g];
-                  channel granularity: [batch, kv_heads, n_quantized // N, head_dim] (whole groups only);
-                  None for casts and per-tensor / per-head formats.
-    zero:         same shape as `scale` for asymmetric formats, else None.
-    tensor_scale: fp32 static scale: shape [] (tensor granularity, fp8 default, nvfp4 global) or
-                  [batch, kv_heads, 1, 1] (head granularity); else None.
-    tail:         [batch, kv_heads, seq_len - n_quantized, head_dim], 16-bit (the model dtype when that is fp16 or
-                  bf16, else fp16): the residual window plus, for channel formats, the partial group not yet
-                  quantized. Its positions follow the quantized ones.
-    dtype:        the model dtype (of the query, and of what `dequantize` returns).
-    skip:         leading stored tokens attention must not see (0 but in sliding-window layers with channel
-                  formats, which keep the oldest group whole: up to group - 1 positions before the window). The
-                  visible tokens are skip..seq_len-1; the attention mask covers exactly those.
-
-    Deliberately no `.shape`: handing a PackedKV to an attention function other than "kvviz" fails with the
-    AttributeError below instead of computing garbage.
-    """
-
-    fmt: Any
-    data: torch.Tensor
-    scale: torch.Tensor | None
-    zero: torch.Tensor | None
-    tensor_scale: torch.Tensor | None
-    tail: torch.Tensor
-    dtype: torch.dtype
-    skip: int = 0
-
-    @property
-    def n_quantized(self) -> int:
-        return self.data.shape[2]
-
-    @property
-    def seq_len(self) -> int:
-        return self.data.shape[2] + self.tail.shape[2]
-
-    @property
-    def head_dim(self) -> int:
-        return self.tail.shape[-1]
-
-    def qtensor(self):
-        """The quantized part as a kvviz QTensor (contiguous copies), or None when nothing is quantized yet."""
-        if self.n_quantized == 0:
-            return None
-        from kvviz.formats import QTensor
-
-        batch, heads, tokens, _ = self.data.shape
-        # Contiguous copies: the views' capacity strides make torch's CPU elementwise kernels ~15x slower.
-        data, scale, zero = (t if t is None else t.contiguous() for t in (self.data, self.scale, self.zero))
-        return QTensor(data=data, scale=scale, zero=zero, tensor_scale=self.tensor_scale,
-                       shape=(batch, heads, tokens, self.head_dim), dtype=self.dtype, fmt=self.fmt)
-
-    def dequantize(self) -> torch.Tensor:
-        """The reference read of the visible tokens: [batch, kv_heads, seq_len - skip, head_dim] in `dtype`."""
-        tail = self.tail.to(self.dtype)
-        q = self.qtensor()
-        if q is None:
-            return tail[:, :, self.skip :]
-        history = self.fmt.dequantize(q)  # [B, Hkv, n_quantized, D]
-        full = torch.cat([history, tail], dim=2) if tail.shape[2] else history
-        return full[:, :, self.skip :]
-
-    def __getattr__(self, name):
-        raise AttributeError(
-            f"PackedKV has no attribute {name!r}: this is a packed kvviz.QuantizedKVCache handle, readable only by "
-            f"the {ATTN_NAME!r} attention function. Call model.set_attn_implementation({ATTN_NAME!r}) first."
-        )
 
 
 # ------------------------------------------------------------------------------------------ backend choice
@@ -155,11 +77,11 @@ def active_backend() -> str:
 
 # ------------------------------------------------------------------------------------------ attention
 
-def _triton_decode(module, query: torch.Tensor, key: PackedKV, value: PackedKV,
+def _triton_decode(module, query: torch.Tensor, key: QTensor, value: QTensor,
                    attention_mask: torch.Tensor | None, scaling: float, **kwargs) -> torch.Tensor:
     """Fused decode attention over the packed buffers, read in place (kernels.decode_attention).
 
-    query: [batch, q_heads, 1, head_dim_k] (model dtype, RoPE applied); key/value: PackedKV (see above), V's
+    query: [batch, q_heads, 1, head_dim_k] (model dtype, RoPE applied); key/value: QTensor cache sides (kvviz/formats/qtensor.py), V's
     head_dim_v may differ from K's (DeepSeek-V3); attention_mask: None or [batch, 1, 1, seq_len] (bool, True =
     attend: left padding, and the window or chunk of a sliding / chunked layer); GQA: q head h reads kv head
     h // (q_heads // kv_heads). As transformers' eager attention: the `s_aux` kwarg (or `module.sinks`) holds
@@ -168,7 +90,7 @@ def _triton_decode(module, query: torch.Tensor, key: PackedKV, value: PackedKV,
     """
     try:
         from kernels.decode import decode_attention  # not `from kernels`: the jit submodule shares the name
-        from kernels.packed import side_from_format
+        from kernels.packed import side_of
 
         if query.device.type == "cpu" and active_backend() == "cpu":
             from kernels.cpu import decode_attention_cpu as decode_attention  # the same contract, numba
@@ -177,11 +99,7 @@ def _triton_decode(module, query: torch.Tensor, key: PackedKV, value: PackedKV,
             f"KVVIZ_BACKEND=triton, but the fused kernel kernels.decode_attention is unavailable ({err}). "
             "Run from the repository root, or set KVVIZ_BACKEND=torch to use the reference path."
         ) from err
-    k_side, v_side = (
-        side_from_format(p.fmt, p.data, p.scale, p.zero, p.tensor_scale, head_dim=p.head_dim,
-                         n_packed=p.n_quantized, tail=p.tail)
-        for p in (key, value)
-    )
+    k_side, v_side = side_of(key), side_of(value)
     kv_mask = None
     if attention_mask is not None:
         mask = attention_mask[:, 0, -1, :]  # [B, seq_len]: the one query row
@@ -206,14 +124,14 @@ def _triton_runs_on(device: torch.device) -> bool:
     return triton_usable(device)
 
 
-def _fused_reads(*sides: PackedKV) -> bool:
+def _fused_reads(*sides: QTensor) -> bool:
     """False when the Triton kernels have no decode branch for a side's format: the reference reads it then."""
     from kernels.packed import reads_format
 
     return all(reads_format(p.fmt) for p in sides)
 
 
-def _cpu_reads(*sides: PackedKV) -> bool:
+def _cpu_reads(*sides: QTensor) -> bool:
     """False for formats the fused CPU path has no decode branch for yet (llama.cpp's blocks): the reference.
     False for plain casts too (fp16 / bf16, no scale): the reference hands SDPA the very tensors DynamicCache
     would, so a lossless spec keeps DynamicCache's tokens exactly (the kernel's float32 sums can flip a near tie:
@@ -274,15 +192,15 @@ def eager_reference(module, query: torch.Tensor, key: torch.Tensor, value: torch
 def kvviz_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                             scaling: float | None = None, is_causal: bool | None = None, **kwargs):
     """transformers attention function. query: [batch, q_heads, q_len, head_dim_k]; key/value: tensors
-    [batch, kv_heads, kv_len, head_dim_k / head_dim_v] or PackedKV. Returns ([batch, q_len, q_heads, head_dim_v],
+    [batch, kv_heads, kv_len, head_dim_k / head_dim_v] or QTensor cache sides. Returns ([batch, q_len, q_heads, head_dim_v],
     None). Plain tensors without sinks or softcap take transformers' SDPA path exactly; sinks (`s_aux`, gpt-oss)
     and logit softcapping (`softcap`, Gemma 2) take `eager_reference`, as transformers' eager attention."""
     q_len = query.shape[2]
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    packed = isinstance(key, PackedKV)
+    packed = isinstance(key, QTensor)
     if packed:
-        assert isinstance(value, PackedKV), "a QuantizedKVCache returns PackedKV for both K and V"
+        assert isinstance(value, QTensor), "a QuantizedKVCache returns a QTensor for both K and V"
         backend = active_backend()
         fused = q_len == 1 and key.skip == value.skip and _fused_reads(key, value)  # one kv_mask serves both
         if fused and (_triton_runs_on(query.device) if backend == "triton" else

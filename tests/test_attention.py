@@ -1,6 +1,6 @@
-"""Tests for kvviz.attention: backend choice, the PackedKV handle, the torch reference path, and the fused
-Triton decode path (run on the CPU through TRITON_INTERPRET=1, in a subprocess so the interpreter is set before
-triton is first imported) against the reference.
+"""Tests for kvviz.attention: backend choice, the QTensor a cache side hands attention, the torch reference path,
+and the fused Triton decode path (run on the CPU through TRITON_INTERPRET=1, in a subprocess so the interpreter is
+set before triton is first imported) against the reference.
 
     python -m pytest tests/test_attention.py -q
 """
@@ -20,8 +20,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import kvviz
 from kvviz import attention
-from kvviz.attention import PackedKV, _bottom_right_causal, active_backend, kvviz_attention_forward
+from kvviz.attention import _bottom_right_causal, active_backend, kvviz_attention_forward
 from kvviz.cache import QuantizedKVLayer
+from kvviz.formats import QTensor
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,10 +68,10 @@ def test_bottom_right_causal_mask():
     assert m.tolist() == [[True, True, True, False], [True, True, True, True]]
 
 
-def _packed(spec: str, tokens: int = 40, residual: int = 0):
+def _packed(spec: str, tokens: int = 40, residual: int = 0, head_dim: int = 16):
     fmt = kvviz.get_format(spec)
     layer = QuantizedKVLayer(fmt, fmt, residual=residual)
-    x = torch.randn(2, 2, tokens, 16)
+    x = torch.randn(2, 2, tokens, head_dim)
     layer.update(x[:, :, :-1], x[:, :, :-1])
     k, v = layer.update(x[:, :, -1:], x[:, :, -1:])
     return x, k, v
@@ -78,12 +79,29 @@ def _packed(spec: str, tokens: int = 40, residual: int = 0):
 
 def test_packed_handle_fields_and_dequantize():
     x, k, _ = _packed("int4/channel/g16/asym", tokens=40, residual=4)
-    assert isinstance(k, PackedKV) and k.seq_len == 40 and k.n_quantized == 32 and k.head_dim == 16
+    assert isinstance(k, QTensor) and k.seq_len == 40 and k.n_quantized == 32 and k.head_dim == 16
     assert k.data.shape == (2, 2, 32, 8) and k.scale.shape == (2, 2, 2, 16) and k.zero.shape == k.scale.shape
     assert k.tail.shape == (2, 2, 8, 16) and k.tail.dtype == torch.float16
     deq = k.dequantize()
     assert deq.shape == (2, 2, 40, 16) and deq.dtype == torch.float32
     assert torch.allclose(deq[:, :, 32:], x[:, :, 32:], atol=1e-2)  # the tail is only fp16-rounded
+
+
+@pytest.mark.parametrize("spec", ["int4/channel/g16/asym", "nvfp4", "int8/head", "q4_0"])
+def test_slice_reads_what_dequantize_reads(spec):
+    """rows.py mirrors a cache side slice by slice: each slice dequantizes to its tokens of the whole read."""
+    _, k, _ = _packed(spec, tokens=72, residual=4, head_dim=32)  # 71 prefill tokens fit int8/head's scale
+    whole = k.dequantize()
+    cut = 16 if k.fmt.granularity == "channel" else 13
+    parts = [k.slice(0, cut), k.slice(cut, k.n_quantized)]
+    assert all(p.tail is None and p.seq_len == p.n_quantized for p in parts)
+    assert torch.equal(torch.cat([p.dequantize() for p in parts], dim=2), whole[:, :, : k.n_quantized])
+
+
+def test_a_side_has_no_shape():
+    _, k, _ = _packed("int8")
+    with pytest.raises(AttributeError, match="set_attn_implementation"):
+        k.shape
 
 
 @pytest.mark.parametrize("q_len", [1, 3])

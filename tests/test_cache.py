@@ -19,8 +19,8 @@ import torch
 from transformers import DynamicCache
 
 import kvviz
-from kvviz.attention import PackedKV
 from kvviz.cache import QuantizedKVCache, QuantizedKVLayer
+from kvviz.formats import QTensor
 from kvviz.tiny import TINY_ARCHS, TINY_WINDOW, tiny_config, tiny_model
 
 PROMPTS = ["hello world, this is kvviz", "hi"]  # different lengths: the short one is left-padded
@@ -107,7 +107,7 @@ def test_lossy_specs_generate_with_batch_and_padding(spec):
     cache = QuantizedKVCache(model.config, spec)
     out = _generate(model, tok, cache, n=6)
     assert out.shape == (2, len(PROMPTS[0]) + 6)
-    assert isinstance(cache.layers[0].update(*([torch.zeros(2, 2, 1, 16)] * 2))[0], PackedKV)
+    assert isinstance(cache.layers[0].update(*([torch.zeros(2, 2, 1, 16)] * 2))[0], QTensor)
 
 
 # ------------------------------------------------------------------------------------------ bytes
@@ -395,3 +395,16 @@ def test_unknown_layer_type_and_model_raise_value_error():
 
     with pytest.raises(ValueError, match="encoder-decoder"):
         QuantizedKVCache(T5Config(), "int8")
+
+
+def test_the_packer_is_chosen_once_per_side(monkeypatch):
+    """The backend choice is read when a side first sees a device, not on every append."""
+    from kvviz import attention
+
+    calls = []
+    monkeypatch.setattr(attention, "active_backend", lambda: calls.append(1) or "torch")
+    fmt = kvviz.get_format("int4")
+    layer = QuantizedKVLayer(fmt, fmt)
+    for t in (5, 1, 1, 3, 1):
+        layer.update(torch.randn(1, 2, t, 16), torch.randn(1, 2, t, 16))
+    assert len(calls) == 2, "one choice for K, one for V"

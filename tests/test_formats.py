@@ -172,6 +172,19 @@ def test_e2m1_ties_go_to_even_and_saturate():
     assert torch.equal(e2m1_encode(torch.tensor([0.5, 1.0, 6.0, -6.0])), torch.tensor([1, 2, 7, 15], dtype=torch.uint8))
 
 
+def test_e2m1_encode_rounds_the_neighbours_of_every_midpoint_to_the_nearest_code():
+    """The encoder compares |v| against per-code bounds (odd codes: the midpoint's fp32 predecessor): one ulp either
+    side of each midpoint must land on the nearer code, and NaN / Inf on +0 / +-6, as the definition says."""
+    values = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    mids = (values[:-1] + values[1:]) / 2
+    for toward, code in ((float("inf"), torch.arange(1, 8)), (float("-inf"), torch.arange(0, 7))):
+        v = torch.nextafter(mids, torch.tensor(toward))
+        assert torch.equal(e2m1_encode(v), code.to(torch.uint8)), toward
+        assert torch.equal(e2m1_encode(-v), (code + 8).to(torch.uint8))
+    special = torch.tensor([float("nan"), float("inf"), float("-inf"), 1e38])
+    assert e2m1_encode(special).tolist() == [0, 7, 15, 7]
+
+
 def _block(values, size):
     out = torch.zeros(size)
     out[: len(values)] = torch.tensor(values)

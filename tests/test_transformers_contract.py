@@ -62,7 +62,7 @@ def test_cache_container_api():
 
 
 def test_attention_modules_hand_the_cache_return_to_the_attention_function():
-    """kvviz's PackedKV handles travel from Cache.update to the attention function with nothing in between."""
+    """kvviz's QTensor cache sides travel from Cache.update to the attention function with nothing in between."""
     for module in (modeling_llama.LlamaAttention, modeling_qwen2.Qwen2Attention, modeling_mistral.MistralAttention):
         src = inspect.getsource(module.forward)
         update = src.index("cache.update(key_states, value_states, self.layer_idx")
@@ -184,7 +184,7 @@ def test_linear_attention_layers_dispatch_lazy_initialization_by_arguments():
 
 def test_dummy_layer_holds_nothing_and_gemma4_reads_the_producers_return_value():
     """Gemma 4's KV-shared layers never touch the cache: they take what the producing layer's cache.update returned
-    (kvviz's PackedKV handles) from `shared_kv_states`. kvviz caches those layers as transformers' DummyLayer."""
+    (kvviz's QTensor cache sides) from `shared_kv_states`. kvviz caches those layers as transformers' DummyLayer."""
     import pytest
     import torch
 

@@ -4,7 +4,8 @@ transformers' own `QuantizedCache` re-quantizes the whole history whenever its r
 all of it at every step, and serves full-attention layers only. Here each token is quantized exactly once, when it
 enters the quantized store, and appended to preallocated buffers that grow by doubling along the token axis. The
 buffers are laid out [batch, kv_heads, tokens(capacity), ...] exactly as kvviz's QTensor lays out data / scale /
-zero, so the fused Triton decode kernel reads them in place (see `PackedKV` in kvviz/attention.py).
+zero, so the fused decode kernels read them in place (a side is handed out as a `QTensor` with a tail,
+kvviz/formats/qtensor.py).
 
 Every decoder architecture transformers caches: the cache builds one layer object per decoder layer exactly as
 transformers' DynamicCache does (cache_utils.get_layer_types_and_kwargs), quantized where the layer holds K/V:
@@ -21,7 +22,7 @@ attention function's business (kvviz/attention.py); the cache only decides which
 
 Semantics (as vLLM): the first `update` (the prompt) returns the raw K/V, so the prompt attends to its own
 unquantized states; what is stored is quantized; every later `update` (decode, or a teacher-forced chunk with
-q_len > 1) stores its tokens and returns two `PackedKV` handles over what attention may see, which the "kvviz"
+q_len > 1) stores its tokens and returns two `QTensor` handles (one per side) over what attention may see, which the "kvviz"
 attention function reads (torch backend: dequantize + attention, the reference; triton: the fused kernel).
 
 Storage per layer and side (K, V), tokens in order (kvviz/cache/sides.py):
@@ -32,7 +33,7 @@ Storage per layer and side (K, V), tokens in order (kvviz/cache/sides.py):
 - static scales (per-tensor, per-head, NVFP4's global scale): from `scales` when given, else computed once from the
   first update (the prefill: amax / max, as transformers' fp8 cache does), then fixed and shared by the batch.
 - sliding layers drop what leaves the window; channel formats keep the oldest group whole (up to N - 1 positions
-  before the window, never shown to attention: `PackedKV.skip`).
+  before the window, never shown to attention: `QTensor.skip`).
 
 Appends quantize with kvviz.formats (the reference), or, with the Triton backend on a device Triton runs on, with
 the fused kernels.quant_pack that writes straight into the buffers (bit-identical; channel formats excepted).
@@ -44,11 +45,9 @@ the fused kernels.quant_pack that writes straight into the buffers (bit-identica
 Speed, bytes and quality against DynamicCache and transformers' QuantizedCache: `python -m kvviz bench`.
 """
 
-from kvviz.attention import PackedKV
-
 from .layers import QuantizedHybridLayer, QuantizedHybridSlidingLayer, QuantizedKVLayer, QuantizedSlidingLayer
 from .quantized import SUPPORTED_TYPES, QuantizedKVCache, layer_head_dims
 from .sides import ScaleWarning, held_tokens
 
-__all__ = ["PackedKV", "ScaleWarning", "QuantizedKVCache", "QuantizedKVLayer", "QuantizedSlidingLayer", "QuantizedHybridLayer",
+__all__ = ["ScaleWarning", "QuantizedKVCache", "QuantizedKVLayer", "QuantizedSlidingLayer", "QuantizedHybridLayer",
            "QuantizedHybridSlidingLayer", "SUPPORTED_TYPES", "held_tokens", "layer_head_dims"]

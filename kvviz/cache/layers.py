@@ -10,7 +10,8 @@
 
 Every layer's update(key_states, value_states) takes [batch, kv_heads, q_len, head_dim] (K and V head dims may
 differ) and returns the raw states on the first call (the prompt attends to its own unquantized states), else one
-`PackedKV` per side over the tokens attention may see (kvviz/attention.py reads them).
+`QTensor` per side (kvviz/formats/qtensor.py) over the tokens attention may see (kvviz/attention.py reads
+them).
 """
 
 from __future__ import annotations
@@ -18,18 +19,17 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionLayer
 
-from kvviz.attention import PackedKV
-from kvviz.formats import Format
+from kvviz.formats import Format, QTensor
 
 from .sides import Side
 
 
 class QuantizedKVLayer(CacheLayerMixin):
-    """One full-attention layer's packed K and V. update() returns raw states on the first call, PackedKV after.
+    """One full-attention layer's packed K and V. update() returns raw states on the first call, QTensors after.
 
     k_fmt, v_fmt: formats of K and V; residual: recent tokens kept in 16 bits; scales: (k_scale, v_scale) static
     scales or None; name: "layer 3", for error messages. materialize: return dequantized tensors instead of
-    PackedKV handles, for models that transform the cache's return before attention (MLA models cache the
+    QTensor handles, for models that transform the cache's return before attention (MLA models cache the
     compressed latent and expand it after the cache: DeepSeek-V2/V3, Kimi, GLM-4-MoE-Lite, ...).
     """
 
@@ -59,7 +59,7 @@ class QuantizedKVLayer(CacheLayerMixin):
         """key_states: [batch, kv_heads, q_len, k_head_dim] (post-RoPE), value_states: [..., v_head_dim].
 
         Returns (key_states, value_states) unchanged on the first call (the prompt attends to its raw states),
-        else (PackedKV, PackedKV) over every cached token, this call's included.
+        else (QTensor, QTensor) over every cached token, this call's included.
         """
         first = not self.is_initialized or self.get_seq_length() == 0
         if not self.is_initialized:
@@ -70,7 +70,7 @@ class QuantizedKVLayer(CacheLayerMixin):
             return key_states, value_states
         return self._read(self.k.packed(), self.v.packed())
 
-    def _read(self, k: PackedKV, v: PackedKV):
+    def _read(self, k: QTensor, v: QTensor):
         """What update returns after the prefill: the handles, or (materialize) their reference read."""
         return (k.dequantize(), v.dequantize()) if self.materialize else (k, v)
 

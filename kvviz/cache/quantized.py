@@ -47,7 +47,7 @@ class QuantizedKVCache(Cache):
         self.residual = (int(residual) if residual is not None
                          else self.spec.residual if self.spec is not None else None)
         scales = scales or {}
-        if scales and not any(_takes_scale(f) for kv in self.plan if kv is not None for f in (kv.k, kv.v)):
+        if scales and not any(f.takes_scale for kv in self.plan if kv is not None for f in (kv.k, kv.v)):
             raise ValueError(f"Static scales apply to per-tensor / per-head formats; {self._name()} computes "
                              f"its own scales. Drop `scales`, or pick e.g. fp8_e4m3.")
         materialize = _caches_latent(text)
@@ -145,10 +145,6 @@ def layer_head_dims(text, i: int) -> tuple[int | None, int | None]:
     return dim, dim
 
 
-def _takes_scale(fmt) -> bool:
-    return fmt.granularity in ("tensor", "head") or fmt.base == "nvfp4"
-
-
 def _layer_scales(scales: dict, i: int, spec: KVSpec):
     if not scales:
         return None
@@ -157,4 +153,4 @@ def _layer_scales(scales: dict, i: int, spec: KVSpec):
         raise ValueError(f"`scales` has no entry for layer {i}; give (k_scale, v_scale) for every layer that "
                          f"holds K/V.")
     k_scale, v_scale = pair
-    return (k_scale if _takes_scale(spec.k) else None, v_scale if _takes_scale(spec.v) else None)
+    return (k_scale if spec.k.takes_scale else None, v_scale if spec.v.takes_scale else None)

@@ -5,7 +5,7 @@ batch-1 `kvviz.QuantizedKVCache` for its own spec, which stores the row's tokens
 (quantized once, on append; residual window; static scales). What attention reads is a dequantized mirror of every
 row, kept in one [batch, kv_heads, capacity, head_dim] buffer per layer and side: a token is dequantized once,
 when its row's cache quantizes it, and the full-precision tail (residual window, partial channel group) is copied
-each step. The mirror holds exactly what `PackedKV.dequantize()` returns (the torch backend's reference read), so
+each step. The mirror holds exactly what the row side's `QTensor.dequantize()` returns (the reference read), so
 the "kvviz" attention function gets plain tensors and runs SDPA over all rows at once.
 
 This serves quality metrics (teacher-forced KL, free-running text, needle retrieval, per-layer sensitivity): one set
@@ -27,7 +27,6 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvviz.cache.quantized import QuantizedKVCache, _layer_plan
-from kvviz.formats import QTensor
 
 _MIN_CAPACITY = 64
 
@@ -88,7 +87,7 @@ class _RowStackLayer(CacheLayerMixin):
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def _sync(self, side: str, b: int, packed, buf: torch.Tensor, end: int) -> None:
-        """Mirror row b from its packed side: dequantize newly quantized tokens once, copy the tail.
+        """Mirror row b from its side (a QTensor): dequantize newly quantized tokens once, copy the tail.
 
         A sliding-window (or chunked) layer's row holds only its last `seq_len` positions: what its cache evicted
         keeps its mirrored values here, where the model's sliding mask hides it, as it hides an exact row's old
@@ -99,7 +98,7 @@ class _RowStackLayer(CacheLayerMixin):
         nq = packed.n_quantized
         m = max(self.done[side][b], start)
         if start + nq > m:
-            buf[b, :, m : start + nq] = packed.fmt.dequantize(_slice(packed, m - start, nq))[0].to(buf.dtype)
+            buf[b, :, m : start + nq] = packed.slice(m - start, nq).dequantize()[0].to(buf.dtype)
             self.done[side][b] = start + nq
         if packed.tail.shape[2]:
             buf[b, :, start + nq : end] = packed.tail[0].to(buf.dtype)
@@ -112,22 +111,6 @@ class _RowStackLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return -1
-
-
-def _slice(packed, start: int, stop: int) -> QTensor:
-    """Tokens start..stop-1 of a PackedKV's quantized part as a QTensor (channel formats: whole groups)."""
-    fmt = packed.fmt
-    if fmt.granularity == "channel":
-        g = fmt.group
-        assert start % g == 0 and stop % g == 0, f"channel groups of {g} cut at {start}..{stop}"
-        group_slice = slice(start // g, stop // g)
-    else:
-        group_slice = slice(start, stop)
-    pick = lambda t: None if t is None else t[:, :, group_slice]  # noqa: E731
-    b, h = packed.data.shape[:2]
-    return QTensor(fmt=fmt, shape=(b, h, stop - start, packed.head_dim), dtype=packed.dtype,
-                   data=packed.data[:, :, start:stop], scale=pick(packed.scale), zero=pick(packed.zero),
-                   tensor_scale=packed.tensor_scale)
 
 
 class RowStackCache(Cache):
@@ -175,5 +158,5 @@ def _scales_for(config, spec, scales):
     if not scales:
         return None
     kvs = [kv for kv in _layer_plan(spec, config.get_text_config(decoder=True).num_hidden_layers) if kv is not None]
-    takes = any(f.granularity in ("tensor", "head") or f.base == "nvfp4" for kv in kvs for f in (kv.k, kv.v))
+    takes = any(f.takes_scale for kv in kvs for f in (kv.k, kv.v))
     return scales if takes else None

@@ -18,8 +18,7 @@ import warnings
 
 import torch
 
-from kvviz.attention import PackedKV, active_backend
-from kvviz.formats import Format, max_value
+from kvviz.formats import Format, QTensor, max_value
 
 _MIN_CAPACITY = 64  # tokens; buffers then double
 MIN_FIT_TOKENS = 64  # a static scale fitted on fewer tokens is warned about: later tokens tend to exceed it
@@ -121,6 +120,8 @@ class Side:
         self.base = 0  # absolute position of the first stored token
         self.tokens_quantized = 0  # every token is quantized at most once: the count of quantize inputs
         self.saturated = 0  # FP8 static scale: values clamped to the format's range under it (warned about once)
+        self._packer = None  # kernels.pack.quant_pack, or None (kvviz.formats quantizes): chosen per device
+        self._packer_device: torch.device | None = None
 
     # -- setup -------------------------------------------------------------------------------------------------
     def init(self, x: torch.Tensor) -> None:
@@ -130,7 +131,7 @@ class Side:
         self.dtype = x.dtype
         tail_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.float16
         self.tail = x.new_zeros((*x.shape[:2], 0, x.shape[3]), dtype=tail_dtype)
-        if fmt.granularity in ("tensor", "head"):
+        if fmt.static_scale:
             self.static = self._static_from(x)
         elif fmt.base == "nvfp4":
             self.nv_amax = x.detach().float().abs().amax()  # same reduction the format uses for its global scale
@@ -187,7 +188,7 @@ class Side:
             anchor[0, 0, 0, 0] = amax
             q = self.fmt.quantize(torch.cat([anchor, x], dim=2))
             return _drop_first_token(q)
-        if self.fmt.granularity not in ("tensor", "head"):
+        if not self.fmt.static_scale:
             return self.fmt.quantize(x)
         if self.fmt.kind == "float" and self.static is not None:
             self._count_saturated(x)
@@ -216,31 +217,25 @@ class Side:
         excess = work.shape[2] - self.residual
         n_q = excess - excess % self.fmt.group if self.fmt.granularity == "channel" else excess
         if n_q > 0:
-            if not self._pack_in_place(work[:, :, :n_q]):
-                q = self._quantize_raw(work[:, :, :n_q])
-                for name, buf in self.fields.items():
-                    buf.append(getattr(q, name))
+            self._store(work[:, :, :n_q])
             self.tokens_quantized += n_q
         self.tail = work[:, :, max(n_q, 0):].to(self.tail.dtype).contiguous()
 
-    def _pack_in_place(self, x: torch.Tensor) -> bool:
-        """With the Triton backend, quantize x [B, H, t, D] and write it straight into the buffers with the fused
-        kernels.quant_pack (bit-identical to _quantize_raw); False when that path does not apply."""
-        if active_backend() != "triton":
-            return False
-        from kernels._triton import triton_usable
-        from kernels.pack import quant_pack, quant_pack_supported
-
-        # auto picks triton whenever CUDA exists, but a model left on the CPU has CPU states: formats path then
-        if not (triton_usable(x.device) and quant_pack_supported(self.fmt, x.shape[3])):
-            return False
+    def _store(self, x: torch.Tensor) -> None:
+        """Quantize x [B, H, t, D] into the buffers: with the packer chosen for x's device (once per device)."""
+        if x.device != self._packer_device:
+            self._packer, self._packer_device = _fused_packer(self.fmt, x), x.device
+        if self._packer is None:
+            q = self._quantize_raw(x)
+            for name, buf in self.fields.items():
+                buf.append(getattr(q, name))
+            return
         t = x.shape[2]
         bufs = {name: buf.reserve(t) for name, buf in self.fields.items()}
-        quant_pack(self.fmt, x, bufs["data"], bufs.get("scale"), bufs.get("zero"), pos=self.fields["data"].n,
-                   tensor_scale=self.static)
+        self._packer(self.fmt, x, bufs["data"], bufs.get("scale"), bufs.get("zero"), pos=self.fields["data"].n,
+                     tensor_scale=self.static)
         for buf in self.fields.values():
             buf.n += t
-        return True
 
     # -- evict / read ------------------------------------------------------------------------------------------
     def evict(self, position: int) -> None:
@@ -255,15 +250,15 @@ class Side:
         self.tail = self.tail[:, :, drop - from_quantized :]
         self.base += drop
 
-    def packed(self, visible_from: int | None = None) -> PackedKV:
-        """The stored tokens as a PackedKV; positions before `visible_from` (kept only to keep a channel group
-        whole) are marked as `skip`, for the attention function to leave out."""
+    def packed(self, visible_from: int | None = None) -> QTensor:
+        """The stored tokens as a QTensor over the buffers' views (no copy) with the tail; positions before
+        `visible_from` (kept only to keep a channel group whole) are marked as `skip`, for attention to leave out."""
         f = self.fields
         skip = 0 if visible_from is None else max(visible_from - self.base, 0)
-        return PackedKV(
-            fmt=self.fmt, data=f["data"].view(), scale=f["scale"].view() if "scale" in f else None,
-            zero=f["zero"].view() if "zero" in f else None, tensor_scale=self.static, tail=self.tail,
-            dtype=self.dtype, skip=skip,
+        return QTensor(
+            fmt=self.fmt, head_dim=self.tail.shape[3], dtype=self.dtype, data=f["data"].view(),
+            scale=f["scale"].view() if "scale" in f else None, zero=f["zero"].view() if "zero" in f else None,
+            tensor_scale=self.static, tail=self.tail, skip=skip,
         )
 
     @property
@@ -307,9 +302,25 @@ class Side:
         self.tokens_quantized = keep
 
 
+def _fused_packer(fmt: Format, x: torch.Tensor):
+    """kernels.quant_pack, which quantizes and writes straight into the buffers (bit-identical to the formats'
+    quantize), when the Triton backend is chosen and runs on x's device with a branch for fmt; else None."""
+    from kvviz.attention import active_backend  # the backend choice (KVVIZ_BACKEND), read once per side and device
+
+    if active_backend() != "triton":
+        return None
+    from kernels._triton import triton_usable
+    from kernels.pack import quant_pack, quant_pack_supported
+
+    # auto picks triton whenever CUDA exists, but a model left on the CPU has CPU states: formats path then
+    if not (triton_usable(x.device) and quant_pack_supported(fmt, x.shape[3])):
+        return None
+    return quant_pack
+
+
 def check_fits(fmt: Format, head_dim: int, where: str) -> None:
     """ValueError naming `where` (e.g. "layer 3 K") and the fix when `fmt` cannot hold head_dim-wide tokens."""
-    if fmt.asym and fmt.granularity in ("tensor", "head"):
+    if fmt.asym and fmt.static_scale:
         raise ValueError(f"{fmt.spec}: a per-tensor / per-head zero point cannot stay fixed while tokens are "
                          f"appended; use {fmt.base}/token/asym or a symmetric format.")
     try:
@@ -321,5 +332,4 @@ def check_fits(fmt: Format, head_dim: int, where: str) -> None:
 def _drop_first_token(q):
     """QTensor of [B, H, 1 + t, D] (token granularity) -> its last t tokens' fields."""
     cut = {name: getattr(q, name)[:, :, 1:] for name in ("data", "scale") if getattr(q, name) is not None}
-    shape = (*q.shape[:2], q.shape[2] - 1, q.shape[3])
-    return dataclasses.replace(q, shape=shape, **cut)
+    return dataclasses.replace(q, **cut)

@@ -1,4 +1,4 @@
-"""`Format` (a spec turned into quantize / dequantize / byte accounting) and `QTensor` (what it stores).
+"""`Format`: a spec turned into quantize / dequantize / byte accounting (what it stores: `QTensor`, qtensor.py).
 
 A Format is data plus pure functions: it dispatches to its family's codec (`floats`, `ints`, `fp4`, `ggml`), applies the
 optional Hadamard rotation (`/rot`, QuaRot), and accounts for every byte it stores.
@@ -18,36 +18,12 @@ import torch
 
 from . import floats, fp4, ggml, groups, ints
 from .packing import hadamard, rotate
+from .qtensor import QTensor
 from .spec import BASES, SpecParts
 
 _CODECS = {"float": floats, "int": ints, "fp4": fp4, "ggml": ggml}
 # Bytes of one stored scale / zero point by family and granularity.
 _SCALE_BYTES = {"int": 2, "float": 4, "fp4": 1, "ggml": 2}
-
-
-@dataclass(frozen=True)
-class QTensor:
-    """A quantized tensor as stored. x was [..., T, D]; see kvviz.formats for every field's layout.
-
-    data:         the element codes ([..., T, D * bits / 8] uint8 when packed, else [..., T, D]);
-    scale:        per-group scales (token: [..., T, D / g]; channel: [..., ceil(T / N), D]) or None;
-    zero:         asym group minimums, shaped like the scale that holds the group's scale, or None;
-    tensor_scale: fp32 per-tensor [] or per-head [..., H, 1, 1] scale, or None.
-    """
-
-    fmt: "Format"
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    data: torch.Tensor
-    scale: torch.Tensor | None = None
-    zero: torch.Tensor | None = None
-    tensor_scale: torch.Tensor | None = None
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes really held: packed data + scales + zero points + per-tensor scalars."""
-        parts = (self.data, self.scale, self.zero, self.tensor_scale)
-        return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
 
 @dataclass(frozen=True)
@@ -66,6 +42,12 @@ class Format:
     scale_source = property(lambda self: self.parts.scale_source,
                             doc="FP8 only: first | unit | calibrated (per-tensor / per-head), dynamic; else None")
     kind = property(lambda self: BASES[self.parts.base].kind, doc="float | int | fp4 | ggml")
+    static_scale = property(lambda self: self.parts.static_scale,
+                            doc="one fp32 scale per tensor or per head, fixed for every token (per-tensor and "
+                                "per-head granularities): calibrated, loaded, or fitted on the first states")
+    takes_scale = property(lambda self: self.static_scale or self.parts.base == "nvfp4",
+                           doc="a cache of this format takes a given scale: static-scale formats, and nvfp4's "
+                               "per-tensor global scale")
     bits = property(lambda self: BASES[self.parts.base].bits, doc="bits per stored element")
 
     def __repr__(self) -> str:
@@ -84,10 +66,11 @@ class Format:
         self._check_head_dim(x.shape[-1])
         work = rotate(x) if self.rot else x
         fields = _CODECS[self.kind].encode(self, work, self._static_scale(scale, x))
-        return QTensor(fmt=self, shape=tuple(x.shape), dtype=x.dtype, **fields)
+        return QTensor(fmt=self, head_dim=x.shape[-1], dtype=x.dtype, **fields)
 
     def dequantize(self, q: QTensor) -> torch.Tensor:
-        """QTensor -> tensor of the original shape and dtype."""
+        """QTensor -> its quantized values, [..., n_quantized, head_dim] in q.dtype (a cache side's tail is not
+        read: q.dequantize() adds it)."""
         if not isinstance(q, QTensor):
             raise ValueError(f"{self.spec}.dequantize expects a QTensor from quantize(), got {type(q).__name__}.")
         x = _CODECS[self.kind].decode(self, q)  # fp32 [..., T, D]
@@ -110,7 +93,7 @@ class Format:
     def _static_scale(self, scale, x: torch.Tensor) -> torch.Tensor | None:
         if scale is None:
             return None
-        if self.granularity not in ("tensor", "head"):
+        if not self.static_scale:
             raise ValueError(
                 f"A static scale applies to per-tensor or per-head formats; {self.spec} computes its own scales."
             )
@@ -138,7 +121,7 @@ class Format:
 
         Per-tensor and per-head scalars are not per-element: `static_bytes` counts them.
         """
-        if self.granularity in (None, "tensor", "head"):
+        if self.granularity is None or self.static_scale:
             return float(self.bits)
         per_group = self.group if self.group else head_dim  # token groups default to the whole head_dim
         return self.bits + 8 * self._group_bytes() / per_group

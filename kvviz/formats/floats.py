@@ -49,7 +49,7 @@ def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
                             torch.ones((), device=x.device))
     s = groups.expand(scale, gran, group, x.shape)
     data = _nan_where_nonfinite(x.float() / s).clamp(-fmax, fmax).to(dtype)
-    if gran in ("tensor", "head"):
+    if fmt.static_scale:
         return {"data": data, "tensor_scale": scale}
     return {"data": data, "scale": scale}
 
@@ -72,4 +72,4 @@ def decode(fmt, q) -> torch.Tensor:
     if fmt.granularity is None:
         return x
     s = q.tensor_scale if q.scale is None else q.scale
-    return groups.scale(x, s.float(), fmt.granularity, fmt.group)
+    return groups.scale_(x, s.float(), fmt.granularity, fmt.group)

@@ -27,14 +27,19 @@ E4M3_MAX = 448.0
 E8M0_NAN = 0xFF
 
 
+@functools.lru_cache(maxsize=8)
+def _bounds(device: str) -> torch.Tensor:
+    """fp32 [7]: the magnitude code c rounds up past bound c when |v| > bound c. A tie goes to the even code: up
+    when c + 1 is even, so for odd c the bound is the midpoint's fp32 predecessor (|v| > pred <=> |v| >= mid)."""
+    mids = torch.tensor(_MIDPOINTS, dtype=torch.float32)
+    below = torch.nextafter(mids, torch.tensor(float("-inf")))
+    return torch.where(torch.arange(len(_MIDPOINTS)) % 2 == 1, below, mids).to(device)
+
+
 def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
     """fp32 values -> uint8 E2M1 codes (0..15), round-to-nearest-even, saturating at +-6; NaN -> +0."""
-    mag = v.abs()
-    code = torch.zeros(v.shape, dtype=torch.uint8, device=v.device)
-    for c, mid in enumerate(_MIDPOINTS):
-        # A tie goes to the even code: up when c + 1 is even, so c odd compares >=.
-        up = mag >= mid if c % 2 else mag > mid
-        code += up.to(torch.uint8)
+    mag = torch.nan_to_num(v.abs(), nan=0.0)  # |v| in fp32; NaN -> 0, Inf -> fp32 max (code 7, as before)
+    code = torch.bucketize(mag, _bounds(str(v.device)), out_int32=True).to(torch.uint8)  # count of bounds < |v|
     return code | ((v < 0).to(torch.uint8) << 3)
 
 
@@ -45,30 +50,33 @@ def e2m1_decode(code: torch.Tensor) -> torch.Tensor:
     return torch.where((code & 8) > 0, -mag, mag)
 
 
+def _blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [..., T, D] -> (fp32 blocks [..., T, D/block, block], their absmax [..., T, D/block] with non-finite
+    elements counted as 0, and whether a block holds a non-finite element): groups.reduce's absmax and nonfinite
+    in one pass, which a one-token cache append pays for at every step."""
+    xb = x.float().reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    finite = torch.isfinite(xb)
+    amax = torch.where(finite, xb.abs(), 0.0).amax(dim=-1)
+    return xb, amax, ~finite.all(dim=-1)
+
+
 def _mx_encode(fmt, x: torch.Tensor) -> dict:
-    block = fmt.group
-    amax = groups.reduce(x, "token", block, "absmax")  # [..., T, D/block] fp32
+    xb, amax, bad = _blocks(x, fmt.group)  # [..., T, D/block, block], [..., T, D/block] x 2
     _, exp = torch.frexp(amax)  # amax = m * 2**exp, m in [0.5, 1): floor(log2(amax)) = exp - 1
-    e = torch.where(amax > 0, exp - 1 - E2M1_EMAX, torch.full_like(exp, -127)).clamp(-127, 127)
-    v = torch.ldexp(x.float(), groups.expand(-e, "token", block, x.shape).float())  # exact: a power of two
-    scale = (e + 127).to(torch.uint8)
-    bad = groups.reduce(x, "token", block, "nonfinite")
-    scale = torch.where(bad, torch.full_like(scale, E8M0_NAN), scale)
+    e = torch.where(amax > 0, exp - 1 - E2M1_EMAX, -127).clamp(-127, 127)
+    v = torch.ldexp(xb, -e.unsqueeze(-1).float()).reshape(x.shape)  # exact: a power of two
+    scale = torch.where(bad, E8M0_NAN, e + 127).to(torch.uint8)
     return {"data": pack(e2m1_encode(v), 4), "scale": scale}
 
 
 def _nv_encode(fmt, x: torch.Tensor) -> dict:
-    block = fmt.group
-    amax_t = groups.reduce(x, "tensor", None, "absmax")
-    tensor_scale = torch.where(amax_t > 0, amax_t / (E4M3_MAX * E2M1_MAX), torch.ones((), device=x.device))
-    amax_b = groups.reduce(x, "token", block, "absmax")
+    xb, amax_b, bad = _blocks(x, fmt.group)  # [..., T, D/block, block], [..., T, D/block] x 2
+    amax_t = amax_b.amax() if amax_b.numel() else amax_b.new_zeros(())  # the tensor's absmax
+    tensor_scale = torch.where(amax_t > 0, amax_t / (E4M3_MAX * E2M1_MAX), 1.0)
     block_scale = (amax_b / E2M1_MAX / tensor_scale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
-    bad = groups.reduce(x, "token", block, "nonfinite")
-    block_scale = torch.where(bad, torch.full((), float("nan"), device=x.device), block_scale.float()).to(
-        torch.float8_e4m3fn
-    )
-    eff = groups.expand(block_scale.float() * tensor_scale, "token", block, x.shape)
-    v = torch.where(eff > 0, x.float() / eff, torch.zeros((), device=x.device))
+    block_scale = torch.where(bad, float("nan"), block_scale.float()).to(torch.float8_e4m3fn)
+    eff = (block_scale.float() * tensor_scale).unsqueeze(-1)  # [..., T, D/block, 1]
+    v = torch.where(eff > 0, xb / eff, 0.0).reshape(x.shape)
     return {"data": pack(e2m1_encode(v), 4), "scale": block_scale, "tensor_scale": tensor_scale}
 
 
@@ -89,7 +97,7 @@ def decode(fmt, q) -> torch.Tensor:
         s = q.scale.float() * q.tensor_scale
     else:
         s = _e8m0_table(str(q.scale.device))[q.scale.long()]
-    return groups.scale(values, s, "token", fmt.group)
+    return groups.scale_(values, s, "token", fmt.group)
 
 
 @functools.lru_cache(maxsize=8)

@@ -233,7 +233,7 @@ def codes_of(fmt, q) -> torch.Tensor:
     if fmt.base == "q8_0":
         return _blocks(q.data.float())
     low, high, qh_table = _byte_tables(fmt.base, str(q.data.device))
-    blocks = q.data.reshape(*q.data.shape[:-1], q.shape[-1] // QK, 4 * fmt.bits)  # [..., T, D/32, block bytes]
+    blocks = q.data.reshape(*q.data.shape[:-1], q.head_dim // QK, 4 * fmt.bits)  # [..., T, D/32, block bytes]
     qs = blocks[..., -16:].reshape(-1).long()
     half = (*blocks.shape[:-1], 16)
     values = torch.cat([low.index_select(0, qs).reshape(half), high.index_select(0, qs).reshape(half)], dim=-1)
@@ -248,14 +248,14 @@ def decode(fmt, q) -> torch.Tensor:
     x = codes_of(fmt, q) * q.scale.float().unsqueeze(-1)  # [..., T, D/32, 32] * [..., T, D/32, 1]
     if q.zero is not None:
         x = x + q.zero.float().unsqueeze(-1)  # a separate add after the product, not a fused multiply-add
-    return x.reshape(q.shape)
+    return x.reshape(q.values_shape)
 
 
 def gguf_blocks(q) -> torch.Tensor:
     """A QTensor of a llama.cpp type as llama.cpp stores it: uint8 [..., T, D / 32 * block_bytes], each block
     d (fp16, little-endian) [+ m] + the block's data bytes (what `gguf.quantize` returns for the same rows)."""
     fmt = q.fmt
-    nb = q.shape[-1] // QK
+    nb = q.head_dim // QK
     data = q.data.view(torch.uint8).reshape(*q.data.shape[:-1], nb, 4 * fmt.bits)  # [..., T, nb, bytes]
     parts = [q.scale.contiguous().view(torch.uint8).reshape(*q.scale.shape, 2)]  # fp16 as 2 bytes (little-endian)
     if q.zero is not None:

@@ -90,3 +90,18 @@ def scale(x: torch.Tensor, s: torch.Tensor, granularity: str, group: int | None)
         t, d = x.shape[-2:]
         return (x.reshape(*x.shape[:-2], t // group, group, d) * s.unsqueeze(-2)).reshape(x.shape)  # [.., T/N, N, D]
     return x * expand(s, granularity, group, tuple(x.shape))
+
+
+def scale_(x: torch.Tensor, s: torch.Tensor, granularity: str, group: int | None) -> torch.Tensor:
+    """`scale` in place, for an x the caller owns (a decoder's fresh values): one pass and no second [..., T, D]
+    allocation on the reference read's hot path. Returns x (or a new tensor when x is not contiguous)."""
+    if not x.is_contiguous():
+        return scale(x, s, granularity, group)
+    if granularity == "token" and s.dim():
+        x.view(*x.shape[:-1], s.shape[-1], x.shape[-1] // s.shape[-1]).mul_(s.unsqueeze(-1))  # [..., T, D/g, g]
+        return x
+    if granularity == "channel" and x.shape[-2] % group == 0 and s.dim():
+        t, d = x.shape[-2:]
+        x.view(*x.shape[:-2], t // group, group, d).mul_(s.unsqueeze(-2))  # [..., T/N, N, D]
+        return x
+    return x.mul_(expand(s, granularity, group, tuple(x.shape)))

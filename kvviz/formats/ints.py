@@ -32,7 +32,7 @@ def _store_scale(s: torch.Tensor, static: bool) -> torch.Tensor:
 def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
     """x: [..., T, D] float -> fields of a QTensor (data, scale or tensor_scale, zero)."""
     gran, group, bits = fmt.granularity, fmt.group, fmt.bits
-    static = gran in ("tensor", "head")
+    static = fmt.static_scale
     bad = groups.reduce(x, gran, group, "nonfinite")
     zero = None
     if fmt.asym:
@@ -72,7 +72,7 @@ def decode(fmt, q) -> torch.Tensor:
     codes = q.data.float() if bits == 8 else unpack(q.data, bits).float()
     if bits < 8 and not fmt.asym:
         codes -= 2 ** (bits - 1)  # symmetric codes are stored offset by 2**(bits-1)
-    x = groups.scale(codes, s, gran, group)
+    x = groups.scale_(codes, s, gran, group)
     if fmt.asym:
-        x = x + groups.expand(q.zero.float(), gran, group, q.shape)
+        x = x.add_(groups.expand(q.zero.float(), gran, group, q.values_shape))
     return x

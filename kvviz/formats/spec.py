@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 GRANULARITIES = ("token", "channel", "tensor", "head")
+STATIC_GRANULARITIES = ("tensor", "head")  # one scale fixed for every token (Format.static_scale)
 ALIASES = {"fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "float16": "fp16", "bfloat16": "bf16"}
 CHANNEL_GROUP = 32  # KIVI's group of tokens for per-channel scales
 # Where an FP8 per-tensor / per-head scale comes from. kvviz's default is "first"; vLLM's and SGLang's is "unit".
@@ -86,6 +87,11 @@ class SpecParts:
     scale: str | None = None  # "unit" or "calibrated" when the spec says so; None: the granularity's own rule
 
     @property
+    def static_scale(self) -> bool:
+        """One fp32 scale per tensor or per head, fixed for every token (not recomputed as tokens arrive)."""
+        return self.granularity in STATIC_GRANULARITIES
+
+    @property
     def scale_source(self) -> str | None:
         """Where an FP8 scale comes from: unit / calibrated when the spec says so, else first (per-tensor and
         per-head) or dynamic (per-token and per-channel); None for formats other than FP8."""
@@ -93,7 +99,7 @@ class SpecParts:
             return self.scale
         if BASES[self.base].kind != "float" or self.granularity is None:
             return None
-        return DEFAULT_SCALE_SOURCE if self.granularity in ("tensor", "head") else "dynamic"
+        return DEFAULT_SCALE_SOURCE if self.static_scale else "dynamic"
 
     @property
     def canonical(self) -> str:
@@ -175,7 +181,7 @@ def parse_spec(spec: str) -> SpecParts:
         raise ValueError(
             f"{base} uses a fixed block of {info.block} along head_dim; drop /g{group} ({other})."
         )
-    if group is not None and granularity in ("tensor", "head"):
+    if group is not None and granularity in STATIC_GRANULARITIES:
         raise ValueError(f"/g{group} needs token or channel granularity, not {granularity!r} ({spec!r}).")
     if group is None:
         group = _default_group(info, granularity)
@@ -193,7 +199,7 @@ def _check_scale_source(spec: str, base: str, info: BaseInfo, granularity: str |
         raise ValueError(f"A {granularity} scale is fixed once written, so it cannot be dynamic ({spec!r}): an "
                          f"append-only cache cannot rescale what it holds. Use {base}/token (a scale computed per "
                          f"token at every write, what dynamic means here) or {base}/{granularity}/first.")
-    if scale != "dynamic" and granularity not in ("tensor", "head"):
+    if scale != "dynamic" and granularity not in STATIC_GRANULARITIES:
         raise ValueError(f"/{scale} applies to a per-tensor or per-head scale; {base}/{granularity} computes a scale "
                          f"per {granularity} at every write ({spec!r}): drop /{scale}, or write {base}/tensor/{scale}.")
 
