@@ -77,11 +77,13 @@ def test_compare_streams_texts_and_ends_with_metrics(client):
     assert [r[0] for r in rows] == ["exact (baseline)", "fp8_e4m3", "k8v4", "k=int4,v=int8"]
     assert table["headers"][3] == "mean KL (nats/token)"
     # the baseline's row is its own reference (KL 0, top-1 100% by definition); the chart draws the table's KL
-    assert rows[0][3] == 0 and rows[0][4] == 100
+    assert rows[0][3] == 0 and rows[0][6] == 100
+    assert table["headers"][4:6] == ["median KL", "p99 KL"]  # llama.cpp's percentiles next to the mean
+    assert all(0 <= r[4] <= r[5] for r in rows) and any(r[5] > r[4] for r in rows[1:]), rows
     assert _traces(fig)[0]["y"] == [r[3] for r in rows]
-    assert all(0 <= r[4] <= 100 for r in rows) and any(r[4] < 100 or r[3] > 0 for r in rows[1:]), rows
+    assert all(0 <= r[6] <= 100 for r in rows) and any(r[6] < 100 or r[3] > 0 for r in rows[1:]), rows
     assert len(_traces(fig)) == 5  # KL, top-1, cache, tokens/s, perplexity panels
-    assert all(r[10] > 1 for r in rows)  # perplexity
+    assert all(r[12] > 1 for r in rows)  # perplexity
     assert "Done in" in status and "`tiny-llama`" in status  # the default model, named
 
 
@@ -261,7 +263,7 @@ def test_compare_and_memory_take_a_plan(client):
     _, table, _, _ = client.predict(PROMPT, ["int4"], "int4; 1=fp16", 4, False, api_name="/compare")
     rows = {r[0]: r for r in table["data"]}
     assert rows["int4; 1=fp16"][1] == "int4; 1=fp16"
-    assert rows["int4"][6] < rows["int4; 1=fp16"][6] < rows["exact (baseline)"][6]  # cache KiB between the two
+    assert rows["int4"][8] < rows["int4; 1=fp16"][8] < rows["exact (baseline)"][8]  # cache KiB between the two
     assert "layer 5 does not exist; this model has layers 0-1" in _error(
         client, PROMPT, [], "int4; 5=fp16", 4, False, api_name="compare")
     args = (*MEMORY_OK[:8], ["fp16", "int4"], "int4; 0-15=fp16\nint2", ["l4"], None, "", "engine")

@@ -50,6 +50,13 @@ class FormatResult:
     def mean_kl(self) -> float:
         return float(self.kl.mean()) if self.kl.size else 0.0
 
+    def kl_percentile(self, fraction: float) -> float:
+        """The KL at `fraction` of the sorted per-step values, interpolated as llama.cpp's KLD percentiles are
+        (0.5: the median; 0.99: p99)."""
+        from kvviz.quality.kld import percentile
+
+        return percentile(torch.sort(torch.as_tensor(self.kl)).values, fraction) if self.kl.size else 0.0
+
     @property
     def top1_rate(self) -> float:
         return float(self.top1.mean()) if self.top1.size else 1.0

@@ -45,7 +45,7 @@ def _mean_and_se(x: torch.Tensor) -> tuple[float, float]:
     return f, (math.sqrt(var / (n - 1)) if var > 0 and n > 10 else 0.0)
 
 
-def _percentile(sorted_x: torch.Tensor, fraction: float) -> float:
+def percentile(sorted_x: torch.Tensor, fraction: float) -> float:
     """llama.cpp's percentile: linear interpolation between sorted values at fraction * (n - 1)."""
     n = sorted_x.numel()
     if fraction <= 0:
@@ -84,8 +84,8 @@ def summarize(kld: torch.Tensor, nll: torch.Tensor, nll_base: torch.Tensor, same
     cov = (float((nll * nll_base).mean()) - lq * lb) / (n - 1) if n >= 10 else 0.0
     ratio_var = lq_se * lq_se + lb_se * lb_se - 2.0 * cov
     return {
-        "mean": mean, "mean_se": mean_se, "median": _median(s), "p90": _percentile(s, 0.90),
-        "p95": _percentile(s, 0.95), "p99": _percentile(s, 0.99), "p999": _percentile(s, 0.999),
+        "mean": mean, "mean_se": mean_se, "median": _median(s), "p90": percentile(s, 0.90),
+        "p95": percentile(s, 0.95), "p99": percentile(s, 0.99), "p999": percentile(s, 0.999),
         "max": float(s[-1]), "delta_p_mean": dp_mean, "delta_p_rms": rms,
         "delta_p_rms_se": 0.5 / rms * mse_se if rms > 0 else 0.0,
         "same_top_p": same, "same_top_p_se": math.sqrt(same * (1 - same) / (n - 1)) if n > 1 else 0.0,

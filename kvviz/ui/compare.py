@@ -80,32 +80,34 @@ def _metrics(report, dtype: str, elsize: int, ppl: dict | None, lang: str = "en"
     """Table headers and rows (baseline first) and the bar chart's columns, from a QualityReport.
     dtype, elsize: the model's dtype name and bytes per element, which the exact baseline cache holds.
     ppl: kvviz.quality.perplexity's {"baseline" | name: perplexity}, or None when not measured.
-    Two byte ratios: against the exact cache as this model runs it (`dtype`, float32 on the CPU), and against a
+    The KL's median and p99 over the steps sit next to its mean, as llama.cpp's KLD statistics put them. Two byte
+    ratios: against the exact cache as this model runs it (`dtype`, float32 on the CPU), and against a
     16-bit cache, what engines store (the chart's): the exact cache holds plain values, so its 16-bit size is
     baseline_bytes x 2 / elsize."""
-    headers = [t(k, lang) for k in ("h_format", "h_spec", "h_bits", "h_kl", "h_top1", "h_divergence", "h_cache_kib",
-                                    "h_vs16", "h_vs_exact", "h_tps", "h_ppl")]
-    headers[8] = headers[8].format(dtype=dtype)
+    headers = [t(k, lang) for k in ("h_format", "h_spec", "h_bits", "h_kl", "h_kl_median", "h_kl_p99", "h_top1",
+                                    "h_divergence", "h_cache_kib", "h_vs16", "h_vs_exact", "h_tps", "h_ppl")]
+    headers[10] = headers[10].format(dtype=dtype)
     bytes16 = report.baseline_bytes * ENGINE_BYTES / elsize
     base_tps = report.baseline_tokens_per_s
-    rows = [[t("r_baseline", lang), dtype, 8 * elsize, 0.0, 100.0, "-", round(report.baseline_bytes / 1024, 1),
-             f"{report.baseline_bytes / bytes16:.2f}×", "1.00×",
+    rows = [[t("r_baseline", lang), dtype, 8 * elsize, 0.0, 0.0, 0.0, 100.0, "-",
+             round(report.baseline_bytes / 1024, 1), f"{report.baseline_bytes / bytes16:.2f}×", "1.00×",
              None if base_tps is None else round(base_tps, 1), _ppl(ppl, "baseline")]]
     for f in report.formats:
-        rows.append([f.name, f.spec, round(f.bits_per_value, 3), round(f.mean_kl, 5), round(100 * f.top1_rate, 1),
+        rows.append([f.name, f.spec, round(f.bits_per_value, 3), round(f.mean_kl, 5),
+                     round(f.kl_percentile(0.5), 5), round(f.kl_percentile(0.99), 5), round(100 * f.top1_rate, 1),
                      t("r_none", lang) if f.first_divergence is None else f.first_divergence,
                      round(f.cache_bytes / 1024, 1), f"{f.cache_bytes / bytes16:.2f}×",
                      f"{f.cache_bytes / report.baseline_bytes:.2f}×",
                      None if f.tokens_per_s is None else round(f.tokens_per_s, 1), _ppl(ppl, f.name)])
     columns = {
         t("c_kl", lang): [r[3] for r in rows],
-        t("c_top1", lang): [r[4] for r in rows],
-        t("c_vs16", lang): [round(float(r[7].rstrip("×")), 3) for r in rows],
-        t("c_tps", lang): [r[9] for r in rows],
+        t("c_top1", lang): [r[6] for r in rows],
+        t("c_vs16", lang): [round(float(r[9].rstrip("×")), 3) for r in rows],
+        t("c_tps", lang): [r[11] for r in rows],
     }
     if ppl is None:  # not measured: no empty column
         return headers[:-1], [r[:-1] for r in rows], columns
-    columns[t("c_ppl", lang)] = [r[10] for r in rows]
+    columns[t("c_ppl", lang)] = [r[12] for r in rows]
     return headers, rows, columns
 
 
@@ -157,7 +159,7 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, mode
                 ppl = quality.perplexity(model, tok, names, windows=PPL_WINDOWS, window=PPL_WINDOW)["ppl"]
         headers, rows, columns = _metrics(report, str(model.dtype).removeprefix("torch."), model.dtype.itemsize,
                                           ppl, lang)
-        meta = {r[0]: t("r_meta", lang).format(kl=r[3], top1=r[4], vs16=r[7]) for r in rows[1:]}
+        meta = {r[0]: t("r_meta", lang).format(kl=r[3], top1=r[6], vs16=r[9]) for r in rows[1:]}
         meta[BASELINE] = t("r_meta_base", lang).format(n=report.prompt_tokens, dtype=rows[0][1])
         fig = plots.metrics_bars([r[0] for r in rows], columns, title=t("f_metrics", lang).format(model=name),
                                  x_title=t("f_format_axis", lang))
