@@ -80,7 +80,7 @@ EN: dict[str, str] = {
                      "highest ratio of any layer (median 4.8×). Then the plan search (int4 and fp16, budget 0.16): "
                      "every layer in int4 costs KL 0.237; keeping layer 19 alone in fp16 cuts it to 0.154 (−35%) "
                      "for 9% more bytes (0.29× fp16 instead of 0.27×). Getting under 0.05 takes 17 layers in fp16. "
-                     "Both runs take several minutes on a 2-core CPU."),
+                     "On an idle 2-core CPU each run takes about a minute (longer when the machine is shared)."),
     "tab_compare": "Compare",
     "tab_outliers": "K outliers",
     "tab_errors": "Quantization error",
@@ -278,7 +278,7 @@ EN: dict[str, str] = {
     "sens_source_info": "WikiText-2: the bundled test slice; prompt: the text below",
     "sens_spec": "Format (K/V spec)",
     "sens_tokens": "Tokens",
-    "sens_tokens_info": "The text is cut to this many tokens; on a 2-core CPU, SmolLM2 needs minutes at 256",
+    "sens_tokens_info": "The text is cut to this many tokens; SmolLM2 at 256 takes about 50 s on an idle 2-core CPU",
     "sens_run": "Measure sensitivity",
     "sens_norms": "Per layer: KL of K and V, and the K/V magnitudes that explain the peaks",
     "sens_where": "{model}, {spec}, {tokens} tokens",
@@ -387,7 +387,7 @@ KO: dict[str, str] = {
                      "가장 높습니다(중간 레이어 4.8배). 이어서 계획 탐색(int4와 fp16, 예산 0.16): 모든 레이어를 int4로 "
                      "두면 KL 0.237, 레이어 19 하나만 fp16으로 두면 0.154(−35%)로 줄고 바이트는 9%만 늘어납니다 "
                      "(fp16의 0.27배 대신 0.29배). 0.05 아래로 내리려면 17개 레이어가 fp16이어야 합니다. 2코어 CPU에서 "
-                     "두 실행 모두 몇 분 걸립니다."),
+                     "한가한 2코어 CPU에서 각 실행은 1분 안팎 걸립니다(다른 작업과 나눠 쓰면 더 깁니다)."),
     "tab_compare": "비교",
     "tab_outliers": "K 이상치",
     "tab_errors": "양자화 오차",
@@ -572,7 +572,7 @@ KO: dict[str, str] = {
     "sens_source_info": "WikiText-2: 함께 들어 있는 테스트 구간; prompt: 아래 글",
     "sens_spec": "포맷 (K/V 스펙)",
     "sens_tokens": "토큰 수",
-    "sens_tokens_info": "글을 이 토큰 수로 자릅니다; 2코어 CPU에서 SmolLM2는 256토큰에 몇 분 걸립니다",
+    "sens_tokens_info": "글을 이 토큰 수로 자릅니다; 한가한 2코어 CPU에서 SmolLM2는 256토큰에 약 50초 걸립니다",
     "sens_run": "민감도 측정",
     "sens_norms": "레이어별: K와 V의 KL, 그리고 최고점을 설명하는 K/V 크기",
     "sens_where": "{model}, {spec}, {tokens}토큰",
