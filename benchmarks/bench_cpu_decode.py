@@ -36,7 +36,7 @@ FORMATS = ("int4", "k8v4", "mxfp4")
 BACKENDS = ("cpu", "torch")  # fused numba, unfused reference
 
 
-def _best_ms(fn, reps: int = 20) -> float:
+def best_ms(fn, reps: int = 20) -> float:
     """Minimum wall time of fn() in ms over `reps` calls after one warmup (others' load only ever adds time)."""
     fn()
     times = []
@@ -68,7 +68,7 @@ def layer_times(model, dyn, formats) -> dict:
     hq = model.config.num_attention_heads
     q = torch.randn(1, hq, 1, keys.shape[-1])  # [B, Hq, 1, D]
     k1, v1 = keys[:, :, -1:].clone(), values[:, :, -1:].clone()
-    out = {"sdpa": _best_ms(lambda: sdpa_attention_forward(attn, q, torch.cat([keys, k1], 2),
+    out = {"sdpa": best_ms(lambda: sdpa_attention_forward(attn, q, torch.cat([keys, k1], 2),
                                                            torch.cat([values, v1], 2), None, scaling=attn.scaling,
                                                            is_causal=False))}
     for spec in formats:
@@ -78,11 +78,11 @@ def layer_times(model, dyn, formats) -> dict:
         pk, pv = layer.update(k1, v1)
         for backend in BACKENDS:
             os.environ["KVVIZ_BACKEND"] = backend
-            out[(spec, backend)] = _best_ms(lambda: kvviz_attention_forward(attn, q, pk, pv, None,
+            out[(spec, backend)] = best_ms(lambda: kvviz_attention_forward(attn, q, pk, pv, None,
                                                                             scaling=attn.scaling))
         fresh = QuantizedKVCache(model.config, spec).layers[0]
         fresh.update(keys, values)
-        out[(spec, "append")] = _best_ms(lambda: fresh.update(k1, v1), reps=50)
+        out[(spec, "append")] = best_ms(lambda: fresh.update(k1, v1), reps=50)
     return out
 
 

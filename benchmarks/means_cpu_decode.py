@@ -24,17 +24,9 @@ from kernels.packed import side_from_format  # noqa: E402
 from kvviz.cache.layers import QuantizedKVLayer  # noqa: E402
 from kvviz.formats import parse_kv  # noqa: E402
 
+from bench_cpu_decode import best_ms  # noqa: E402 (benchmarks/, this script's folder)
+
 T, HQ, HKV, D = 4096, 9, 3, 64
-
-
-def best_ms(fn, reps: int = 20) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * min(times)
 
 
 def reference(q, codes, scale, codes_v, scale_v):
