@@ -22,7 +22,6 @@ import contextlib
 import functools
 import inspect
 import os
-import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path

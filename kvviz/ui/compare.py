@@ -20,8 +20,6 @@ import html
 import gradio as gr
 
 from kvviz import plots, quality
-from kvviz.attention import active_backend
-from kvviz.formats import parse_kv
 
 from . import engines
 from .common import (MAX_FORMATS, ScaleNotes, check_bool, check_int, check_language, check_model, check_prompt,
