@@ -24,6 +24,7 @@ import os
 import threading
 import time
 
+import numpy as np
 import torch
 
 from kernels.packed import PackedSide, per_head
@@ -122,9 +123,21 @@ def _element_code(side: PackedSide) -> tuple[int, torch.Tensor | None]:
     return jit.E_LUT, _table(side.elem, side.bits, side.offset, dtype)
 
 
+@functools.lru_cache(maxsize=None)
 def _planar(head_dim: int, per_byte: int) -> torch.Tensor:
     """Index [D]: planar position -> channel. cpu_jit holds element d at (d % pb) * (D / pb) + d // pb."""
     return torch.arange(head_dim).reshape(head_dim // per_byte, per_byte).t().reshape(-1)
+
+
+@functools.lru_cache(maxsize=None)
+def _planar_np(head_dim: int, per_byte: int) -> np.ndarray:
+    return _planar(head_dim, per_byte).numpy()
+
+
+@functools.lru_cache(maxsize=None)
+def _unplanar_np(head_dim: int, per_byte: int) -> np.ndarray:
+    """Index [D]: channel -> its planar position (the inverse of _planar)."""
+    return torch.argsort(_planar(head_dim, per_byte)).numpy()
 
 
 def _scale_code(t: torch.Tensor) -> tuple[int, torch.Tensor | None]:
@@ -138,6 +151,9 @@ def _scale_code(t: torch.Tensor) -> tuple[int, torch.Tensor | None]:
 
 
 _NONE = torch.zeros(4, dtype=torch.uint8)
+_NONE_NP = _NONE.numpy()
+_NO_MASK = np.zeros((1, 1), np.uint8)  # has_mask False: never read
+_NO_SINKS = np.zeros(1, np.float32)  # has_sinks False: never read
 
 
 def _bytes(t: torch.Tensor | None):
@@ -151,8 +167,57 @@ def _bytes(t: torch.Tensor | None):
     return flat.numpy(), t.storage_offset() * size, tuple(s * size for s in t.stride()[:3])
 
 
-def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, head_dim: int) -> tuple:
-    """(meta, data, lut, scale, zero, scale_lut, tensor_scale, tensor_zero, tail, n_packed) for cpu_jit."""
+def _side_args(side: PackedSide, lengths: np.ndarray, batch: int, heads: int, head_dim: int) -> tuple:
+    """(meta, data, lut, scale, zero, scale_lut, tensor_scale, tensor_zero, tail, n_packed) for cpu_jit.
+
+    What depends only on the buffers (their storages and strides, the decode tables, the static scales) is built
+    once per buffer set and kept in `side.memo` when the producer gives one (a cache side: its buffers move only
+    when they grow); the offsets, the tail and n_packed are read on every call."""
+    key = (batch, heads, head_dim, id(side.tensor_scale), *(
+        None if t is None else (t.untyped_storage().data_ptr(), t.dtype, t.stride()) for t in (side.data, side.scale, side.zero)))
+    memo = side.memo if side.memo is not None else {}
+    cached = memo.get("cpu")
+    if cached is None or cached[0] != key:
+        cached = memo["cpu"] = (key, _buffer_args(side, batch, heads, head_dim))
+    jit = _jit()
+    meta_template, data, lut, scale_np, zero_np, slut, ts, tz = cached[1]
+    meta = meta_template.copy()
+    meta[jit.M_D_OFF] = _byte_offset(side.data)
+    if side.scale_kind is not None:
+        meta[jit.M_S_OFF] = _byte_offset(side.scale)
+        if side.zero is not None:
+            meta[jit.M_Z_OFF] = _byte_offset(side.zero)
+    if side.n_packed is None:
+        n_packed = lengths
+    elif isinstance(side.n_packed, int):
+        n_packed = np.full(batch, side.n_packed, dtype=np.int64)
+    else:
+        n_packed = torch.as_tensor(side.n_packed).to(torch.int64).expand(batch).contiguous().numpy()
+    tail = side.tail
+    if tail is not None and tail.shape[2] == 0:  # an empty tail (no residual window, whole groups): nothing to read
+        assert bool((n_packed >= lengths).all()), "tokens past n_packed need a tail"
+        meta[jit.M_TAIL] = 0
+        return meta, data, lut, scale_np, zero_np, slut, ts, tz, _NONE_NP, n_packed
+    if tail is not None:
+        assert tail.dim() == 4 and tail.shape[:2] == (batch, heads) and tail.shape[3] == head_dim, (
+            f"tail must be [B, Hkv, R, D], got {tuple(tail.shape)}"
+        )
+        if tail.dtype not in _FLOAT_CODES:
+            tail = tail.float()  # a float64 test tail: R rows, never the packed history
+        meta[jit.M_TDT], meta[jit.M_TAIL] = _FLOAT_CODES[tail.dtype], 1
+    else:
+        assert bool((n_packed >= lengths).all()), "tokens past n_packed need a tail"
+    tail_np, meta[jit.M_T_OFF], (meta[jit.M_T_SB], meta[jit.M_T_SH], meta[jit.M_T_ST]) = _bytes(tail)
+    return meta, data, lut, scale_np, zero_np, slut, ts, tz, tail_np, n_packed
+
+
+def _byte_offset(t: torch.Tensor) -> int:
+    return t.storage_offset() * t.element_size()
+
+
+def _buffer_args(side: PackedSide, batch: int, heads: int, head_dim: int) -> tuple:
+    """The part of `_side_args` fixed by the buffers: (meta without offsets and tail, data, lut, scale, zero,
+    scale_lut, tensor_scale, tensor_zero), numpy views of the storages (no copy)."""
     jit = _jit()
     assert side.data.shape[:2] == (batch, heads), (
         f"packed data is [B, Hkv, cap, packed_dim] = {tuple(side.data.shape)}; want B={batch}, Hkv={heads}"
@@ -163,7 +228,7 @@ def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, 
     meta[jit.M_ELEM], lut = _element_code(side)
     meta[jit.M_PER_BYTE] = 8 // side.bits if side.bits < 8 else 1
     meta[jit.M_OFFSET] = side.offset
-    data, meta[jit.M_D_OFF], (meta[jit.M_D_SB], meta[jit.M_D_SH], meta[jit.M_D_ST]) = _bytes(side.data)
+    data, _, (meta[jit.M_D_SB], meta[jit.M_D_SH], meta[jit.M_D_ST]) = _bytes(side.data)
     scale = zero = None
     slut = None
     if side.scale_kind is not None:
@@ -175,30 +240,16 @@ def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, 
         if side.zero is not None:
             assert side.zero.dtype == side.scale.dtype, "zero points must be stored as the scales are"
             zero, meta[jit.M_ZERO] = side.zero, 1
-    scale_np, meta[jit.M_S_OFF], (meta[jit.M_S_SB], meta[jit.M_S_SH], meta[jit.M_S_ST]) = _bytes(scale)
-    zero_np, meta[jit.M_Z_OFF], (meta[jit.M_Z_SB], meta[jit.M_Z_SH], meta[jit.M_Z_ST]) = _bytes(zero)
+    scale_np, _, (meta[jit.M_S_SB], meta[jit.M_S_SH], meta[jit.M_S_ST]) = _bytes(scale)
+    zero_np, _, (meta[jit.M_Z_SB], meta[jit.M_Z_SH], meta[jit.M_Z_ST]) = _bytes(zero)
     ts = per_head(side.tensor_scale, batch, heads, "cpu")
     tz = per_head(side.zero, batch, heads, "cpu") if side.scale_kind is None else None
     ts = torch.ones(batch * heads) if ts is None else ts
     tz = torch.zeros(batch * heads) if tz is None else tz
-    n_packed = lengths if side.n_packed is None else torch.as_tensor(side.n_packed)
-    n_packed = n_packed.to(torch.int64).expand(batch).contiguous()
-    tail = side.tail
-    if tail is not None:
-        assert tail.dim() == 4 and tail.shape[:2] == (batch, heads) and tail.shape[3] == head_dim, (
-            f"tail must be [B, Hkv, R, D], got {tuple(tail.shape)}"
-        )
-        if tail.dtype not in _FLOAT_CODES:
-            tail = tail.float()  # a float64 test tail: R rows, never the packed history
-        meta[jit.M_TDT], meta[jit.M_TAIL] = _FLOAT_CODES[tail.dtype], 1
-    else:
-        assert bool((n_packed >= lengths).all()), "tokens past n_packed need a tail"
-    tail_np, meta[jit.M_T_OFF], (meta[jit.M_T_SB], meta[jit.M_T_SH], meta[jit.M_T_ST]) = _bytes(tail)
     empty = torch.zeros(1)
     return (
         torch.tensor(meta, dtype=torch.int64).numpy(), data, (lut if lut is not None else empty).numpy(),
-        scale_np, zero_np, (slut if slut is not None else empty).numpy(), ts.numpy(), tz.numpy(), tail_np,
-        n_packed.numpy(),
+        scale_np, zero_np, (slut if slut is not None else empty).numpy(), ts.numpy(), tz.numpy(),
     )
 
 
@@ -239,15 +290,21 @@ def decode_attention_cpu(
     hkv = k.data.shape[1]
     if hq % hkv:
         raise ValueError(f"Query heads ({hq}) must be a multiple of KV heads ({hkv}).")
-    lengths = torch.as_tensor(lengths).to(device="cpu", dtype=torch.int64).expand(batch).contiguous()
-    max_length = int(lengths.max()) if batch else 0
+    # the glue around the jit calls is numpy: a torch op on tensors this small costs several numpy ops
+    if isinstance(lengths, int):
+        lengths_np = np.full(batch, lengths, dtype=np.int64)
+    else:
+        lengths_np = torch.as_tensor(lengths).to(device="cpu", dtype=torch.int64).expand(batch).contiguous().numpy()
+    max_length = int(lengths_np.max()) if batch else 0
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     if jit is None or not (reads(k) and reads(v)):  # no numba, or a layout without a branch here: the reference
-        ref = decode_attention_reference(q, k, v, lengths, sm_scale, kv_mask, sinks=sinks, softcap=softcap)
+        ref = decode_attention_reference(q, k, v, torch.from_numpy(lengths_np), sm_scale, kv_mask, sinks=sinks,
+                                         softcap=softcap)
         return ref.to(q.dtype)
     qk = q.detach().float() if k.rotation is None else q.detach().float() @ k.rotation.float()  # [B, Hq, D_k]
     k_pb, v_pb = (8 // side.bits if side.bits < 8 else 1 for side in (k, v))
-    qk = qk[..., _planar(head_dim, k_pb)].contiguous() if k_pb > 1 else qk.contiguous()  # K's planar order
+    qk = qk.numpy()
+    qk = qk[..., _planar_np(head_dim, k_pb)] if k_pb > 1 else np.ascontiguousarray(qk)  # K's planar order
     if parallel is None:
         parallel = batch * hkv * max_length >= _PARALLEL_ROWS
     if num_splits is None:
@@ -260,29 +317,32 @@ def decode_attention_cpu(
         assert kv_mask.dim() == 2 and kv_mask.shape[0] == batch and kv_mask.shape[1] >= max_length, (
             f"kv_mask must be [B, >= max(lengths)] = [{batch}, >= {max_length}], got {tuple(kv_mask.shape)}"
         )
-        mask = kv_mask.detach().to(torch.uint8).contiguous()  # [B, L]: 1 byte per token
+        mask = kv_mask.detach()
+        if mask.dtype == torch.bool:  # [B, L]: 1 byte per token, read in place
+            mask = np.ascontiguousarray(mask.numpy()).view(np.uint8)
+        else:
+            mask = mask.to(torch.uint8).contiguous().numpy()
     else:
-        mask = torch.zeros(batch, 1, dtype=torch.uint8)
-    sink = torch.zeros(hq) if sinks is None else sinks.detach().float().reshape(hq).contiguous()
-    if sinks is not None and sink.numel() != hq:
-        raise ValueError(f"sinks holds {sink.numel()} values; pass one logit per query head ({hq}).")
-    k_args = _side_args(k, lengths, batch, hkv, head_dim)
-    v_args = _side_args(v, lengths, batch, hkv, v.head_dim)
+        mask = _NO_MASK
+    sink = _NO_SINKS if sinks is None else sinks.detach().float().reshape(-1).contiguous().numpy()
+    if sinks is not None and sink.size != hq:
+        raise ValueError(f"sinks holds {sink.size} values; pass one logit per query head ({hq}).")
+    k_args = _side_args(k, lengths_np, batch, hkv, head_dim)
+    v_args = _side_args(v, lengths_np, batch, hkv, v.head_dim)
     units, gqa, dv = batch * hkv * num_splits, hq // hkv, v.head_dim
-    mid_m = torch.empty(units, gqa)
-    mid_l = torch.empty(units, gqa)
-    mid_acc = torch.empty(units, gqa, dv)
+    mid_m = np.empty((units, gqa), np.float32)
+    mid_l = np.empty((units, gqa), np.float32)
+    mid_acc = np.empty((units, gqa, dv), np.float32)
     with _LOCK:
         (jit.decode_partials if parallel else jit.decode_partials_serial)(
-            qk.numpy(), lengths.numpy(), mask.numpy(), kv_mask is not None, sm_scale, float(softcap or 0.0),
-            hkv, num_splits, per_split, *k_args, *v_args,
-            mid_m.numpy(), mid_l.numpy(), mid_acc.numpy(),
+            qk, lengths_np, mask, kv_mask is not None, sm_scale, float(softcap or 0.0),
+            hkv, num_splits, per_split, *k_args, *v_args, mid_m, mid_l, mid_acc,
         )
-    out = torch.empty(batch, hq, dv)
-    jit.combine(mid_m.numpy(), mid_l.numpy(), mid_acc.numpy(), sink.numpy(), sinks is not None, hkv, num_splits,
-                out.numpy())
+    out = np.empty((batch, hq, dv), np.float32)
+    jit.combine(mid_m, mid_l, mid_acc, sink, sinks is not None, hkv, num_splits, out)
     if v_pb > 1:  # back from V's planar order: channel c sits at planar position inverse[c]
-        out = out[..., torch.argsort(_planar(dv, v_pb))]
+        out = out[..., _unplanar_np(dv, v_pb)]
+    out = torch.from_numpy(out)
     if v.rotation is not None:
         out = out @ v.rotation.float()
     return out.to(q.dtype)

@@ -32,8 +32,9 @@ little-endian uint32 whose bit j is bit 4 of code j, then) 16 bytes qs, byte j =
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -69,6 +70,10 @@ class PackedSide:
     tail: torch.Tensor | None = None
     rotation: torch.Tensor | None = None
     layout: str = "kvviz"  # "kvviz": element order above; "ggml": llama.cpp's 32-value blocks (qh, then qs)
+    # A dict its producer keeps from call to call (a cache side: one per side), where a kernel launcher may keep
+    # what it derived from the buffers (kernels/cpu.py: numpy views, decode tables); the launcher checks that
+    # the buffers are still the ones it saw. None: derive everything on every call.
+    memo: dict | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         assert self.elem in ELEMS, f"elem must be one of {ELEMS}, got {self.elem!r}"
@@ -120,7 +125,13 @@ def per_head(t, batch: int, heads: int, device) -> torch.Tensor | None:
 
 
 def hadamard(n: int, device=None, dtype=torch.float32) -> torch.Tensor:
-    """Normalized Sylvester Hadamard matrix [n, n] (n a power of two): H = H^T = H^-1."""
+    """Normalized Sylvester Hadamard matrix [n, n] (n a power of two): H = H^T = H^-1. Built once per (n, device,
+    dtype) and shared: read it, never write to it."""
+    return _hadamard(int(n), torch.device(device) if device is not None else torch.device("cpu"), dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _hadamard(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     if n < 1 or n & (n - 1):
         raise ValueError(f"A Hadamard rotation needs a power-of-two head_dim; got {n}. Drop /rot for this model.")
     h = torch.ones(1, 1, dtype=torch.float64)
@@ -140,6 +151,7 @@ def side_from_format(
     n_packed: torch.Tensor | int | None = None,
     tail: torch.Tensor | None = None,
     rotation: torch.Tensor | None = None,
+    memo: dict | None = None,
 ) -> PackedSide:
     """Describe packed buffers of a kvviz-like format `fmt` (duck-typed: base, kind, bits, granularity, group,
     asym, rot). data/scale/zero/tensor_scale are laid out as kvviz's QTensor fields with [B, Hkv] in front.
@@ -149,7 +161,8 @@ def side_from_format(
                          "set KVVIZ_BACKEND=torch to read it through the reference.")
     bits = int(fmt.bits)
     if fmt.kind == "ggml":
-        return _ggml_side(fmt, data, scale, zero, head_dim=head_dim, n_packed=n_packed, tail=tail, rotation=rotation)
+        return _ggml_side(fmt, data, scale, zero, head_dim=head_dim, n_packed=n_packed, tail=tail, rotation=rotation,
+                          memo=memo)
     per_byte = 8 // bits if bits < 8 else 1
     head_dim = head_dim or data.shape[-1] * per_byte
     if fmt.kind == "fp4":
@@ -167,7 +180,7 @@ def side_from_format(
     return PackedSide(
         data=data, head_dim=head_dim, elem=elem, bits=bits, offset=offset,
         scale=scale if scale_kind else None, scale_kind=scale_kind, group=fmt.group if scale_kind else None,
-        zero=zero, tensor_scale=tensor_scale, n_packed=n_packed, tail=tail, rotation=rotation,
+        zero=zero, tensor_scale=tensor_scale, n_packed=n_packed, tail=tail, rotation=rotation, memo=memo,
     )
 
 
@@ -175,10 +188,10 @@ def side_of(q) -> PackedSide:
     """A kvviz QTensor (duck-typed; a cache side's views over its buffers, read in place, or a quantized tensor
     [B, Hkv, T, D]) as the kernels' PackedSide: tokens 0..n_quantized-1 packed, the tail after them."""
     return side_from_format(q.fmt, q.data, q.scale, q.zero, q.tensor_scale, head_dim=q.head_dim,
-                            n_packed=q.data.shape[2], tail=q.tail)
+                            n_packed=q.data.shape[2], tail=q.tail, memo=getattr(q, "memo", None))
 
 
-def _ggml_side(fmt, data, scale, zero, *, head_dim, n_packed, tail, rotation) -> PackedSide:
+def _ggml_side(fmt, data, scale, zero, *, head_dim, n_packed, tail, rotation, memo) -> PackedSide:
     """A llama.cpp type's buffers (see the module docstring) as a PackedSide with layout "ggml"."""
     bits = int(fmt.bits)
     head_dim = head_dim or data.shape[-1] * 8 // bits
@@ -192,5 +205,5 @@ def _ggml_side(fmt, data, scale, zero, *, head_dim, n_packed, tail, rotation) ->
         rotation = hadamard(head_dim, device=data.device)
     return PackedSide(
         data=data, head_dim=head_dim, elem=elem, bits=bits, offset=offset, scale=scale, scale_kind="token",
-        group=32, zero=zero, n_packed=n_packed, tail=tail, rotation=rotation, layout="ggml",
+        group=32, zero=zero, n_packed=n_packed, tail=tail, rotation=rotation, layout="ggml", memo=memo,
     )

@@ -126,9 +126,14 @@ def _triton_runs_on(device: torch.device) -> bool:
 
 def _fused_reads(*sides: QTensor) -> bool:
     """False when the Triton kernels have no decode branch for a side's format: the reference reads it then."""
+    return all(_triton_reads_format(p.fmt) for p in sides)
+
+
+@functools.lru_cache(maxsize=256)
+def _triton_reads_format(fmt) -> bool:
     from kernels.packed import reads_format
 
-    return all(reads_format(p.fmt) for p in sides)
+    return reads_format(fmt)
 
 
 def _cpu_reads(*sides: QTensor) -> bool:
@@ -136,9 +141,14 @@ def _cpu_reads(*sides: QTensor) -> bool:
     False for plain casts too (fp16 / bf16, no scale): the reference hands SDPA the very tensors DynamicCache
     would, so a lossless spec keeps DynamicCache's tokens exactly (the kernel's float32 sums can flip a near tie:
     tiny Falcon-H1 in bf16, tests/test_cache.py)."""
+    return all(_cpu_reads_format(p.fmt) for p in sides)
+
+
+@functools.lru_cache(maxsize=256)
+def _cpu_reads_format(fmt) -> bool:
     from kernels.cpu import supports
 
-    return all(supports(p.fmt) and p.fmt.granularity is not None for p in sides)
+    return supports(fmt) and fmt.granularity is not None
 
 
 def _bottom_right_causal(q_len: int, kv_len: int, device) -> torch.Tensor:

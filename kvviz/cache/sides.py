@@ -122,6 +122,7 @@ class Side:
         self.saturated = 0  # FP8 static scale: values clamped to the format's range under it (warned about once)
         self._packer = None  # kernels.pack.quant_pack, or None (kvviz.formats quantizes): chosen per device
         self._packer_device: torch.device | None = None
+        self._kernel_memo: dict = {}  # handed to fused kernels with every read (QTensor.memo)
 
     # -- setup -------------------------------------------------------------------------------------------------
     def init(self, x: torch.Tensor) -> None:
@@ -258,7 +259,7 @@ class Side:
         return QTensor(
             fmt=self.fmt, head_dim=self.tail.shape[3], dtype=self.dtype, data=f["data"].view(),
             scale=f["scale"].view() if "scale" in f else None, zero=f["zero"].view() if "zero" in f else None,
-            tensor_scale=self.static, tail=self.tail, skip=skip,
+            tensor_scale=self.static, tail=self.tail, skip=skip, memo=self._kernel_memo,
         )
 
     @property

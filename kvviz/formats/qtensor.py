@@ -19,6 +19,8 @@ batch and head include the buffers' spare token capacity, so a kernel must use t
     tail          None, or [..., seq_len - n_quantized, head_dim] 16-bit full-precision tokens following the
                   quantized ones (a cache's residual window and a channel format's partial group)
     skip          leading tokens attention must not see (a sliding-window side keeps its oldest channel group whole)
+    memo          a cache side's dict, the same on every call, where a fused kernel's launcher keeps what it derived
+                  from the buffers (kernels.packed.PackedSide.memo); None for anything else
     dtype         the dtype `dequantize` returns (the quantized x's; a cache side's model dtype)
 
 Deliberately no `.shape`: code that takes a QTensor for a tensor (an attention function other than "kvviz" given
@@ -28,6 +30,7 @@ the quantized values.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,6 +53,7 @@ class QTensor:
     tensor_scale: torch.Tensor | None = None
     tail: torch.Tensor | None = None
     skip: int = 0
+    memo: dict | None = dataclasses.field(default=None, repr=False)  # a cache side's, for fused kernels (below)
 
     @property
     def n_quantized(self) -> int:
