@@ -13,14 +13,17 @@ dispatches on:
 `KVVIZ_BACKEND=auto|torch|triton|cpu` picks the backend (auto: triton when CUDA is available and triton imports,
 else "cpu", the numba decode of kernels/cpu.py that reads the packed buffers in place, when numba runs, else torch;
 single-token decode on CPU tensors only, formats without a CPU branch take the reference; `TRITON_INTERPRET=1` lets an explicit `triton` run on the CPU). CUDA and Triton are probed once, Triton
-through kernels/_triton.py (the one module that imports it).
+through kernels/_triton.py (the one module that imports it). `with use_backend(name):` overrides KVVIZ_BACKEND on
+the calling thread for one block (kvviz.quality.fused_vs_unfused times fused against unfused in one process).
 Select the function with `model.set_attn_implementation("kvviz")` (kvviz.load_model and kvviz.tiny_model do).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import threading
 
 import torch
 from transformers import AttentionInterface
@@ -55,13 +58,41 @@ def _cpu_fused() -> bool:
     return cpu.cpu_usable()
 
 
-def active_backend() -> str:
-    """"triton", "cpu" or "torch", from KVVIZ_BACKEND (default auto: triton on CUDA, else the fused CPU path when
-    numba runs, else torch; "cpu" without numba falls back to torch). Raises ValueError on a bad or impossible
-    choice."""
-    wanted = os.environ.get("KVVIZ_BACKEND", "auto").strip().lower() or "auto"
+_chosen = threading.local()  # .name: this thread's use_backend() choice, or absent
+
+
+def _backend_name(name, where: str) -> str:
+    """`name` lower-cased ("" means auto), checked against BACKENDS; ValueError naming `where` it came from."""
+    wanted = (name.strip().lower() or "auto") if isinstance(name, str) else None
     if wanted not in BACKENDS:
-        raise ValueError(f"KVVIZ_BACKEND={wanted!r} is not one of {', '.join(BACKENDS)}; unset it or pick one.")
+        raise ValueError(f"{where}={name!r} is not one of {', '.join(BACKENDS)}; pick one of them.")
+    return wanted
+
+
+@contextlib.contextmanager
+def use_backend(name: str):
+    """Decode through backend `name` (one of BACKENDS) on this thread while the block runs, whatever KVVIZ_BACKEND
+    says; blocks nest, and other threads keep their own choice. Raises ValueError for a name not in BACKENDS.
+
+        with use_backend("torch"):   # the unfused reference, for one comparison
+            model(input_ids=nxt, cache=cache)
+    """
+    wanted = _backend_name(name, "use_backend")
+    previous = getattr(_chosen, "name", None)
+    _chosen.name = wanted
+    try:
+        yield
+    finally:
+        _chosen.name = previous
+
+
+def active_backend() -> str:
+    """"triton", "cpu" or "torch", from this thread's use_backend() if inside one, else KVVIZ_BACKEND (default
+    auto: triton on CUDA, else the fused CPU path when numba runs, else torch; "cpu" without numba falls back to
+    torch). Raises ValueError on a bad or impossible choice."""
+    wanted = getattr(_chosen, "name", None)
+    if wanted is None:
+        wanted = _backend_name(os.environ.get("KVVIZ_BACKEND", "auto"), "KVVIZ_BACKEND")
     probe = _probe()
     if wanted == "auto" and probe["cuda"] and probe["triton"]:
         return "triton"

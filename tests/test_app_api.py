@@ -20,8 +20,8 @@ from gradio_client import Client, handle_file
 
 from app_server import serve_app
 
-API_NAMES = ("compare", "needle", "outliers", "error_map", "sensitivity", "plan_search", "memory", "export",
-             "check_scales")
+API_NAMES = ("compare", "needle", "fused_speed", "outliers", "error_map", "sensitivity", "plan_search", "memory",
+             "export", "check_scales")
 PROMPT = "The capital of France is Paris, and the capital of Korea is"
 MEMORY_OK = ("llama-3.1-8b", 32, 8, 128, 8.0, 1, 1024, 131072, ["fp16", "k8v4"], "", ["l4", "h100-80gb"], None, "",
              "engine")
@@ -115,6 +115,50 @@ def test_needle_rejects_a_context_out_of_range(client):
     assert "Context length must be a whole number from 256 to 8192, got the number 5" in _error(
         client, ["int4"], "", 5, api_name="needle")
     assert "does not fit in this model's 1024 positions" in _error(client, ["int4"], "", 2048, api_name="needle")
+
+
+# --- fused_speed (lesson 7) ------------------------------------------------------------------------------------
+
+
+def test_fused_speed_times_each_format_fused_and_unfused(client):
+    table, fig, status = client.predict(["int4", "k8v4"], "fp16", 256, 3, api_name="/fused_speed")
+    rows = table["data"]
+    assert table["headers"] == ["cache", "decode path", "tokens/s", "× DynamicCache", "read per step (MiB)"]
+    assert [r[0] for r in rows] == ["DynamicCache", "int4", "int4", "k8v4", "k8v4", "fp16", "fp16"]
+    assert rows[0][1].startswith("exact") and rows[0][3] == "1.00×" and all(r[2] > 0 for r in rows)
+    assert rows[1][1] == "fused: the cpu kernel reads the packed bytes" and rows[2][1].startswith("unfused")
+    assert rows[5][1].startswith("NOT fused") and "no fused branch" in rows[5][1]  # fp16 takes the reference
+    # K/V read at the last step, 2 layers x 2 heads x 260 tokens (256 + warm-up + 3): int4 holds 16 / 2 + 2 bytes
+    # per row of 16, the fp32 cache 64; unfused reads the packed bytes and writes and reads an fp32 copy
+    rows_kv = 2 * 2 * 2 * 260
+    assert rows[0][4] == round(rows_kv * 64 / 2**20, 3) and rows[1][4] == round(rows_kv * 10 / 2**20, 3)
+    assert rows[2][4] == round(rows_kv * (10 + 2 * 64) / 2**20, 3)
+    tps, mib = _traces(fig)
+    assert tps["y"] == [r[2] for r in rows] and mib["y"] == [r[4] for r in rows]
+    assert tps["x"][:3] == ["DynamicCache", "int4 · fused", "int4 · unfused"]
+    assert "Done in" in status and "`tiny-llama`" in status and "a 256-token WikiText-2 prompt" in status
+    assert "the same 4 tokens for `int4`, `k8v4`, `fp16`" in status
+    assert "`fp16`: the fused path has no branch" in status and "does not run here" not in status
+
+
+def test_fused_speed_cuts_a_prompt_the_model_cannot_hold_and_speaks_korean(client):
+    table, fig, status = client.predict(["int4"], "", 4096, 2, "tiny-llama", "한국어", api_name="/fused_speed")
+    assert table["headers"][:2] == ["캐시", "디코딩 경로"] and table["data"][1][1].startswith("융합: cpu 커널")
+    assert "4096토큰에서 1020토큰으로" in status  # 1024 positions: the prompt, the warm-up step, 2 steps, a spare
+    assert "tiny-llama의 융합 대 비융합" in json.loads(fig["plot"])["layout"]["title"]["text"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (([], "", 256, 2), "Pick at least one format to decode fused and unfused"),
+    ((["int4"], "int5", 256, 2), "Unknown KV format 'int5'"),
+    ((["int4"], "int4; 1=fp16", 256, 2), "is a per-layer plan"),
+    ((["int4", "k8v4", "int8"], "nvfp4", 256, 2), "compare at most 3 at once"),
+    ((["int4"], "", 64, 2), "Prompt tokens must be a whole number from 128 to 4096, got the number 64"),
+    ((["int4"], "", 256, 100), "Decode tokens must be a whole number from 2 to 32, got the number 100"),
+    ((["mxfp4"], "", 256, 2), "None of the chosen formats fits this model"),
+])
+def test_fused_speed_rejects_bad_input(client, args, message):
+    assert message in _error(client, *args, api_name="fused_speed")
 
 
 # --- outliers ------------------------------------------------------------------------------------------------
@@ -500,6 +544,7 @@ def test_a_model_that_fails_to_load_leaves_the_others_serving(client, broken_mod
 GOOD_ARGS = {  # one valid call per endpoint, with its `model` and `language`; check_scales' file is made by the test
     "compare": (PROMPT, ["k8v4"], "", 4, False, "tiny-llama", "English"),
     "needle": (["int4"], "", 256, "tiny-llama", "English"),
+    "fused_speed": (["int4"], "", 128, 2, "tiny-llama", "English"),
     "outliers": (PROMPT, 0, 0, "tiny-llama", "한국어"),
     "error_map": (PROMPT, "int4", ["int8"], "", "V", 0, 0, "tiny-llama", "English"),
     "sensitivity": SENS_OK,

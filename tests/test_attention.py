@@ -191,3 +191,32 @@ def test_readme_drop_in_block_runs_verbatim(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("bytes of K/V")
     assert int(proc.stdout.split()[-4]) > 0  # the cache held packed K/V
+
+
+def test_use_backend_overrides_the_environment_on_this_thread_only(monkeypatch):
+    import threading
+
+    from kvviz.attention import use_backend
+
+    monkeypatch.setenv("KVVIZ_BACKEND", "torch")
+    seen = {}
+    with use_backend("auto"):
+        auto = active_backend()
+        assert auto in ("cpu", "triton", "torch")
+        with use_backend("TORCH"):  # nested, any case
+            assert active_backend() == "torch"
+        assert active_backend() == auto  # the outer block's choice again
+        other = threading.Thread(target=lambda: seen.setdefault("other", active_backend()))
+        other.start()
+        other.join()
+    assert seen["other"] == "torch"  # another thread keeps KVVIZ_BACKEND
+    assert active_backend() == "torch"  # and so does this one after the block
+
+
+@pytest.mark.parametrize("name", ["cuda", 5, None])
+def test_use_backend_refuses_a_name_it_does_not_know(name):
+    from kvviz.attention import use_backend
+
+    with pytest.raises(ValueError, match="not one of auto, torch, triton, cpu"):
+        with use_backend(name):
+            pass

@@ -245,3 +245,21 @@ def test_sensitivity_lesson_runs_the_map_and_the_plan_search(page, server):
     _wait_for_text(page, "#sensitivity-summary", "int4, 128 tokens")  # the lesson's WikiText-2 window
     _wait_for_text(page, "#sensitivity-plan-summary", "budget 0.16")  # then its own plan search
     assert not _error_toasts(page)
+
+
+def test_fused_lesson_times_fused_against_unfused(page, server):
+    """Lesson 7 opens the Compare tab's fused view, fills int4 and k8v4 and runs it: the table holds DynamicCache
+    and both formats fused and unfused, and both bar panels draw."""
+    page.locator("#lesson-7").click()
+    page.locator("#compare-fused-run").wait_for(state="visible", timeout=10_000)  # the accordion opened
+    _wait_for_text(page, "#kv-lesson-note", "Lesson 7")
+    _wait_for_text(page, "#compare-fused-status", "Done in")
+    status = page.locator("#compare-fused-status").inner_text()
+    assert "`int4`, `k8v4`" in status.replace("\n", " ") or "int4, k8v4" in status, status
+    _wait_for_text(page, "#compare-fused-table", "unfused: dequantize")
+    box = page.locator("#compare-fused")
+    cells = page.locator("#compare-fused-table").inner_text()
+    assert cells.count("fused: the cpu kernel") == 2 and cells.count("unfused: dequantize") == 2, cells
+    marks = box.evaluate(_COUNT_MARKS)
+    assert marks and all(n > 0 for n in marks), marks
+    assert not _error_toasts(page)

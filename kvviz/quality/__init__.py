@@ -8,6 +8,7 @@
     quality.perplexity(model, tok, ["fp8_e4m3", "int4"])               # WikiText-2 slice, strided windows
     quality.needle(model, tok, ["fp8_e4m3", "int4"])                   # retrieval rate against needle depth
     quality.kld(model, tok, ["fp8_e4m3", "int4; 0,29=fp16"])           # llama.cpp's KLD statistics (divergence.py)
+    quality.fused_vs_unfused(model, quality.wikitext_ids(tok, 1024), ["int4"])   # tokens/s, bytes read per step
 
 Metrics come from one batched decode loop whose rows each hold their own format (kvviz.cache.rows); tokens/s
 come from each format's own cache and attention backend (kvviz.quality.speed).
@@ -21,11 +22,14 @@ from kvviz.quality.compare import (FormatResult, QualityReport, StreamUpdate, co
 from kvviz.quality.needle import DEPTHS, haystack, needle
 from kvviz.quality.perplexity import perplexity, wikitext
 from kvviz.cache.rows import RowStackCache
-from kvviz.quality.speed import decode_speed, load_prefill, make_cache, timed_decode
+from kvviz.quality.speed import (DecodeRun, FusedReport, decode_speed, fused_vs_unfused, load_prefill, make_cache,
+                                 timed_decode, wikitext_ids)
 
 __all__ = [
     "DEPTHS",
+    "DecodeRun",
     "FormatResult",
+    "FusedReport",
     "base_logprobs",
     "kld",
     "load_base",
@@ -36,6 +40,7 @@ __all__ = [
     "compare",
     "compare_stream",
     "decode_speed",
+    "fused_vs_unfused",
     "haystack",
     "kl_top1",
     "load_prefill",
@@ -45,4 +50,5 @@ __all__ = [
     "prefill",
     "timed_decode",
     "wikitext",
+    "wikitext_ids",
 ]

@@ -5,17 +5,26 @@ the model's attention function (for kvviz's cache: the active backend, kvviz.att
 
     cache, dyn_logits = prefill(model, ids)                       # kvviz.quality.compare.prefill
     tps, cache, ids = timed_decode(model, dyn, "k8v4", first_token, 32)
+    report = fused_vs_unfused(model, wikitext_ids(tok, 1024), ["int4", "k8v4"])   # lesson 7
+
+`fused_vs_unfused` times one prompt's decode through DynamicCache and through each format twice: the fused
+backend (on the CPU the numba kernel of kernels/cpu.py, on CUDA Triton's), which reads the packed bytes in place,
+and the unfused reference (backend "torch"), which dequantizes the whole history at every step and hands it to SDPA.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
+from kvviz import attention
 from kvviz.cache import QuantizedKVCache
+from kvviz.formats import KVSpec, parse_kv
 
 
 def load_prefill(cache: Cache, prefilled: Cache) -> Cache:
@@ -59,3 +68,161 @@ def timed_decode(model, prefilled: Cache, spec, first_token: int, n_tokens: int,
 def decode_speed(model, prefilled: Cache, spec, first_token: int, n_tokens: int, scales: dict | None = None) -> float:
     """tokens/s of timed_decode."""
     return timed_decode(model, prefilled, spec, first_token, n_tokens, scales)[0]
+
+
+# ------------------------------------------------------------------------------------------ fused against unfused
+
+EXACT, FUSED, UNFUSED = "exact", "fused", "unfused"  # DecodeRun.path
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    """One cache and decode path of fused_vs_unfused.
+
+    name: "DynamicCache" or the format's spec as given; path: EXACT (DynamicCache), FUSED or UNFUSED; backend: what
+    decoded: "sdpa" (DynamicCache), "cpu" / "triton" (the fused kernel) or "torch" (the reference; also a FUSED
+    run's when the fused path does not run here or has no branch for the format); tokens_per_s: the best round's;
+    bytes_read: bytes of K/V the attention moves at the last timed step (see fused_vs_unfused); tokens: the ids
+    generated, the warm-up step's first.
+    """
+
+    name: str
+    path: str
+    backend: str
+    tokens_per_s: float
+    bytes_read: int
+    tokens: list[int]
+
+    @property
+    def fused(self) -> bool:
+        """Whether the fused kernel really decoded this run (not the reference standing in for it)."""
+        return self.path == FUSED and self.backend != "torch"
+
+
+@dataclass(frozen=True)
+class FusedReport:
+    """What fused_vs_unfused measured. runs: DynamicCache first, then per format its FUSED and UNFUSED run;
+    fused_backend: the backend asked for as fused ("cpu" for a model on the CPU, "triton" on CUDA);
+    fused_available: whether it runs here (numba imports and compiles; triton and a GPU)."""
+
+    runs: list[DecodeRun]
+    context: int
+    new_tokens: int
+    rounds: int
+    fused_backend: str
+    fused_available: bool
+
+    @property
+    def formats(self) -> list[str]:
+        return [r.name for r in self.runs if r.path == FUSED]
+
+    def run(self, name: str, path: str) -> DecodeRun:
+        return next(r for r in self.runs if r.name == name and r.path == path)
+
+    def same_tokens(self, name: str) -> bool:
+        """Whether format `name`'s fused and unfused runs generated the same ids (a float32 near-tie can flip one:
+        the kernel sums in another order than SDPA)."""
+        return self.run(name, FUSED).tokens == self.run(name, UNFUSED).tokens
+
+
+def wikitext_ids(tokenizer, n_tokens: int) -> torch.Tensor:
+    """The first n_tokens ids of the bundled WikiText-2 slice ([1, n_tokens]), the slice repeated when shorter."""
+    from kvviz.quality.perplexity import wikitext
+
+    if n_tokens < 1:
+        raise ValueError(f"n_tokens must be at least 1, got {n_tokens}.")
+    ids = tokenizer(wikitext(), return_tensors="pt")["input_ids"]  # [1, T]
+    return ids.repeat(1, -(-n_tokens // ids.shape[1]))[:, :n_tokens]
+
+
+def _fused_backend(model) -> tuple[str, bool]:
+    """(the fused backend for the model's device, whether it runs here)."""
+    backend = "triton" if model.device.type == "cuda" else "cpu"
+    try:
+        with attention.use_backend(backend):
+            return backend, attention.active_backend() == backend  # "cpu" without numba answers "torch"
+    except ValueError:  # triton asked for where it cannot run
+        return backend, False
+
+
+def _fuses(kv: KVSpec, backend: str) -> bool:
+    """Whether the attention function sends single-token decode of `kv` to the fused kernel of `backend`, by the
+    same rules it applies to the cache's sides (kvviz.attention's _fused_reads, and _cpu_reads on the CPU)."""
+    sides = [SimpleNamespace(fmt=kv.k), SimpleNamespace(fmt=kv.v)]
+    return attention._fused_reads(*sides) and (backend != "cpu" or attention._cpu_reads(*sides))
+
+
+def _dynamic_bytes(cache: Cache) -> int:
+    """Bytes of the K/V a DynamicCache holds (the model's dtype)."""
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers if layer.is_initialized)
+
+
+def _dense_bytes(cache: QuantizedKVCache) -> int:
+    """Bytes of every stored token of a QuantizedKVCache's K and V in full precision (the states' dtype): what the
+    reference's dequantize writes at one step."""
+    total = 0
+    for layer in cache.layers:
+        for side in (getattr(layer, "k", None), getattr(layer, "v", None)):
+            if side is not None and side.tail is not None:
+                batch, heads, _, head_dim = side.tail.shape  # [B, H, tail, D]
+                total += batch * heads * side.seq_len * head_dim * side.dtype.itemsize
+    return total
+
+
+@torch.no_grad()
+def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 8, rounds: int = 2) -> FusedReport:
+    """Greedy decode of new_tokens after the prompt `ids` ([1, N]) through DynamicCache, and through each format
+    twice: fused (the kernel reads the packed buffers in place) and unfused (backend "torch": dequantize the whole
+    history, then SDPA). Every run starts from the same prefill (quality.prefill, copied in by load_prefill); the
+    runs are timed in `rounds` interleaved rounds, best kept (a busy machine penalizes all alike), one untimed
+    warm-up step each (timed_decode).
+
+    Bytes read per decode step, at the last timed step (N + new_tokens + 1 tokens held), K and V of every layer:
+    - DynamicCache: its K/V in the model's dtype (what SDPA reads);
+    - fused: cache.nbytes(), the packed codes, scales, zero points and full-precision tails, read once in place;
+    - unfused: cache.nbytes() read by the dequantize, plus the full-precision copy of every stored token that it
+      writes and SDPA then reads (2 x the DynamicCache figure for full-attention layers). The reference's other
+      temporaries (a contiguous copy of the packed buffers, the concatenation with the tail) are not counted, so
+      this is a lower bound of what it moves.
+    Bytes moved by the weights, the appended token and its quantization are the same for every path and left out.
+
+    formats: K/V specs (strings or KVSpecs; not per-layer plans). A FUSED run whose fused path does not run here
+    (numba missing, no GPU for triton) or has no fused branch for the format is decoded by the reference and says
+    so (DecodeRun.backend "torch", .fused False). ValueError for an empty list, an unknown spec, ids that are not
+    [1, N], or new_tokens / rounds below 1.
+    """
+    if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 1:
+        raise ValueError(f"ids must be one prompt, [1, N] token ids; got shape {list(ids.shape)}.")
+    if new_tokens < 1 or rounds < 1:
+        raise ValueError(f"new_tokens and rounds must be at least 1, got {new_tokens} and {rounds}.")
+    specs: dict[str, KVSpec] = {}
+    for f in formats:
+        kv = f if isinstance(f, KVSpec) else parse_kv(f)  # ValueError naming the valid formats
+        specs.setdefault(kv.spec if isinstance(f, KVSpec) else str(f).strip(), kv)
+    if not specs:
+        raise ValueError("Give at least one KV format to decode fused and unfused, e.g. ['int4', 'k8v4'].")
+    from kvviz.quality.compare import prefill  # compare imports this module
+
+    fused_backend, available = _fused_backend(model)
+    plan = [("DynamicCache", EXACT, None, None)]
+    for name, kv in specs.items():
+        fused_here = available and _fuses(kv, fused_backend)
+        plan += [(name, FUSED, kv, fused_backend if fused_here else "torch"), (name, UNFUSED, kv, "torch")]
+    dyn, logits = prefill(model, ids)
+    first = int(logits.argmax())
+    best: dict[tuple[str, str], float] = {}
+    last: dict[tuple[str, str], tuple[int, list[int]]] = {}
+    for _ in range(rounds):
+        for name, path, kv, backend in plan:
+            with attention.use_backend(backend or "torch"):  # DynamicCache hands SDPA plain tensors either way
+                tps, cache, out = timed_decode(model, dyn, kv, first, new_tokens)
+            if path == EXACT:
+                nbytes = _dynamic_bytes(cache)
+            else:
+                nbytes = cache.nbytes() + (2 * _dense_bytes(cache) if path == UNFUSED else 0)
+            best[name, path] = max(tps, best.get((name, path), 0.0))
+            last[name, path] = (nbytes, out)
+            del cache
+    runs = [DecodeRun(name, path, backend or "sdpa", best[name, path], *last[name, path])
+            for name, path, _, backend in plan]
+    return FusedReport(runs, ids.shape[1], new_tokens, rounds, fused_backend, available)

@@ -1,6 +1,6 @@
 """kvviz.ui.checks: the type and range checks every named endpoint applies to its arguments, at the boundary.
 
-The app's named endpoints (`compare`, `needle`, `outliers`, `error_map`, `sensitivity`, `plan_search`, `memory`,
+The app's named endpoints (`compare`, `needle`, `fused_speed`, `outliers`, `error_map`, `sensitivity`, `plan_search`, `memory`,
 `export`, `check_scales`) are wired with `preprocess=False` (kvviz.ui.common.on_click), so what a caller sends
 (JSON from gradio_client, or the page's own values) reaches these checks before anything else reads it. Each check takes the raw value and the field's
 name as the user sees it, and returns the value in the type the callback needs, or raises ValueError with a

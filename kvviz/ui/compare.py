@@ -8,6 +8,8 @@ api_names:
       -> (columns html, metrics table, metrics figure, status)
       (a generator: the columns update once per generated token; perplexity on WikiText-2 when asked)
     needle(specs, custom_specs, context_tokens, model) -> (needle figure, status)
+The accordions under the table hold their own endpoints: fused_speed (kvviz/ui/fused.py, lesson 7) and
+engine_compare (kvviz/ui/engines.py).
 Cache bytes are given against the exact cache the model runs with (float32 on the CPU) and against a 16-bit cache,
 which is what engines store (fp16/bf16: k8v4 is 0.39x of it); the chart shows the 16-bit ratio. Results follow the
 page's language (the session's language state, English through the API).
@@ -21,7 +23,7 @@ import gradio as gr
 
 from kvviz import plots, quality
 
-from . import engines
+from . import engines, fused
 from .common import (MAX_FORMATS, ScaleNotes, check_bool, check_int, check_language, check_model, check_prompt,
                      fitting_specs, get_model, model_input, on_click, prompt_input, prompt_token_ids, spec_list, table,
                      user_errors)
@@ -235,5 +237,6 @@ def build(tr: Translator) -> dict:
     # queue position and progress over the status line: the streamed columns stay readable
     on_click(c["run"], run, c["inputs"], c["outputs"], "compare", progress_on=[c["status"]])
     on_click(c["needle_run"], needle, *needle_io, "needle")
+    c |= fused.build(tr, c["actions"], c["model"], lang)  # fused against unfused decode, lesson 7 (fused_speed)
     c |= engines.build(tr, c["actions"], c["model"])  # kvviz beside llama.cpp on the tab's model (engine_compare)
     return c

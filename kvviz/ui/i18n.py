@@ -57,10 +57,17 @@ EN: dict[str, str] = {
                      "contexts (the slider) press 4-bit formats harder."),
     "lesson_note6": ("**Lesson 6.** SmolLM2 has head_dim 64. Read the bits/value column: int4 with one fp16 scale per "
                      "64 values costs 4.25 bits, per 16 values 5, per 8 values 6. Short groups eat the savings."),
-    "lesson_note7": ("**Lesson 7.** Read the tokens/s column. On the torch backend every step dequantizes the whole "
-                     "cache before attention, so a smaller cache can decode *slower* than the exact one. On CUDA the "
-                     "Triton backend reads packed K/V inside the attention kernel (benchmarks/bench_decode.py "
-                     "measures fused against unfused)."),
+    "lesson_note7": ("**Lesson 7.** The Compare tab's *fused against unfused* view decodes one 1,024-token WikiText-2 "
+                     "prompt through DynamicCache, and through int4 and k8v4 twice each, on this machine, now. First "
+                     "read *read per step*: the fused kernel (on the CPU, kvviz's numba kernel) reads only the packed "
+                     "bytes; the unfused reference dequantizes the whole history at every step, writing a "
+                     "full-precision copy and reading it back, so it moves more bytes than even the exact cache (on "
+                     "SmolLM2: 6.0 MiB for int4 fused, 45.4 MiB for DynamicCache, 96.8 MiB for int4 unfused). Then "
+                     "*tokens/s*: fused should decode faster than unfused, whose extra work grows with the history it "
+                     "copies at every step (try a longer prompt). Against DynamicCache it depends on "
+                     "the machine and how busy it is (the README gives measured runs). The status line says whether "
+                     "fused and unfused wrote the same tokens and whether the fused path really ran: without numba "
+                     "the rows say NOT fused."),
     "lesson_on_model": "_This lesson runs on `{model}`, the model picked in the tabs; pick another to compare._",
     "lesson_models1": ("**Across models** (largest K channel / median channel, 256 WikiText-2 tokens): Gemma 3 270M's "
                        "reaches about 28-34× in its full-attention layers 5 and 11 (the lesson opens layer 11 there) "
@@ -129,6 +136,50 @@ EN: dict[str, str] = {
         "against kvviz's 0.00025. Quantizing Q to q8_0 for the dot product, as llama.cpp's CPU code does, is not "
         "the cause: doing the same in kvviz only moves it to 0.00043, and llama.cpp with V alone in q8_0 (K in f16, "
         "so Q is not quantized) already measures 0.0032. Where llama.cpp's floor comes from is not pinned down yet."),
+    # Compare: fused against unfused decode (kvviz/ui/fused.py)
+    "fused_title": "Fused against unfused decode: tokens/s and bytes read per step (lesson 7)",
+    "fused_intro": ("**What you see:** the same greedy decode after a WikiText-2 prompt, through the exact cache "
+                    "(DynamicCache) and through each format twice, on this machine, now. *Fused*: the attention "
+                    "kernel reads the packed codes and scales in place (on the CPU kvviz's numba kernel, on a GPU "
+                    "Triton's). *Unfused*: the reference dequantizes the whole history to full precision at every "
+                    "step, then runs SDPA on the copy. *Bytes read per step* counts K/V at the last step: the exact "
+                    "cache's values; fused, the packed bytes; unfused, the packed bytes plus the full-precision copy "
+                    "written and read again (2x the exact cache; the reference's other temporaries are not counted). "
+                    "Every run starts from the same prefill; the best of two interleaved rounds is kept."),
+    "fused_specs": "Formats (each decodes twice: fused and unfused)",
+    "fused_context": "Prompt tokens (WikiText-2)",
+    "fused_new": "Decode tokens timed",
+    "fused_run": "Time fused against unfused",
+    "fused_table": "tokens/s and K/V bytes read per decode step, per cache and decode path",
+    "fused_h_format": "cache",
+    "fused_h_path": "decode path",
+    "fused_h_tps": "tokens/s",
+    "fused_h_vs": "× DynamicCache",
+    "fused_h_mib": "read per step (MiB)",
+    "fused_c_tps": "decode speed (tokens/s)",
+    "fused_c_mib": "K/V read per step (MiB)",
+    "fused_fig": "Fused against unfused decode on {model}, {n}-token prompt",
+    "fused_fig_x": "cache · decode path",
+    "fused_fused": "fused",
+    "fused_unfused": "unfused",
+    "fused_path_exact": "exact: SDPA over the model-dtype K/V",
+    "fused_path_fused": "fused: the {backend} kernel reads the packed bytes",
+    "fused_path_unfused": "unfused: dequantize the history, then SDPA",
+    "fused_path_fallback": "NOT fused: the reference ran ({why})",
+    "fused_why_unavailable": "the fused path does not run here",
+    "fused_why_no_branch": "no fused branch for this format",
+    "fused_done": ("Done in {s:.0f} s. `{model}`: a {n}-token WikiText-2 prompt, then greedy decode, best of {rounds} "
+                   "interleaved rounds of {steps} timed steps; fused backend `{backend}`."),
+    "fused_cut": "The prompt was cut from {asked} to {n} tokens to fit this model's positions.",
+    "fused_same": "Fused and unfused generated the same {n} tokens for {formats}.",
+    "fused_differ": ("**Fused and unfused generated different tokens** for {formats}: the kernel sums in float32 in "
+                     "another order than SDPA, and a near-tie between two tokens can flip."),
+    "fused_unavailable": ("**The fused path does not run here** (backend `{backend}`: numba missing or failed to "
+                          "compile, or no GPU for Triton), so the rows marked NOT fused were decoded by the unfused "
+                          "reference: they are not a measurement of fused decode. Install numba (`pip install "
+                          "numba`) and restart the app."),
+    "fused_no_branch": ("{formats}: the fused path has no branch for this format (or it is a lossless cast), so its "
+                        "\"fused\" row ran the reference."),
     "needle_title": "Needle in a haystack: long-context retrieval (lesson 5)",
     "needle_run": "Run needle test",
     "needle_context": "Context length (tokens)",
@@ -365,9 +416,15 @@ KO: dict[str, str] = {
                      "KIVI는 시작 부분 이후의 바늘을 놓칩니다. 문맥을 길게(슬라이더) 하면 4비트 포맷이 더 힘들어집니다."),
     "lesson_note6": ("**레슨 6.** SmolLM2의 head_dim은 64입니다. bits/value 열을 보세요: int4에 fp16 스케일을 64개 값마다 "
                      "두면 4.25비트, 16개마다 5비트, 8개마다 6비트입니다. 그룹이 짧으면 절감분이 사라집니다."),
-    "lesson_note7": ("**레슨 7.** tokens/s 열을 보세요. torch 백엔드는 매 단계 어텐션 전에 캐시 전체를 역양자화하므로, "
-                     "작은 캐시가 원본보다 *느리게* 디코딩될 수 있습니다. CUDA에서는 Triton 백엔드가 어텐션 커널 안에서 "
-                     "패킹된 K/V를 직접 읽습니다 (benchmarks/bench_decode.py가 융합 대 비융합을 측정합니다)."),
+    "lesson_note7": ("**레슨 7.** Compare 탭의 *융합 대 비융합* 보기가 WikiText-2 프롬프트 1,024토큰 하나를 DynamicCache로, "
+                     "그리고 int4와 k8v4로 각각 두 번씩, 지금 이 컴퓨터에서 디코딩합니다. 먼저 *단계당 읽기*를 보세요: "
+                     "융합 커널(CPU에서는 kvviz의 numba 커널)은 패킹된 바이트만 읽습니다. 비융합 참조 구현은 매 단계 "
+                     "기록 전체를 역양자화해 전체 정밀도 복사본을 쓰고 다시 읽으므로, 원본 캐시보다도 많은 바이트를 "
+                     "옮깁니다 (SmolLM2에서 int4 융합 6.0 MiB, DynamicCache 45.4 MiB, int4 비융합 96.8 MiB). 다음은 "
+                     "*토큰/초*: 융합이 비융합보다 빨라야 합니다. 비융합 경로는 매 단계 기록 전체를 복사하므로 그 추가 "
+                     "작업은 기록이 길수록 늘어납니다 (프롬프트를 길게 해 보세요). DynamicCache와의 비교는 컴퓨터와 그 부하에 따라 "
+                     "달라집니다 (README에 측정한 실행이 있습니다). 상태 줄은 융합과 비융합이 같은 토큰을 썼는지, 융합 "
+                     "경로가 실제로 돌았는지 알려줍니다: numba가 없으면 행에 '융합 아님'이라고 나옵니다."),
     "lesson_on_model": "_이 레슨은 탭에서 고른 모델 `{model}`에서 실행됩니다; 다른 모델을 골라 비교해 보세요._",
     "lesson_models1": ("**모델 간 차이** (가장 큰 K 채널 / 중앙값 채널, WikiText-2 256토큰): Gemma 3 270M은 전체 "
                        "어텐션 레이어 5와 11에서 약 28-34배에 이르고(이 모델에서는 레슨이 레이어 11을 엽니다) 슬라이딩 "
@@ -433,6 +490,50 @@ KO: dict[str, str] = {
         "0.0042, kvviz는 0.00025입니다. llama.cpp의 CPU 코드처럼 내적을 위해 Q를 q8_0으로 양자화하는 것은 원인이 "
         "아닙니다. kvviz에서 똑같이 하면 0.00043으로 움직일 뿐이고, llama.cpp에서 V만 q8_0(K는 f16이라 Q는 양자화되지 "
         "않음)으로 해도 이미 0.0032가 나옵니다. llama.cpp의 바닥이 어디서 오는지는 아직 밝히지 못했습니다."),
+    # Compare: 융합 대 비융합 디코딩 (kvviz/ui/fused.py)
+    "fused_title": "융합 대 비융합 디코딩: tokens/s와 단계당 읽는 바이트 (레슨 7)",
+    "fused_intro": ("**보고 있는 것:** WikiText-2 프롬프트 뒤의 같은 greedy 디코딩을 원본 캐시(DynamicCache)로, 그리고 "
+                    "포맷마다 두 번, 지금 이 컴퓨터에서 돌린 결과입니다. *융합*: 어텐션 커널이 패킹된 코드와 스케일을 "
+                    "그 자리에서 읽습니다 (CPU에서는 kvviz의 numba 커널, GPU에서는 Triton 커널). *비융합*: 참조 구현이 "
+                    "매 단계 기록 전체를 전체 정밀도로 역양자화한 뒤 그 복사본으로 SDPA를 돌립니다. *단계당 읽는 "
+                    "바이트*는 마지막 단계의 K/V를 셉니다: 원본 캐시는 그 값, 융합은 패킹된 바이트, 비융합은 패킹된 "
+                    "바이트에 전체 정밀도 복사본을 쓰고 다시 읽는 양(원본 캐시의 2배; 참조 구현의 다른 임시 텐서는 "
+                    "세지 않음)을 더합니다. 모든 실행은 같은 프리필에서 시작하고, 번갈아 돈 두 라운드 중 좋은 쪽을 "
+                    "남깁니다."),
+    "fused_specs": "포맷 (각각 융합과 비융합으로 두 번 디코딩)",
+    "fused_context": "프롬프트 토큰 수 (WikiText-2)",
+    "fused_new": "시간을 재는 디코딩 토큰 수",
+    "fused_run": "융합 대 비융합 시간 재기",
+    "fused_table": "캐시와 디코딩 경로별 tokens/s와 디코딩 단계당 읽는 K/V 바이트",
+    "fused_h_format": "캐시",
+    "fused_h_path": "디코딩 경로",
+    "fused_h_tps": "토큰/초",
+    "fused_h_vs": "DynamicCache 대비 ×",
+    "fused_h_mib": "단계당 읽기 (MiB)",
+    "fused_c_tps": "디코딩 속도 (tokens/s)",
+    "fused_c_mib": "단계당 읽는 K/V (MiB)",
+    "fused_fig": "{model}의 융합 대 비융합 디코딩, 프롬프트 {n}토큰",
+    "fused_fig_x": "캐시 · 디코딩 경로",
+    "fused_fused": "융합",
+    "fused_unfused": "비융합",
+    "fused_path_exact": "원본: 모델 dtype K/V에 SDPA",
+    "fused_path_fused": "융합: {backend} 커널이 패킹된 바이트를 읽음",
+    "fused_path_unfused": "비융합: 기록을 역양자화한 뒤 SDPA",
+    "fused_path_fallback": "융합 아님: 참조 구현이 실행됨 ({why})",
+    "fused_why_unavailable": "이 컴퓨터에서 융합 경로가 돌지 않음",
+    "fused_why_no_branch": "이 포맷의 융합 분기가 없음",
+    "fused_done": ("{s:.0f}초 만에 끝남. `{model}`: WikiText-2 프롬프트 {n}토큰 뒤 greedy 디코딩, 번갈아 돈 {rounds}라운드 "
+                   "중 최고, 라운드마다 {steps}단계 측정; 융합 백엔드 `{backend}`."),
+    "fused_cut": "이 모델의 위치 수에 맞추려고 프롬프트를 {asked}토큰에서 {n}토큰으로 잘랐습니다.",
+    "fused_same": "융합과 비융합이 {formats}에서 같은 {n}개 토큰을 생성했습니다.",
+    "fused_differ": ("**융합과 비융합이 다른 토큰을 생성했습니다**: {formats}. 커널은 SDPA와 다른 순서로 float32 합을 "
+                     "구하므로, 두 토큰이 거의 동점이면 뒤바뀔 수 있습니다."),
+    "fused_unavailable": ("**이 컴퓨터에서는 융합 경로가 돌지 않습니다** (백엔드 `{backend}`: numba가 없거나 컴파일에 "
+                          "실패, 또는 Triton용 GPU 없음). 그래서 '융합 아님'으로 표시된 행은 비융합 참조 구현으로 "
+                          "디코딩했으며, 융합 디코딩의 측정값이 아닙니다. numba를 설치(`pip install numba`)하고 앱을 "
+                          "다시 시작하세요."),
+    "fused_no_branch": ("{formats}: 융합 경로에 이 포맷의 분기가 없어서(또는 손실 없는 변환이라) '융합' 행도 참조 구현으로 "
+                        "돌았습니다."),
     "needle_title": "건초더미 속 바늘: 긴 문맥에서 찾아내기 (레슨 5)",
     "needle_run": "바늘 테스트 실행",
     "needle_context": "문맥 길이 (토큰)",

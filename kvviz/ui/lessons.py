@@ -48,8 +48,9 @@ LESSONS: tuple[Lesson, ...] = (
     # 6. Scale storage eats into the savings at small head_dim / short groups.
     Lesson("memory", {"model": SELECTED, "formats": ["fp16", "int4", "int4/g16", "int2"],
                       "custom": "int4/g8\nint2/g8", "batch": 1}),
-    # 7. Dequantizing outside the attention kernel can make a smaller cache slower; fusing fixes that.
-    Lesson("compare", {"specs": ["int8", "int4"], "custom": ""}),
+    # 7. Dequantizing outside the attention kernel makes a smaller cache slower; fusing fixes that. The Compare
+    # tab's fused view times the same decode fused and unfused, live (kvviz/ui/fused.py).
+    Lesson("compare", {"fused_specs": ["int4", "k8v4"], "fused_custom": "", "fused_box": OPEN}, action="fused"),
     # 8. A few layers carry most of the damage: keep them in higher precision (the map, then the plan search).
     # On SmolLM2 at 128 WikiText-2 tokens, layer 19's K tops the int4 map; budget 0.16 keeps it alone in fp16.
     Lesson("sensitivity", {"source": "WikiText-2", "spec": "int4", "tokens": 128, "candidates": ["int4", "fp16"],

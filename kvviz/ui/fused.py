@@ -1,0 +1,143 @@
+"""kvviz.ui.fused: the Compare tab's fused-against-unfused view (lesson 7): the same decode through DynamicCache and
+through each format twice, fused and unfused, on the tab's model, live on this machine.
+
+The library does the work (kvviz.quality.fused_vs_unfused): one WikiText-2 prompt, one prefill shared by every
+run, interleaved timing rounds with the best kept. Fused is the backend that reads the packed buffers in place (on
+the CPU kernels/cpu.py's numba kernel, on CUDA Triton's); unfused is the torch reference, which dequantizes the whole
+history at every step. Where the fused path does not run (numba missing), the result says so instead of showing the
+reference twice.
+api_name:
+    fused_speed(specs, custom_specs, context_tokens, new_tokens, model, language)
+      -> (table, figure, status markdown); the table: format, decode path, tokens/s, x DynamicCache, MiB read per step
+"""
+
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from kvviz import plots, quality
+from kvviz.quality.speed import EXACT, FUSED
+
+from .checks import is_plan
+from .common import (ScaleNotes, check_int, check_language, check_model, fitting_specs, get_model, on_click, spec_list,
+                     table, user_errors)
+from .i18n import Translator, t
+
+CHOICES = ["int8", "k8v4", "int4", "fp8_e4m3", "mxfp4", "nvfp4", "kivi4"]
+DEFAULT_SPECS = ["int4", "k8v4"]
+MAX_FORMATS = 3  # each format adds two timed runs (fused, unfused)
+MIN_CONTEXT, MAX_CONTEXT, DEFAULT_CONTEXT = 128, 4096, 1024
+MIN_NEW, MAX_NEW, DEFAULT_NEW = 2, 32, 8
+ROUNDS = 2  # interleaved rounds, best kept
+MIB = 2**20
+
+
+def _path_label(run, report, lang: str) -> str:
+    """The table's decode-path cell: what really decoded this run."""
+    if run.path == EXACT:
+        return t("fused_path_exact", lang)
+    if run.path != FUSED:
+        return t("fused_path_unfused", lang)
+    if run.fused:
+        return t("fused_path_fused", lang).format(backend=run.backend)
+    why = "fused_why_unavailable" if not report.fused_available else "fused_why_no_branch"
+    return t("fused_path_fallback", lang).format(why=t(why, lang))
+
+
+def _rows(report, lang: str) -> list[list]:
+    base = report.run("DynamicCache", EXACT).tokens_per_s
+    return [[r.name, _path_label(r, report, lang), round(r.tokens_per_s, 2), f"{r.tokens_per_s / base:.2f}×",
+             round(r.bytes_read / MIB, 3)] for r in report.runs]
+
+
+def _status(report, seconds: float, name: str, cut: int | None, skipped: list[str], lang: str) -> str:
+    """What was run, whether fused and unfused agree token for token, and whether fused really ran."""
+    parts = [t("fused_done", lang).format(s=seconds, model=name, n=report.context, rounds=report.rounds,
+                                          steps=report.new_tokens, backend=report.fused_backend)]
+    if cut is not None:
+        parts.append(t("fused_cut", lang).format(asked=cut, n=report.context))
+    same = [f for f in report.formats if report.same_tokens(f)]
+    differ = [f for f in report.formats if not report.same_tokens(f)]
+    if same:
+        parts.append(t("fused_same", lang).format(n=report.new_tokens + 1, formats=", ".join(f"`{f}`" for f in same)))
+    if differ:
+        parts.append(t("fused_differ", lang).format(formats=", ".join(f"`{f}`" for f in differ)))
+    if not report.fused_available:
+        parts.append(t("fused_unavailable", lang).format(backend=report.fused_backend))
+    else:
+        plain = [r.name for r in report.runs if r.path == FUSED and not r.fused]
+        if plain:
+            parts.append(t("fused_no_branch", lang).format(formats=", ".join(f"`{f}`" for f in plain)))
+    if skipped:
+        parts.append(f"{t('r_skipped', lang)} " + "; ".join(skipped))
+    return "\n\n".join(parts)
+
+
+@user_errors
+def run(specs, custom_specs, context_tokens, new_tokens, model=None, lang="en", progress=gr.Progress()):
+    """tokens/s and bytes read per decode step of DynamicCache and of each format fused and unfused, on `model`:
+    table, bars, status (in `lang`)."""
+    lang = check_language(lang)
+    name = check_model(model)
+    names = spec_list(specs, custom_specs, MAX_FORMATS)
+    if not names:
+        raise ValueError("Pick at least one format to decode fused and unfused (e.g. int4).")
+    plans = [n for n in names if is_plan(n)]
+    if plans:
+        raise ValueError(f"{plans[0]!r} is a per-layer plan; this view times one format for every layer. Type a "
+                         "single K/V spec such as k=int8,v=int4, or compare the plan in the table above.")
+    context = check_int(context_tokens, "Prompt tokens", MIN_CONTEXT, MAX_CONTEXT)
+    new = check_int(new_tokens, "Decode tokens", MIN_NEW, MAX_NEW)
+    lm, tok = get_model(progress, name)
+    names, skipped = fitting_specs(names, lm)
+    positions = int(getattr(lm.config.get_text_config(decoder=True), "max_position_embeddings", 0) or 1 << 30)
+    cut = None
+    if context + new + 2 > positions:  # warm-up step, timed steps and one spare
+        cut, context = context, positions - new - 2
+    progress(0.1, desc=f"Prefill {context} tokens, then {1 + 2 * len(names)} decode runs x {ROUNDS} rounds…")
+    start = time.perf_counter()
+    notes = ScaleNotes()
+    with notes.catching():
+        report = quality.fused_vs_unfused(lm, quality.wikitext_ids(tok, context), names, new, ROUNDS)
+    notes.toast()
+    rows = _rows(report, lang)
+    headers = [t(k, lang) for k in ("fused_h_format", "fused_h_path", "fused_h_tps", "fused_h_vs", "fused_h_mib")]
+    labels = [r.name if r.path == EXACT else f"{r.name} · {t('fused_' + r.path, lang)}" for r in report.runs]
+    fig = plots.metrics_bars(labels, {t("fused_c_tps", lang): [r[2] for r in rows],
+                                      t("fused_c_mib", lang): [r[4] for r in rows]},
+                             title=t("fused_fig", lang).format(model=name, n=report.context),
+                             x_title=t("fused_fig_x", lang))
+    status = _status(report, time.perf_counter() - start, name, cut, skipped, lang) + notes.markdown()
+    return table(rows, headers), fig, status
+
+
+def build(tr: Translator, actions: dict, model: gr.Dropdown, lang: gr.Radio) -> dict:
+    """Lay out the view (an accordion, inside the current tab) on the tab's model picker `model` and the page's
+    language `lang`; adds its action to `actions` as "fused"; returns its components, keys prefixed "fused_"."""
+    c: dict = {}
+    c["fused_box"] = tr(gr.Accordion(t("fused_title"), open=False, elem_id="compare-fused"), label="fused_title")
+    with c["fused_box"]:
+        tr(gr.Markdown(t("fused_intro")), value="fused_intro")
+        with gr.Row():
+            with gr.Column(scale=2, min_width=280):
+                c["fused_specs"] = tr(gr.CheckboxGroup(CHOICES, value=DEFAULT_SPECS, label=t("fused_specs")),
+                                      label="fused_specs")
+                c["fused_custom"] = tr(gr.Textbox(label=t("custom_specs"), lines=1, elem_id="compare-fused-custom"),
+                                       label="custom_specs")
+            with gr.Column(scale=1, min_width=220):
+                c["fused_context"] = tr(gr.Slider(MIN_CONTEXT, MAX_CONTEXT, value=DEFAULT_CONTEXT, step=128,
+                                                  label=t("fused_context")), label="fused_context")
+                c["fused_new"] = tr(gr.Slider(MIN_NEW, MAX_NEW, value=DEFAULT_NEW, step=1, label=t("fused_new")),
+                                    label="fused_new")
+                c["fused_run"] = tr(gr.Button(t("fused_run"), elem_id="compare-fused-run"), value="fused_run")
+        c["fused_status"] = gr.Markdown(elem_id="compare-fused-status", label="fused status")
+        c["fused_table"] = tr(gr.Dataframe(label=t("fused_table"), wrap=True, elem_id="compare-fused-table"),
+                              label="fused_table")
+        c["fused_fig"] = gr.Plot(plots.empty_figure(), label="fused against unfused", show_label=False)
+    inputs = [c["fused_specs"], c["fused_custom"], c["fused_context"], c["fused_new"], model, lang]
+    outputs = [c["fused_table"], c["fused_fig"], c["fused_status"]]
+    actions["fused"] = (run, inputs, outputs, "model")
+    on_click(c["fused_run"], run, inputs, outputs, "fused_speed")
+    return c
