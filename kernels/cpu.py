@@ -110,7 +110,7 @@ def _table(elem: str, bits: int, offset: int, dtype: torch.dtype) -> torch.Tenso
 
 def _element_code(side: PackedSide) -> tuple[int, torch.Tensor | None]:
     """(cpu_jit element storage code, decode table or None) of a side's stored codes. A new element kind is one
-    branch here: arithmetic codes (E_UINT, E_INT8), a table of 256 / 16 floats (E_LUT), or a float storage type."""
+    branch here: arithmetic codes (E_UINT, E_INT8, E_E2M1), a table of 256 floats (E_LUT), or a float storage type."""
     jit, dtype = _jit(), side.data.dtype
     if side.elem == "float" and side.bits >= 16:
         assert dtype in _FLOAT_CODES, f"a float cast stored as {dtype} is not readable here"
@@ -119,7 +119,9 @@ def _element_code(side: PackedSide) -> tuple[int, torch.Tensor | None]:
         return jit.E_UINT, None
     if side.elem == "float" and dtype == torch.int8:
         return jit.E_INT8, None
-    assert side.elem in ("e2m1", "fp8_e4m3", "fp8_e5m2"), f"no CPU decode for elem={side.elem!r} stored as {dtype}"
+    if side.elem == "e2m1":
+        return jit.E_E2M1, None
+    assert side.elem in ("fp8_e4m3", "fp8_e5m2"), f"no CPU decode for elem={side.elem!r} stored as {dtype}"
     return jit.E_LUT, _table(side.elem, side.bits, side.offset, dtype)
 
 

@@ -25,7 +25,7 @@ from numba.core import types
 from numba.extending import intrinsic
 
 # Element / scale storage: codes through a table, or IEEE half, bfloat16, float32 read from their bytes.
-E_LUT, E_F16, E_BF16, E_F32, E_UINT, E_INT8 = 0, 1, 2, 3, 4, 5
+E_LUT, E_F16, E_BF16, E_F32, E_UINT, E_INT8, E_E2M1 = 0, 1, 2, 3, 4, 5, 6
 S_NONE, S_TOKEN, S_CHANNEL = 0, 1, 2
 # Fields of a side's int64 `meta` vector (kernels/cpu.py fills it).
 (M_DIM, M_ELEM, M_PER_BYTE, M_OFFSET, M_D_OFF, M_D_SB, M_D_SH, M_D_ST,
@@ -100,6 +100,28 @@ def _width(dt):
 
 
 @nb.njit(inline="always", **_OPTS)
+def _e2m1(c):
+    """One E2M1 code (uint32, 0..15) -> float32: sign bit 3, magnitude code m = c & 7 in {0, .5, 1, 1.5, 2, 3, 4, 6}.
+    For m >= 2 the code's exponent and mantissa bits, moved into a float32 with exponent bias 126, are the value;
+    m = 0 and 1 are m / 2. -0 for code 8, as the table has it."""
+    m = c & np.uint32(7)
+    mag = _as_f32((m << np.uint32(22)) + np.uint32(126 << 23)) if m >= 2 else np.float32(m) * np.float32(0.5)
+    return _as_f32(np.uint32((c & np.uint32(8)) << np.uint32(28)) | _bits(mag))
+
+
+@intrinsic
+def _bits(typingctx, value):
+    """The IEEE bits of a float32 as a uint32 (a register bitcast)."""
+    if not isinstance(value, types.Float) or value.bitwidth != 32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(value), codegen
+
+
+@nb.njit(inline="always", **_OPTS)
 def _codes(data, o, elem, pb, nb_, off, lut, lo, hi, s, z, tile, j):
     """Bytes lo..hi-1 of the packed row at byte offset o -> tile[j] as decode(code) * s + z, in planar order:
     element d of a row sits at (d % pb) * (D / pb) + d // pb for pb codes per byte (identity for pb = 1), so each
@@ -119,6 +141,11 @@ def _codes(data, o, elem, pb, nb_, off, lut, lo, hi, s, z, tile, j):
     elif elem == E_INT8:  # int8 two's complement
         for i in range(lo, hi):
             tile[_U(j), _U(i)] = np.float32(np.int8(data[_U(o + i)])) * s + z
+    elif elem == E_E2M1:  # OCP FP4, two a byte, decoded with integer arithmetic (a table gather does not vectorize)
+        for i in range(lo, hi):
+            c = np.uint32(data[_U(o + i)])
+            tile[_U(j), _U(i)] = _e2m1(c & 15) * s + z
+            tile[_U(j), _U(nb_ + i)] = _e2m1(c >> 4) * s + z
     else:  # E_UINT: (code - offset) * s + z = code * s + c0, codes unpacked with shifts
         c0 = z - off * s
         if pb == 1:
@@ -208,6 +235,8 @@ def _decode_block(meta, data, lut, scale, zero, slut, tsv, tzv, tail, npk, b, h,
         _rows(data, lut, scale, zero, slut, tail, live, tile, E_LUT, geo, fl, npk, t0, n)
     elif elem == E_INT8:
         _rows(data, lut, scale, zero, slut, tail, live, tile, E_INT8, geo, fl, npk, t0, n)
+    elif elem == E_E2M1:
+        _rows(data, lut, scale, zero, slut, tail, live, tile, E_E2M1, geo, fl, npk, t0, n)
     else:  # a 16 / 32-bit float cast
         _rows(data, lut, scale, zero, slut, tail, live, tile, elem, geo, fl, npk, t0, n)
     if skind == S_CHANNEL:

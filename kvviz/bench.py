@@ -73,10 +73,26 @@ def _transformers_caches(model) -> dict:
     from transformers.cache_utils import QuantizedCache
 
     out = {"tf fp8 (per-tensor)": lambda: QuantizedCache("fp8", model.config)}
-    if importlib.util.find_spec("optimum") and importlib.util.find_spec("optimum.quanto"):
+    if importlib.util.find_spec("optimum") and importlib.util.find_spec("optimum.quanto") and not _quanto_locked():
         out["tf quanto int4 (residual 1)"] = lambda: QuantizedCache("quanto", model.config, nbits=4, residual_length=1)
         out["tf quanto int4 (residual 128)"] = lambda: QuantizedCache("quanto", model.config, nbits=4)
     return out
+
+
+def _quanto_locked() -> bool:
+    """True (and a printed notice) when optimum-quanto's C++ extension has a build lock left behind: torch's
+    cpp_extension then waits for it forever, so the quanto rows are skipped instead of hanging the benchmark."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("optimum.quanto")
+    roots = spec.submodule_search_locations or [] if spec else []
+    locks = [lock for root in roots for lock in Path(root).glob("library/extensions/*/build/lock")]
+    if locks:
+        print(f"[bench] skipping the transformers quanto rows: {locks[0]} exists (an interrupted build of "
+              "optimum-quanto's C++ extension leaves it behind, and torch waits for it forever). Delete it if no "
+              "other process is building that extension, then rerun.", flush=True)
+    return bool(locks)
 
 
 def _log(progress: bool, msg: str) -> None:

@@ -53,3 +53,21 @@ def test_default_formats_cover_bases_and_presets():
     from kvviz.formats import FORMAT_NAMES, PRESETS
 
     assert bench.default_formats() == [*FORMAT_NAMES, *PRESETS]
+
+
+def test_a_stale_quanto_build_lock_skips_the_quanto_rows(tmp_path, monkeypatch, capsys):
+    """An interrupted build of optimum-quanto's extension leaves build/lock behind and torch waits on it forever:
+    the bench names the file and skips those rows instead of hanging."""
+    import importlib.util
+    import types
+
+    real = importlib.util.find_spec
+    fake = types.SimpleNamespace(submodule_search_locations=[str(tmp_path)])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: fake if name == "optimum.quanto" else real(name, *a))
+    assert not bench._quanto_locked()
+    lock = tmp_path / "library" / "extensions" / "cpp" / "build" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    assert bench._quanto_locked()
+    out = capsys.readouterr().out
+    assert str(lock) in out and "Delete it" in out
