@@ -245,7 +245,9 @@ def _decode_block(meta, data, lut, scale, zero, slut, tsv, tzv, tail, npk, b, h,
 
 @nb.njit(**_OPTS)
 def _scale_channels(meta, scale, zero, slut, tsv, b, h, t0, n, npk, live, tile):
-    """Channel scales (KIVI's K): packed row t takes scale row t // group, one scale (and zero) per channel."""
+    """Channel scales (KIVI's K): packed row t takes scale row t // group, one scale (and zero) per channel. Each
+    scale row is decoded once (into planar order) for the run of tokens sharing it, so the per-token loop is a
+    plain multiply-add that vectorizes."""
     d = meta[M_DIM]
     pb = meta[M_PER_BYTE]
     nb_ = d // pb
@@ -257,18 +259,25 @@ def _scale_channels(meta, scale, zero, slut, tsv, b, h, t0, n, npk, live, tile):
     s_st = meta[M_S_ST]
     z_base = meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH]
     z_st = meta[M_Z_ST]
+    srow = np.empty(d, np.float32)
+    zrow = np.zeros(d, np.float32)
+    row = -1
     for j in range(n):
         t = t0 + j
         if not live[j] or t >= npk:
             continue
-        so = s_base + (t // group) * s_st
-        zo = z_base + (t // group) * z_st
-        for i in range(nb_):
-            for p in range(pb):
-                c = pb * i + p
-                s = _read(scale, so + c * sw, sdt, slut) * tsv
-                z = _read(zero, zo + c * sw, sdt, slut) if has_zero else np.float32(0.0)
-                tile[j, p * nb_ + i] = tile[j, p * nb_ + i] * s + z
+        if t // group != row:
+            row = t // group
+            so = s_base + row * s_st
+            zo = z_base + row * z_st
+            for i in range(nb_):
+                for p in range(pb):
+                    c = pb * i + p
+                    srow[p * nb_ + i] = _read(scale, so + c * sw, sdt, slut) * tsv
+                    if has_zero:
+                        zrow[p * nb_ + i] = _read(zero, zo + c * sw, sdt, slut)
+        for k in range(d):
+            tile[_U(j), _U(k)] = tile[_U(j), _U(k)] * srow[_U(k)] + zrow[_U(k)]
 
 
 @nb.njit(inline="always", **_OPTS)
