@@ -8,8 +8,10 @@ q . (k' H) = (q H) . k' and out = (P V') H.
 
     out = decode_attention_cpu(q, k, v, lengths)   # q: [B, Hq, D_k] -> [B, Hq, D_v], q's dtype
 
-A format is one branch here: `_element_table` says how one stored code decodes (a table of 256, 16 or 4 floats,
-or a 16/32-bit float read from its bytes) and `KINDS` lists the format families it knows. `cpu_usable()` is False
+A format is one branch here: `_element_code` says how one stored code decodes (arithmetic, a table of 256, 16 or 4
+floats, or a 16/32-bit float read from its bytes) and `KINDS` lists the format families it knows. llama.cpp's KV
+types (layout "ggml") are read in ggml's block order: q8_0 as int8 codes with an fp16 d per 32, the 4/5-bit types
+32 codes at a time (cpu_jit._ggml_block), iq4_nl's codes through ggml's table. `cpu_usable()` is False
 when numba is missing or fails to compile; callers then use the reference (kernels/reference.py).
 
     python -m kernels.cpu      # first-use compile time and a quick timing against the reference
@@ -27,12 +29,12 @@ import time
 import numpy as np
 import torch
 
-from kernels.packed import PackedSide, per_head
+from kernels.packed import IQ4NL_VALUES, PackedSide, per_head
 from kernels.reference import decode_attention_reference
 
 log = logging.getLogger(__name__)
 
-KINDS = ("float", "int", "fp4")  # format families (kvviz Format.kind) whose codes this path decodes
+KINDS = ("float", "int", "fp4", "ggml")  # format families (kvviz Format.kind) whose codes this path decodes
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # OCP MX v1.0 FP4 magnitudes by code & 7
 _FLOAT_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}  # cpu_jit E_F16, E_BF16, E_F32
 _MIN_TOKENS_PER_SPLIT = 256
@@ -81,8 +83,10 @@ def supports(fmt) -> bool:
 
 
 def reads(side: PackedSide) -> bool:
-    """Whether this path reads a packed side: kvviz's element order (not llama.cpp's ggml blocks)."""
-    return getattr(side, "layout", "kvviz") == "kvviz" and side.elem in ("float", "int", "fp8_e4m3", "fp8_e5m2", "e2m1")
+    """Whether this path reads a packed side: kvviz's element order, or llama.cpp's ggml blocks (every type)."""
+    if getattr(side, "layout", "kvviz") == "ggml":
+        return side.elem in ("float", "int", "iq4_nl")
+    return side.elem in ("float", "int", "fp8_e4m3", "fp8_e5m2", "e2m1")
 
 
 # ------------------------------------------------------------------------------------------ side arguments
@@ -121,8 +125,20 @@ def _element_code(side: PackedSide) -> tuple[int, torch.Tensor | None]:
         return jit.E_INT8, None
     if side.elem == "e2m1":
         return jit.E_E2M1, None
+    if side.elem == "iq4_nl":  # llama.cpp's non-linear 4-bit codes: ggml's kvalues_iq4nl
+        return jit.E_LUT, _iq4nl_table()
     assert side.elem in ("fp8_e4m3", "fp8_e5m2"), f"no CPU decode for elem={side.elem!r} stored as {dtype}"
     return jit.E_LUT, _table(side.elem, side.bits, side.offset, dtype)
+
+
+@functools.cache
+def _iq4nl_table() -> torch.Tensor:
+    return torch.tensor(IQ4NL_VALUES, dtype=torch.float32)
+
+
+def _per_byte(side: PackedSide) -> int:
+    """Codes per byte in cpu_jit's planar order: 1 for ggml blocks, read in their own order (cpu_jit._ggml_block)."""
+    return 8 // side.bits if side.bits < 8 and side.layout == "kvviz" else 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -228,7 +244,8 @@ def _buffer_args(side: PackedSide, batch: int, heads: int, head_dim: int) -> tup
     meta = [0] * jit.META_LEN
     meta[jit.M_DIM] = head_dim
     meta[jit.M_ELEM], lut = _element_code(side)
-    meta[jit.M_PER_BYTE] = 8 // side.bits if side.bits < 8 else 1
+    meta[jit.M_PER_BYTE] = _per_byte(side)
+    meta[jit.M_GGML] = side.bits if side.layout == "ggml" and side.bits < 8 else 0  # q8_0: kvviz's int8/g32 bytes
     meta[jit.M_OFFSET] = side.offset
     data, _, (meta[jit.M_D_SB], meta[jit.M_D_SH], meta[jit.M_D_ST]) = _bytes(side.data)
     scale = zero = None
@@ -282,8 +299,8 @@ def decode_attention_cpu(
     softcap:  optional float > 0: scores = softcap * tanh(scores / softcap) (Gemma 2); None / 0 off
     num_splits: token splits per (b, kv head) run as parallel work items; None: enough to keep the threads busy
     parallel: run the work items on numba's thread pool; None: when B * Hkv * max(lengths) >= _PARALLEL_ROWS
-    Returns [B, Hq, D_v] in q's dtype. Without numba, or for a side it has no branch for (llama.cpp's ggml
-    blocks), it returns the float64 reference's answer.
+    Returns [B, Hq, D_v] in q's dtype. Without numba, or for a side it has no branch for (`reads`), it returns
+    the float64 reference's answer.
     """
     jit = _jit()
     if q.dim() != 3:
@@ -304,7 +321,7 @@ def decode_attention_cpu(
                                          softcap=softcap)
         return ref.to(q.dtype)
     qk = q.detach().float() if k.rotation is None else q.detach().float() @ k.rotation.float()  # [B, Hq, D_k]
-    k_pb, v_pb = (8 // side.bits if side.bits < 8 else 1 for side in (k, v))
+    k_pb, v_pb = _per_byte(k), _per_byte(v)
     qk = qk.numpy()
     qk = qk[..., _planar_np(head_dim, k_pb)] if k_pb > 1 else np.ascontiguousarray(qk)  # K's planar order
     if parallel is None:

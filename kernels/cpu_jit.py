@@ -12,6 +12,10 @@ A token's row dequantizes as  x = decode(code) * scale * tensor_scale + zero  (k
 or fewer decode through a small table (`lut`: 256 entries for bytes, 16 for nibbles, 4 for 2-bit codes) built by
 the launcher from the format, so int, fp8 and E2M1 elements are one code path; 16/32-bit floats (casts, tails,
 scales) are read from their bytes. Rows past a side's n_packed come from its full-precision tail.
+
+llama.cpp's 4/5-bit KV types (q4_0, q4_1, q5_0, q5_1, iq4_nl: meta[M_GGML] = 4 or 5) keep ggml's block bytes and
+are decoded 32 codes at a time by _ggml_block, in ggml's element order (no planar permutation); q8_0's int8 codes
+with one fp16 d per 32 are kvviz's int8/g32 layout byte for byte and take the E_INT8 loop.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ S_NONE, S_TOKEN, S_CHANNEL = 0, 1, 2
 (M_DIM, M_ELEM, M_PER_BYTE, M_OFFSET, M_D_OFF, M_D_SB, M_D_SH, M_D_ST,
  M_SKIND, M_SDT, M_GROUP, M_S_OFF, M_S_SB, M_S_SH, M_S_ST,
  M_ZERO, M_Z_OFF, M_Z_SB, M_Z_SH, M_Z_ST,
- M_TDT, M_T_OFF, M_T_SB, M_T_SH, M_T_ST, M_TAIL) = range(26)
-META_LEN = 26
+ M_TDT, M_T_OFF, M_T_SB, M_T_SH, M_T_ST, M_TAIL, M_GGML) = range(27)
+META_LEN = 27
 BLOCK = 64  # tokens per block: a [64, D] fp32 tile (16 KiB at D = 64) stays in L1/L2
 
 # reassoc/contract let LLVM vectorize the fp32 dot products (sums reassociated); no nnan/ninf: -inf is used.
@@ -166,10 +170,37 @@ def _codes(data, o, elem, pb, nb_, off, lut, lo, hi, s, z, tile, j):
 
 
 @nb.njit(inline="always", **_OPTS)
+def _ggml_block(data, o, elem, bits, off, lut, e0, s, z, tile, j):
+    """One 32-code ggml block at byte offset o -> tile[j, e0:e0 + 32], as ggml's dequantize_row_<type>:
+    (code - off) * d + m (E_UINT: q4_0, q5_0 with m = 0; q4_1, q5_1 with off = 0) or lut[code] * d (E_LUT: iq4_nl).
+    Block bytes (kvviz/formats/ggml.py): for 5 bits a little-endian uint32 qh whose bit i is bit 4 of code i, then
+    16 bytes qs, byte i = code i (low nibble) | code i + 16 (high nibble). Both nibbles fill contiguous runs of the
+    tile, so ggml's element order is kept and the loops vectorize as _codes' do."""
+    if elem == E_LUT:
+        for i in range(16):
+            c = data[_U(o + i)]
+            tile[_U(j), _U(e0 + i)] = lut[c & 15] * s + z
+            tile[_U(j), _U(e0 + 16 + i)] = lut[c >> 4] * s + z
+    elif bits == 4:
+        for i in range(16):
+            c = data[_U(o + i)]
+            tile[_U(j), _U(e0 + i)] = (np.float32(c & 15) - off) * s + z
+            tile[_U(j), _U(e0 + 16 + i)] = (np.float32(c >> 4) - off) * s + z
+    else:
+        qh = _u16(data, o) | (_u16(data, o + 2) << 16)
+        for i in range(16):
+            c = np.uint32(data[_U(o + 4 + i)])
+            lo = (c & np.uint32(15)) | (((qh >> np.uint32(i)) & np.uint32(1)) << np.uint32(4))
+            hi = (c >> np.uint32(4)) | (((qh >> np.uint32(i + 16)) & np.uint32(1)) << np.uint32(4))
+            tile[_U(j), _U(e0 + i)] = (np.float32(lo) - off) * s + z
+            tile[_U(j), _U(e0 + 16 + i)] = (np.float32(hi) - off) * s + z
+
+
+@nb.njit(inline="always", **_OPTS)
 def _rows(data, lut, scale, zero, slut, tail, live, tile, elem, geo, fl, npk, t0, n):
     """The row loop of _decode_block (see there), inlined once per element kind."""
     (pb, nb_, d_base, d_st, skind, sdt, sw, gp, ngroups, has_zero, s_base, s_st, z_base, z_st, tdt, tw,
-     t_base, t_st) = geo
+     t_base, t_st, gbits) = geo
     off, tsv, s_row, z_row = fl
     for j in range(n):
         if not live[j]:
@@ -189,7 +220,10 @@ def _rows(data, lut, scale, zero, slut, tail, live, tile, elem, geo, fl, npk, t0
                     sc = _read(scale, s_base + t * s_st + gi * sw, sdt, slut) * tsv
                     if has_zero != 0:
                         z = _read(zero, z_base + t * z_st + gi * sw, sdt, slut)
-                _codes(data, o, elem, pb, nb_, off, lut, gi * gp, (gi + 1) * gp, sc, z, tile, j)
+                if gbits != 0 and (elem == E_UINT or elem == E_LUT):  # a ggml block: 32 codes in 4 * bits bytes
+                    _ggml_block(data, o + gi * 4 * gbits, elem, gbits, off, lut, gi * 32, sc, z, tile, j)
+                else:
+                    _codes(data, o, elem, pb, nb_, off, lut, gi * gp, (gi + 1) * gp, sc, z, tile, j)
         else:
             for i in range(nb_ * pb):
                 tile[j, i] = _read(data, o + i * _width(elem), elem, lut) * s_row + z_row
@@ -225,7 +259,7 @@ def _decode_block(meta, data, lut, scale, zero, slut, tsv, tzv, tail, npk, b, h,
     z_row = tzv if skind == S_NONE else np.float32(0.0)
     ngroups = d // group
     geo = (pb, nb_, d_base, d_st, skind, sdt, sw, gp, ngroups, has_zero, s_base, s_st, z_base, z_st, tdt, tw,
-           t_base, t_st)  # fewer than 30 arguments: CPython passes more as *args, which numba cannot inline
+           t_base, t_st, meta[M_GGML])  # fewer than 30 arguments: CPython passes more as *args, which numba cannot inline
     fl = (off, tsv, s_row, z_row)
     # One copy of the row loop per element kind, each with its kind a compile-time constant: with the kind only
     # known at run time LLVM leaves the unpacking loops scalar (measured 4x slower).

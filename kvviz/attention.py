@@ -168,10 +168,11 @@ def _triton_reads_format(fmt) -> bool:
 
 
 def _cpu_reads(*sides: QTensor) -> bool:
-    """False for formats the fused CPU path has no decode branch for yet (llama.cpp's blocks): the reference.
-    False for plain casts too (fp16 / bf16, no scale): the reference hands SDPA the very tensors DynamicCache
-    would, so a lossless spec keeps DynamicCache's tokens exactly (the kernel's float32 sums can flip a near tie:
-    tiny Falcon-H1 in bf16, tests/test_cache.py)."""
+    """False for formats the fused CPU path has no decode branch for (kernels.cpu.supports: kvviz's float, int and
+    fp4 families and llama.cpp's ggml types have one): the reference reads those. False for plain casts too
+    (fp16 / bf16, no scale): the reference hands SDPA the very tensors DynamicCache would, so a lossless spec keeps
+    DynamicCache's tokens exactly (the kernel's float32 sums can flip a near tie: tiny Falcon-H1 in bf16,
+    tests/test_cache.py)."""
     return all(_cpu_reads_format(p.fmt) for p in sides)
 
 

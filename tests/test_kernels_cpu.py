@@ -4,8 +4,9 @@ Decode attention: relative error (max |out - ref| / max |ref|) <= 1e-3 with fp32
 bound it, for every format of the registry x GQA ratio {1, 3} x length {1, 17, 300}, two KV heads, batch rows of
 different lengths (L and ceil(L / 2)), channel formats with their partial group in a full-precision tail; then
 K/V pairs, masks (left padding, a window), sinks, softcapping, K and V of different widths, half queries, Hadamard
-rotations. End to end: a tiny Llama generates the same tokens and near-equal logits through the cpu backend and
-the torch reference.
+rotations. llama.cpp's six KV types (ggml's block layout, read in place) at head_dim 64 / 128 / 256, lengths on and
+off the 32-value block and 64-token tile boundaries, tails, GQA, masks, mixed K/V types. End to end: a tiny Llama
+generates the same tokens and near-equal logits through the cpu backend and the torch reference.
 
     python -m pytest tests/test_kernels_cpu.py -q
 """
@@ -17,10 +18,11 @@ import inspect
 import pytest
 import torch
 
+import kvviz
 import kvviz.formats as F
 from kernels import cpu
 from kernels.reference import decode_attention_reference
-from test_kernels import COVERED, FAST, HEAD_DIM, TOL, kv_data, make_side, rel_err
+from test_kernels import COVERED, FAST, GGML, HEAD_DIM, TOL, kv_data, make_side, rel_err
 
 pytestmark = pytest.mark.skipif(not cpu.cpu_usable(), reason="numba is not installed: the CPU path is the reference")
 
@@ -57,6 +59,62 @@ def test_every_format(spec, gqa, length):
 def test_kv_pairs(pair):
     kv = F.parse_kv(pair)
     assert run_case(kv.k.spec, kv.v.spec, 3, 300) <= TOL
+
+
+# ------------------------------------------------------------------------------------------ llama.cpp's types
+
+def run_ggml(k_spec: str, v_spec: str, gqa: int, length: int, head_dim: int, tail: int = 3, **kwargs) -> float:
+    """K and V of llama.cpp types as a cache holds them: the first length - tail tokens packed in ggml blocks (with
+    spare capacity rows), the rest a full-precision tail; a K channel with 30x outliers sets its blocks' d."""
+    kx, vx = kv_data(length, head_dim, 2)
+    kx[..., 5] *= 30.0
+    n = max(length - tail, 0)
+    k, v = make_side(F.get_format(k_spec), kx, n), make_side(F.get_format(v_spec), vx, n)
+    assert k.layout == v.layout == "ggml" and cpu.reads(k) and cpu.reads(v)
+    q = torch.randn(2, 2 * gqa, head_dim, generator=torch.Generator().manual_seed(1))
+    lengths = torch.tensor([length, (length + 1) // 2])
+    out = cpu.decode_attention_cpu(q, k, v, lengths, **kwargs)
+    return rel_err(out, decode_attention_reference(q, k, v, lengths, kv_mask=kwargs.get("kv_mask")))
+
+
+@pytest.mark.parametrize("length", (1, 33, 100, 300))  # 33: one past a ggml block; 100, 300: partial 64-token tiles
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("spec", GGML)
+def test_llama_cpp_types(spec, head_dim, length):
+    """Every type as K and as V, read from ggml's blocks in place; GQA 1 and 3 alternate over the lengths."""
+    assert run_ggml(spec, spec, 1 + 2 * (length % 2), length, head_dim) <= TOL
+
+
+@pytest.mark.parametrize("pair", (("q8_0", "q4_0"), ("q5_1", "iq4_nl"), ("q4_1", "q5_0"), ("iq4_nl", "q8_0")))
+@pytest.mark.parametrize("parallel", (False, True))
+def test_llama_cpp_pairs_masked(pair, parallel):
+    """Mixed K / V types, no tail, over a left-padding + window mask that skips whole tiles, split across threads."""
+    mask = torch.zeros(2, 260, dtype=torch.bool)
+    mask[0, 150:] = True  # row 0: a window of its last 110 tokens
+    mask[1, 7:] = True  # row 1 (130 tokens): 7 tokens of left padding
+    assert run_ggml(*pair, 3, 260, 128, tail=0, kv_mask=mask, num_splits=3, parallel=parallel) <= TOL
+
+
+def test_llama_cpp_rotated_and_k_v_widths():
+    """q4_0/rot (Hadamard outside the kernel) with a q5_1 V of another head_dim."""
+    g = torch.Generator().manual_seed(4)
+    kx, vx = torch.randn(2, 2, 90, 128, generator=g), torch.randn(2, 2, 90, 64, generator=g)
+    k, v = make_side(F.get_format("q4_0/rot"), kx, 88), make_side(F.get_format("q5_1"), vx, 88)
+    q = torch.randn(2, 4, 128, generator=g)
+    out = cpu.decode_attention_cpu(q, k, v, 90)
+    assert out.shape == (2, 4, 64) and k.rotation is not None
+    assert rel_err(out, decode_attention_reference(q, k, v, 90)) <= TOL
+
+
+def test_llama_cpp_nan_block_reads_nan():
+    """A block stored with d = NaN (a non-finite input) reads back NaN, as the reference's dequantization does."""
+    kx, vx = kv_data(40, 64, 2)
+    vx[0, 0, 3, 40] = float("inf")
+    fmt = F.get_format("q5_0")
+    k, v = make_side(fmt, kx), make_side(fmt, vx)
+    out = cpu.decode_attention_cpu(torch.randn(2, 4, 64), k, v, 40)
+    assert torch.isnan(out[0, :2, 32:]).all() and torch.isfinite(out[0, :2, :32]).all()
+    assert torch.isfinite(out[1]).all() and torch.isfinite(out[0, 2:]).all()
 
 
 @pytest.mark.parametrize("parallel", (False, True))
@@ -142,7 +200,9 @@ def test_wrong_input_is_refused():
 def test_supports_only_known_families():
     assert cpu.supports(F.get_format("nvfp4")) and cpu.supports(F.get_format("fp16"))
 
-    class Block:  # a format family the CPU path has no decode branch for (llama.cpp blocks, say)
+    assert cpu.supports(F.get_format("q4_0")) and cpu.supports(F.get_format("iq4_nl"))
+
+    class Block:  # a format family the CPU path has no decode branch for
         kind = "gguf"
 
     assert not cpu.supports(Block())
@@ -150,7 +210,8 @@ def test_supports_only_known_families():
 
 # ------------------------------------------------------------------------------------------ the "cpu" backend
 
-@pytest.mark.parametrize("spec", ("int4", "k8v4", "mxfp4", "kivi2", "fp8_e4m3", "nvfp4"))
+@pytest.mark.parametrize("spec", ("int4", "k8v4", "mxfp4", "kivi2", "fp8_e4m3", "nvfp4", "k=q8_0,v=q4_0",
+                                  "k=q5_1,v=iq4_nl"))
 def test_cpu_and_torch_backends_agree(spec, monkeypatch):
     """A tiny Llama decodes left-padded prompts through the fused CPU path (counted) and through the reference:
     logits agree to 1e-4 (relative), as the Triton backend's do."""
@@ -171,15 +232,22 @@ def test_cpu_and_torch_backends_agree(spec, monkeypatch):
     assert err <= E2E_TOL, f"{spec}: cpu and torch logits differ by {err:.2e} (relative)"
 
 
-def test_cpu_backend_reads_llama_cpp_types_through_the_reference(monkeypatch):
-    """llama.cpp's ggml blocks have no branch in the CPU path yet: the cpu backend reads them with the reference."""
-    from test_kernels_e2e import _decode_logits, _model
+@pytest.mark.parametrize("spec", ("k=q8_0,v=q4_0", "k=q4_1,v=q5_0"))
+def test_llama_cpp_types_generate_the_same_tokens(spec, monkeypatch):
+    """Greedy generation on a tiny Llama (head_dim 32: one ggml block per head) through the fused CPU path and
+    the reference: the same tokens."""
+    from test_kernels_e2e import _model
 
     model, tok = _model(32)
+    enc = tok(["The quick brown fox jumps over the lazy dog", "Hello"], return_tensors="pt")
     calls = []
-    monkeypatch.setattr(cpu, "decode_attention_cpu", lambda *a, **kw: calls.append(1))
-    with torch.no_grad():
-        ref = _decode_logits(model, tok, "k=q8_0,v=q4_0", "torch", monkeypatch)
-        got = _decode_logits(model, tok, "k=q8_0,v=q4_0", "cpu", monkeypatch)
-    assert not calls
-    assert torch.equal(got, ref)
+    fused = cpu.decode_attention_cpu
+    monkeypatch.setattr(cpu, "decode_attention_cpu", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
+    tokens = {}
+    for backend in ("torch", "cpu"):
+        monkeypatch.setenv("KVVIZ_BACKEND", backend)
+        with torch.no_grad():
+            tokens[backend] = model.generate(**enc, max_new_tokens=12, do_sample=False,
+                                             cache=kvviz.QuantizedKVCache(model.config, spec))
+        assert bool(calls) == (backend == "cpu"), f"{backend}: {len(calls)} fused CPU calls"
+    assert torch.equal(tokens["cpu"], tokens["torch"])
