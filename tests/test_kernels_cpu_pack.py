@@ -12,6 +12,9 @@ with the CPU packer stores exactly the buffers, and generates exactly the tokens
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import pytest
 import torch
 
@@ -19,6 +22,8 @@ import kvviz
 import kvviz.formats as F
 from kernels import cpu_pack
 from kernels.cpu_pack import quant_pack_cpu, quant_pack_cpu_supported
+from kvviz.cache import QuantizedKVCache, QuantizedKVLayer, sides
+from kvviz.cache.sides import ScaleWarning
 
 pytestmark = pytest.mark.skipif(cpu_pack._jit() is None, reason="numba is not installed")
 
@@ -175,3 +180,91 @@ def test_rejections():
     with pytest.raises(ValueError, match="pass tensor_scale"):
         quant_pack_cpu(F.get_format("nvfp4"), torch.randn(1, 2, 1, 64), torch.zeros(1, 2, 4, 32, dtype=torch.uint8),
                        torch.zeros(1, 2, 4, 4, dtype=torch.float8_e4m3fn))
+
+
+# ------------------------------------------------------------------------------------------ in the cache
+
+CACHE_SPECS = ("int4", "k8v4", "int2/g16/asym", "fp8", "fp8_e5m2/head/calibrated", "fp8_e4m3/token", "mxfp4", "nvfp4",
+               "fp4_mx_block16", "int4/rot", "k=int4/channel/g16/asym,v=int4/g16/asym")
+
+
+@functools.lru_cache(maxsize=None)
+def _model(dtype: torch.dtype):
+    """The tiny llama with head_dim 32 (MX's blocks of 32 fit): (model, tokenizer), built once."""
+    from transformers import AutoModelForCausalLM
+
+    from kvviz.tiny import ByteTokenizer, tiny_config
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(tiny_config("llama", head_dim=32), dtype=dtype,
+                                                 attn_implementation="kvviz")
+    model.eval()
+    gen = model.generation_config
+    gen.pad_token_id, gen.eos_token_id, gen.bos_token_id = 0, None, None
+    return model, ByteTokenizer()
+
+
+def _run(monkeypatch, spec: str, dtype: torch.dtype, cpu_packer: bool):
+    """Greedy tokens and every side's stored bytes, with KVVIZ_BACKEND=torch and the CPU packer forced on or off."""
+    monkeypatch.setenv("KVVIZ_BACKEND", "torch")
+    packer = (lambda fmt, x: quant_pack_cpu if quant_pack_cpu_supported(fmt, x.shape[3]) else None) if cpu_packer \
+        else (lambda fmt, x: None)
+    monkeypatch.setattr(sides, "_fused_packer", packer)
+    model, tok = _model(dtype)
+    layers = model.config.num_hidden_layers
+    scales = {i: (1e-6, 2e-6) for i in range(layers)} if spec.endswith("calibrated") else None  # K, V saturate
+    cache = QuantizedKVCache(model.config, spec, scales=scales)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = model.generate(**tok(["hello world, this is kvviz", "hi"]), max_new_tokens=6, do_sample=False,
+                             cache=cache)
+    side_list = [side for layer in cache.layers for side in (layer.k, layer.v)]
+    stored = [{name: buf.view().contiguous().view(torch.uint8) for name, buf in side.fields.items()}
+              for side in side_list]
+    used = sum(side._packer is quant_pack_cpu for side in side_list)
+    messages = sorted(str(w.message) for w in caught if isinstance(w.message, ScaleWarning))
+    return out, stored, [side.saturated for side in side_list], messages, used
+
+
+@pytest.mark.parametrize("spec, dtype", [(spec, torch.float32) for spec in CACHE_SPECS] + [
+    (spec, dtype) for dtype in (torch.float16, torch.bfloat16) for spec in ("int4", "fp8", "nvfp4", "fp8_e5m2/head/calibrated")])
+def test_cache_with_the_cpu_packer_stores_what_kvviz_formats_stores(monkeypatch, spec, dtype):
+    """QuantizedKVCache with the CPU packer: the same tokens, the same bytes in every buffer, the same FP8
+    saturation counts and warnings as appending through kvviz.formats (KVVIZ_BACKEND=torch for both)."""
+    tokens, stored, saturated, warned, used = _run(monkeypatch, spec, dtype, cpu_packer=True)
+    want_tokens, want_stored, want_saturated, want_warned, unused = _run(monkeypatch, spec, dtype, cpu_packer=False)
+    assert used == len(stored) // (2 if spec.startswith("k=int4/channel") else 1) and unused == 0
+    assert torch.equal(tokens, want_tokens)
+    for got, want in zip(stored, want_stored, strict=True):
+        assert got.keys() == want.keys()
+        for name in got:
+            assert torch.equal(got[name], want[name]), f"{spec}: {name} differs"
+    assert saturated == want_saturated and warned == want_warned
+    if spec == "fp8":  # a scale fitted on a 26-token prefill is warned about
+        assert any("fewer than 64" in m for m in warned), warned
+    if spec.endswith("calibrated"):  # scales far too small: every side saturates, warned about once
+        assert all(saturated) and sum("values exceed" in m for m in warned) == len(saturated), warned
+
+
+def test_the_cache_picks_the_cpu_packer_on_the_cpu_backend(monkeypatch):
+    """KVVIZ_BACKEND=cpu: supported formats append through quant_pack_cpu, chosen once per side; channel formats,
+    llama.cpp's types and KVVIZ_BACKEND=torch through kvviz.formats."""
+    from kvviz.attention import active_backend
+
+    monkeypatch.setenv("KVVIZ_BACKEND", "cpu")
+    assert active_backend() == "cpu"
+    warnings.simplefilter("ignore", ScaleWarning)  # fp8's scale from 3 tokens (pytest restores the filters)
+    picks = {}
+    for spec in ("int4", "nvfp4", "fp8", "int4/channel/g32/asym", "q8_0"):
+        layer = QuantizedKVLayer(kvviz.get_format(spec), kvviz.get_format(spec))
+        x = torch.randn(1, 2, 3, 32)
+        layer.update(x, x)
+        layer.update(x[:, :, :1], x[:, :, :1])
+        picks[spec] = layer.k._packer
+    assert picks == {"int4": quant_pack_cpu, "nvfp4": quant_pack_cpu, "fp8": quant_pack_cpu,
+                     "int4/channel/g32/asym": None, "q8_0": None}
+    monkeypatch.setenv("KVVIZ_BACKEND", "torch")
+    layer = QuantizedKVLayer(kvviz.get_format("int4"), kvviz.get_format("int4"))
+    layer.update(torch.randn(1, 2, 3, 32), torch.randn(1, 2, 3, 32))
+    assert layer.k._packer is None
