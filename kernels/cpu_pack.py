@@ -5,8 +5,8 @@ Covers the formats whose groups lie inside one token, as `quant_pack` does: int8
 token or per token group, fp8 E4M3 / E5M2 per token or group and with static per-tensor / per-head scales, MX FP4
 (mxfp4, fp4_mx_block16), NVFP4 (its global scale given as tensor_scale), each with /rot (the Hadamard rotation is one
 torch matmul before the loop, as kvviz.formats rotates). llama.cpp's ggml types and channel formats are left to
-kvviz.formats. Each buffer is handed over as the uint8 view of its storage with byte offset and strides: nothing is
-copied, capacity strides are kept. `fmt` is duck-typed (kvviz Format attributes); nothing here imports kvviz.
+kvviz.formats. Each buffer is handed over as a uint8 numpy view of its memory: nothing is copied. `fmt` is
+duck-typed (kvviz Format attributes); nothing here imports kvviz.
 
     over = quant_pack_cpu(fmt, x, data, scale, zero, pos=cache_len, tensor_scale=ts)   # x: [B, Hkv, T_new, D]
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -27,8 +28,8 @@ from kernels.packed import hadamard, per_head
 log = logging.getLogger(__name__)
 
 _FP8_EXP = {"fp8_e4m3": 4, "fp8_e5m2": 5}
-_NONE = torch.zeros(4, dtype=torch.uint8)  # stands for an absent buffer
-_ONE = torch.ones(1)
+_NONE = torch.zeros(1, 1, 1, 4, dtype=torch.uint8).numpy()  # stands for an absent buffer
+_ONE = torch.ones(1).numpy()
 
 
 @functools.cache
@@ -63,26 +64,49 @@ def cpu_pack_usable() -> bool:
 
 def quant_pack_cpu_supported(fmt, head_dim: int) -> bool:
     """True when `quant_pack_cpu` writes this format at this head_dim (a power of two) and numba runs here."""
-    return fmt.kind != "ggml" and quant_pack_supported(fmt, head_dim) and cpu_pack_usable()
+    return _plan(fmt, head_dim) is not None and cpu_pack_usable()
 
 
-def _kind(fmt, jit) -> int:
+class _Plan(NamedTuple):
+    """What the loop needs to know of a format, read from it once."""
+
+    kind: int
+    bits: int
+    exp: int  # fp8 exponent bits
+    group: int
+    static: bool
+    takes_scale: bool
+    count: bool  # static fp8: count values beyond the range
+    rot: bool
+    fmax: float
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(fmt, head_dim: int) -> _Plan | None:
+    """The format's plan at this head_dim, or None when quant_pack_cpu does not write it."""
+    jit = _jit()
+    if jit is None or fmt.kind == "ggml" or not quant_pack_supported(fmt, head_dim):
+        return None
     if fmt.kind == "int":
-        return jit.KIND_INT_ASYM if fmt.asym else jit.KIND_INT_SYM
-    if fmt.kind == "fp4":
-        return jit.KIND_NV if fmt.base == "nvfp4" else jit.KIND_MX
-    return jit.KIND_FP8
+        kind = jit.KIND_INT_ASYM if fmt.asym else jit.KIND_INT_SYM
+    elif fmt.kind == "fp4":
+        kind = jit.KIND_NV if fmt.base == "nvfp4" else jit.KIND_MX
+    else:
+        kind = jit.KIND_FP8
+    static = fmt.static_scale
+    group = head_dim if static else (fmt.group or head_dim)
+    fmax = 448.0 if fmt.base == "fp8_e4m3" else 57344.0
+    return _Plan(kind, fmt.bits, _FP8_EXP.get(fmt.base, 4), group, static, fmt.takes_scale,
+                 kind == jit.KIND_FP8 and static, fmt.rot, fmax)
 
 
 def _bytes(t: torch.Tensor | None):
-    """(uint8 numpy view of t's whole storage, byte offset, byte strides of dims 0..2); no copy."""
+    """t [B, Hkv, cap, n] as the uint8 numpy array [B, Hkv, cap, n * element_size] over its memory; no copy."""
     if t is None:
-        return _NONE.numpy(), 0, (0, 0, 0)
+        return _NONE
     assert t.device.type == "cpu", "quant_pack_cpu writes CPU tensors"
     assert t.dim() == 4 and t.stride(-1) == 1, "buffers must be [B, Hkv, cap, n] and contiguous along the last dim"
-    size = t.element_size()
-    flat = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
-    return flat.numpy(), t.storage_offset() * size, tuple(s * size for s in t.stride()[:3])
+    return t.view(torch.uint8).numpy()
 
 
 @functools.cache
@@ -112,54 +136,44 @@ def quant_pack_cpu(
     Returns, for FP8 with a static scale, how many values of x lie beyond the format's range under it
     (|x| > fmax * scale * (1 + 1e-6), the count kvviz's cache warns about); 0 for other formats.
     """
-    jit = _jit()
-    if jit is None:
-        raise ValueError("quant_pack_cpu needs numba (pip install numba); quantize with kvviz.formats instead.")
     batch, heads, n_tokens, head_dim = x.shape
-    if fmt.kind == "ggml" or not quant_pack_supported(fmt, head_dim):
+    plan = _plan(fmt, head_dim)
+    if plan is None:
+        if _jit() is None:
+            raise ValueError("quant_pack_cpu needs numba (pip install numba); quantize with kvviz.formats instead.")
         raise ValueError(f"quant_pack_cpu does not write {fmt.spec} at head_dim {head_dim}; use fmt.quantize instead.")
     assert x.device.type == "cpu", "quant_pack_cpu quantizes CPU tensors; kernels.quant_pack runs on CUDA"
     assert data.shape[:2] == (batch, heads) and data.shape[2] >= pos + n_tokens, (
         f"data {tuple(data.shape)} cannot hold tokens {pos}..{pos + n_tokens - 1} of x {tuple(x.shape)}"
     )
-    static = fmt.static_scale
-    group = head_dim if static else (fmt.group or head_dim)
-    assert data.shape[3] == head_dim * fmt.bits // 8, f"data's last dim must be D * {fmt.bits} / 8"
-    if not static:
-        assert scale is not None and scale.shape[:3] == data.shape[:3] and scale.shape[3] == head_dim // group, (
+    assert data.shape[3] == head_dim * plan.bits // 8, f"data's last dim must be D * {plan.bits} / 8"
+    if not plan.static:
+        assert scale is not None and scale.shape[:3] == data.shape[:3] and scale.shape[3] == head_dim // plan.group, (
             f"scale must be [B, Hkv, cap, D / group], got {None if scale is None else tuple(scale.shape)}"
         )
-    if fmt.asym:
+    if zero is not None or plan.kind == _jit().KIND_INT_ASYM:
         assert zero is not None and zero.shape == scale.shape, "asym formats need a zero buffer shaped like scale"
-    if fmt.takes_scale and tensor_scale is None:
+    if not plan.takes_scale:
+        ts = _ONE
+    elif tensor_scale is None:
         raise ValueError(f"{fmt.spec} appends with a fixed tensor scale: pass tensor_scale.")
-    ts = per_head(tensor_scale, batch, heads, "cpu") if fmt.takes_scale else _ONE.expand(batch * heads)
-    count = fmt.kind == "float" and static
-    meta = [0] * jit.META_LEN
-    meta[jit.M_KIND], meta[jit.M_BITS], meta[jit.M_GROUP] = _kind(fmt, jit), fmt.bits, group
-    meta[jit.M_FP8_EXP], meta[jit.M_STATIC], meta[jit.M_POS] = _FP8_EXP.get(fmt.base, 4), static, pos
-    meta[jit.M_COUNT] = count and not fmt.rot  # /rot counts the input, before rotation, below
+    else:
+        ts = torch.as_tensor(tensor_scale, dtype=torch.float32).detach().reshape(-1).cpu().numpy()
+        assert ts.size in (1, heads, batch * heads), f"tensor scale holds {ts.size} values; want 1, Hkv or B*Hkv"
     x = x.detach()
     over = 0
-    if fmt.rot:
-        if count:
-            limit = (ts * _fp8_max(fmt.base) * (1 + 1e-6)).reshape(batch, heads, 1, 1)  # as the loop computes it
+    if plan.rot:
+        if plan.count:  # the cache counts its input, before the rotation, as the formats path does
+            limit = (per_head(tensor_scale, batch, heads, "cpu") * plan.fmax * (1 + 1e-6)).reshape(batch, heads, 1, 1)
             over = int((x.float().abs() > limit).sum())
         x = x.float() @ _rotation(head_dim)  # kvviz.formats rotates in fp32 the same way
     # torch divides an fp16 x by an fp16 scale in fp16 (int sym with computed scales only)
-    meta[jit.M_HALF_DIV] = x.dtype == torch.float16 and fmt.kind == "int" and not (fmt.asym or static)
-    data_np, meta[jit.M_D_OFF], (meta[jit.M_D_SB], meta[jit.M_D_SH], meta[jit.M_D_ST]) = _bytes(data)
-    scale_np, meta[jit.M_S_OFF], (meta[jit.M_S_SB], meta[jit.M_S_SH], meta[jit.M_S_ST]) = _bytes(
-        None if static else scale)
-    zero_np, meta[jit.M_Z_OFF], (meta[jit.M_Z_SB], meta[jit.M_Z_SH], meta[jit.M_Z_ST]) = _bytes(zero)
-    xf = x.float().contiguous()  # exact for fp16 / bf16
-    over += jit.quant_pack_rows(xf.numpy(), torch.tensor(meta, dtype=torch.int64).numpy(), ts.contiguous().numpy(),
-                                data_np, scale_np, zero_np)
+    half_div = x.dtype == torch.float16 and plan.kind == _jit().KIND_INT_SYM and not plan.static
+    xf = x.float().contiguous().numpy()  # exact for fp16 / bf16
+    over += _jit().quant_pack_rows(xf, ts, _bytes(data), _bytes(None if plan.static else scale), _bytes(zero),
+                                   plan.kind, plan.bits, plan.exp, plan.group, plan.static, half_div, pos,
+                                   plan.count and not plan.rot)
     return int(over)
-
-
-def _fp8_max(base: str) -> float:
-    return 448.0 if base == "fp8_e4m3" else 57344.0
 
 
 def _smoke() -> None:

@@ -2,8 +2,8 @@
 kernels/cpu_pack.py (it imports this lazily). The CPU twin of kernels/jit/quant_pack.py.
 
 One compiled signature serves every format: x arrives as fp32 [B, Hkv, T, D] (an fp16 / bf16 input converted
-exactly, rotated first for /rot), each output buffer as the flat uint8 view of its whole storage plus a byte offset
-and byte strides (capacity strides kept, nothing copied), and the format as integers in `meta`. Per token and scale
+exactly, rotated first for /rot), each output buffer as the uint8 view of its [B, Hkv, cap, n] tensor (nothing
+copied), and the format as integers. Per token and scale
 group the loop reduces, encodes and stores: bytes moved per token and head are D * 4 read and D * bits / 8 codes plus
 the group scales written.
 
@@ -27,13 +27,8 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-# KIND codes (kernels/cpu_pack.py fills meta[M_KIND])
+# KIND codes (kernels/cpu_pack.py passes them)
 KIND_INT_SYM, KIND_INT_ASYM, KIND_FP8, KIND_MX, KIND_NV = 0, 1, 2, 3, 4
-# Fields of the int64 `meta` vector.
-(M_KIND, M_BITS, M_FP8_EXP, M_GROUP, M_STATIC, M_HALF_DIV, M_POS, M_COUNT,
- M_D_OFF, M_D_SB, M_D_SH, M_D_ST, M_S_OFF, M_S_SB, M_S_SH, M_S_ST, M_Z_OFF, M_Z_SB, M_Z_SH, M_Z_ST) = range(20)
-META_LEN = 20
-
 # No fastmath: every operation must round exactly as torch's does. error_model numpy: x / 0 is IEEE, not a raise.
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -143,13 +138,6 @@ def _e2m1(v):
 
 
 @nb.njit(**_OPTS)
-def _put(buf, o, bits, width):
-    """Store the low `width` bytes of `bits` at byte o, little-endian."""
-    for i in range(width):
-        buf[o + i] = (bits >> (8 * i)) & 0xFF
-
-
-@nb.njit(**_OPTS)
 def _group_codes(row, lo, hi, kind, bits, exp, static, half_div, ts, codes):
     """Quantize row[lo:hi] (one scale group of one token) into codes[lo:hi]; returns (scale bits, zero bits)
     as stored (fp16 / fp32 bits, an E8M0 or E4M3 byte), -1 for none."""
@@ -215,13 +203,12 @@ def _group_codes(row, lo, hi, kind, bits, exp, static, half_div, ts, codes):
 
 
 @nb.njit(**_OPTS)
-def quant_pack_rows(x, meta, ts, data, scale, zero):
-    """Quantize x: fp32 [B, Hkv, T, D] and write token t at row meta[M_POS] + t of the buffers (flat uint8
-    storages with byte offsets and strides in meta); ts: fp32 [B * Hkv] static or global scales. Returns how many
-    values saturated (|x| > fmax * s * (1 + 1e-6)) when meta[M_COUNT] is set (static fp8), else 0."""
+def quant_pack_rows(x, ts, data, scale, zero, kind, bits, exp, group, static, half_div, pos, count):
+    """Quantize x: fp32 [B, Hkv, T, D] and write token t at row pos + t of the buffers, each the uint8 view of its
+    [B, Hkv, cap, n] tensor (data: codes; scale / zero: the bytes of D / group scales and zero points).
+    ts: fp32 static or global scales, 1, Hkv or B * Hkv of them. Returns how many values saturated
+    (|x| > fmax * s * (1 + 1e-6)) when `count` is set (static fp8), else 0."""
     n_b, n_h, n_t, dim = x.shape
-    kind, bits, exp, group = meta[M_KIND], meta[M_BITS], meta[M_FP8_EXP], meta[M_GROUP]
-    static, half_div, pos, count = meta[M_STATIC] != 0, meta[M_HALF_DIV] != 0, meta[M_POS], meta[M_COUNT] != 0
     s_width = 2 if kind <= KIND_INT_ASYM else (4 if kind == KIND_FP8 else 1)
     fmax = _F32(448.0) if exp == 4 else _F32(57344.0)
     per_byte = 8 // bits if bits < 8 else 1
@@ -229,25 +216,23 @@ def quant_pack_rows(x, meta, ts, data, scale, zero):
     saturated = 0
     for b in range(n_b):
         for h in range(n_h):
-            s_h = ts[b * n_h + h]
+            s_h = ts[(b * n_h + h) % ts.size]
             limit = (fmax * s_h) * _F32(1.000001)  # kvviz.cache's slack: amax / fmax * fmax may round down
             for t in range(n_t):
-                row = x[b, h, t]
-                d_o = meta[M_D_OFF] + b * meta[M_D_SB] + h * meta[M_D_SH] + (pos + t) * meta[M_D_ST]
-                s_o = meta[M_S_OFF] + b * meta[M_S_SB] + h * meta[M_S_SH] + (pos + t) * meta[M_S_ST]
-                z_o = meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH] + (pos + t) * meta[M_Z_ST]
+                row, r = x[b, h, t], pos + t
                 for g in range(dim // group):
                     s_bits, z_bits = _group_codes(row, g * group, (g + 1) * group, kind, bits, exp, static, half_div,
                                                   s_h, codes)
-                    if s_bits >= 0:
-                        _put(scale, s_o + g * s_width, s_bits, s_width)
+                    for i in range(s_width if s_bits >= 0 else 0):  # little-endian bytes
+                        scale[b, h, r, g * s_width + i] = (s_bits >> (8 * i)) & 0xFF
                     if z_bits >= 0:
-                        _put(zero, z_o + g * 2, z_bits, 2)
+                        zero[b, h, r, 2 * g] = z_bits & 0xFF
+                        zero[b, h, r, 2 * g + 1] = z_bits >> 8
                 for j in range(dim // per_byte):  # element per_byte * j + k at bits * k of byte j
                     byte = 0
                     for k in range(per_byte):
                         byte |= codes[per_byte * j + k] << (bits * k)
-                    data[d_o + j] = byte & 0xFF
+                    data[b, h, r, j] = byte & 0xFF
                 if count:
                     for i in range(dim):
                         saturated += abs(row[i]) > limit

@@ -227,8 +227,11 @@ def _run(monkeypatch, spec: str, dtype: torch.dtype, cpu_packer: bool):
     return out, stored, [side.saturated for side in side_list], messages, used
 
 
+CACHE_16BIT = ("int4", "fp8", "nvfp4", "fp8_e5m2/head/calibrated")  # on fp16 and bf16 models
+
+
 @pytest.mark.parametrize("spec, dtype", [(spec, torch.float32) for spec in CACHE_SPECS] + [
-    (spec, dtype) for dtype in (torch.float16, torch.bfloat16) for spec in ("int4", "fp8", "nvfp4", "fp8_e5m2/head/calibrated")])
+    (spec, dtype) for dtype in (torch.float16, torch.bfloat16) for spec in CACHE_16BIT])
 def test_cache_with_the_cpu_packer_stores_what_kvviz_formats_stores(monkeypatch, spec, dtype):
     """QuantizedKVCache with the CPU packer: the same tokens, the same bytes in every buffer, the same FP8
     saturation counts and warnings as appending through kvviz.formats (KVVIZ_BACKEND=torch for both)."""
