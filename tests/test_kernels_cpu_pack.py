@@ -271,3 +271,22 @@ def test_the_cache_picks_the_cpu_packer_on_the_cpu_backend(monkeypatch):
     layer = QuantizedKVLayer(kvviz.get_format("int4"), kvviz.get_format("int4"))
     layer.update(torch.randn(1, 2, 3, 32), torch.randn(1, 2, 3, 32))
     assert layer.k._packer is None
+
+
+@pytest.mark.parametrize("prefill_scale", (0.0, 1.0))
+def test_nvfp4_sides_pinned_by_the_prefill_store_what_the_formats_store(monkeypatch, prefill_scale):
+    """NVFP4's global scale is pinned to the prefill's amax and later values saturate to it; an all-zero prefill
+    pins every later value to 0 (the formats path clamps), which a side then keeps off the packer."""
+    stored = {}
+    for backend in ("cpu", "torch"):
+        monkeypatch.setenv("KVVIZ_BACKEND", backend)
+        side = sides.Side(kvviz.get_format("nvfp4"), 0, None, "layer 0 K")
+        prefill = torch.randn(1, 3, 4, 64, generator=torch.Generator().manual_seed(0)) * prefill_scale
+        side.init(prefill)
+        side.append(prefill)
+        for t in (1, 1, 5):
+            side.append(torch.randn(1, 3, t, 64, generator=torch.Generator().manual_seed(t)) * 3)
+        stored[backend] = {name: buf.view().view(torch.uint8).clone() for name, buf in side.fields.items()}
+        assert (side._packer is quant_pack_cpu) == (backend == "cpu" and prefill_scale > 0)
+    for name, want in stored["torch"].items():
+        assert torch.equal(stored["cpu"][name], want), name

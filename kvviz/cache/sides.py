@@ -227,7 +227,10 @@ class Side:
     def _store(self, x: torch.Tensor) -> None:
         """Quantize x [B, H, t, D] into the buffers: with the packer chosen for x's device (once per device)."""
         if x.device != self._packer_device:
-            self._packer, self._packer_device = _fused_packer(self.fmt, x), x.device
+            # An all-zero prefill pins NVFP4's values to 0: only the formats path's clamp (_quantize_raw) does that.
+            pinned_to_zero = self.nv_amax is not None and not bool(self.nv_amax > 0)
+            self._packer = None if pinned_to_zero else _fused_packer(self.fmt, x)
+            self._packer_device = x.device
         if self._packer is None:
             q = self._quantize_raw(x)
             for name, buf in self.fields.items():
