@@ -120,7 +120,7 @@ class Side:
         self.base = 0  # absolute position of the first stored token
         self.tokens_quantized = 0  # every token is quantized at most once: the count of quantize inputs
         self.saturated = 0  # FP8 static scale: values clamped to the format's range under it (warned about once)
-        self._packer = None  # kernels.pack.quant_pack, or None (kvviz.formats quantizes): chosen per device
+        self._packer = None  # quant_pack (Triton), quant_pack_cpu (numba) or None (kvviz.formats): chosen per device
         self._packer_device: torch.device | None = None
         self._kernel_memo: dict = {}  # handed to fused kernels with every read (QTensor.memo)
 
@@ -198,13 +198,16 @@ class Side:
     def _count_saturated(self, x: torch.Tensor) -> None:
         """Count (and warn once about) values of x [B, H, t, D] beyond the FP8 range under the static scale."""
         limit = max_value(self.fmt.base) * self.static.to(x.device) * (1 + 1e-6)  # amax / fmax * fmax may round down
-        over = int((x.detach().float().abs() > limit).sum())
+        self._note_saturated(int((x.detach().float().abs() > limit).sum()), x)
+
+    def _note_saturated(self, over: int, x: torch.Tensor) -> None:
+        """Add `over` saturated values of x to the count; warn the first time any saturate."""
         if over and not self.saturated:
             warnings.warn(ScaleWarning(
                 f"{self.name}: {over} of {x.numel()} values exceed {self.fmt.spec}'s range under its "
                 f"{self.fmt.scale_source} scale (|x| > {max_value(self.fmt.base):g} x scale) and saturate. Use "
                 "calibrated scales (kvviz.calibrate, /calibrated) or a per-token format.", "saturated", self.fmt.spec,
-                self.name, count=over, total=x.numel()), stacklevel=3)
+                self.name, count=over, total=x.numel()), stacklevel=4)
         self.saturated += over
 
     def append(self, x: torch.Tensor, keep_from: int = 0) -> None:
@@ -225,7 +228,10 @@ class Side:
     def _store(self, x: torch.Tensor) -> None:
         """Quantize x [B, H, t, D] into the buffers: with the packer chosen for x's device (once per device)."""
         if x.device != self._packer_device:
-            self._packer, self._packer_device = _fused_packer(self.fmt, x), x.device
+            # An all-zero prefill pins NVFP4's values to 0: only the formats path's clamp (_quantize_raw) does that.
+            pinned_to_zero = self.nv_amax is not None and not bool(self.nv_amax > 0)
+            self._packer = None if pinned_to_zero else _fused_packer(self.fmt, x)
+            self._packer_device = x.device
         if self._packer is None:
             q = self._quantize_raw(x)
             for name, buf in self.fields.items():
@@ -233,8 +239,10 @@ class Side:
             return
         t = x.shape[2]
         bufs = {name: buf.reserve(t) for name, buf in self.fields.items()}
-        self._packer(self.fmt, x, bufs["data"], bufs.get("scale"), bufs.get("zero"), pos=self.fields["data"].n,
-                     tensor_scale=self.static)
+        over = self._packer(self.fmt, x, bufs["data"], bufs.get("scale"), bufs.get("zero"), pos=self.fields["data"].n,
+                            tensor_scale=self.static)
+        if over is not None:  # the CPU packer counts FP8 values saturated under a static scale as it packs
+            self._note_saturated(over, x)
         for buf in self.fields.values():
             buf.n += t
 
@@ -304,11 +312,17 @@ class Side:
 
 
 def _fused_packer(fmt: Format, x: torch.Tensor):
-    """kernels.quant_pack, which quantizes and writes straight into the buffers (bit-identical to the formats'
-    quantize), when the Triton backend is chosen and runs on x's device with a branch for fmt; else None."""
+    """A packer that quantizes and writes straight into the buffers (bit-identical to the formats' quantize), for
+    the backend chosen and x's device: kernels.quant_pack (Triton) or kernels.cpu_pack.quant_pack_cpu (numba, CPU
+    tensors); None (kvviz.formats quantizes) when neither has a branch for fmt at x's head_dim."""
     from kvviz.attention import active_backend  # the backend choice (KVVIZ_BACKEND), read once per side and device
 
-    if active_backend() != "triton":
+    backend = active_backend()
+    if backend == "cpu" and x.device.type == "cpu":
+        from kernels.cpu_pack import quant_pack_cpu, quant_pack_cpu_supported
+
+        return quant_pack_cpu if quant_pack_cpu_supported(fmt, x.shape[3]) else None
+    if backend != "triton":
         return None
     from kernels._triton import triton_usable
     from kernels.pack import quant_pack, quant_pack_supported

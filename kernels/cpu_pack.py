@@ -1,0 +1,196 @@
+"""Quantize new tokens of one side and write them into packed cache buffers, on the CPU: numba loops
+(kernels/cpu_pack_jit.py), the CPU twin of kernels/pack.py with the same arguments, bit-identical to kvviz.formats.
+
+Covers the formats whose groups lie inside one token, as `quant_pack` does: int8 / int4 / int2 sym and asym per
+token or per token group, fp8 E4M3 / E5M2 per token or group and with static per-tensor / per-head scales, MX FP4
+(mxfp4, fp4_mx_block16), NVFP4 (its global scale given as tensor_scale), each with /rot (the Hadamard rotation is one
+torch matmul before the loop, as kvviz.formats rotates). llama.cpp's ggml types and channel formats are left to
+kvviz.formats. Each buffer is handed over as a uint8 numpy view of its memory: nothing is copied. `fmt` is
+duck-typed (kvviz Format attributes); nothing here imports kvviz.
+
+    over = quant_pack_cpu(fmt, x, data, scale, zero, pos=cache_len, tensor_scale=ts)   # x: [B, Hkv, T_new, D]
+
+    python -m kernels.cpu_pack      # first-use compile time (or numba cache load)
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import NamedTuple
+
+import torch
+
+from kernels.pack import quant_pack_supported
+from kernels.packed import hadamard, per_head
+
+log = logging.getLogger(__name__)
+
+_FP8_EXP = {"fp8_e4m3": 4, "fp8_e5m2": 5}
+_NONE = torch.zeros(1, 1, 1, 4, dtype=torch.uint8).numpy()  # stands for an absent buffer
+_ONE = torch.ones(1).numpy()
+
+
+@functools.cache
+def _jit():
+    """The jit module, imported once; None when numba is unavailable."""
+    try:
+        import numba  # noqa: F401
+
+        from kernels import cpu_pack_jit
+    except ImportError as err:
+        log.warning("kvviz: numba is not installed (%s); the CPU cache appends through kvviz.formats. "
+                    "pip install numba to fuse them.", err)
+        return None
+    return cpu_pack_jit
+
+
+@functools.cache
+def cpu_pack_usable() -> bool:
+    """True when numba imports and the packer compiles (or loads from numba's cache) and passes a smoke test."""
+    if _jit() is None:
+        return False
+    start = time.perf_counter()
+    try:
+        _smoke()
+    except Exception as err:  # noqa: BLE001 - any compile or LLVM failure means: quantize with kvviz.formats
+        log.warning("kvviz: the CPU quantize-and-pack failed to compile (%s: %s); appending through kvviz.formats.",
+                    type(err).__name__, err)
+        return False
+    log.info("kvviz: CPU quantize-and-pack ready in %.1f s (numba compile or cache load)", time.perf_counter() - start)
+    return True
+
+
+def quant_pack_cpu_supported(fmt, head_dim: int) -> bool:
+    """True when `quant_pack_cpu` writes this format at this head_dim (a power of two) and numba runs here."""
+    return _plan(fmt, head_dim) is not None and cpu_pack_usable()
+
+
+class _Plan(NamedTuple):
+    """What the loop needs to know of a format, read from it once."""
+
+    kind: int
+    bits: int
+    exp: int  # fp8 exponent bits
+    group: int
+    static: bool
+    takes_scale: bool
+    count: bool  # static fp8: count values beyond the range
+    rot: bool
+    fmax: float
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(fmt, head_dim: int) -> _Plan | None:
+    """The format's plan at this head_dim, or None when quant_pack_cpu does not write it."""
+    jit = _jit()
+    if jit is None or fmt.kind == "ggml" or not quant_pack_supported(fmt, head_dim):
+        return None
+    if fmt.kind == "int":
+        kind = jit.KIND_INT_ASYM if fmt.asym else jit.KIND_INT_SYM
+    elif fmt.kind == "fp4":
+        kind = jit.KIND_NV if fmt.base == "nvfp4" else jit.KIND_MX
+    else:
+        kind = jit.KIND_FP8
+    static = fmt.static_scale
+    group = head_dim if static else (fmt.group or head_dim)
+    fmax = 448.0 if fmt.base == "fp8_e4m3" else 57344.0
+    return _Plan(kind, fmt.bits, _FP8_EXP.get(fmt.base, 4), group, static, fmt.takes_scale,
+                 kind == jit.KIND_FP8 and static, fmt.rot, fmax)
+
+
+def _bytes(t: torch.Tensor | None):
+    """t [B, Hkv, cap, n] as the uint8 numpy array [B, Hkv, cap, n * element_size] over its memory; no copy."""
+    if t is None:
+        return _NONE
+    assert t.device.type == "cpu", "quant_pack_cpu writes CPU tensors"
+    assert t.dim() == 4 and t.stride(-1) == 1, "buffers must be [B, Hkv, cap, n] and contiguous along the last dim"
+    return t.view(torch.uint8).numpy()
+
+
+@functools.cache
+def _rotation(head_dim: int) -> torch.Tensor:
+    return hadamard(head_dim)  # the same fp32 matrix kvviz.formats rotates with, built once
+
+
+def quant_pack_cpu(
+    fmt,
+    x: torch.Tensor,
+    data: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    zero: torch.Tensor | None = None,
+    pos: int = 0,
+    tensor_scale: torch.Tensor | float | None = None,
+) -> int:
+    """Quantize x and write it at token rows pos .. pos + T - 1 of the cache buffers, in place (CPU tensors).
+
+    x:            [B, Hkv, T, D] float (fp16 / bf16 / fp32), D a power of two
+    data:         [B, Hkv, cap, D * bits / 8]: int8 (int8 sym), uint8 (int8 asym, int4, int2, FP4), fp8 dtype
+    scale:        [B, Hkv, cap, D / group]: fp16 (int), fp32 (fp8), uint8 E8M0 (MX), float8_e4m3fn (NV);
+                  None for static per-tensor / per-head formats
+    zero:         asym only, shaped and typed like an int scale (fp16)
+    tensor_scale: the static fp32 scale (fp8 / int sym tensor or head granularity) or NV FP4's global scale:
+                  a number, [] or anything holding Hkv or B * Hkv values
+    The result is bit-identical to fmt.quantize(x) with that tensor scale (rotation included for /rot).
+    Returns, for FP8 with a static scale, how many values of x lie beyond the format's range under it
+    (|x| > fmax * scale * (1 + 1e-6), the count kvviz's cache warns about); 0 for other formats.
+    """
+    batch, heads, n_tokens, head_dim = x.shape
+    plan = _plan(fmt, head_dim)
+    if plan is None:
+        if _jit() is None:
+            raise ValueError("quant_pack_cpu needs numba (pip install numba); quantize with kvviz.formats instead.")
+        raise ValueError(f"quant_pack_cpu does not write {fmt.spec} at head_dim {head_dim}; use fmt.quantize instead.")
+    assert x.device.type == "cpu", "quant_pack_cpu quantizes CPU tensors; kernels.quant_pack runs on CUDA"
+    assert data.shape[:2] == (batch, heads) and data.shape[2] >= pos + n_tokens, (
+        f"data {tuple(data.shape)} cannot hold tokens {pos}..{pos + n_tokens - 1} of x {tuple(x.shape)}"
+    )
+    assert data.shape[3] == head_dim * plan.bits // 8, f"data's last dim must be D * {plan.bits} / 8"
+    if not plan.static:
+        assert scale is not None and scale.shape[:3] == data.shape[:3] and scale.shape[3] == head_dim // plan.group, (
+            f"scale must be [B, Hkv, cap, D / group], got {None if scale is None else tuple(scale.shape)}"
+        )
+    if zero is not None or plan.kind == _jit().KIND_INT_ASYM:
+        assert zero is not None and zero.shape == scale.shape, "asym formats need a zero buffer shaped like scale"
+    if not plan.takes_scale:
+        ts = _ONE
+    elif tensor_scale is None:
+        raise ValueError(f"{fmt.spec} appends with a fixed tensor scale: pass tensor_scale.")
+    else:
+        ts = torch.as_tensor(tensor_scale, dtype=torch.float32).detach().reshape(-1).cpu().numpy()
+        assert ts.size in (1, heads, batch * heads), f"tensor scale holds {ts.size} values; want 1, Hkv or B*Hkv"
+    x = x.detach()
+    over = 0
+    if plan.rot:
+        if plan.count:  # the cache counts its input, before the rotation, as the formats path does
+            limit = (per_head(tensor_scale, batch, heads, "cpu") * plan.fmax * (1 + 1e-6)).reshape(batch, heads, 1, 1)
+            over = int((x.float().abs() > limit).sum())
+        x = x.float() @ _rotation(head_dim)  # kvviz.formats rotates in fp32 the same way
+    # torch divides an fp16 x by an fp16 scale in fp16 (int sym with computed scales only)
+    half_div = x.dtype == torch.float16 and plan.kind == _jit().KIND_INT_SYM and not plan.static
+    xf = x.float().contiguous().numpy()  # exact for fp16 / bf16
+    over += _jit().quant_pack_rows(xf, ts, _bytes(data), _bytes(None if plan.static else scale), _bytes(zero),
+                                   plan.kind, plan.bits, plan.exp, plan.group, plan.static, half_div, pos,
+                                   plan.count and not plan.rot)
+    return int(over)
+
+
+def _smoke() -> None:
+    """Compile (or load from numba's cache) and check an int4 token against codes worked out by hand."""
+
+    class _Int4:  # the duck-typed format: int4 per token
+        base, kind, bits, granularity, group, asym, rot, static_scale, takes_scale, spec = (
+            "int4", "int", 4, "token", None, False, False, False, False, "int4")
+
+    x = torch.tensor([[[[7.0, -7.0, 3.0, 0.5]]]])  # amax 7: scale 1, codes 7, -7, 3, 0 (+8; 0.5 ties to even 0)
+    data = torch.zeros(1, 1, 1, 2, dtype=torch.uint8)
+    scale = torch.zeros(1, 1, 1, 1, dtype=torch.float16)
+    quant_pack_cpu(_Int4(), x, data, scale)
+    assert data.tolist() == [[[[0x1F, 0x8B]]]] and scale.item() == 1.0, f"CPU pack smoke test: {data}, {scale}"
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    t0 = time.perf_counter()
+    print(f"cpu_pack_usable: {cpu_pack_usable()}  ({time.perf_counter() - t0:.1f} s incl. compile or cache load)")
