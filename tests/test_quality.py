@@ -138,3 +138,16 @@ def test_needle_runs(tiny):
         quality.haystack(tok, 20, 0.5, "1")
     with pytest.raises(ValueError):
         quality.haystack(tok, 200, 1.5, "1")
+
+
+def test_rows_of_one_spec_share_one_batched_cache(tiny):
+    """RowStackCache batches rows of one spec in one cache; each row still holds (and counts) what it would alone."""
+    model, tok = tiny
+    ids = tok(PROMPT, return_tensors="pt")["input_ids"]
+    stack = quality.RowStackCache(model.config, [None, "int4", "int4", "fp8_e4m3"])
+    stack.load_prefill(quality.prefill(model, ids)[0])
+    assert [len(layer.groups) for layer in stack.layers] == [2] * len(stack.layers)
+    assert stack.row_caches[1] is stack.row_caches[2] is not stack.row_caches[3]
+    for row, spec in ((1, "int4"), (3, "fp8_e4m3")):
+        alone = quality.load_prefill(QuantizedKVCache(model.config, spec), quality.prefill(model, ids)[0])
+        assert stack.row_nbytes(row) == alone.nbytes()

@@ -118,9 +118,10 @@ class QuantizedKVLayer(CacheLayerMixin):
     def prefetch(self):
         pass
 
-    def nbytes(self) -> int:
-        """Bytes held: packed data, scales, zero points, 16-bit tails and static scales of K and V."""
-        return self.k.nbytes() + self.v.nbytes() if self.is_initialized else 0
+    def nbytes(self, one_row: bool = False) -> int:
+        """Bytes held: packed data, scales, zero points, 16-bit tails and static scales of K and V (one_row: one
+        batch row's, static scales counted once)."""
+        return self.k.nbytes(one_row) + self.v.nbytes(one_row) if self.is_initialized else 0
 
 
 class QuantizedSlidingLayer(QuantizedKVLayer):

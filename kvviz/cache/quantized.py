@@ -83,12 +83,14 @@ class QuantizedKVCache(Cache):
             return self.spec.spec
         return "a plan with exact layers" if None in self.plan else format_plan(self.plan)
 
-    def nbytes(self) -> int:
+    def nbytes(self, one_row: bool = False) -> int:
         """Bytes of K/V really held (in use, not capacity): packed data, scales, zeros, tails and static scales.
-        Linear-attention / Mamba states are not K/V and are not counted."""
-        exact = sum(t.numel() * t.element_size() for i in self._exact if self.layers[i].is_initialized
+        Linear-attention / Mamba states are not K/V and are not counted. one_row: what one batch row holds, as a
+        batch-1 cache would (static scales, shared by the batch, counted once)."""
+        exact = sum(t.numel() * t.element_size() // (t.shape[0] if one_row else 1)
+                    for i in self._exact if self.layers[i].is_initialized
                     for t in (self.layers[i].keys, self.layers[i].values))  # plan layers kept exact
-        return exact + sum(layer.nbytes() for layer in self.layers if hasattr(layer, "nbytes"))
+        return exact + sum(layer.nbytes(one_row) for layer in self.layers if hasattr(layer, "nbytes"))
 
     def __repr__(self) -> str:
         return f"QuantizedKVCache({self._name()!r}, residual={self.residual}, layers={len(self.layers)})"

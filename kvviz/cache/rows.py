@@ -1,8 +1,12 @@
 """`RowStackCache`: one batch whose rows each keep their own KV format, so several formats decode as one batch.
 
 Row b of the batch is either exact (None: K/V kept as computed, what DynamicCache holds) or backed by the layer of a
-batch-1 `kvviz.QuantizedKVCache` for its own spec, which stores the row's tokens exactly as it would alone
-(quantized once, on append; residual window; static scales). What attention reads is a dequantized mirror of every
+`kvviz.QuantizedKVCache` for its own spec, which stores the row's tokens exactly as it would alone (quantized once,
+on append; residual window; static scales). Rows of the same spec (or plan) share one such cache, batched: one set
+of quantize and dequantize calls per layer and step for all of them, which on a CPU cost more than the arithmetic
+(a side-by-side run holds a teacher-forced and a free-running row per format). Every row of a shared cache must
+start from the same first update (`load_prefill` gives every row the prompt): a static scale fitted on the first
+update, or NVFP4's global scale, is fitted over the whole batch. What attention reads is a dequantized mirror of every
 row, kept in one [batch, kv_heads, capacity, head_dim] buffer per layer and side: a token is dequantized once,
 when its row's cache quantizes it, and the full-precision tail (residual window, partial channel group) is copied
 each step. The mirror holds exactly what the row side's `QTensor.dequantize()` returns (the reference read), so
@@ -32,7 +36,10 @@ _MIN_CAPACITY = 64
 
 
 class _RowStackLayer(CacheLayerMixin):
-    """One decoder layer: the rows' own cache layers plus the shared dequantized mirror [B, H, capacity, D]."""
+    """One decoder layer: the rows' own cache layers plus the shared dequantized mirror [B, H, capacity, D].
+
+    row_layers: per batch row, a QuantizedKVLayer or None (exact); rows given the same layer object share it,
+    that layer holding them as its batch, in row order."""
 
     is_compileable = False
     is_croppable = False
@@ -40,10 +47,15 @@ class _RowStackLayer(CacheLayerMixin):
 
     def __init__(self, row_layers: list):
         super().__init__()
-        self.rows = row_layers  # QuantizedKVLayer or None (exact row) per batch row
+        self.rows = row_layers
         self.exact = [b for b, row in enumerate(row_layers) if row is None]
+        shared: dict[int, tuple] = {}
+        for b, row in enumerate(row_layers):
+            if row is not None:
+                shared.setdefault(id(row), (row, []))[1].append(b)
+        self.groups = [(layer, _selector(rows)) for layer, rows in shared.values()]  # (layer, its batch rows)
         self.n = 0
-        self.done = {"k": [0] * len(row_layers), "v": [0] * len(row_layers)}  # quantized tokens mirrored per row
+        self.done = {"k": [0] * len(self.groups), "v": [0] * len(self.groups)}  # quantized tokens mirrored
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device, self.dtype = key_states.device, key_states.dtype
@@ -73,35 +85,32 @@ class _RowStackLayer(CacheLayerMixin):
         if self.exact:  # exact rows: what attention reads is what came in, one copy for all of them
             self.keys[self.exact, :, self.n : end] = key_states[self.exact]
             self.values[self.exact, :, self.n : end] = value_states[self.exact]
-        for b, row in enumerate(self.rows):
-            if row is None:
-                continue
-            k_new, v_new = key_states[b : b + 1], value_states[b : b + 1]
-            out = row.update(k_new, v_new)
+        for g, (layer, rows) in enumerate(self.groups):
+            out = layer.update(key_states[rows], value_states[rows])  # [rows of the group, H, t, D] each
             for side, buf, got in (("k", self.keys, out[0]), ("v", self.values, out[1])):
                 if isinstance(got, torch.Tensor):  # the prefill (its own K/V), or a layer that hands back tensors
-                    buf[b, :, end - got.shape[2] : end] = got[0]  # (MLA latents: the dequantized history)
+                    buf[rows, :, end - got.shape[2] : end] = got  # (MLA latents: the dequantized history)
                 else:
-                    self._sync(side, b, got, buf, end)
+                    self._sync(side, g, rows, got, buf, end)
         self.n = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
-    def _sync(self, side: str, b: int, packed, buf: torch.Tensor, end: int) -> None:
-        """Mirror row b from its side (a QTensor): dequantize newly quantized tokens once, copy the tail.
+    def _sync(self, side: str, g: int, rows, packed, buf: torch.Tensor, end: int) -> None:
+        """Mirror group g's rows from its side (a QTensor): dequantize newly quantized tokens once, copy the tail.
 
         A sliding-window (or chunked) layer's row holds only its last `seq_len` positions: what its cache evicted
         keeps its mirrored values here, where the model's sliding mask hides it, as it hides an exact row's old
         tokens. `done` counts absolute positions.
         """
         start = end - packed.seq_len  # positions the row's own cache has evicted
-        assert start >= 0, f"row {b} holds {packed.seq_len} tokens, more than the {end} it was given"
+        assert start >= 0, f"rows {rows} hold {packed.seq_len} tokens, more than the {end} they were given"
         nq = packed.n_quantized
-        m = max(self.done[side][b], start)
+        m = max(self.done[side][g], start)
         if start + nq > m:
-            buf[b, :, m : start + nq] = packed.slice(m - start, nq).dequantize()[0].to(buf.dtype)
-            self.done[side][b] = start + nq
+            buf[rows, :, m : start + nq] = packed.slice(m - start, nq).dequantize().to(buf.dtype)
+            self.done[side][g] = start + nq
         if packed.tail.shape[2]:
-            buf[b, :, start + nq : end] = packed.tail[0].to(buf.dtype)
+            buf[rows, :, start + nq : end] = packed.tail.to(buf.dtype)
 
     def get_seq_length(self) -> int:
         return self.n
@@ -124,9 +133,15 @@ class RowStackCache(Cache):
     """
 
     def __init__(self, config, specs: list, scales: dict | None = None, layer_rows: list[list[int]] | None = None):
-        self.row_caches = [None if s is None else QuantizedKVCache(config, s, scales=_scales_for(config, s, scales))
-                           for s in specs]
         n_layers = config.get_text_config(decoder=True).num_hidden_layers
+        if layer_rows is None:  # rows of one spec share one cache, batched (see the module docstring)
+            keys = [None if s is None else plan_key(_layer_plan(s, n_layers)) for s in specs]
+            caches = {k: QuantizedKVCache(config, specs[keys.index(k)], scales=_scales_for(config, s, scales))
+                      for k, s in zip(keys, specs) if k is not None}
+            self.row_caches = [None if k is None else caches[k] for k in keys]
+        else:  # a layer's rows are distinct plans (kvviz.analysis.rows' prefix tree): one cache per plan
+            self.row_caches = [None if s is None else QuantizedKVCache(config, s, scales=_scales_for(config, s, scales))
+                               for s in specs]
         if layer_rows is None:
             layer_rows = [list(range(len(specs)))] * n_layers
         assert len(layer_rows) == n_layers, f"layer_rows has {len(layer_rows)} layers, the model {n_layers}"
@@ -148,9 +163,23 @@ class RowStackCache(Cache):
             layer.update(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
 
     def row_nbytes(self, row: int) -> int | None:
-        """Bytes held by row `row`'s own quantized cache (None for an exact row)."""
+        """Bytes row `row`'s quantized cache holds for it, as a batch-1 cache of its spec would (None for an exact
+        row)."""
         c = self.row_caches[row]
-        return None if c is None else c.nbytes()
+        return None if c is None else c.nbytes(one_row=True)
+
+
+def plan_key(plan: list) -> tuple:
+    """What a per-layer plan (one KVSpec or None per layer) stores, as a hashable key: two plans with one key store
+    the same values (a KVSpec's name is a label; its canonical spec and residual window decide)."""
+    return tuple(None if kv is None else (kv.spec, kv.residual) for kv in plan)
+
+
+def _selector(rows: list[int]):
+    """Batch rows as an index: a slice (views, no copies) when they are consecutive, else a tensor of them."""
+    if rows == list(range(rows[0], rows[-1] + 1)):
+        return slice(rows[0], rows[-1] + 1)
+    return torch.tensor(rows)
 
 
 def _scales_for(config, spec, scales):

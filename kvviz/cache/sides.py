@@ -284,10 +284,13 @@ class Side:
         """Absolute position after the last token appended (tokens seen, evicted ones included)."""
         return self.base + self.seq_len
 
-    def nbytes(self) -> int:
+    def nbytes(self, one_row: bool = False) -> int:
+        """Bytes held (one_row: one batch row's; the static scale is the batch's, counted once)."""
         if self.tail is None:
             return 0
         held = sum(b.nbytes() for b in self.fields.values()) + self.tail.numel() * self.tail.element_size()
+        if one_row:
+            held //= self.tail.shape[0]
         return held + (self.static.numel() * 4 if self.static is not None else 0)
 
     def map_batch(self, fn) -> None:

@@ -4,7 +4,8 @@ first divergence, and teacher-forced per-step KL(baseline || format) and top-1 a
 One prefill (DynamicCache, the prompt attends to its own unquantized K/V as in vLLM) serves every format: its K/V
 are copied into each format's cache. Then ONE batched decode loop (kvviz.cache.rows.RowStackCache) runs
 1 + 2 x len(specs) rows: row 0 the exact baseline (greedy), then per format a teacher-forced row (fed the baseline's
-tokens) and a free-running row (fed its own greedy tokens). Step 0's token comes from the shared prefill, so it is
+tokens) and a free-running row (fed its own greedy tokens), side by side, so that the two share one cache of batch 2
+(one quantize call per layer and step for both). Step 0's token comes from the shared prefill, so it is
 the same everywhere; KL and top-1 are measured on the decode steps 1..N-1, where the format's cache is read.
 
     for update in compare_stream(model, tok, "Once upon a time", ["fp8_e4m3", "k8v4", "int4"], max_new_tokens=32):
@@ -153,8 +154,11 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
     ids = _encode(tokenizer, prompt)
     t0 = time.perf_counter()
     dyn, logits0 = prefill(model, ids)
-    # rows: 0 baseline | 1..n teacher-forced | n+1..2n free-running (when free_running)
-    stack = RowStackCache(model.config, [None] + kvs + (kvs if free_running else []), scales=scales)
+    # rows: 0 baseline, then per format j its teacher-forced row tf[j] and (free_running) its free-running row
+    # tf[j] + 1, next to each other: one cache of batch 2 per format (RowStackCache shares it), slices into the batch
+    per = 2 if free_running else 1
+    tf = [1 + per * j for j in range(n)]
+    stack = RowStackCache(model.config, [None] + [kv for kv in kvs for _ in range(per)], scales=scales)
     stack.load_prefill(dyn)
     first = int(logits0.argmax(-1))
     base_ids, free_ids = [first], [[first] for _ in range(n)]
@@ -162,15 +166,17 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
     decode = lambda row_ids: tokenizer.decode(row_ids, skip_special_tokens=True)  # noqa: E731
     yield StreamUpdate(0, decode(base_ids), {names[j]: decode(free_ids[j]) for j in range(n)})
     for step in range(1, max_new_tokens):
-        free_inp = [[f[-1]] for f in free_ids] if free_running else []
-        inp = torch.tensor([[base_ids[-1]]] * (n + 1) + free_inp, device=model.device)  # [rows, 1]
+        fed = [base_ids[-1]]  # the baseline row, then per format its teacher-forced and free-running rows
+        for f in free_ids:
+            fed += [base_ids[-1], f[-1]] if free_running else [base_ids[-1]]
+        inp = torch.tensor(fed, device=model.device)[:, None]  # [rows, 1]
         logits = model(input_ids=inp, cache=stack, use_cache=True).logits[:, -1].float()  # [rows, vocab]
-        kl, top1 = kl_top1(logits[:1].expand(n, -1), logits[1 : n + 1])
+        kl, top1 = kl_top1(logits[:1].expand(n, -1), logits[tf])
         kl_steps.append(kl.cpu())
         top1_steps.append(top1.cpu())
         base_ids.append(int(logits[0].argmax()))
         for j in range(n if free_running else 0):
-            free_ids[j].append(int(logits[n + 1 + j].argmax()))
+            free_ids[j].append(int(logits[tf[j] + 1].argmax()))
         yield StreamUpdate(step, decode(base_ids), {names[j]: decode(free_ids[j]) for j in range(n)})
     seconds = time.perf_counter() - t0
 
@@ -191,7 +197,7 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
             free_ids[j], diverge = [], None
         results.append(FormatResult(
             name=names[j], spec=spec, text=decode(free_ids[j]), token_ids=free_ids[j], first_divergence=diverge,
-            kl=kl_arr[j], top1=top1_arr[j], cache_bytes=stack.row_nbytes(1 + j),
+            kl=kl_arr[j], top1=top1_arr[j], cache_bytes=stack.row_nbytes(tf[j]),
             bits_per_value=bits, tokens_per_s=speeds.get(j)))
     tokens = ids.shape[1] + max_new_tokens - 1  # tokens held after the last step
     cfg = model.config.get_text_config(decoder=True)

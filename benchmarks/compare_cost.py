@@ -1,0 +1,87 @@
+"""What the Compare tab's side-by-side run costs, against one plain greedy generation of the same length, on the
+bundled SmolLM2-135M (the README's "Side by side" figures come from this script).
+
+    python benchmarks/compare_cost.py                      # the tab's defaults, and 6 formats x 128 tokens
+    python benchmarks/compare_cost.py --rounds 3 --profile 32  # best of 3; then cProfile of one 6 x 32 run
+
+Each case times `kvviz.quality.compare(model, tok, prompt, formats, max_new_tokens=N)` (free-running text plus
+teacher-forced metrics, the tab's run without its tokens/s column) and `model.generate(max_new_tokens=N)`
+(greedy, batch 1, DynamicCache) interleaved in one process, keeps the best of each over the rounds and prints
+their ratio: on a shared machine the ratio moves far less than either time. `uptime` is printed beside it.
+"""
+
+import argparse
+import cProfile
+import pstats
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import kvviz  # noqa: E402
+from kvviz import quality  # noqa: E402
+from kvviz.cache.sides import ScaleWarning  # noqa: E402
+from kvviz.ui.common import EXAMPLES  # noqa: E402
+from kvviz.ui.compare import DEFAULT_SPECS  # noqa: E402
+
+TAB_PROMPT = EXAMPLES[3]  # the prompt the Compare tab opens with (compare.build: prompt_input(tr, 3))
+TAB_TOKENS = 24  # the tab's "Max new tokens" slider default
+SIX = DEFAULT_SPECS + ["kivi2", "nvfp4"]  # the issue's 6 formats: the tab's 4 plus a channel and an FP4 format
+
+
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def _generate_s(model, ids: torch.Tensor, n: int) -> float:
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                       do_sample=False)
+    return time.perf_counter() - t0
+
+
+def _compare_s(model, tok, ids: torch.Tensor, specs: list[str], n: int) -> float:
+    t0 = time.perf_counter()
+    quality.compare(model, tok, ids, specs, max_new_tokens=n)
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds, best kept (default 2)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="then profile one run of the 6 formats x N tokens (default 0: none)")
+    p.add_argument("--cases", default="tab,six", help="which cases to time: tab, six (default both)")
+    args = p.parse_args()
+    warnings.simplefilter("ignore", ScaleWarning)  # fp8's first-update scale on a short prompt, once per layer
+    model, tok = kvviz.load_model()
+    ids = tok(TAB_PROMPT, return_tensors="pt")["input_ids"]
+    cases = {"tab": ("the tab's defaults", DEFAULT_SPECS, TAB_TOKENS), "six": ("the issue's case", SIX, 128)}
+    cases = [cases[c] for c in args.cases.split(",") if c]
+    _generate_s(model, ids, 4), _compare_s(model, tok, ids, SIX[:2], 4)  # warm-up: first calls allocate
+    print(f"SmolLM2-135M, prompt {ids.shape[1]} tokens, {torch.get_num_threads()} torch threads\n[{_uptime()}]")
+    for label, specs, n in cases:
+        gen, cmp = [], []
+        for _ in range(args.rounds):
+            gen.append(_generate_s(model, ids, n))
+            cmp.append(_compare_s(model, tok, ids, specs, n))
+        print(f"{label}: {len(specs)} formats ({', '.join(specs)}) x {n} tokens: compare {min(cmp):.2f} s, "
+              f"generate {min(gen):.2f} s, ratio {min(cmp) / min(gen):.2f}x  (rounds: compare "
+              f"{', '.join(f'{s:.2f}' for s in cmp)}; generate {', '.join(f'{s:.2f}' for s in gen)})", flush=True)
+    print(f"[{_uptime()}]")
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.runcall(quality.compare, model, tok, ids, SIX, max_new_tokens=args.profile)
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
