@@ -69,7 +69,7 @@ def _u16(buf, o):
     return np.uint32(buf[o]) | (np.uint32(buf[o + 1]) << 8)
 
 
-@nb.njit(**_OPTS)
+@nb.njit(inline="always", **_OPTS)
 def _half(h):
     """IEEE binary16 bits (uint32) -> float32, exact (subnormals, inf, nan)."""
     sign = (h & 0x8000) << 16
@@ -137,36 +137,31 @@ def _codes(data, o, elem, pb, nb_, off, lut, lo, hi, s, z, tile, j):
         if pb == 1:
             for i in range(lo, hi):
                 tile[_U(j), _U(i)] = lut[data[_U(o + i)]] * s + z
-        else:
+        else:  # one loop per nibble: two stores per iteration keep LLVM from vectorizing
             for i in range(lo, hi):
-                c = data[_U(o + i)]
-                tile[_U(j), _U(i)] = lut[c & 15] * s + z
-                tile[_U(j), _U(nb_ + i)] = lut[c >> 4] * s + z
+                tile[_U(j), _U(i)] = lut[data[_U(o + i)] & np.uint8(15)] * s + z
+            for i in range(lo, hi):
+                tile[_U(j), _U(nb_ + i)] = lut[data[_U(o + i)] >> np.uint8(4)] * s + z
     elif elem == E_INT8:  # int8 two's complement
         for i in range(lo, hi):
             tile[_U(j), _U(i)] = np.float32(np.int8(data[_U(o + i)])) * s + z
     elif elem == E_E2M1:  # OCP FP4, two a byte, decoded with integer arithmetic (a table gather does not vectorize)
         for i in range(lo, hi):
-            c = np.uint32(data[_U(o + i)])
-            tile[_U(j), _U(i)] = _e2m1(c & 15) * s + z
-            tile[_U(j), _U(nb_ + i)] = _e2m1(c >> 4) * s + z
+            tile[_U(j), _U(i)] = _e2m1(np.uint32(data[_U(o + i)]) & np.uint32(15)) * s + z
+        for i in range(lo, hi):
+            tile[_U(j), _U(nb_ + i)] = _e2m1(np.uint32(data[_U(o + i)]) >> np.uint32(4)) * s + z
     else:  # E_UINT: (code - offset) * s + z = code * s + c0, codes unpacked with shifts
         c0 = z - off * s
         if pb == 1:
             for i in range(lo, hi):
-                tile[_U(j), _U(i)] = np.float32(data[_U(o + i)]) * s + c0
-        elif pb == 2:  # element 2i in the low nibble
-            for i in range(lo, hi):
-                x = data[_U(o + i)]
-                tile[_U(j), _U(i)] = np.float32(x & 15) * s + c0
-                tile[_U(j), _U(nb_ + i)] = np.float32(x >> 4) * s + c0
-        else:  # element 4i + p at bits 2p
-            for i in range(lo, hi):
-                c = data[_U(o + i)]
-                tile[_U(j), _U(i)] = np.float32(c & 3) * s + c0
-                tile[_U(j), _U(nb_ + i)] = np.float32((c >> 2) & 3) * s + c0
-                tile[_U(j), _U(2 * nb_ + i)] = np.float32((c >> 4) & 3) * s + c0
-                tile[_U(j), _U(3 * nb_ + i)] = np.float32(c >> 6) * s + c0
+                tile[_U(j), _U(i)] = np.float32(np.int32(data[_U(o + i)])) * s + c0
+        else:  # element pb * i + p at bits (8 / pb) * p: one loop per field, so that each vectorizes (int32 lanes)
+            w = np.int32(8 // pb)
+            mask = np.int32((1 << w) - 1)
+            for p in range(pb):
+                sh = np.int32(p) * w
+                for i in range(lo, hi):
+                    tile[_U(j), _U(p * nb_ + i)] = np.float32((np.int32(data[_U(o + i)]) >> sh) & mask) * s + c0
 
 
 @nb.njit(inline="always", **_OPTS)
@@ -318,13 +313,15 @@ def _scale_channels(meta, scale, zero, slut, tsv, b, h, t0, n, npk, live, tile):
 def _exp(x):
     """exp(x) in fp32 for x <= 0 (softmax weights), as plain arithmetic that LLVM vectorizes (libm's expf does not):
     2**k * e**f with k = round(x / ln 2), |f| <= ln(2) / 2, e**f by its degree-6 Taylor polynomial (relative error
-    below 3e-7). x < -87 gives about 1e-38, not 0: callers zero masked weights themselves."""
-    x = max(x, np.float32(-87.0))
-    k = np.float32(math.floor(x * np.float32(1.4426950408889634) + np.float32(0.5)))  # 1/ln(2)
-    f = x - k * np.float32(0.6931471805599453)  # ln(2)
+    below 3e-7). x < -87 gives about 1e-38, not 0: callers zero masked weights themselves; x > 0 is taken as 0.
+    Only int32 conversions (k = trunc(x / ln 2 - 1/2), i.e. x / ln 2 rounded for x <= 0): AVX2 has no vector
+    float -> int64 conversion, which math.floor would need."""
+    x = min(max(x, np.float32(-87.0)), np.float32(0.0))
+    ki = np.int32(x * np.float32(1.4426950408889634) - np.float32(0.5))  # 1/ln(2)
+    f = x - np.float32(ki) * np.float32(0.6931471805599453)  # ln(2)
     p = np.float32(1.0) + f * (np.float32(1.0) + f * (np.float32(0.5) + f * (np.float32(1.0 / 6) + f * (
         np.float32(1.0 / 24) + f * (np.float32(1.0 / 120) + f * np.float32(1.0 / 720))))))
-    return p * _as_f32((np.int32(k) + np.int32(127)) << 23)
+    return p * _as_f32((ki + np.int32(127)) << np.int32(23))
 
 
 @nb.njit(**_OPTS)
@@ -349,6 +346,7 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
     kn_, vn_ = kn[b], vn[b]
     for t0 in range(start, stop, BLOCK):
         n = min(BLOCK, stop - t0)
+        n_live = n
         if has_mask:
             n_live = 0
             for j in range(n):
@@ -358,21 +356,24 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
                 continue
         _decode_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, ktail, kn_, b, h, t0, n, live, ktile)
         _decode_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, vtail, vn_, b, h, t0, n, live, vtile)
-        for j in range(n):  # s[g, j] = q[g] . k[j]: one K row, G dot products
-            for g in range(gqa):
-                a = np.float32(0.0)
-                for i in range(dk):
-                    a += q[g, i] * ktile[j, i]
-                s[g, j] = a * sm
+        if n_live < n:  # V rows of masked tokens were not decoded: zero them, so that 0 * row adds exactly 0
+            for j in range(n):
+                if not live[j]:
+                    for i in range(dv):
+                        vtile[j, i] = 0.0
+        _scores(q, ktile, n, sm, s)
         if cap > 0:
             for g in range(gqa):
                 for j in range(n):
                     s[g, j] = np.float32(cap * math.tanh(s[g, j] / cap))
         for g in range(gqa):
+            if n_live < n:
+                for j in range(n):
+                    if not live[j]:
+                        s[g, j] = -np.inf
             mx = m[g]
             for j in range(n):
-                if live[j]:
-                    mx = max(mx, s[g, j])
+                mx = max(mx, s[g, j])
             alpha = _exp(m[g] - mx) if m[g] > -np.inf else np.float32(0.0)
             m[g] = mx
             lsum = np.float32(0.0)
@@ -380,7 +381,7 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
                 p = _exp(s[g, j] - mx)
                 s[g, j] = p
                 lsum += p
-            if has_mask:  # masked tokens weigh exactly 0 (their tile rows may hold stale or NaN values)
+            if n_live < n:  # masked tokens weigh exactly 0
                 for j in range(n):
                     if not live[j]:
                         lsum -= s[g, j]
@@ -388,13 +389,61 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
             l[g] = l[g] * alpha + lsum
             for i in range(dv):
                 acc[g, i] *= alpha
-        for j in range(n):  # acc[g] += p[g, j] * v[j]: one V row, G updates
-            if has_mask and not live[j]:
-                continue
-            for g in range(gqa):
-                p = s[g, j]
-                for i in range(dv):
-                    acc[g, i] += p * vtile[j, i]
+        _accumulate(s, vtile, n, acc)
+
+
+@nb.njit(inline="always", **_OPTS)
+def _scores(q, ktile, n, sm, s):
+    """s[g, j] = (q[g] . ktile[j]) * sm for j < n: four K rows at a time, so each q load serves four dot
+    products (they vectorize over the channels)."""
+    gqa, dk = q.shape
+    j = 0
+    while j + 4 <= n:
+        for g in range(gqa):
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            for i in range(dk):
+                qi = q[_U(g), _U(i)]
+                a0 += qi * ktile[_U(j), _U(i)]
+                a1 += qi * ktile[_U(j + 1), _U(i)]
+                a2 += qi * ktile[_U(j + 2), _U(i)]
+                a3 += qi * ktile[_U(j + 3), _U(i)]
+            s[g, j] = a0 * sm
+            s[g, j + 1] = a1 * sm
+            s[g, j + 2] = a2 * sm
+            s[g, j + 3] = a3 * sm
+        j += 4
+    for jj in range(j, n):
+        for g in range(gqa):
+            a = np.float32(0.0)
+            for i in range(dk):
+                a += q[_U(g), _U(i)] * ktile[_U(jj), _U(i)]
+            s[g, jj] = a * sm
+
+
+@nb.njit(inline="always", **_OPTS)
+def _accumulate(s, vtile, n, acc):
+    """acc[g] += sum over j < n of s[g, j] * vtile[j]: four V rows per pass, so each acc row is loaded and
+    stored once per four tokens."""
+    gqa, dv = acc.shape
+    j = 0
+    while j + 4 <= n:
+        for g in range(gqa):
+            p0 = s[g, j]
+            p1 = s[g, j + 1]
+            p2 = s[g, j + 2]
+            p3 = s[g, j + 3]
+            for i in range(dv):
+                acc[_U(g), _U(i)] += (p0 * vtile[_U(j), _U(i)] + p1 * vtile[_U(j + 1), _U(i)]) + (
+                    p2 * vtile[_U(j + 2), _U(i)] + p3 * vtile[_U(j + 3), _U(i)])
+        j += 4
+    for jj in range(j, n):
+        for g in range(gqa):
+            p = s[g, jj]
+            for i in range(dv):
+                acc[_U(g), _U(i)] += p * vtile[_U(jj), _U(i)]
 
 
 @nb.njit(**_OPTS)
