@@ -64,7 +64,7 @@ def _as_f32(typingctx, bits):
 _U = np.uint64  # an index known to be >= 0: numba adds no wraparound for unsigned indices (see _codes)
 
 
-@nb.njit(inline="always", **_OPTS)
+@nb.njit(**_OPTS)
 def _u16(buf, o):
     return np.uint32(buf[o]) | (np.uint32(buf[o + 1]) << 8)
 
@@ -85,7 +85,7 @@ def _half(h):
     return _as_f32(bits)
 
 
-@nb.njit(inline="always", **_OPTS)
+@nb.njit(**_OPTS)
 def _read(buf, o, dt, lut):
     """One stored float at byte offset o, of storage type dt (E_LUT: one byte through `lut`)."""
     if dt == E_LUT:
@@ -309,6 +309,221 @@ def _scale_channels(meta, scale, zero, slut, tsv, b, h, t0, n, npk, live, tile):
             tile[_U(j), _U(k)] = tile[_U(j), _U(k)] * srow[_U(k)] + zrow[_U(k)]
 
 
+@nb.njit(**_OPTS)
+def _flat_kind(meta):
+    """Whether a side's blocks of packed, all-live rows take the flat path (_flat_block): code elements (int8,
+    unsigned ints, E2M1, a table), token or tensor scales, rows one contiguous run of bytes, no ggml blocks."""
+    elem = meta[M_ELEM]
+    pb = meta[M_PER_BYTE]
+    code = ((elem == E_INT8 and pb == 1) or elem == E_UINT or (elem == E_E2M1 and pb == 2)
+            or (elem == E_LUT and pb <= 2))
+    d = meta[M_DIM]
+    return (code and meta[M_SKIND] != S_CHANNEL and meta[M_GGML] == 0
+            and meta[M_D_ST] == d // pb)
+
+
+@nb.njit(**_OPTS)
+def _flat_shape(meta):
+    """(codes per byte, bytes per row, groups per row, bytes per group) of a side, as _flat_block lays them out."""
+    if not _flat_kind(meta):
+        return 1, 1, 1, 1
+    d = meta[M_DIM]
+    pb = meta[M_PER_BYTE]
+    groups = d // meta[M_GROUP] if meta[M_SKIND] == S_TOKEN else 1
+    return pb, d // pb, groups, d // pb // groups
+
+
+@nb.njit(inline="always", **_OPTS)
+def _flat_fields(data, o, nbytes, elem, pb, lut, raw):
+    """Field p of bytes o..o+nbytes-1 -> raw[p, :nbytes], undecoded by scale: one long loop per field."""
+    if elem == E_INT8:
+        for k in range(nbytes):
+            raw[_U(0), _U(k)] = np.float32(np.int8(data[_U(o + k)]))
+    elif elem == E_E2M1:
+        for k in range(nbytes):
+            raw[_U(0), _U(k)] = _e2m1(np.uint32(data[_U(o + k)]) & np.uint32(15))
+        for k in range(nbytes):
+            raw[_U(1), _U(k)] = _e2m1(np.uint32(data[_U(o + k)]) >> np.uint32(4))
+    elif elem == E_LUT:
+        if pb == 1:
+            for k in range(nbytes):
+                raw[_U(0), _U(k)] = lut[data[_U(o + k)]]
+        else:
+            for k in range(nbytes):
+                raw[_U(0), _U(k)] = lut[data[_U(o + k)] & np.uint8(15)]
+            for k in range(nbytes):
+                raw[_U(1), _U(k)] = lut[data[_U(o + k)] >> np.uint8(4)]
+    elif pb == 1:  # E_UINT: field p at bits (8 / pb) * p, in uint32 lanes with constant shifts (numba widens
+        for k in range(nbytes):  # int32 products to int64, and AVX2 then converts four lanes at a time)
+            raw[_U(0), _U(k)] = np.float32(np.uint32(data[_U(o + k)]))
+    elif pb == 2:
+        for k in range(nbytes):
+            raw[_U(0), _U(k)] = np.float32(np.uint32(data[_U(o + k)]) & np.uint32(15))
+        for k in range(nbytes):
+            raw[_U(1), _U(k)] = np.float32(np.uint32(data[_U(o + k)]) >> np.uint32(4))
+    else:
+        for k in range(nbytes):
+            raw[_U(0), _U(k)] = np.float32(np.uint32(data[_U(o + k)]) & np.uint32(3))
+        for k in range(nbytes):
+            raw[_U(1), _U(k)] = np.float32((np.uint32(data[_U(o + k)]) >> np.uint32(2)) & np.uint32(3))
+        for k in range(nbytes):
+            raw[_U(2), _U(k)] = np.float32((np.uint32(data[_U(o + k)]) >> np.uint32(4)) & np.uint32(3))
+        for k in range(nbytes):
+            raw[_U(3), _U(k)] = np.float32(np.uint32(data[_U(o + k)]) >> np.uint32(6))
+
+
+@nb.njit(**_OPTS)
+def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, sc, zc):
+    """The flat path's decode of packed tokens t0..t0+n-1 of (b, h): each field of the block's codes into
+    raw[p, j * nb + i] (one loop per field over the whole block, no per-row loop), and each row's groups' affine
+    map into sc / zc [BLOCK, groups]: token j's channel p * nb + gi * gp + i is raw * sc[j, gi] + zc[j, gi].
+    Consumers fold sc / zc into the scores and the softmax weights instead of scaling the tile."""
+    d = meta[M_DIM]
+    elem = meta[M_ELEM]
+    pb = meta[M_PER_BYTE]
+    nb_ = d // pb
+    off = np.float32(meta[M_OFFSET]) if elem == E_UINT else np.float32(0.0)
+    _flat_fields(data, meta[M_D_OFF] + b * meta[M_D_SB] + h * meta[M_D_SH] + t0 * nb_, n * nb_, elem, pb, lut, raw)
+    skind = meta[M_SKIND]
+    if skind == S_NONE:
+        for j in range(n):
+            sc[j, 0] = tsv
+            zc[j, 0] = tzv - off * tsv
+        return
+    sdt = meta[M_SDT]
+    sw = _width(sdt)
+    ngroups = d // meta[M_GROUP]
+    has_zero = meta[M_ZERO] != 0
+    so = meta[M_S_OFF] + b * meta[M_S_SB] + h * meta[M_S_SH] + t0 * meta[M_S_ST]
+    zo = meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH] + t0 * meta[M_Z_ST]
+    s_st, z_st = meta[M_S_ST], meta[M_Z_ST]
+    # The stored floats are read from their bytes here, not through _read: a call with array arguments in this
+    # per-row loop costs numba two atomic reference counts per array.
+    for j in range(n):
+        for gi in range(ngroups):
+            o = _U(so + j * s_st + gi * sw)
+            if sdt == E_LUT:
+                sc[j, gi] = slut[scale[o]]
+            elif sdt == E_F16:
+                sc[j, gi] = _half(np.uint32(scale[o]) | (np.uint32(scale[o + _U(1)]) << np.uint32(8)))
+            elif sdt == E_BF16:
+                sc[j, gi] = _as_f32((np.uint32(scale[o]) << np.uint32(16)) | (np.uint32(scale[o + _U(1)]) << np.uint32(24)))
+            else:
+                sc[j, gi] = _as_f32(np.uint32(scale[o]) | (np.uint32(scale[o + _U(1)]) << np.uint32(8))
+                                    | (np.uint32(scale[o + _U(2)]) << np.uint32(16))
+                                    | (np.uint32(scale[o + _U(3)]) << np.uint32(24)))
+    if has_zero:  # zero points share the scales' storage type
+        for j in range(n):
+            for gi in range(ngroups):
+                o = _U(zo + j * z_st + gi * sw)
+                if sdt == E_LUT:
+                    zc[j, gi] = slut[zero[o]]
+                elif sdt == E_F16:
+                    zc[j, gi] = _half(np.uint32(zero[o]) | (np.uint32(zero[o + _U(1)]) << np.uint32(8)))
+                elif sdt == E_BF16:
+                    zc[j, gi] = _as_f32((np.uint32(zero[o]) << np.uint32(16)) | (np.uint32(zero[o + _U(1)]) << np.uint32(24)))
+                else:
+                    zc[j, gi] = _as_f32(np.uint32(zero[o]) | (np.uint32(zero[o + _U(1)]) << np.uint32(8))
+                                        | (np.uint32(zero[o + _U(2)]) << np.uint32(16))
+                                        | (np.uint32(zero[o + _U(3)]) << np.uint32(24)))
+    else:
+        for j in range(n):
+            for gi in range(ngroups):
+                zc[j, gi] = 0.0
+    for j in range(n):  # x = raw * s * tensor_scale + z - offset * s * tensor_scale
+        for gi in range(ngroups):
+            sc[j, gi] *= tsv
+            zc[j, gi] -= off * sc[j, gi]
+
+
+@nb.njit(**_OPTS)
+def _flat_scores(q, qsum, raw, sc, zc, nb_, pb, gp, n, sm, s):
+    """_scores over a flat-path K block: per group, the dot with the raw codes, then * sc + zc * sum(q over the
+    group). Four K rows at a time."""
+    gqa = q.shape[0]
+    ngroups = sc.shape[1]
+    j = 0
+    while j + 4 <= n:
+        r0 = j * nb_
+        for g in range(gqa):
+            t0_ = np.float32(0.0)
+            t1_ = np.float32(0.0)
+            t2_ = np.float32(0.0)
+            t3_ = np.float32(0.0)
+            for gi in range(ngroups):
+                a0 = np.float32(0.0)
+                a1 = np.float32(0.0)
+                a2 = np.float32(0.0)
+                a3 = np.float32(0.0)
+                for p in range(pb):
+                    qo = p * nb_ + gi * gp
+                    ro = r0 + gi * gp
+                    for i in range(gp):
+                        qi = q[_U(g), _U(qo + i)]
+                        a0 += qi * raw[_U(p), _U(ro + i)]
+                        a1 += qi * raw[_U(p), _U(ro + nb_ + i)]
+                        a2 += qi * raw[_U(p), _U(ro + 2 * nb_ + i)]
+                        a3 += qi * raw[_U(p), _U(ro + 3 * nb_ + i)]
+                qs = qsum[g, gi]
+                t0_ += a0 * sc[j, gi] + zc[j, gi] * qs
+                t1_ += a1 * sc[j + 1, gi] + zc[j + 1, gi] * qs
+                t2_ += a2 * sc[j + 2, gi] + zc[j + 2, gi] * qs
+                t3_ += a3 * sc[j + 3, gi] + zc[j + 3, gi] * qs
+            s[g, j] = t0_ * sm
+            s[g, j + 1] = t1_ * sm
+            s[g, j + 2] = t2_ * sm
+            s[g, j + 3] = t3_ * sm
+        j += 4
+    for jj in range(j, n):
+        for g in range(gqa):
+            tot = np.float32(0.0)
+            for gi in range(ngroups):
+                a = np.float32(0.0)
+                for p in range(pb):
+                    qo = p * nb_ + gi * gp
+                    ro = jj * nb_ + gi * gp
+                    for i in range(gp):
+                        a += q[_U(g), _U(qo + i)] * raw[_U(p), _U(ro + i)]
+                tot += a * sc[jj, gi] + zc[jj, gi] * qsum[g, gi]
+            s[g, jj] = tot * sm
+
+
+@nb.njit(**_OPTS)
+def _flat_accumulate(s, raw, sc, zc, nb_, pb, gp, n, acc, bias):
+    """_accumulate over a flat-path V block: acc[g, channel] += (p * sc) * raw, and bias[g, gi] += p * zc (the
+    group's offset, added to its channels once at the end). Four V rows per pass."""
+    gqa = acc.shape[0]
+    ngroups = sc.shape[1]
+    j = 0
+    while j + 4 <= n:
+        r0 = j * nb_
+        for g in range(gqa):
+            for gi in range(ngroups):
+                w0 = s[g, j] * sc[j, gi]
+                w1 = s[g, j + 1] * sc[j + 1, gi]
+                w2 = s[g, j + 2] * sc[j + 2, gi]
+                w3 = s[g, j + 3] * sc[j + 3, gi]
+                bias[g, gi] += (s[g, j] * zc[j, gi] + s[g, j + 1] * zc[j + 1, gi]) + (
+                    s[g, j + 2] * zc[j + 2, gi] + s[g, j + 3] * zc[j + 3, gi])
+                for p in range(pb):
+                    ao = p * nb_ + gi * gp
+                    ro = r0 + gi * gp
+                    for i in range(gp):
+                        acc[_U(g), _U(ao + i)] += (w0 * raw[_U(p), _U(ro + i)] + w1 * raw[_U(p), _U(ro + nb_ + i)]) + (
+                            w2 * raw[_U(p), _U(ro + 2 * nb_ + i)] + w3 * raw[_U(p), _U(ro + 3 * nb_ + i)])
+        j += 4
+    for jj in range(j, n):
+        for g in range(gqa):
+            for gi in range(ngroups):
+                w = s[g, jj] * sc[jj, gi]
+                bias[g, gi] += s[g, jj] * zc[jj, gi]
+                for p in range(pb):
+                    ao = p * nb_ + gi * gp
+                    ro = jj * nb_ + gi * gp
+                    for i in range(gp):
+                        acc[_U(g), _U(ao + i)] += w * raw[_U(p), _U(ro + i)]
+
+
 @nb.njit(inline="always", **_OPTS)
 def _exp(x):
     """exp(x) in fp32 for x <= 0 (softmax weights), as plain arithmetic that LLVM vectorizes (libm's expf does not):
@@ -338,12 +553,30 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
     numba two atomic reference-count calls."""
     gqa, dk = q.shape
     dv = acc.shape[1]
-    ktile = np.zeros((BLOCK, dk), np.float32)  # 16 KiB at D = 64: the only dequantized K held
-    vtile = np.zeros((BLOCK, dv), np.float32)
+    q = np.ascontiguousarray(q)  # a C-contiguous copy: with strided q loads the dot products stay scalar
+    ktile = np.empty((BLOCK, dk), np.float32)  # 16 KiB at D = 64: the only dequantized K held
+    vtile = np.empty((BLOCK, dv), np.float32)  # rows of masked tokens: scores set to -inf, V rows zeroed
     s = np.empty((gqa, BLOCK), np.float32)  # scores, then softmax weights
     live = np.ones(BLOCK, np.bool_)
     kts_, ktz_, vts_, vtz_ = kts[bh], ktz[bh], vts[bh], vtz[bh]
     kn_, vn_ = kn[b], vn[b]
+    # The flat path (_flat_block): blocks of packed, live rows of a side whose format allows it
+    kflat, vflat = _flat_kind(km), _flat_kind(vm)
+    kpb, knb, kgroups, kgp = _flat_shape(km)
+    vpb, vnb, vgroups, vgp = _flat_shape(vm)
+    kraw = np.empty((kpb, BLOCK * knb), np.float32)
+    vraw = np.empty((vpb, BLOCK * vnb), np.float32)
+    ksc = np.empty((BLOCK, kgroups), np.float32)
+    kzc = np.empty((BLOCK, kgroups), np.float32)
+    vsc = np.empty((BLOCK, vgroups), np.float32)
+    vzc = np.empty((BLOCK, vgroups), np.float32)
+    bias = np.zeros((gqa, vgroups), np.float32)  # the V groups' offsets, weighted: added to acc at the end
+    qsum = np.zeros((gqa, kgroups), np.float32)  # q summed over each K group's channels
+    for g in range(gqa):
+        for gi in range(kgroups):
+            for p in range(kpb):
+                for i in range(kgp):
+                    qsum[g, gi] += q[g, p * knb + gi * kgp + i]
     for t0 in range(start, stop, BLOCK):
         n = min(BLOCK, stop - t0)
         n_live = n
@@ -354,14 +587,25 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
                 n_live += live[j]
             if n_live == 0:  # a block wholly outside the window / left padding: its bytes are never read
                 continue
-        _decode_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, ktail, kn_, b, h, t0, n, live, ktile)
-        _decode_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, vtail, vn_, b, h, t0, n, live, vtile)
+        kf = kflat and n_live == n and t0 + n <= kn_
+        vf = vflat and n_live == n and t0 + n <= vn_
+        if kf:
+            _flat_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, b, h, t0, n, kraw, ksc, kzc)
+        else:
+            _decode_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, ktail, kn_, b, h, t0, n, live, ktile)
+        if vf:
+            _flat_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, b, h, t0, n, vraw, vsc, vzc)
+        else:
+            _decode_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, vtail, vn_, b, h, t0, n, live, vtile)
         if n_live < n:  # V rows of masked tokens were not decoded: zero them, so that 0 * row adds exactly 0
             for j in range(n):
                 if not live[j]:
                     for i in range(dv):
                         vtile[j, i] = 0.0
-        _scores(q, ktile, n, sm, s)
+        if kf:
+            _flat_scores(q, qsum, kraw, ksc, kzc, knb, kpb, kgp, n, sm, s)
+        else:
+            _scores(q, ktile, n, sm, s)
         if cap > 0:
             for g in range(gqa):
                 for j in range(n):
@@ -389,10 +633,20 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
             l[g] = l[g] * alpha + lsum
             for i in range(dv):
                 acc[g, i] *= alpha
-        _accumulate(s, vtile, n, acc)
+            for gi in range(vgroups):
+                bias[g, gi] *= alpha
+        if vf:
+            _flat_accumulate(s, vraw, vsc, vzc, vnb, vpb, vgp, n, acc, bias)
+        else:
+            _accumulate(s, vtile, n, acc)
+    for g in range(gqa if vflat else 0):  # the flat blocks' V offsets, once per channel
+        for gi in range(vgroups):
+            for p in range(vpb):
+                for i in range(vgp):
+                    acc[g, p * vnb + gi * vgp + i] += bias[g, gi]
 
 
-@nb.njit(inline="always", **_OPTS)
+@nb.njit(**_OPTS)
 def _scores(q, ktile, n, sm, s):
     """s[g, j] = (q[g] . ktile[j]) * sm for j < n: four K rows at a time, so each q load serves four dot
     products (they vectorize over the channels)."""
@@ -423,7 +677,7 @@ def _scores(q, ktile, n, sm, s):
             s[g, jj] = a * sm
 
 
-@nb.njit(inline="always", **_OPTS)
+@nb.njit(**_OPTS)
 def _accumulate(s, vtile, n, acc):
     """acc[g] += sum over j < n of s[g, j] * vtile[j]: four V rows per pass, so each acc row is loaded and
     stored once per four tokens."""
