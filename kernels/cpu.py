@@ -38,10 +38,10 @@ KINDS = ("float", "int", "fp4", "ggml")  # format families (kvviz Format.kind) w
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # OCP MX v1.0 FP4 magnitudes by code & 7
 _FLOAT_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}  # cpu_jit E_F16, E_BF16, E_F32
 _MIN_TOKENS_PER_SPLIT = 256
-# Below this many (token x KV head) rows a call runs on the calling thread (cpu_jit.decode_partials_serial): waking
-# numba's pool cost more than a 4K-token SmolLM2 layer (12,288 rows) on a busy 2-core machine (README, performance).
-# Override with KVVIZ_CPU_PARALLEL_ROWS (0: always the pool).
-_PARALLEL_ROWS = int(os.environ.get("KVVIZ_CPU_PARALLEL_ROWS", 1 << 16))
+# Below this many (token x KV head) rows a call runs on the calling thread (cpu_jit.decode_partials_serial). On an
+# idle 2-core machine the pool wins from a 256-token SmolLM2 layer (768 rows: 208 against 332 us, int4) up; on a
+# machine whose cores are all busy it can lose. Override with KVVIZ_CPU_PARALLEL_ROWS (0: always the pool).
+_PARALLEL_ROWS = int(os.environ.get("KVVIZ_CPU_PARALLEL_ROWS", 512))
 _LOCK = threading.Lock()  # numba's workqueue threading layer must not be entered by two threads at once
 
 

@@ -437,6 +437,20 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
 
 
 @nb.njit(**_OPTS)
+def _apply_groups(raw, sc, zc, n, pb, gp):
+    """raw[p, k] = raw * sc + zc for the group of byte k (row j = k // nb, group (k % nb) // gp: flat index
+    j * groups + gi = k // gp). For sides with several groups per row, so that the scores and the weighted sum
+    run as over one group (fewer, longer loops and one horizontal sum per dot product)."""
+    ngroups = sc.shape[1]
+    for p in range(pb):
+        for r in range(n * ngroups):
+            a = sc[r // ngroups, r % ngroups]
+            c = zc[r // ngroups, r % ngroups]
+            for i in range(gp):
+                raw[_U(p), _U(r * gp + i)] = raw[_U(p), _U(r * gp + i)] * a + c
+
+
+@nb.njit(**_OPTS)
 def _flat_scores(q, qsum, raw, sc, zc, nb_, pb, gp, n, sm, s):
     """_scores over a flat-path K block: per group, the dot with the raw codes, then * sc + zc * sum(q over the
     group). Four K rows at a time."""
@@ -570,13 +584,16 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
     kzc = np.empty((BLOCK, kgroups), np.float32)
     vsc = np.empty((BLOCK, vgroups), np.float32)
     vzc = np.empty((BLOCK, vgroups), np.float32)
-    bias = np.zeros((gqa, vgroups), np.float32)  # the V groups' offsets, weighted: added to acc at the end
-    qsum = np.zeros((gqa, kgroups), np.float32)  # q summed over each K group's channels
+    # Several groups per row: _flat_block's scales are applied to raw in place (_apply_groups), and the scores and
+    # the weighted sum see one group of unit scale.
+    one_sc = np.ones((BLOCK, 1), np.float32)
+    one_zc = np.zeros((BLOCK, 1), np.float32)
+    kg1, vg1 = kgroups == 1, vgroups == 1
+    bias = np.zeros((gqa, 1), np.float32)  # V's offsets, weighted: added to acc at the end
+    qsum = np.zeros((gqa, 1), np.float32)  # q summed over K's channels
     for g in range(gqa):
-        for gi in range(kgroups):
-            for p in range(kpb):
-                for i in range(kgp):
-                    qsum[g, gi] += q[g, p * knb + gi * kgp + i]
+        for i in range(dk):
+            qsum[g, 0] += q[g, i]
     for t0 in range(start, stop, BLOCK):
         n = min(BLOCK, stop - t0)
         n_live = n
@@ -591,10 +608,14 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
         vf = vflat and n_live == n and t0 + n <= vn_
         if kf:
             _flat_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, b, h, t0, n, kraw, ksc, kzc)
+            if not kg1:
+                _apply_groups(kraw, ksc, kzc, n, kpb, kgp)
         else:
             _decode_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, ktail, kn_, b, h, t0, n, live, ktile)
         if vf:
             _flat_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, b, h, t0, n, vraw, vsc, vzc)
+            if not vg1:
+                _apply_groups(vraw, vsc, vzc, n, vpb, vgp)
         else:
             _decode_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, vtail, vn_, b, h, t0, n, live, vtile)
         if n_live < n:  # V rows of masked tokens were not decoded: zero them, so that 0 * row adds exactly 0
@@ -603,7 +624,10 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
                     for i in range(dv):
                         vtile[j, i] = 0.0
         if kf:
-            _flat_scores(q, qsum, kraw, ksc, kzc, knb, kpb, kgp, n, sm, s)
+            if kg1:
+                _flat_scores(q, qsum, kraw, ksc, kzc, knb, kpb, knb, n, sm, s)
+            else:
+                _flat_scores(q, qsum, kraw, one_sc, one_zc, knb, kpb, knb, n, sm, s)
         else:
             _scores(q, ktile, n, sm, s)
         if cap > 0:
@@ -633,17 +657,17 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
             l[g] = l[g] * alpha + lsum
             for i in range(dv):
                 acc[g, i] *= alpha
-            for gi in range(vgroups):
-                bias[g, gi] *= alpha
+            bias[g, 0] *= alpha
         if vf:
-            _flat_accumulate(s, vraw, vsc, vzc, vnb, vpb, vgp, n, acc, bias)
+            if vg1:
+                _flat_accumulate(s, vraw, vsc, vzc, vnb, vpb, vnb, n, acc, bias)
+            else:
+                _flat_accumulate(s, vraw, one_sc, one_zc, vnb, vpb, vnb, n, acc, bias)
         else:
             _accumulate(s, vtile, n, acc)
     for g in range(gqa if vflat else 0):  # the flat blocks' V offsets, once per channel
-        for gi in range(vgroups):
-            for p in range(vpb):
-                for i in range(vgp):
-                    acc[g, p * vnb + gi * vgp + i] += bias[g, gi]
+        for i in range(dv):
+            acc[g, i] += bias[g, 0]
 
 
 @nb.njit(**_OPTS)
