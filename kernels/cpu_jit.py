@@ -8,6 +8,14 @@ KV head, token split) one thread walks the tokens in blocks of `BLOCK` (online s
     s[g, t]    = (q[g] . tile[t]) * sm_scale               # G = query heads sharing the KV head (GQA)
     m, l, acc  <- online softmax of s, then acc[g] += p[g, t] * dequantize(V codes of token t)
 
+Blocks whose rows are all packed and live, of a format with token or tensor scales (_flat_kind), take the flat
+path: _flat_block unpacks each bit field of the block's bytes in one loop over the whole block (raw codes, no
+per-row loop), and the row's affine map (scale, offset) is folded into the scores (s = sc * (q . raw) + zc * sum q)
+and into the softmax weights of V (acc += (p * sc) * raw, with p * zc summed apart and added once); formats with
+several scale groups per row apply them to the unpacked block in place first. Other blocks (tails, masks, channel
+scales, ggml blocks, float casts) take the row-by-row path below. In per-row loops nothing calls a helper with
+array arguments: numba counts references of each array argument with atomic operations on every call.
+
 A token's row dequantizes as  x = decode(code) * scale * tensor_scale + zero  (kernels/packed.py). Codes of 8 bits
 or fewer decode through a small table (`lut`: 256 entries for bytes, 16 for nibbles, 4 for 2-bit codes) built by
 the launcher from the format, so int, fp8 and E2M1 elements are one code path; 16/32-bit floats (casts, tails,
