@@ -117,8 +117,10 @@ def _e2m1(c):
     For m >= 2 the code's exponent and mantissa bits, moved into a float32 with exponent bias 126, are the value;
     m = 0 and 1 are m / 2. -0 for code 8, as the table has it."""
     m = c & np.uint32(7)
-    mag = _as_f32((m << np.uint32(22)) + np.uint32(126 << 23)) if m >= 2 else np.float32(m) * np.float32(0.5)
-    return _as_f32(np.uint32((c & np.uint32(8)) << np.uint32(28)) | _bits(mag))
+    big = (m << np.uint32(22)) + np.uint32(126 << 23)
+    small = m * np.uint32(0x3F000000)  # m in {0, 1}: the bits of 0.0 and of 0.5
+    pick = np.uint32(0) - np.uint32(m >= np.uint32(2))  # all ones where m >= 2: a blend, no branch (vectorizes)
+    return _as_f32(((c & np.uint32(8)) << np.uint32(28)) | (big & pick) | (small & ~pick))
 
 
 @intrinsic
@@ -361,23 +363,23 @@ def _flat_fields(data, o, nbytes, elem, pb, lut, raw):
                 raw[_U(0), _U(k)] = lut[data[_U(o + k)] & np.uint8(15)]
             for k in range(nbytes):
                 raw[_U(1), _U(k)] = lut[data[_U(o + k)] >> np.uint8(4)]
-    elif pb == 1:  # E_UINT: field p at bits (8 / pb) * p, in uint32 lanes with constant shifts (numba widens
-        for k in range(nbytes):  # int32 products to int64, and AVX2 then converts four lanes at a time)
-            raw[_U(0), _U(k)] = np.float32(np.uint32(data[_U(o + k)]))
+    elif pb == 1:  # E_UINT: field p at bits (8 / pb) * p: uint32 shifts and masks with constant counts (numba
+        for k in range(nbytes):  # widens int32 products to int64), converted from int32 (AVX2 has no vector
+            raw[_U(0), _U(k)] = np.float32(np.int32(data[_U(o + k)]))  # conversion from unsigned ints)
     elif pb == 2:
         for k in range(nbytes):
-            raw[_U(0), _U(k)] = np.float32(np.uint32(data[_U(o + k)]) & np.uint32(15))
+            raw[_U(0), _U(k)] = np.float32(np.int32(np.uint32(data[_U(o + k)]) & np.uint32(15)))
         for k in range(nbytes):
-            raw[_U(1), _U(k)] = np.float32(np.uint32(data[_U(o + k)]) >> np.uint32(4))
+            raw[_U(1), _U(k)] = np.float32(np.int32(np.uint32(data[_U(o + k)]) >> np.uint32(4)))
     else:
         for k in range(nbytes):
-            raw[_U(0), _U(k)] = np.float32(np.uint32(data[_U(o + k)]) & np.uint32(3))
+            raw[_U(0), _U(k)] = np.float32(np.int32(np.uint32(data[_U(o + k)]) & np.uint32(3)))
         for k in range(nbytes):
-            raw[_U(1), _U(k)] = np.float32((np.uint32(data[_U(o + k)]) >> np.uint32(2)) & np.uint32(3))
+            raw[_U(1), _U(k)] = np.float32(np.int32((np.uint32(data[_U(o + k)]) >> np.uint32(2)) & np.uint32(3)))
         for k in range(nbytes):
-            raw[_U(2), _U(k)] = np.float32((np.uint32(data[_U(o + k)]) >> np.uint32(4)) & np.uint32(3))
+            raw[_U(2), _U(k)] = np.float32(np.int32((np.uint32(data[_U(o + k)]) >> np.uint32(4)) & np.uint32(3)))
         for k in range(nbytes):
-            raw[_U(3), _U(k)] = np.float32(np.uint32(data[_U(o + k)]) >> np.uint32(6))
+            raw[_U(3), _U(k)] = np.float32(np.int32(np.uint32(data[_U(o + k)]) >> np.uint32(6)))
 
 
 @nb.njit(**_OPTS)
@@ -451,11 +453,13 @@ def _apply_groups(raw, sc, zc, n, pb, gp):
     run as over one group (fewer, longer loops and one horizontal sum per dot product)."""
     ngroups = sc.shape[1]
     for p in range(pb):
-        for r in range(n * ngroups):
-            a = sc[r // ngroups, r % ngroups]
-            c = zc[r // ngroups, r % ngroups]
-            for i in range(gp):
-                raw[_U(p), _U(r * gp + i)] = raw[_U(p), _U(r * gp + i)] * a + c
+        for j in range(n):
+            for gi in range(ngroups):
+                a = sc[j, gi]
+                c = zc[j, gi]
+                o = (j * ngroups + gi) * gp
+                for i in range(gp):
+                    raw[_U(p), _U(o + i)] = raw[_U(p), _U(o + i)] * a + c
 
 
 @nb.njit(**_OPTS)
