@@ -383,6 +383,26 @@ def _flat_fields(data, o, nbytes, elem, pb, lut, raw):
 
 
 @nb.njit(**_OPTS)
+def _floats(buf, base, st, sw, dt, lut, n, ngroups, out):
+    """out[j, gi] = the stored float of group gi of row j (byte offset base + j * st + gi * sw, storage type dt).
+    Read from the bytes in this loop, not through _read: a call with array arguments in a per-row loop costs
+    numba two atomic reference counts per array."""
+    for j in range(n):
+        for gi in range(ngroups):
+            o = _U(base + j * st + gi * sw)
+            if dt == E_LUT:
+                out[j, gi] = lut[buf[o]]
+            elif dt == E_F16:
+                out[j, gi] = _half(np.uint32(buf[o]) | (np.uint32(buf[o + _U(1)]) << np.uint32(8)))
+            elif dt == E_BF16:
+                out[j, gi] = _as_f32((np.uint32(buf[o]) << np.uint32(16)) | (np.uint32(buf[o + _U(1)]) << np.uint32(24)))
+            else:
+                out[j, gi] = _as_f32(np.uint32(buf[o]) | (np.uint32(buf[o + _U(1)]) << np.uint32(8))
+                                     | (np.uint32(buf[o + _U(2)]) << np.uint32(16))
+                                     | (np.uint32(buf[o + _U(3)]) << np.uint32(24)))
+
+
+@nb.njit(**_OPTS)
 def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, sc, zc):
     """The flat path's decode of packed tokens t0..t0+n-1 of (b, h): each field of the block's codes into
     raw[p, j * nb + i] (one loop per field over the whole block, no per-row loop), and each row's groups' affine
@@ -407,35 +427,9 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
     so = meta[M_S_OFF] + b * meta[M_S_SB] + h * meta[M_S_SH] + t0 * meta[M_S_ST]
     zo = meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH] + t0 * meta[M_Z_ST]
     s_st, z_st = meta[M_S_ST], meta[M_Z_ST]
-    # The stored floats are read from their bytes here, not through _read: a call with array arguments in this
-    # per-row loop costs numba two atomic reference counts per array.
-    for j in range(n):
-        for gi in range(ngroups):
-            o = _U(so + j * s_st + gi * sw)
-            if sdt == E_LUT:
-                sc[j, gi] = slut[scale[o]]
-            elif sdt == E_F16:
-                sc[j, gi] = _half(np.uint32(scale[o]) | (np.uint32(scale[o + _U(1)]) << np.uint32(8)))
-            elif sdt == E_BF16:
-                sc[j, gi] = _as_f32((np.uint32(scale[o]) << np.uint32(16)) | (np.uint32(scale[o + _U(1)]) << np.uint32(24)))
-            else:
-                sc[j, gi] = _as_f32(np.uint32(scale[o]) | (np.uint32(scale[o + _U(1)]) << np.uint32(8))
-                                    | (np.uint32(scale[o + _U(2)]) << np.uint32(16))
-                                    | (np.uint32(scale[o + _U(3)]) << np.uint32(24)))
+    _floats(scale, so, s_st, sw, sdt, slut, n, ngroups, sc)
     if has_zero:  # zero points share the scales' storage type
-        for j in range(n):
-            for gi in range(ngroups):
-                o = _U(zo + j * z_st + gi * sw)
-                if sdt == E_LUT:
-                    zc[j, gi] = slut[zero[o]]
-                elif sdt == E_F16:
-                    zc[j, gi] = _half(np.uint32(zero[o]) | (np.uint32(zero[o + _U(1)]) << np.uint32(8)))
-                elif sdt == E_BF16:
-                    zc[j, gi] = _as_f32((np.uint32(zero[o]) << np.uint32(16)) | (np.uint32(zero[o + _U(1)]) << np.uint32(24)))
-                else:
-                    zc[j, gi] = _as_f32(np.uint32(zero[o]) | (np.uint32(zero[o + _U(1)]) << np.uint32(8))
-                                        | (np.uint32(zero[o + _U(2)]) << np.uint32(16))
-                                        | (np.uint32(zero[o + _U(3)]) << np.uint32(24)))
+        _floats(zero, zo, z_st, sw, sdt, slut, n, ngroups, zc)
     else:
         for j in range(n):
             for gi in range(ngroups):
