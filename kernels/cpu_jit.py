@@ -678,56 +678,20 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
 
 @nb.njit(**_OPTS)
 def _scores(q, ktile, n, sm, s):
-    """s[g, j] = (q[g] . ktile[j]) * sm for j < n: four K rows at a time, so each q load serves four dot
-    products (they vectorize over the channels)."""
+    """s[g, j] = (q[g] . ktile[j]) * sm for j < n: _flat_scores over the dequantized tile as one field of one
+    group with unit scale."""
     gqa, dk = q.shape
-    j = 0
-    while j + 4 <= n:
-        for g in range(gqa):
-            a0 = np.float32(0.0)
-            a1 = np.float32(0.0)
-            a2 = np.float32(0.0)
-            a3 = np.float32(0.0)
-            for i in range(dk):
-                qi = q[_U(g), _U(i)]
-                a0 += qi * ktile[_U(j), _U(i)]
-                a1 += qi * ktile[_U(j + 1), _U(i)]
-                a2 += qi * ktile[_U(j + 2), _U(i)]
-                a3 += qi * ktile[_U(j + 3), _U(i)]
-            s[g, j] = a0 * sm
-            s[g, j + 1] = a1 * sm
-            s[g, j + 2] = a2 * sm
-            s[g, j + 3] = a3 * sm
-        j += 4
-    for jj in range(j, n):
-        for g in range(gqa):
-            a = np.float32(0.0)
-            for i in range(dk):
-                a += q[_U(g), _U(i)] * ktile[_U(jj), _U(i)]
-            s[g, jj] = a * sm
+    _flat_scores(q, np.zeros((gqa, 1), np.float32), ktile.reshape(1, -1), np.ones((n, 1), np.float32),
+                 np.zeros((n, 1), np.float32), dk, 1, dk, n, sm, s)
 
 
 @nb.njit(**_OPTS)
 def _accumulate(s, vtile, n, acc):
-    """acc[g] += sum over j < n of s[g, j] * vtile[j]: four V rows per pass, so each acc row is loaded and
-    stored once per four tokens."""
+    """acc[g] += sum over j < n of s[g, j] * vtile[j]: _flat_accumulate over the dequantized tile as one field of
+    one group with unit scale and no offset."""
     gqa, dv = acc.shape
-    j = 0
-    while j + 4 <= n:
-        for g in range(gqa):
-            p0 = s[g, j]
-            p1 = s[g, j + 1]
-            p2 = s[g, j + 2]
-            p3 = s[g, j + 3]
-            for i in range(dv):
-                acc[_U(g), _U(i)] += (p0 * vtile[_U(j), _U(i)] + p1 * vtile[_U(j + 1), _U(i)]) + (
-                    p2 * vtile[_U(j + 2), _U(i)] + p3 * vtile[_U(j + 3), _U(i)])
-        j += 4
-    for jj in range(j, n):
-        for g in range(gqa):
-            p = s[g, jj]
-            for i in range(dv):
-                acc[_U(g), _U(i)] += p * vtile[_U(jj), _U(i)]
+    _flat_accumulate(s, vtile.reshape(1, -1), np.ones((n, 1), np.float32), np.zeros((n, 1), np.float32), dv, 1, dv,
+                     n, acc, np.zeros((gqa, 1), np.float32))
 
 
 @nb.njit(**_OPTS)
