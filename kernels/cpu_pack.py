@@ -3,9 +3,9 @@
 
 Covers the formats whose groups lie inside one token, as `quant_pack` does: int8 / int4 / int2 sym and asym per
 token or per token group, fp8 E4M3 / E5M2 per token or group and with static per-tensor / per-head scales, MX FP4
-(mxfp4, fp4_mx_block16), NVFP4 (its global scale given as tensor_scale), each with /rot (the Hadamard rotation is one
-torch matmul before the loop, as kvviz.formats rotates). llama.cpp's ggml types and channel formats are left to
-kvviz.formats. Each buffer is handed over as a uint8 numpy view of its memory: nothing is copied. `fmt` is
+(mxfp4, fp4_mx_block16), NVFP4 (its global scale given as tensor_scale), and llama.cpp's KV types (q8_0, q4_0, q4_1,
+q5_0, q5_1, iq4_nl, in kvviz.formats.ggml's block layout), each with /rot (the Hadamard rotation is one torch matmul
+before the loop, as kvviz.formats rotates). Channel formats are left to kvviz.formats. Each buffer is handed over as a uint8 numpy view of its memory: nothing is copied. `fmt` is
 duck-typed (kvviz Format attributes); nothing here imports kvviz.
 
     over = quant_pack_cpu(fmt, x, data, scale, zero, pos=cache_len, tensor_scale=ts)   # x: [B, Hkv, T_new, D]
@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 _FP8_EXP = {"fp8_e4m3": 4, "fp8_e5m2": 5}
 _NONE = torch.zeros(1, 1, 1, 4, dtype=torch.uint8).numpy()  # stands for an absent buffer
 _ONE = torch.ones(1).numpy()
+_GGML = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q5_0": 3, "q5_1": 4, "iq4_nl": 5}  # cpu_pack_jit.GGML_*
 
 
 @functools.cache
@@ -79,13 +80,20 @@ class _Plan(NamedTuple):
     count: bool  # static fp8: count values beyond the range
     rot: bool
     fmax: float
+    ggml: int  # llama.cpp's type (cpu_pack_jit.GGML_*), -1 for kvviz's formats
 
 
 @functools.lru_cache(maxsize=256)
 def _plan(fmt, head_dim: int) -> _Plan | None:
     """The format's plan at this head_dim, or None when quant_pack_cpu does not write it."""
     jit = _jit()
-    if jit is None or fmt.kind == "ggml" or not quant_pack_supported(fmt, head_dim):
+    if jit is None:
+        return None
+    if fmt.kind == "ggml":  # blocks of 32 along head_dim; the rotation needs a power of two
+        if head_dim % 32 or (fmt.rot and head_dim & (head_dim - 1)):
+            return None
+        return _Plan(jit.KIND_GGML, fmt.bits, 0, 32, False, False, False, fmt.rot, 0.0, _GGML[fmt.base])
+    if not quant_pack_supported(fmt, head_dim):
         return None
     if fmt.kind == "int":
         kind = jit.KIND_INT_ASYM if fmt.asym else jit.KIND_INT_SYM
@@ -97,7 +105,7 @@ def _plan(fmt, head_dim: int) -> _Plan | None:
     group = head_dim if static else (fmt.group or head_dim)
     fmax = 448.0 if fmt.base == "fp8_e4m3" else 57344.0
     return _Plan(kind, fmt.bits, _FP8_EXP.get(fmt.base, 4), group, static, fmt.takes_scale,
-                 kind == jit.KIND_FP8 and static, fmt.rot, fmax)
+                 kind == jit.KIND_FP8 and static, fmt.rot, fmax, -1)
 
 
 def _bytes(t: torch.Tensor | None):
@@ -125,11 +133,12 @@ def quant_pack_cpu(
 ) -> int:
     """Quantize x and write it at token rows pos .. pos + T - 1 of the cache buffers, in place (CPU tensors).
 
-    x:            [B, Hkv, T, D] float (fp16 / bf16 / fp32), D a power of two
-    data:         [B, Hkv, cap, D * bits / 8]: int8 (int8 sym), uint8 (int8 asym, int4, int2, FP4), fp8 dtype
-    scale:        [B, Hkv, cap, D / group]: fp16 (int), fp32 (fp8), uint8 E8M0 (MX), float8_e4m3fn (NV);
+    x:            [B, Hkv, T, D] float (fp16 / bf16 / fp32), D a power of two (llama.cpp's types: a multiple of 32)
+    data:         [B, Hkv, cap, D * bits / 8]: int8 (int8 sym, q8_0), uint8 (int8 asym, int4, int2, FP4, ggml's 4/5-bit
+                  blocks), fp8 dtype
+    scale:        [B, Hkv, cap, D / group]: fp16 (int, ggml's d), fp32 (fp8), uint8 E8M0 (MX), float8_e4m3fn (NV);
                   None for static per-tensor / per-head formats
-    zero:         asym only, shaped and typed like an int scale (fp16)
+    zero:         asym and q4_1 / q5_1 (ggml's m) only, shaped and typed like an int scale (fp16)
     tensor_scale: the static fp32 scale (fp8 / int sym tensor or head granularity) or NV FP4's global scale:
                   a number, [] or anything holding Hkv or B * Hkv values
     The result is bit-identical to fmt.quantize(x) with that tensor scale (rotation included for /rot).
@@ -170,6 +179,9 @@ def quant_pack_cpu(
     # torch divides an fp16 x by an fp16 scale in fp16 (int sym with computed scales only)
     half_div = x.dtype == torch.float16 and plan.kind == _jit().KIND_INT_SYM and not plan.static
     xf = x.float().contiguous().numpy()  # exact for fp16 / bf16
+    if plan.ggml >= 0:
+        _jit().ggml_pack_rows(xf, _bytes(data), _bytes(scale), _bytes(zero), plan.ggml, plan.bits, pos)
+        return 0
     over += _jit().quant_pack_rows(xf, ts, _bytes(data), _bytes(None if plan.static else scale), _bytes(zero),
                                    plan.kind, plan.bits, plan.exp, plan.group, plan.static, half_div, pos,
                                    plan.count and not plan.rot)

@@ -28,7 +28,7 @@ from numba.core import types
 from numba.extending import intrinsic
 
 # KIND codes (kernels/cpu_pack.py passes them)
-KIND_INT_SYM, KIND_INT_ASYM, KIND_FP8, KIND_MX, KIND_NV = 0, 1, 2, 3, 4
+KIND_INT_SYM, KIND_INT_ASYM, KIND_FP8, KIND_MX, KIND_NV, KIND_GGML = 0, 1, 2, 3, 4, 5
 # No fastmath: every operation must round exactly as torch's does. error_model numpy: x / 0 is IEEE, not a raise.
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -237,3 +237,133 @@ def quant_pack_rows(x, ts, data, scale, zero, kind, bits, exp, group, static, ha
                     for i in range(dim):
                         saturated += abs(row[i]) > limit
     return saturated
+
+
+# ------------------------------------------------------------------------------------------ llama.cpp's types
+
+# GGML codes (kernels/cpu_pack.py passes them): the type's base
+GGML_Q8_0, GGML_Q4_0, GGML_Q4_1, GGML_Q5_0, GGML_Q5_1, GGML_IQ4_NL = range(6)
+_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+_GROUP_MAX_EPS = _F32(1e-15)
+
+
+@nb.njit(**_OPTS)
+def _inverse(d):
+    """ggml's `id = d ? 1.0f/d : 0.0f`."""
+    return _F32(1.0) / d if d != 0 else _F32(0.0)
+
+
+@nb.njit(**_OPTS)
+def _code(y, top):
+    """trunc(y) clamped to 0..top as an int, as torch's trunc, clamp and int cast give it; NaN (0 * an infinite 1/d)
+    -> 0."""
+    if y != y:
+        return 0
+    return np.int64(min(max(y, _F32(0.0)), _F32(top)))
+
+
+@nb.njit(**_OPTS)
+def _ggml_block(v, base, values, mids2, codes):
+    """One block of 32 finite fp32 values -> codes[0:32] and (d, m) in fp32 before their fp16 rounding, as
+    kvviz.formats.ggml (ggml's quantize_row_<type>_ref), operation for operation."""
+    amax, mx = _F32(0.0), _F32(0.0)  # the largest |x| and the signed value that first reaches it
+    lo, hi = v[0], v[0]  # the first min and the first max
+    for i in range(32):
+        a = abs(v[i])
+        if a > amax:
+            amax, mx = a, v[i]
+        if v[i] < lo:
+            lo = v[i]
+        if v[i] > hi:
+            hi = v[i]
+    m = _F32(0.0)
+    if base == GGML_Q8_0:
+        d = amax / _F32(127.0)
+        inv = _inverse(d)
+        for i in range(32):  # C's roundf: halves away from zero. An infinite 1/d (subnormal d) gives code 0, as
+            y = v[i] * inv  # torch's cast of +-Inf and NaN to int16 does on x86
+            if abs(y) < _F32(np.inf):
+                r = _F32(np.int64(y))
+                codes[i] = np.int64(r) + (np.int64(1 if y > 0 else -1) if abs(y - r) >= _F32(0.5) else 0)
+            else:
+                codes[i] = 0
+    elif base == GGML_Q4_1 or base == GGML_Q5_1:
+        top = 15 if base == GGML_Q4_1 else 31
+        d = (hi - lo) / _F32(top)
+        inv = _inverse(d)
+        m = lo
+        for i in range(32):
+            codes[i] = _code((v[i] - lo) * inv + _F32(0.5), top)
+    elif base == GGML_Q4_0 or base == GGML_Q5_0:
+        off = 8 if base == GGML_Q4_0 else 16
+        d = mx / _F32(-off)
+        inv = _inverse(d)
+        for i in range(32):
+            codes[i] = _code(v[i] * inv + _F32(off + 0.5), 2 * off - 1)
+    else:  # iq4_nl, ntry = -1: d0 = max / -127, nearest table entries, then the weighted least-squares d
+        if not amax >= _GROUP_MAX_EPS:
+            for i in range(32):
+                codes[i] = 0
+            return _F32(0.0), m
+        inv = _F32(1.0) / (mx / _F32(-127.0))
+        sumqx, sumq2 = _F32(0.0), _F32(0.0)
+        for i in range(32):
+            y = inv * v[i]
+            c = 0
+            for j in range(15):  # index j + 1 once 2y >= values[j] + values[j + 1]: ties to the larger
+                c += (y + y) >= mids2[j]
+            codes[i] = c
+            q = values[c]
+            wq = (v[i] * v[i]) * q
+            sumqx = sumqx + wq * v[i]
+            sumq2 = sumq2 + wq * q
+        d = sumqx / sumq2 if sumq2 > 0 else _F32(0.0)
+    return d, m
+
+
+@nb.njit(**_OPTS)
+def ggml_pack_rows(x, data, scale, zero, base, bits, pos):
+    """Quantize x: fp32 [B, Hkv, T, D] as one of llama.cpp's types and write token t at row pos + t of the buffers
+    (uint8 views of their [B, Hkv, cap, n] tensors), in kvviz.formats.ggml's layout: data q8_0 int8 codes in order,
+    else per block of 32 (qh: bit i of a little-endian uint32 = bit 4 of code i, for 5 bits) then qs (byte i = code
+    i | code i + 16 << 4); scale / zero: d / m as fp16 per block. A block holding Inf or NaN stores d (and m) NaN,
+    its codes from the block with those values taken as 0."""
+    n_b, n_h, n_t, dim = x.shape
+    values = _IQ4NL
+    mids2 = values[:-1] + values[1:]
+    v = np.empty(32, np.float32)
+    codes = np.empty(32, np.int64)
+    bb = 32 if base == GGML_Q8_0 else 4 * bits  # data bytes per block
+    for b in range(n_b):
+        for h in range(n_h):
+            for t in range(n_t):
+                r = pos + t
+                for k in range(dim // 32):
+                    bad = False
+                    for i in range(32):
+                        e = x[b, h, t, 32 * k + i]
+                        if not abs(e) < _F32(np.inf):
+                            e, bad = _F32(0.0), True
+                        v[i] = e
+                    d, m = _ggml_block(v, base, values, mids2, codes)
+                    d_bits = 0x7E00 if bad else _f16_bits(_f16_round(d))
+                    scale[b, h, r, 2 * k] = d_bits & 0xFF
+                    scale[b, h, r, 2 * k + 1] = d_bits >> 8
+                    if base == GGML_Q4_1 or base == GGML_Q5_1:
+                        m_bits = 0x7E00 if bad else _f16_bits(_f16_round(m))
+                        zero[b, h, r, 2 * k] = m_bits & 0xFF
+                        zero[b, h, r, 2 * k + 1] = m_bits >> 8
+                    o = k * bb
+                    if base == GGML_Q8_0:
+                        for i in range(32):
+                            data[b, h, r, o + i] = codes[i] & 0xFF
+                        continue
+                    if bits == 5:
+                        qh = 0
+                        for i in range(32):
+                            qh |= ((codes[i] >> 4) & 1) << i
+                        for i in range(4):
+                            data[b, h, r, o + i] = (qh >> (8 * i)) & 0xFF
+                        o += 4
+                    for i in range(16):
+                        data[b, h, r, o + i] = (codes[i] & 15) | ((codes[i + 16] & 15) << 4)

@@ -31,6 +31,7 @@ DYNAMIC = (
     "int8", "int4", "int2", "int8/asym", "int4/asym", "int2/asym", "int8/g16", "int4/g32", "int4/g16/asym",
     "int2/g16/asym", "fp8_e4m3/token", "fp8_e5m2/token", "fp8_e4m3/token/g16", "fp8_e5m2/token/g32", "mxfp4",
     "fp4_mx_block16", "nvfp4", "int4/rot", "int8/asym/rot", "fp8_e4m3/token/rot", "mxfp4/rot", "nvfp4/rot",
+    "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q4_0/rot", "iq4_nl/rot",  # llama.cpp's types
 )
 STATIC = ("fp8_e4m3", "fp8_e5m2", "fp8_e4m3/head", "fp8_e5m2/head", "int8/tensor", "int4/head", "int2/tensor",
           "fp8_e4m3/rot", "int4/head/rot")
@@ -126,7 +127,8 @@ def test_nvfp4_takes_any_global_scale():
 
 
 @pytest.mark.parametrize("spec", ("int8", "int4", "int2/g16", "int4/g16/asym", "fp8_e4m3/token", "fp8_e5m2/token",
-                                  "mxfp4", "fp4_mx_block16", "nvfp4", "fp8_e4m3", "int4/tensor"))
+                                  "mxfp4", "fp4_mx_block16", "nvfp4", "fp8_e4m3", "int4/tensor", "q8_0", "q4_0",
+                                  "q4_1", "q5_0", "q5_1", "iq4_nl"))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_non_finite(spec, dtype):
     """Inf / NaN inputs: the group's scale becomes NaN, the element's code what torch's casts and nan_to_num give."""
@@ -170,8 +172,10 @@ def test_saturation_count_matches_the_cache_rule():
 
 
 def test_rejections():
-    """Channel formats, ggml's blocks and non-power-of-two head dims are left to kvviz.formats."""
-    for spec, d in (("int2/channel/g32/asym", 64), ("fp8_e4m3/channel", 64), ("q8_0", 64), ("int4", 96),
+    """Channel formats, float casts and non-power-of-two head dims (but for ggml's unrotated blocks of 32) are left to
+    kvviz.formats."""
+    assert quant_pack_cpu_supported(F.get_format("q4_0"), 96)
+    for spec, d in (("int2/channel/g32/asym", 64), ("fp8_e4m3/channel", 64), ("q4_0/rot", 96), ("int4", 96),
                     ("bf16", 64), ("fp16", 64)):
         assert not quant_pack_cpu_supported(F.get_format(spec), d), spec
     with pytest.raises(ValueError, match="fmt.quantize"):
@@ -185,7 +189,8 @@ def test_rejections():
 # ------------------------------------------------------------------------------------------ in the cache
 
 CACHE_SPECS = ("int4", "k8v4", "int2/g16/asym", "fp8", "fp8_e5m2/head/calibrated", "fp8_e4m3/token", "mxfp4", "nvfp4",
-               "fp4_mx_block16", "int4/rot", "k=int4/channel/g16/asym,v=int4/g16/asym")
+               "fp4_mx_block16", "int4/rot", "k=int4/channel/g16/asym,v=int4/g16/asym", "k=q8_0,v=q4_0",
+               "k=q5_1,v=iq4_nl", "k=q4_1,v=q5_0")
 
 
 @functools.lru_cache(maxsize=None)
@@ -251,8 +256,8 @@ def test_cache_with_the_cpu_packer_stores_what_kvviz_formats_stores(monkeypatch,
 
 
 def test_the_cache_picks_the_cpu_packer_on_the_cpu_backend(monkeypatch):
-    """KVVIZ_BACKEND=cpu: supported formats append through quant_pack_cpu, chosen once per side; channel formats,
-    llama.cpp's types and KVVIZ_BACKEND=torch through kvviz.formats."""
+    """KVVIZ_BACKEND=cpu: supported formats (llama.cpp's types too) append through quant_pack_cpu, chosen once per
+    side; channel formats and KVVIZ_BACKEND=torch through kvviz.formats."""
     from kvviz.attention import active_backend
 
     monkeypatch.setenv("KVVIZ_BACKEND", "cpu")
@@ -266,7 +271,7 @@ def test_the_cache_picks_the_cpu_packer_on_the_cpu_backend(monkeypatch):
         layer.update(x[:, :, :1], x[:, :, :1])
         picks[spec] = layer.k._packer
     assert picks == {"int4": quant_pack_cpu, "nvfp4": quant_pack_cpu, "fp8": quant_pack_cpu,
-                     "int4/channel/g32/asym": None, "q8_0": None}
+                     "int4/channel/g32/asym": None, "q8_0": quant_pack_cpu}
     monkeypatch.setenv("KVVIZ_BACKEND", "torch")
     layer = QuantizedKVLayer(kvviz.get_format("int4"), kvviz.get_format("int4"))
     layer.update(torch.randn(1, 2, 3, 32), torch.randn(1, 2, 3, 32))
