@@ -10,8 +10,9 @@ q . (k' H) = (q H) . k' and out = (P V') H.
 
 A format is one branch here: `_element_code` says how one stored code decodes (arithmetic, a table of 256, 16 or 4
 floats, or a 16/32-bit float read from its bytes) and `KINDS` lists the format families it knows. llama.cpp's KV
-types (layout "ggml") are read in ggml's block order: q8_0 as int8 codes with an fp16 d per 32, the 4/5-bit types
-32 codes at a time (cpu_jit._ggml_block), iq4_nl's codes through ggml's table. `cpu_usable()` is False
+types (layout "ggml") are read in their blocks in place: q8_0 as int8 codes with an fp16 d per 32; q4_0, q4_1 and
+iq4_nl (through ggml's table) as 4-bit codes with a scale group of 32, in a planar order of their own (_order);
+q5_0 and q5_1 32 codes at a time (cpu_jit._ggml_block), in ggml's element order. `cpu_usable()` is False
 when numba is missing or fails to compile; callers then use the reference (kernels/reference.py).
 
     python -m kernels.cpu      # first-use compile time and a quick timing against the reference
@@ -137,25 +138,38 @@ def _iq4nl_table() -> torch.Tensor:
 
 
 def _per_byte(side: PackedSide) -> int:
-    """Codes per byte in cpu_jit's planar order: 1 for ggml blocks, read in their own order (cpu_jit._ggml_block)."""
-    return 8 // side.bits if side.bits < 8 and side.layout == "kvviz" else 1
+    """Codes per byte in cpu_jit's planar order: 1 for bytes and for q5_0 / q5_1's blocks (cpu_jit._ggml_block)."""
+    if side.layout == "ggml":
+        return 2 if side.bits == 4 else 1
+    return 8 // side.bits if side.bits < 8 else 1
+
+
+def _ggml_nibbles(side: PackedSide) -> bool:
+    """q4_0, q4_1, iq4_nl: 16 bytes of nibbles per block of 32, low nibbles codes 0..15, high 16..31."""
+    return side.layout == "ggml" and side.bits == 4
 
 
 @functools.lru_cache(maxsize=None)
-def _planar(head_dim: int, per_byte: int) -> torch.Tensor:
-    """Index [D]: planar position -> channel. cpu_jit holds element d at (d % pb) * (D / pb) + d // pb."""
+def _planar(head_dim: int, per_byte: int, ggml: bool = False) -> torch.Tensor:
+    """Index [D]: planar position -> channel. cpu_jit holds field p of a row's byte i at planar position
+    p * (D / pb) + i: element pb * i + p in kvviz's order; in a ggml nibble block (ggml=True) byte i of block i // 16
+    holds elements 32 * (i // 16) + i % 16 (low nibble) and + 16 (high nibble)."""
+    if ggml:
+        i = torch.arange(head_dim // 2)
+        low = 32 * (i // 16) + i % 16
+        return torch.cat([low, low + 16])
     return torch.arange(head_dim).reshape(head_dim // per_byte, per_byte).t().reshape(-1)
 
 
 @functools.lru_cache(maxsize=None)
-def _planar_np(head_dim: int, per_byte: int) -> np.ndarray:
-    return _planar(head_dim, per_byte).numpy()
+def _planar_np(head_dim: int, per_byte: int, ggml: bool = False) -> np.ndarray:
+    return _planar(head_dim, per_byte, ggml).numpy()
 
 
 @functools.lru_cache(maxsize=None)
-def _unplanar_np(head_dim: int, per_byte: int) -> np.ndarray:
+def _unplanar_np(head_dim: int, per_byte: int, ggml: bool = False) -> np.ndarray:
     """Index [D]: channel -> its planar position (the inverse of _planar)."""
-    return torch.argsort(_planar(head_dim, per_byte)).numpy()
+    return torch.argsort(_planar(head_dim, per_byte, ggml)).numpy()
 
 
 def _scale_code(t: torch.Tensor) -> tuple[int, torch.Tensor | None]:
@@ -245,7 +259,9 @@ def _buffer_args(side: PackedSide, batch: int, heads: int, head_dim: int) -> tup
     meta[jit.M_DIM] = head_dim
     meta[jit.M_ELEM], lut = _element_code(side)
     meta[jit.M_PER_BYTE] = _per_byte(side)
-    meta[jit.M_GGML] = side.bits if side.layout == "ggml" and side.bits < 8 else 0  # q8_0: kvviz's int8/g32 bytes
+    # q5_0 / q5_1 (5): ggml's blocks; q4_0 / q4_1 / iq4_nl (4): int4/g32's layout with codes in their own planar
+    # order (_planar); q8_0 (0) is kvviz's int8/g32 layout byte for byte
+    meta[jit.M_GGML] = side.bits if side.layout == "ggml" and side.bits < 8 else 0
     meta[jit.M_OFFSET] = side.offset
     data, _, (meta[jit.M_D_SB], meta[jit.M_D_SH], meta[jit.M_D_ST]) = _bytes(side.data)
     scale = zero = None
@@ -323,7 +339,7 @@ def decode_attention_cpu(
     qk = q.detach().float() if k.rotation is None else q.detach().float() @ k.rotation.float()  # [B, Hq, D_k]
     k_pb, v_pb = _per_byte(k), _per_byte(v)
     qk = qk.numpy()
-    qk = qk[..., _planar_np(head_dim, k_pb)] if k_pb > 1 else np.ascontiguousarray(qk)  # K's planar order
+    qk = qk[..., _planar_np(head_dim, k_pb, _ggml_nibbles(k))] if k_pb > 1 else np.ascontiguousarray(qk)  # K's order
     if parallel is None:
         parallel = batch * hkv * max_length >= _PARALLEL_ROWS
     if num_splits is None:
@@ -360,7 +376,7 @@ def decode_attention_cpu(
     out = np.empty((batch, hq, dv), np.float32)
     jit.combine(mid_m, mid_l, mid_acc, sink, sinks is not None, hkv, num_splits, out)
     if v_pb > 1:  # back from V's planar order: channel c sits at planar position inverse[c]
-        out = out[..., _unplanar_np(dv, v_pb)]
+        out = out[..., _unplanar_np(dv, v_pb, _ggml_nibbles(v))]
     out = torch.from_numpy(out)
     if v.rotation is not None:
         out = out @ v.rotation.float()

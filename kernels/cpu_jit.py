@@ -8,22 +8,23 @@ KV head, token split) one thread walks the tokens in blocks of `BLOCK` (online s
     s[g, t]    = (q[g] . tile[t]) * sm_scale               # G = query heads sharing the KV head (GQA)
     m, l, acc  <- online softmax of s, then acc[g] += p[g, t] * dequantize(V codes of token t)
 
-Blocks whose rows are all packed and live, of a format with token or tensor scales (_flat_kind), take the flat
-path: _flat_block unpacks each bit field of the block's bytes in one loop over the whole block (raw codes, no
-per-row loop), and the row's affine map (scale, offset) is folded into the scores (s = sc * (q . raw) + zc * sum q)
-and into the softmax weights of V (acc += (p * sc) * raw, with p * zc summed apart and added once); formats with
-several scale groups per row apply them to the unpacked block in place first. Other blocks (tails, masks, channel
-scales, ggml blocks, float casts) take the row-by-row path below. In per-row loops nothing calls a helper with
-array arguments: numba counts references of each array argument with atomic operations on every call.
+Blocks whose rows are all packed and live take the flat path: _flat_block unpacks each bit field of the block's
+bytes in one loop over the whole block (no per-row loop). With one scale per row (token or tensor scales) the row's
+affine map (scale, offset) is folded into the scores (s = sc * (q . raw) + zc * sum q) and into the softmax weights
+of V (acc += (p * sc) * raw, with p * zc summed apart and added once); with several (scale groups, llama.cpp's
+blocks, KIVI's channel scales) they are applied to the unpacked block in place. Other blocks (tails, masks, float
+casts) take the row-by-row path below. In per-row loops nothing calls a helper with array arguments: numba counts
+references of each array argument with atomic operations on every call.
 
 A token's row dequantizes as  x = decode(code) * scale * tensor_scale + zero  (kernels/packed.py). Codes of 8 bits
 or fewer decode through a small table (`lut`: 256 entries for bytes, 16 for nibbles, 4 for 2-bit codes) built by
 the launcher from the format, so int, fp8 and E2M1 elements are one code path; 16/32-bit floats (casts, tails,
 scales) are read from their bytes. Rows past a side's n_packed come from its full-precision tail.
 
-llama.cpp's 4/5-bit KV types (q4_0, q4_1, q5_0, q5_1, iq4_nl: meta[M_GGML] = 4 or 5) keep ggml's block bytes and
-are decoded 32 codes at a time by _ggml_block, in ggml's element order (no planar permutation); q8_0's int8 codes
-with one fp16 d per 32 are kvviz's int8/g32 layout byte for byte and take the E_INT8 loop.
+llama.cpp's KV types keep their bytes: q8_0's int8 codes with one fp16 d per 32 are kvviz's int8/g32 layout byte for
+byte; q4_0, q4_1 and iq4_nl are 4-bit codes with a scale group of 32 in a planar order of their own (the launcher
+orders q and the output for it; meta[M_GGML] = 4 tells the tail's reader); q5_0 and q5_1 (meta[M_GGML] = 5) are
+decoded 32 codes at a time from their blocks (a 4-byte qh, then 16 bytes of nibbles), in ggml's element order.
 """
 
 from __future__ import annotations
@@ -175,30 +176,18 @@ def _codes(data, o, elem, pb, nb_, off, lut, lo, hi, s, z, tile, j):
 
 
 @nb.njit(inline="always", **_OPTS)
-def _ggml_block(data, o, elem, bits, off, lut, e0, s, z, tile, j):
-    """One 32-code ggml block at byte offset o -> tile[j, e0:e0 + 32], as ggml's dequantize_row_<type>:
-    (code - off) * d + m (E_UINT: q4_0, q5_0 with m = 0; q4_1, q5_1 with off = 0) or lut[code] * d (E_LUT: iq4_nl).
-    Block bytes (kvviz/formats/ggml.py): for 5 bits a little-endian uint32 qh whose bit i is bit 4 of code i, then
-    16 bytes qs, byte i = code i (low nibble) | code i + 16 (high nibble). Both nibbles fill contiguous runs of the
-    tile, so ggml's element order is kept and the loops vectorize as _codes' do."""
-    if elem == E_LUT:
-        for i in range(16):
-            c = data[_U(o + i)]
-            tile[_U(j), _U(e0 + i)] = lut[c & 15] * s + z
-            tile[_U(j), _U(e0 + 16 + i)] = lut[c >> 4] * s + z
-    elif bits == 4:
-        for i in range(16):
-            c = data[_U(o + i)]
-            tile[_U(j), _U(e0 + i)] = (np.float32(c & 15) - off) * s + z
-            tile[_U(j), _U(e0 + 16 + i)] = (np.float32(c >> 4) - off) * s + z
-    else:
-        qh = _u16(data, o) | (_u16(data, o + 2) << 16)
-        for i in range(16):
-            c = np.uint32(data[_U(o + 4 + i)])
-            lo = (c & np.uint32(15)) | (((qh >> np.uint32(i)) & np.uint32(1)) << np.uint32(4))
-            hi = (c >> np.uint32(4)) | (((qh >> np.uint32(i + 16)) & np.uint32(1)) << np.uint32(4))
-            tile[_U(j), _U(e0 + i)] = (np.float32(lo) - off) * s + z
-            tile[_U(j), _U(e0 + 16 + i)] = (np.float32(hi) - off) * s + z
+def _ggml_block(data, o, off, e0, s, z, tile, j):
+    """One 32-code q5_0 / q5_1 block at byte offset o -> tile[j, e0:e0 + 32], as ggml's dequantize_row_<type>:
+    (code - off) * d + m (q5_0: m = 0; q5_1: off = 0). Block bytes (kvviz/formats/ggml.py): a little-endian uint32
+    qh whose bit i is bit 4 of code i, then 16 bytes qs, byte i = code i (low nibble) | code i + 16 (high nibble).
+    Both nibbles fill contiguous runs of the tile, so ggml's element order is kept and the loops vectorize."""
+    qh = _u16(data, o) | (_u16(data, o + 2) << 16)
+    for i in range(16):
+        c = np.uint32(data[_U(o + 4 + i)])
+        lo = (c & np.uint32(15)) | (((qh >> np.uint32(i)) & np.uint32(1)) << np.uint32(4))
+        hi = (c >> np.uint32(4)) | (((qh >> np.uint32(i + 16)) & np.uint32(1)) << np.uint32(4))
+        tile[_U(j), _U(e0 + i)] = (np.float32(lo) - off) * s + z
+        tile[_U(j), _U(e0 + 16 + i)] = (np.float32(hi) - off) * s + z
 
 
 @nb.njit(inline="always", **_OPTS)
@@ -215,7 +204,8 @@ def _rows(data, lut, scale, zero, slut, tail, live, tile, elem, geo, fl, npk, t0
             o = t_base + (t - npk) * t_st
             for i in range(nb_):
                 for p in range(pb):
-                    tile[j, p * nb_ + i] = _read(tail, o + (pb * i + p) * tw, tdt, slut)
+                    e = pb * i + p if gbits != 4 else 2 * (i - i % 16) + 16 * p + i % 16  # ggml's nibble blocks
+                    tile[j, p * nb_ + i] = _read(tail, o + e * tw, tdt, slut)
             continue
         o = d_base + t * d_st
         if elem == E_LUT or elem >= E_UINT:
@@ -225,8 +215,8 @@ def _rows(data, lut, scale, zero, slut, tail, live, tile, elem, geo, fl, npk, t0
                     sc = _read(scale, s_base + t * s_st + gi * sw, sdt, slut) * tsv
                     if has_zero != 0:
                         z = _read(zero, z_base + t * z_st + gi * sw, sdt, slut)
-                if gbits != 0 and (elem == E_UINT or elem == E_LUT):  # a ggml block: 32 codes in 4 * bits bytes
-                    _ggml_block(data, o + gi * 4 * gbits, elem, gbits, off, lut, gi * 32, sc, z, tile, j)
+                if gbits == 5:  # a q5_0 / q5_1 block: 32 codes in 20 bytes
+                    _ggml_block(data, o + gi * 20, off, gi * 32, sc, z, tile, j)
                 else:
                     _codes(data, o, elem, pb, nb_, off, lut, gi * gp, (gi + 1) * gp, sc, z, tile, j)
         else:
@@ -322,64 +312,84 @@ def _scale_channels(meta, scale, zero, slut, tsv, b, h, t0, n, npk, live, tile):
 @nb.njit(**_OPTS)
 def _flat_kind(meta):
     """Whether a side's blocks of packed, all-live rows take the flat path (_flat_block): code elements (int8,
-    unsigned ints, E2M1, a table), token or tensor scales, rows one contiguous run of bytes, no ggml blocks."""
+    unsigned ints, E2M1, a table) or q5_0 / q5_1 blocks, with rows one contiguous run of bytes."""
     elem = meta[M_ELEM]
     pb = meta[M_PER_BYTE]
+    d = meta[M_DIM]
+    if meta[M_GGML] == 5:
+        return meta[M_D_ST] == d * 5 // 8
     code = ((elem == E_INT8 and pb == 1) or elem == E_UINT or (elem == E_E2M1 and pb == 2)
             or (elem == E_LUT and pb <= 2))
-    d = meta[M_DIM]
-    return (code and meta[M_SKIND] != S_CHANNEL and meta[M_GGML] == 0
-            and meta[M_D_ST] == d // pb)
+    return code and meta[M_D_ST] == d // pb
 
 
 @nb.njit(**_OPTS)
 def _flat_shape(meta):
-    """(codes per byte, bytes per row, groups per row, bytes per group) of a side, as _flat_block lays them out."""
+    """(fields per byte, elements per field of a row, scales per row) of a side on the flat path: the shapes of
+    _flat_block's raw [fields, BLOCK * elements] and group scales [BLOCK, scales]."""
     if not _flat_kind(meta):
-        return 1, 1, 1, 1
+        return 1, 1, 1
     d = meta[M_DIM]
     pb = meta[M_PER_BYTE]
-    groups = d // meta[M_GROUP] if meta[M_SKIND] == S_TOKEN else 1
-    return pb, d // pb, groups, d // pb // groups
+    skind = meta[M_SKIND]
+    groups = d // meta[M_GROUP] if skind == S_TOKEN else (d if skind == S_CHANNEL else 1)
+    return pb, d // pb, groups
 
 
 @nb.njit(inline="always", **_OPTS)
-def _flat_fields(data, o, nbytes, elem, pb, lut, raw):
-    """Field p of bytes o..o+nbytes-1 -> raw[p, :nbytes], undecoded by scale: one long loop per field."""
+def _field(data, o, nbytes, elem, pb, p, lut, raw, r, a, c):
+    """raw[p, r + k] = decode(field p of byte o + k) * a + c for k < nbytes: field p holds the codes at bits
+    (8 / pb) * p. One loop per field: two stores per iteration keep LLVM from vectorizing. Unsigned codes are
+    shifted and masked as uint32 and converted from int32 (numba widens int32 products to int64, and AVX2 has no
+    vector conversion from unsigned ints)."""
     if elem == E_INT8:
         for k in range(nbytes):
-            raw[_U(0), _U(k)] = np.float32(np.int8(data[_U(o + k)]))
+            raw[_U(p), _U(r + k)] = np.float32(np.int8(data[_U(o + k)])) * a + c
     elif elem == E_E2M1:
+        sh = np.uint32(4 * p)
         for k in range(nbytes):
-            raw[_U(0), _U(k)] = _e2m1(np.uint32(data[_U(o + k)]) & np.uint32(15))
-        for k in range(nbytes):
-            raw[_U(1), _U(k)] = _e2m1(np.uint32(data[_U(o + k)]) >> np.uint32(4))
+            raw[_U(p), _U(r + k)] = _e2m1((np.uint32(data[_U(o + k)]) >> sh) & np.uint32(15)) * a + c
     elif elem == E_LUT:
         if pb == 1:
             for k in range(nbytes):
-                raw[_U(0), _U(k)] = lut[data[_U(o + k)]]
+                raw[_U(p), _U(r + k)] = lut[data[_U(o + k)]] * a + c
         else:
+            sh = np.uint32(4 * p)
             for k in range(nbytes):
-                raw[_U(0), _U(k)] = lut[data[_U(o + k)] & np.uint8(15)]
-            for k in range(nbytes):
-                raw[_U(1), _U(k)] = lut[data[_U(o + k)] >> np.uint8(4)]
-    elif pb == 1:  # E_UINT: field p at bits (8 / pb) * p: uint32 shifts and masks with constant counts (numba
-        for k in range(nbytes):  # widens int32 products to int64), converted from int32 (AVX2 has no vector
-            raw[_U(0), _U(k)] = np.float32(np.int32(data[_U(o + k)]))  # conversion from unsigned ints)
-    elif pb == 2:
+                raw[_U(p), _U(r + k)] = lut[(np.uint32(data[_U(o + k)]) >> sh) & np.uint32(15)] * a + c
+    elif pb == 1:
         for k in range(nbytes):
-            raw[_U(0), _U(k)] = np.float32(np.int32(np.uint32(data[_U(o + k)]) & np.uint32(15)))
-        for k in range(nbytes):
-            raw[_U(1), _U(k)] = np.float32(np.int32(np.uint32(data[_U(o + k)]) >> np.uint32(4)))
+            raw[_U(p), _U(r + k)] = np.float32(np.int32(data[_U(o + k)])) * a + c
     else:
+        w = np.uint32(8 // pb)
+        sh = w * np.uint32(p)
+        mask = (np.uint32(1) << w) - np.uint32(1)
         for k in range(nbytes):
-            raw[_U(0), _U(k)] = np.float32(np.int32(np.uint32(data[_U(o + k)]) & np.uint32(3)))
-        for k in range(nbytes):
-            raw[_U(1), _U(k)] = np.float32(np.int32((np.uint32(data[_U(o + k)]) >> np.uint32(2)) & np.uint32(3)))
-        for k in range(nbytes):
-            raw[_U(2), _U(k)] = np.float32(np.int32((np.uint32(data[_U(o + k)]) >> np.uint32(4)) & np.uint32(3)))
-        for k in range(nbytes):
-            raw[_U(3), _U(k)] = np.float32(np.int32(np.uint32(data[_U(o + k)]) >> np.uint32(6)))
+            raw[_U(p), _U(r + k)] = np.float32(np.int32((np.uint32(data[_U(o + k)]) >> sh) & mask)) * a + c
+
+
+@nb.njit(inline="always", **_OPTS)
+def _ggml_fields(data, o, n, ngroups, gsc, gzc, raw):
+    """n rows of q5_0 / q5_1 blocks at byte offset o -> raw[0, (j * groups + gi) * 32 + e], element e of the block
+    in ggml's order, as code * gsc[j, gi] + gzc[j, gi] (the offset folded into gzc). Block bytes as _ggml_block
+    reads them; each half of a block (low nibbles: elements 0..15, high: 16..31) is one 16-wide loop."""
+    for j in range(n):
+        for gi in range(ngroups):
+            a = gsc[j, gi]
+            c = gzc[j, gi]
+            u = j * ngroups + gi
+            bo = o + u * 20
+            r = u * 32
+            qh = (np.uint32(data[_U(bo)]) | (np.uint32(data[_U(bo + 1)]) << np.uint32(8))
+                  | (np.uint32(data[_U(bo + 2)]) << np.uint32(16)) | (np.uint32(data[_U(bo + 3)]) << np.uint32(24)))
+            for i in range(16):
+                code = ((np.uint32(data[_U(bo + 4 + i)]) & np.uint32(15))
+                        | (((qh >> np.uint32(i)) & np.uint32(1)) << np.uint32(4)))
+                raw[_U(0), _U(r + i)] = np.float32(np.int32(code)) * a + c
+            for i in range(16):
+                code = ((np.uint32(data[_U(bo + 4 + i)]) >> np.uint32(4))
+                        | (((qh >> np.uint32(i + 16)) & np.uint32(1)) << np.uint32(4)))
+                raw[_U(0), _U(r + 16 + i)] = np.float32(np.int32(code)) * a + c
 
 
 @nb.njit(**_OPTS)
@@ -403,145 +413,156 @@ def _floats(buf, base, st, sw, dt, lut, n, ngroups, out):
 
 
 @nb.njit(**_OPTS)
-def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, sc, zc):
-    """The flat path's decode of packed tokens t0..t0+n-1 of (b, h): each field of the block's codes into
-    raw[p, j * nb + i] (one loop per field over the whole block, no per-row loop), and each row's groups' affine
-    map into sc / zc [BLOCK, groups]: token j's channel p * nb + gi * gp + i is raw * sc[j, gi] + zc[j, gi].
-    Consumers fold sc / zc into the scores and the softmax weights instead of scaling the tile."""
+def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, gsc, gzc, sc, zc):
+    """The flat path's decode of packed tokens t0..t0+n-1 of (b, h) into raw[p, j * nb + i] (channel p * nb + i of
+    token j, planar order; q5_0 / q5_1 blocks in ggml's order) and sc / zc [BLOCK]: the token's channel is
+    raw * sc[j] + zc[j]. With one scale per row (token or tensor scales) raw holds the bare codes, each field of
+    the whole block unpacked in one loop, and consumers fold sc / zc into the scores and the softmax weights.
+    With several scales per row (groups, llama.cpp's blocks, KIVI's channel scales) they are applied while unpacking,
+    or right after, and sc / zc are 1 / 0. gsc / gzc [BLOCK, groups]: scratch for the stored scales."""
     d = meta[M_DIM]
     elem = meta[M_ELEM]
     pb = meta[M_PER_BYTE]
     nb_ = d // pb
+    gbits = meta[M_GGML]
     off = np.float32(meta[M_OFFSET]) if elem == E_UINT else np.float32(0.0)
-    _flat_fields(data, meta[M_D_OFF] + b * meta[M_D_SB] + h * meta[M_D_SH] + t0 * nb_, n * nb_, elem, pb, lut, raw)
+    o = meta[M_D_OFF] + b * meta[M_D_SB] + h * meta[M_D_SH] + t0 * meta[M_D_ST]
+    one, nil = np.float32(1.0), np.float32(0.0)
     skind = meta[M_SKIND]
     if skind == S_NONE:
+        for p in range(pb):
+            _field(data, o, n * nb_, elem, pb, p, lut, raw, 0, one, nil)
         for j in range(n):
-            sc[j, 0] = tsv
-            zc[j, 0] = tzv - off * tsv
+            sc[j] = tsv
+            zc[j] = tzv - off * tsv
         return
     sdt = meta[M_SDT]
     sw = _width(sdt)
-    ngroups = d // meta[M_GROUP]
     has_zero = meta[M_ZERO] != 0
-    so = meta[M_S_OFF] + b * meta[M_S_SB] + h * meta[M_S_SH] + t0 * meta[M_S_ST]
-    zo = meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH] + t0 * meta[M_Z_ST]
     s_st, z_st = meta[M_S_ST], meta[M_Z_ST]
-    _floats(scale, so, s_st, sw, sdt, slut, n, ngroups, sc)
+    s_base = meta[M_S_OFF] + b * meta[M_S_SB] + h * meta[M_S_SH]
+    z_base = meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH]
+    for j in range(n):
+        sc[j] = one
+        zc[j] = nil
+    if skind == S_CHANNEL:  # KIVI's K: scale row t // group, one (scale, zero) per channel, stored in channel order
+        for p in range(pb):
+            _field(data, o, n * nb_, elem, pb, p, lut, raw, 0, one, nil)
+        group = meta[M_GROUP]
+        row = -1
+        for j in range(n):
+            if (t0 + j) // group != row:  # decode the scale row into planar order, offset folded in
+                row = (t0 + j) // group
+                _floats(scale, s_base + row * s_st, sw, sw * pb, sdt, slut, pb, nb_, gsc)  # [p, i]: channel pb * i + p
+                if has_zero:
+                    _floats(zero, z_base + row * z_st, sw, sw * pb, sdt, slut, pb, nb_, gzc)
+                for p in range(pb):
+                    for i in range(nb_):
+                        gsc[p, i] *= tsv
+                        gzc[p, i] = (gzc[p, i] if has_zero else nil) - off * gsc[p, i]
+            for p in range(pb):
+                r = j * nb_
+                for i in range(nb_):
+                    raw[_U(p), _U(r + i)] = raw[_U(p), _U(r + i)] * gsc[_U(p), _U(i)] + gzc[_U(p), _U(i)]
+        return
+    ngroups = d // meta[M_GROUP]
+    _floats(scale, s_base + t0 * s_st, s_st, sw, sdt, slut, n, ngroups, gsc)
     if has_zero:  # zero points share the scales' storage type
-        _floats(zero, zo, z_st, sw, sdt, slut, n, ngroups, zc)
-    else:
-        for j in range(n):
-            for gi in range(ngroups):
-                zc[j, gi] = 0.0
-    for j in range(n):  # x = raw * s * tensor_scale + z - offset * s * tensor_scale
+        _floats(zero, z_base + t0 * z_st, z_st, sw, sdt, slut, n, ngroups, gzc)
+    for j in range(n):  # x = code * s * tensor_scale + z - offset * s * tensor_scale
         for gi in range(ngroups):
-            sc[j, gi] *= tsv
-            zc[j, gi] -= off * sc[j, gi]
-
-
-@nb.njit(**_OPTS)
-def _apply_groups(raw, sc, zc, n, pb, gp):
-    """raw[p, k] = raw * sc + zc for the group of byte k (row j = k // nb, group (k % nb) // gp: flat index
-    j * groups + gi = k // gp). For sides with several groups per row, so that the scores and the weighted sum
-    run as over one group (fewer, longer loops and one horizontal sum per dot product)."""
-    ngroups = sc.shape[1]
-    for p in range(pb):
+            gsc[j, gi] *= tsv
+            gzc[j, gi] = (gzc[j, gi] if has_zero else nil) - off * gsc[j, gi]
+    if gbits == 5:
+        _ggml_fields(data, o, n, ngroups, gsc, gzc, raw)
+    elif ngroups == 1:
+        for p in range(pb):
+            _field(data, o, n * nb_, elem, pb, p, lut, raw, 0, one, nil)
         for j in range(n):
-            for gi in range(ngroups):
-                a = sc[j, gi]
-                c = zc[j, gi]
-                o = (j * ngroups + gi) * gp
-                for i in range(gp):
-                    raw[_U(p), _U(o + i)] = raw[_U(p), _U(o + i)] * a + c
+            sc[j] = gsc[j, 0]
+            zc[j] = gzc[j, 0]
+    else:  # each field over the whole block in one loop, then group gi of row j (bytes j * nb + gi * gp + [0, gp),
+        # planar: each field's channels of the group) scaled in place: loops of one group's length decode slowly
+        for p in range(pb):
+            _field(data, o, n * nb_, elem, pb, p, lut, raw, 0, one, nil)
+        gp = nb_ // ngroups
+        for p in range(pb):
+            for j in range(n):
+                for gi in range(ngroups):
+                    a = gsc[j, gi]
+                    c = gzc[j, gi]
+                    r = j * nb_ + gi * gp
+                    for i in range(gp):
+                        raw[_U(p), _U(r + i)] = raw[_U(p), _U(r + i)] * a + c
 
 
 @nb.njit(**_OPTS)
-def _flat_scores(q, qsum, raw, sc, zc, nb_, pb, gp, n, sm, s):
-    """_scores over a flat-path K block: per group, the dot with the raw codes, then * sc + zc * sum(q over the
-    group). Four K rows at a time."""
+def _flat_scores(q, qsum, raw, sc, zc, nb_, pb, n, sm, s):
+    """s[g, j] = (q[g] . row j) * sm over a flat-path K block (row j of channel p * nb + i = raw[p, j * nb + i] *
+    sc[j] + zc[j]): the dot with raw, then * sc + zc * sum(q). Four K rows at a time."""
     gqa = q.shape[0]
-    ngroups = sc.shape[1]
     j = 0
     while j + 4 <= n:
         r0 = j * nb_
         for g in range(gqa):
-            t0_ = np.float32(0.0)
-            t1_ = np.float32(0.0)
-            t2_ = np.float32(0.0)
-            t3_ = np.float32(0.0)
-            for gi in range(ngroups):
-                a0 = np.float32(0.0)
-                a1 = np.float32(0.0)
-                a2 = np.float32(0.0)
-                a3 = np.float32(0.0)
-                for p in range(pb):
-                    qo = p * nb_ + gi * gp
-                    ro = r0 + gi * gp
-                    for i in range(gp):
-                        qi = q[_U(g), _U(qo + i)]
-                        a0 += qi * raw[_U(p), _U(ro + i)]
-                        a1 += qi * raw[_U(p), _U(ro + nb_ + i)]
-                        a2 += qi * raw[_U(p), _U(ro + 2 * nb_ + i)]
-                        a3 += qi * raw[_U(p), _U(ro + 3 * nb_ + i)]
-                qs = qsum[g, gi]
-                t0_ += a0 * sc[j, gi] + zc[j, gi] * qs
-                t1_ += a1 * sc[j + 1, gi] + zc[j + 1, gi] * qs
-                t2_ += a2 * sc[j + 2, gi] + zc[j + 2, gi] * qs
-                t3_ += a3 * sc[j + 3, gi] + zc[j + 3, gi] * qs
-            s[g, j] = t0_ * sm
-            s[g, j + 1] = t1_ * sm
-            s[g, j + 2] = t2_ * sm
-            s[g, j + 3] = t3_ * sm
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            for p in range(pb):
+                qo = p * nb_
+                for i in range(nb_):
+                    qi = q[_U(g), _U(qo + i)]
+                    a0 += qi * raw[_U(p), _U(r0 + i)]
+                    a1 += qi * raw[_U(p), _U(r0 + nb_ + i)]
+                    a2 += qi * raw[_U(p), _U(r0 + 2 * nb_ + i)]
+                    a3 += qi * raw[_U(p), _U(r0 + 3 * nb_ + i)]
+            qs = qsum[g]
+            s[g, j] = (a0 * sc[j] + zc[j] * qs) * sm
+            s[g, j + 1] = (a1 * sc[j + 1] + zc[j + 1] * qs) * sm
+            s[g, j + 2] = (a2 * sc[j + 2] + zc[j + 2] * qs) * sm
+            s[g, j + 3] = (a3 * sc[j + 3] + zc[j + 3] * qs) * sm
         j += 4
     for jj in range(j, n):
         for g in range(gqa):
-            tot = np.float32(0.0)
-            for gi in range(ngroups):
-                a = np.float32(0.0)
-                for p in range(pb):
-                    qo = p * nb_ + gi * gp
-                    ro = jj * nb_ + gi * gp
-                    for i in range(gp):
-                        a += q[_U(g), _U(qo + i)] * raw[_U(p), _U(ro + i)]
-                tot += a * sc[jj, gi] + zc[jj, gi] * qsum[g, gi]
-            s[g, jj] = tot * sm
+            a = np.float32(0.0)
+            for p in range(pb):
+                qo = p * nb_
+                ro = jj * nb_
+                for i in range(nb_):
+                    a += q[_U(g), _U(qo + i)] * raw[_U(p), _U(ro + i)]
+            s[g, jj] = (a * sc[jj] + zc[jj] * qsum[g]) * sm
 
 
 @nb.njit(**_OPTS)
-def _flat_accumulate(s, raw, sc, zc, nb_, pb, gp, n, acc, bias):
-    """_accumulate over a flat-path V block: acc[g, channel] += (p * sc) * raw, and bias[g, gi] += p * zc (the
-    group's offset, added to its channels once at the end). Four V rows per pass."""
+def _flat_accumulate(s, raw, sc, zc, nb_, pb, n, acc, bias):
+    """acc[g, channel] += sum over j < n of (s[g, j] * sc[j]) * raw, and bias[g] += s[g, j] * zc[j] (the rows'
+    offsets, added to every channel once at the end) over a flat-path V block. Four V rows per pass."""
     gqa = acc.shape[0]
-    ngroups = sc.shape[1]
     j = 0
     while j + 4 <= n:
         r0 = j * nb_
         for g in range(gqa):
-            for gi in range(ngroups):
-                w0 = s[g, j] * sc[j, gi]
-                w1 = s[g, j + 1] * sc[j + 1, gi]
-                w2 = s[g, j + 2] * sc[j + 2, gi]
-                w3 = s[g, j + 3] * sc[j + 3, gi]
-                bias[g, gi] += (s[g, j] * zc[j, gi] + s[g, j + 1] * zc[j + 1, gi]) + (
-                    s[g, j + 2] * zc[j + 2, gi] + s[g, j + 3] * zc[j + 3, gi])
-                for p in range(pb):
-                    ao = p * nb_ + gi * gp
-                    ro = r0 + gi * gp
-                    for i in range(gp):
-                        acc[_U(g), _U(ao + i)] += (w0 * raw[_U(p), _U(ro + i)] + w1 * raw[_U(p), _U(ro + nb_ + i)]) + (
-                            w2 * raw[_U(p), _U(ro + 2 * nb_ + i)] + w3 * raw[_U(p), _U(ro + 3 * nb_ + i)])
+            w0 = s[g, j] * sc[j]
+            w1 = s[g, j + 1] * sc[j + 1]
+            w2 = s[g, j + 2] * sc[j + 2]
+            w3 = s[g, j + 3] * sc[j + 3]
+            bias[g] += (s[g, j] * zc[j] + s[g, j + 1] * zc[j + 1]) + (s[g, j + 2] * zc[j + 2] + s[g, j + 3] * zc[j + 3])
+            for p in range(pb):
+                ao = p * nb_
+                for i in range(nb_):
+                    acc[_U(g), _U(ao + i)] += (w0 * raw[_U(p), _U(r0 + i)] + w1 * raw[_U(p), _U(r0 + nb_ + i)]) + (
+                        w2 * raw[_U(p), _U(r0 + 2 * nb_ + i)] + w3 * raw[_U(p), _U(r0 + 3 * nb_ + i)])
         j += 4
     for jj in range(j, n):
         for g in range(gqa):
-            for gi in range(ngroups):
-                w = s[g, jj] * sc[jj, gi]
-                bias[g, gi] += s[g, jj] * zc[jj, gi]
-                for p in range(pb):
-                    ao = p * nb_ + gi * gp
-                    ro = jj * nb_ + gi * gp
-                    for i in range(gp):
-                        acc[_U(g), _U(ao + i)] += w * raw[_U(p), _U(ro + i)]
+            w = s[g, jj] * sc[jj]
+            bias[g] += s[g, jj] * zc[jj]
+            for p in range(pb):
+                ao = p * nb_
+                ro = jj * nb_
+                for i in range(nb_):
+                    acc[_U(g), _U(ao + i)] += w * raw[_U(p), _U(ro + i)]
 
 
 @nb.njit(inline="always", **_OPTS)
@@ -582,24 +603,27 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
     kn_, vn_ = kn[b], vn[b]
     # The flat path (_flat_block): blocks of packed, live rows of a side whose format allows it
     kflat, vflat = _flat_kind(km), _flat_kind(vm)
-    kpb, knb, kgroups, kgp = _flat_shape(km)
-    vpb, vnb, vgroups, vgp = _flat_shape(vm)
+    kpb, knb, kgroups = _flat_shape(km)
+    vpb, vnb, vgroups = _flat_shape(vm)
     kraw = np.empty((kpb, BLOCK * knb), np.float32)
     vraw = np.empty((vpb, BLOCK * vnb), np.float32)
-    ksc = np.empty((BLOCK, kgroups), np.float32)
-    kzc = np.empty((BLOCK, kgroups), np.float32)
-    vsc = np.empty((BLOCK, vgroups), np.float32)
-    vzc = np.empty((BLOCK, vgroups), np.float32)
-    # Several groups per row: _flat_block's scales are applied to raw in place (_apply_groups), and the scores and
-    # the weighted sum see one group of unit scale.
-    one_sc = np.ones((BLOCK, 1), np.float32)
-    one_zc = np.zeros((BLOCK, 1), np.float32)
-    kg1, vg1 = kgroups == 1, vgroups == 1
-    bias = np.zeros((gqa, 1), np.float32)  # V's offsets, weighted: added to acc at the end
-    qsum = np.zeros((gqa, 1), np.float32)  # q summed over K's channels
+    kgsc = np.empty((BLOCK, kgroups), np.float32)
+    kgzc = np.empty((BLOCK, kgroups), np.float32)
+    vgsc = np.empty((BLOCK, vgroups), np.float32)
+    vgzc = np.empty((BLOCK, vgroups), np.float32)
+    ksc = np.empty(BLOCK, np.float32)
+    kzc = np.empty(BLOCK, np.float32)
+    vsc = np.empty(BLOCK, np.float32)
+    vzc = np.empty(BLOCK, np.float32)
+    ones = np.ones(BLOCK, np.float32)  # the row-by-row path's tiles: one field of unit scale
+    zeros = np.zeros(BLOCK, np.float32)
+    bias = np.zeros(gqa, np.float32)  # V's offsets, weighted: added to acc at the end
+    qsum = np.zeros(gqa, np.float32)  # q summed over K's channels
     for g in range(gqa):
         for i in range(dk):
-            qsum[g, 0] += q[g, i]
+            qsum[g] += q[g, i]
+    ktile1 = ktile.reshape(1, BLOCK * dk)
+    vtile1 = vtile.reshape(1, BLOCK * dv)
     for t0 in range(start, stop, BLOCK):
         n = min(BLOCK, stop - t0)
         n_live = n
@@ -613,15 +637,11 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
         kf = kflat and n_live == n and t0 + n <= kn_
         vf = vflat and n_live == n and t0 + n <= vn_
         if kf:
-            _flat_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, b, h, t0, n, kraw, ksc, kzc)
-            if not kg1:
-                _apply_groups(kraw, ksc, kzc, n, kpb, kgp)
+            _flat_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, b, h, t0, n, kraw, kgsc, kgzc, ksc, kzc)
         else:
             _decode_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, ktail, kn_, b, h, t0, n, live, ktile)
         if vf:
-            _flat_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, b, h, t0, n, vraw, vsc, vzc)
-            if not vg1:
-                _apply_groups(vraw, vsc, vzc, n, vpb, vgp)
+            _flat_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, b, h, t0, n, vraw, vgsc, vgzc, vsc, vzc)
         else:
             _decode_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, vtail, vn_, b, h, t0, n, live, vtile)
         if n_live < n:  # V rows of masked tokens were not decoded: zero them, so that 0 * row adds exactly 0
@@ -630,12 +650,9 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
                     for i in range(dv):
                         vtile[j, i] = 0.0
         if kf:
-            if kg1:
-                _flat_scores(q, qsum, kraw, ksc, kzc, knb, kpb, knb, n, sm, s)
-            else:
-                _flat_scores(q, qsum, kraw, one_sc, one_zc, knb, kpb, knb, n, sm, s)
+            _flat_scores(q, qsum, kraw, ksc, kzc, knb, kpb, n, sm, s)
         else:
-            _scores(q, ktile, n, sm, s)
+            _flat_scores(q, qsum, ktile1, ones, zeros, dk, 1, n, sm, s)
         if cap > 0:
             for g in range(gqa):
                 for j in range(n):
@@ -663,35 +680,14 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
             l[g] = l[g] * alpha + lsum
             for i in range(dv):
                 acc[g, i] *= alpha
-            bias[g, 0] *= alpha
+            bias[g] *= alpha
         if vf:
-            if vg1:
-                _flat_accumulate(s, vraw, vsc, vzc, vnb, vpb, vnb, n, acc, bias)
-            else:
-                _flat_accumulate(s, vraw, one_sc, one_zc, vnb, vpb, vnb, n, acc, bias)
+            _flat_accumulate(s, vraw, vsc, vzc, vnb, vpb, n, acc, bias)
         else:
-            _accumulate(s, vtile, n, acc)
-    for g in range(gqa if vflat else 0):  # the flat blocks' V offsets, once per channel
+            _flat_accumulate(s, vtile1, ones, zeros, dv, 1, n, acc, bias)
+    for g in range(gqa):  # the flat blocks' V offsets, once per channel
         for i in range(dv):
-            acc[g, i] += bias[g, 0]
-
-
-@nb.njit(**_OPTS)
-def _scores(q, ktile, n, sm, s):
-    """s[g, j] = (q[g] . ktile[j]) * sm for j < n: _flat_scores over the dequantized tile as one field of one
-    group with unit scale."""
-    gqa, dk = q.shape
-    _flat_scores(q, np.zeros((gqa, 1), np.float32), ktile.reshape(1, -1), np.ones((n, 1), np.float32),
-                 np.zeros((n, 1), np.float32), dk, 1, dk, n, sm, s)
-
-
-@nb.njit(**_OPTS)
-def _accumulate(s, vtile, n, acc):
-    """acc[g] += sum over j < n of s[g, j] * vtile[j]: _flat_accumulate over the dequantized tile as one field of
-    one group with unit scale and no offset."""
-    gqa, dv = acc.shape
-    _flat_accumulate(s, vtile.reshape(1, -1), np.ones((n, 1), np.float32), np.zeros((n, 1), np.float32), dv, 1, dv,
-                     n, acc, np.zeros((gqa, 1), np.float32))
+            acc[g, i] += bias[g]
 
 
 @nb.njit(**_OPTS)
