@@ -80,18 +80,13 @@ def _u16(buf, o):
 
 @nb.njit(inline="always", **_OPTS)
 def _half(h):
-    """IEEE binary16 bits (uint32) -> float32, exact (subnormals, inf, nan)."""
-    sign = (h & 0x8000) << 16
-    exp = (h >> 10) & 0x1F
-    man = h & 0x3FF
-    if exp == 0x1F:  # inf / nan
-        bits = sign | np.uint32(0x7F800000) | (man << 13)
-        return _as_f32(bits)
-    if exp == 0:  # zero / subnormal: man * 2**-24
-        v = np.float32(man) * np.float32(5.9604644775390625e-08)
-        return -v if sign else v
-    bits = sign | ((exp + 112) << 23) | (man << 13)
-    return _as_f32(bits)
+    """IEEE binary16 bits (uint32) -> float32, exact (subnormals, inf, nan), without branches (it vectorizes): the
+    exponent and mantissa bits moved to float32's places read as 2**-112 times the value (a float32 subnormal for
+    a subnormal half), so one multiply by 2**112 rescales; exponent 31 (inf / nan) is blended in as all ones."""
+    em = (h & np.uint32(0x7FFF)) << np.uint32(13)
+    v = _bits(_as_f32(em) * np.float32(5.192296858534828e33))  # 2**112
+    special = np.uint32(0) - np.uint32(em >= np.uint32(0x0F800000))  # all ones for inf / nan
+    return _as_f32(((h & np.uint32(0x8000)) << np.uint32(16)) | (v & ~special) | ((em | np.uint32(0x7F800000)) & special))
 
 
 @nb.njit(**_OPTS)
@@ -233,10 +228,10 @@ def _decode_block(meta, data, lut, scale, zero, slut, tsv, tzv, tail, npk, b, h,
     elem = meta[M_ELEM]
     pb = meta[M_PER_BYTE]
     nb_ = d // pb
-    off = np.float32(meta[M_OFFSET])
+    skind = meta[M_SKIND]
+    off = np.float32(meta[M_OFFSET]) if skind != S_CHANNEL else np.float32(0.0)  # channels: in their zeros
     d_base = meta[M_D_OFF] + b * meta[M_D_SB] + h * meta[M_D_SH]
     d_st = meta[M_D_ST]
-    skind = meta[M_SKIND]
     sdt = meta[M_SDT]
     sw = _width(sdt)
     group = meta[M_GROUP] if skind == S_TOKEN else d  # channels sharing one (scale, zero) in a row
@@ -274,22 +269,15 @@ def _decode_block(meta, data, lut, scale, zero, slut, tsv, tzv, tail, npk, b, h,
 
 @nb.njit(**_OPTS)
 def _scale_channels(meta, scale, zero, slut, tsv, b, h, t0, n, npk, live, tile):
-    """Channel scales (KIVI's K): packed row t takes scale row t // group, one scale (and zero) per channel. Each
-    scale row is decoded once (into planar order) for the run of tokens sharing it, so the per-token loop is a
-    plain multiply-add that vectorizes."""
+    """Channel scales (KIVI's K) on rows of bare codes: packed row t takes scale row t // group, one (scale, zero)
+    per channel, decoded once (_channel_row) for the run of tokens sharing it, so the per-token loop is a plain
+    multiply-add that vectorizes."""
     d = meta[M_DIM]
     pb = meta[M_PER_BYTE]
     nb_ = d // pb
-    sdt = meta[M_SDT]
-    sw = _width(sdt)
     group = meta[M_GROUP]
-    has_zero = meta[M_ZERO] != 0
-    s_base = meta[M_S_OFF] + b * meta[M_S_SB] + h * meta[M_S_SH]
-    s_st = meta[M_S_ST]
-    z_base = meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH]
-    z_st = meta[M_Z_ST]
-    srow = np.empty(d, np.float32)
-    zrow = np.zeros(d, np.float32)
+    srow = np.empty((pb, nb_), np.float32)
+    zrow = np.empty((pb, nb_), np.float32)
     row = -1
     for j in range(n):
         t = t0 + j
@@ -297,16 +285,10 @@ def _scale_channels(meta, scale, zero, slut, tsv, b, h, t0, n, npk, live, tile):
             continue
         if t // group != row:
             row = t // group
-            so = s_base + row * s_st
-            zo = z_base + row * z_st
+            _channel_row(meta, scale, zero, slut, tsv, b, h, row, srow, zrow)
+        for p in range(pb):
             for i in range(nb_):
-                for p in range(pb):
-                    c = pb * i + p
-                    srow[p * nb_ + i] = _read(scale, so + c * sw, sdt, slut) * tsv
-                    if has_zero:
-                        zrow[p * nb_ + i] = _read(zero, zo + c * sw, sdt, slut)
-        for k in range(d):
-            tile[_U(j), _U(k)] = tile[_U(j), _U(k)] * srow[_U(k)] + zrow[_U(k)]
+                tile[_U(j), _U(p * nb_ + i)] = tile[_U(j), _U(p * nb_ + i)] * srow[_U(p), _U(i)] + zrow[_U(p), _U(i)]
 
 
 @nb.njit(**_OPTS)
@@ -396,30 +378,62 @@ def _ggml_fields(data, o, n, ngroups, gsc, gzc, raw):
 def _floats(buf, base, st, sw, dt, lut, n, ngroups, out):
     """out[j, gi] = the stored float of group gi of row j (byte offset base + j * st + gi * sw, storage type dt).
     Read from the bytes in this loop, not through _read: a call with array arguments in a per-row loop costs
-    numba two atomic reference counts per array."""
-    for j in range(n):
-        for gi in range(ngroups):
-            o = _U(base + j * st + gi * sw)
-            if dt == E_LUT:
-                out[j, gi] = lut[buf[o]]
-            elif dt == E_F16:
-                out[j, gi] = _half(np.uint32(buf[o]) | (np.uint32(buf[o + _U(1)]) << np.uint32(8)))
-            elif dt == E_BF16:
-                out[j, gi] = _as_f32((np.uint32(buf[o]) << np.uint32(16)) | (np.uint32(buf[o + _U(1)]) << np.uint32(24)))
-            else:
-                out[j, gi] = _as_f32(np.uint32(buf[o]) | (np.uint32(buf[o + _U(1)]) << np.uint32(8))
-                                     | (np.uint32(buf[o + _U(2)]) << np.uint32(16))
-                                     | (np.uint32(buf[o + _U(3)]) << np.uint32(24)))
+    numba two atomic reference counts per array. One loop per storage type, with no branch inside."""
+    if dt == E_LUT:
+        for j in range(n):
+            for gi in range(ngroups):
+                out[_U(j), _U(gi)] = lut[buf[_U(base + j * st + gi * sw)]]
+    elif dt == E_F16:
+        for j in range(n):
+            for gi in range(ngroups):
+                o = _U(base + j * st + gi * sw)
+                out[_U(j), _U(gi)] = _half(np.uint32(buf[o]) | (np.uint32(buf[o + _U(1)]) << np.uint32(8)))
+    elif dt == E_BF16:
+        for j in range(n):
+            for gi in range(ngroups):
+                o = _U(base + j * st + gi * sw)
+                out[_U(j), _U(gi)] = _as_f32((np.uint32(buf[o]) << np.uint32(16)) | (np.uint32(buf[o + _U(1)]) << np.uint32(24)))
+    else:
+        for j in range(n):
+            for gi in range(ngroups):
+                o = _U(base + j * st + gi * sw)
+                out[_U(j), _U(gi)] = _as_f32(np.uint32(buf[o]) | (np.uint32(buf[o + _U(1)]) << np.uint32(8))
+                                             | (np.uint32(buf[o + _U(2)]) << np.uint32(16))
+                                             | (np.uint32(buf[o + _U(3)]) << np.uint32(24)))
 
 
 @nb.njit(**_OPTS)
-def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, gsc, gzc, sc, zc):
+def _channel_row(meta, scale, zero, slut, tsv, b, h, row, gsc, gzc):
+    """Channel scales' row `row` (tokens row * group ..) of (b, h) -> gsc / gzc [p, i] for the channel at planar
+    position p * nb + i (stored channel pb * i + p), the tensor scale and the code offset folded in: x = code * gsc +
+    gzc."""
+    d = meta[M_DIM]
+    pb = meta[M_PER_BYTE]
+    nb_ = d // pb
+    sdt = meta[M_SDT]
+    sw = _width(sdt)
+    has_zero = meta[M_ZERO] != 0
+    off = np.float32(meta[M_OFFSET]) if meta[M_ELEM] == E_UINT else np.float32(0.0)
+    _floats(scale, meta[M_S_OFF] + b * meta[M_S_SB] + h * meta[M_S_SH] + row * meta[M_S_ST], sw, sw * pb, sdt, slut,
+            pb, nb_, gsc)
+    if has_zero:
+        _floats(zero, meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH] + row * meta[M_Z_ST], sw, sw * pb, sdt, slut,
+                pb, nb_, gzc)
+    for p in range(pb):
+        for i in range(nb_):
+            gsc[p, i] *= tsv
+            gzc[p, i] = (gzc[p, i] if has_zero else np.float32(0.0)) - off * gsc[p, i]
+
+
+@nb.njit(**_OPTS)
+def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, gsc, gzc, sc, zc, apply_channels):
     """The flat path's decode of packed tokens t0..t0+n-1 of (b, h) into raw[p, j * nb + i] (channel p * nb + i of
     token j, planar order; q5_0 / q5_1 blocks in ggml's order) and sc / zc [BLOCK]: the token's channel is
     raw * sc[j] + zc[j]. With one scale per row (token or tensor scales) raw holds the bare codes, each field of
     the whole block unpacked in one loop, and consumers fold sc / zc into the scores and the softmax weights.
     With several scales per row (groups, llama.cpp's blocks, KIVI's channel scales) they are applied while unpacking,
-    or right after, and sc / zc are 1 / 0. gsc / gzc [BLOCK, groups]: scratch for the stored scales."""
+    or right after, and sc / zc are 1 / 0; channel scales only if apply_channels (else raw holds the bare codes).
+    gsc / gzc [BLOCK, groups]: scratch for the stored scales."""
     d = meta[M_DIM]
     elem = meta[M_ELEM]
     pb = meta[M_PER_BYTE]
@@ -445,21 +459,17 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
     for j in range(n):
         sc[j] = one
         zc[j] = nil
-    if skind == S_CHANNEL:  # KIVI's K: scale row t // group, one (scale, zero) per channel, stored in channel order
+    if skind == S_CHANNEL:  # KIVI's K: scale row t // group, one (scale, zero) per channel
         for p in range(pb):
             _field(data, o, n * nb_, elem, pb, p, lut, raw, 0, one, nil)
+        if not apply_channels:  # the caller folds them into q (_attend)
+            return
         group = meta[M_GROUP]
         row = -1
         for j in range(n):
-            if (t0 + j) // group != row:  # decode the scale row into planar order, offset folded in
+            if (t0 + j) // group != row:
                 row = (t0 + j) // group
-                _floats(scale, s_base + row * s_st, sw, sw * pb, sdt, slut, pb, nb_, gsc)  # [p, i]: channel pb * i + p
-                if has_zero:
-                    _floats(zero, z_base + row * z_st, sw, sw * pb, sdt, slut, pb, nb_, gzc)
-                for p in range(pb):
-                    for i in range(nb_):
-                        gsc[p, i] *= tsv
-                        gzc[p, i] = (gzc[p, i] if has_zero else nil) - off * gsc[p, i]
+                _channel_row(meta, scale, zero, slut, tsv, b, h, row, gsc, gzc)
             for p in range(pb):
                 r = j * nb_
                 for i in range(nb_):
@@ -497,11 +507,12 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
 
 
 @nb.njit(**_OPTS)
-def _flat_scores(q, qsum, raw, sc, zc, nb_, pb, n, sm, s):
-    """s[g, j] = (q[g] . row j) * sm over a flat-path K block (row j of channel p * nb + i = raw[p, j * nb + i] *
-    sc[j] + zc[j]): the dot with raw, then * sc + zc * sum(q). Four K rows at a time."""
+def _flat_scores(q, qsum, raw, sc, zc, nb_, pb, j0, n, sm, s):
+    """s[g, j] = (q[g] . row j) * sm for rows j0..n-1 of a flat-path K block (row j of channel p * nb + i =
+    raw[p, j * nb + i] * sc[j] + zc[j]): the dot with raw, then * sc + zc * qsum (sum(q) over the channels). Four K
+    rows at a time."""
     gqa = q.shape[0]
-    j = 0
+    j = j0
     while j + 4 <= n:
         r0 = j * nb_
         for g in range(gqa):
@@ -622,6 +633,10 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
     for g in range(gqa):
         for i in range(dk):
             qsum[g] += q[g, i]
+    kchan = km[M_SKIND] == S_CHANNEL
+    kgroup = km[M_GROUP]
+    qc = np.empty((gqa, dk), np.float32)  # KIVI's K: q times a scale row
+    qz = np.empty(gqa, np.float32)
     ktile1 = ktile.reshape(1, BLOCK * dk)
     vtile1 = vtile.reshape(1, BLOCK * dv)
     for t0 in range(start, stop, BLOCK):
@@ -637,11 +652,11 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
         kf = kflat and n_live == n and t0 + n <= kn_
         vf = vflat and n_live == n and t0 + n <= vn_
         if kf:
-            _flat_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, b, h, t0, n, kraw, kgsc, kgzc, ksc, kzc)
+            _flat_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, b, h, t0, n, kraw, kgsc, kgzc, ksc, kzc, False)
         else:
             _decode_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, ktail, kn_, b, h, t0, n, live, ktile)
         if vf:
-            _flat_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, b, h, t0, n, vraw, vgsc, vgzc, vsc, vzc)
+            _flat_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, b, h, t0, n, vraw, vgsc, vgzc, vsc, vzc, True)
         else:
             _decode_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, vtail, vn_, b, h, t0, n, live, vtile)
         if n_live < n:  # V rows of masked tokens were not decoded: zero them, so that 0 * row adds exactly 0
@@ -649,10 +664,24 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
                 if not live[j]:
                     for i in range(dv):
                         vtile[j, i] = 0.0
-        if kf:
-            _flat_scores(q, qsum, kraw, ksc, kzc, knb, kpb, n, sm, s)
+        if kf and kchan:  # KIVI's K: each run of rows sharing a scale row scores against q * scales, + q . zeros
+            j0 = 0
+            while j0 < n:
+                row = (t0 + j0) // kgroup
+                j1 = min(n, (row + 1) * kgroup - t0)
+                _channel_row(km, kscale, kzero, kslut, kts_, b, h, row, kgsc, kgzc)
+                for g in range(gqa):
+                    qz[g] = 0.0
+                    for p in range(kpb):
+                        for i in range(knb):
+                            qc[g, p * knb + i] = q[g, p * knb + i] * kgsc[p, i]
+                            qz[g] += q[g, p * knb + i] * kgzc[p, i]
+                _flat_scores(qc, qz, kraw, ones, ones, knb, kpb, j0, j1, sm, s)
+                j0 = j1
+        elif kf:
+            _flat_scores(q, qsum, kraw, ksc, kzc, knb, kpb, 0, n, sm, s)
         else:
-            _flat_scores(q, qsum, ktile1, ones, zeros, dk, 1, n, sm, s)
+            _flat_scores(q, qsum, ktile1, ones, zeros, dk, 1, 0, n, sm, s)
         if cap > 0:
             for g in range(gqa):
                 for j in range(n):
