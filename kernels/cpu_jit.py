@@ -186,6 +186,25 @@ def _ggml_block(data, o, off, e0, s, z, tile, j):
 
 
 @nb.njit(inline="always", **_OPTS)
+def _tail_row(tail, o, tdt, tw, pb, nb_, gbits, tile, j):
+    """The tail's row at byte offset o (fp16, bf16 or fp32) -> tile[j] in planar order (gbits = 4: ggml's nibble
+    blocks' order). Read from the bytes here, one loop per storage type: _read is a call with array arguments."""
+    for i in range(nb_):
+        for p in range(pb):
+            e = pb * i + p if gbits != 4 else 2 * (i - i % 16) + 16 * p + i % 16
+            b = _U(o + e * tw)
+            if tdt == E_F16:
+                tile[_U(j), _U(p * nb_ + i)] = _half(np.uint32(tail[b]) | (np.uint32(tail[b + _U(1)]) << np.uint32(8)))
+            elif tdt == E_BF16:
+                tile[_U(j), _U(p * nb_ + i)] = _as_f32((np.uint32(tail[b]) << np.uint32(16))
+                                                       | (np.uint32(tail[b + _U(1)]) << np.uint32(24)))
+            else:
+                tile[_U(j), _U(p * nb_ + i)] = _as_f32(np.uint32(tail[b]) | (np.uint32(tail[b + _U(1)]) << np.uint32(8))
+                                                       | (np.uint32(tail[b + _U(2)]) << np.uint32(16))
+                                                       | (np.uint32(tail[b + _U(3)]) << np.uint32(24)))
+
+
+@nb.njit(inline="always", **_OPTS)
 def _rows(data, lut, scale, zero, slut, tail, live, tile, elem, geo, fl, npk, t0, n):
     """The row loop of _decode_block (see there), inlined once per element kind."""
     (pb, nb_, d_base, d_st, skind, sdt, sw, gp, ngroups, has_zero, s_base, s_st, z_base, z_st, tdt, tw,
@@ -196,11 +215,7 @@ def _rows(data, lut, scale, zero, slut, tail, live, tile, elem, geo, fl, npk, t0
             continue
         t = t0 + j
         if t >= npk:  # the full-precision tail, written in planar order
-            o = t_base + (t - npk) * t_st
-            for i in range(nb_):
-                for p in range(pb):
-                    e = pb * i + p if gbits != 4 else 2 * (i - i % 16) + 16 * p + i % 16  # ggml's nibble blocks
-                    tile[j, p * nb_ + i] = _read(tail, o + e * tw, tdt, slut)
+            _tail_row(tail, t_base + (t - npk) * t_st, tdt, tw, pb, nb_, gbits, tile, j)
             continue
         o = d_base + t * d_st
         if elem == E_LUT or elem >= E_UINT:

@@ -36,8 +36,9 @@ SIDE_BY_SIDE = ["fp8_e4m3", "fp8_e5m2", "int8", "int4", "k8v4", "k4v8", "kivi2",
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model name or path (default: the bundled SmolLM2-135M)")
     p.add_argument("--context", type=int, default=1024, help="prompt tokens before the timed decode (default 1024)")
-    p.add_argument("--decode-tokens", type=int, default=4, help="timed decode steps per round (default 4)")
-    p.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds, best kept (default 2)")
+    p.add_argument("--decode-tokens", type=int, default=6, help="timed decode steps per round (default 6)")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds, best kept (default 4; on 2 "
+                   "shared cores fewer rounds move a format's ratio by 0.1 between runs)")
     p.add_argument("--prompts", type=int, default=3, help="teacher-forced prompts (default 3)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="tokens per teacher-forced prompt (default 128)")
     p.add_argument("--tf-tokens", type=int, default=32, help="teacher-forced decode steps per prompt (default 32)")
@@ -100,7 +101,7 @@ def _log(progress: bool, msg: str) -> None:
         print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def run_bench(model_name=None, formats=None, context=1024, decode_tokens=4, rounds=2, prompts=3, prompt_tokens=128,
+def run_bench(model_name=None, formats=None, context=1024, decode_tokens=6, rounds=4, prompts=3, prompt_tokens=128,
               tf_tokens=32, progress=False, side_by_side: list[str] | None = None) -> dict:
     """Run everything; returns plain data: {"rows": [...], "side_by_side": {...}, "meta": {...}} (see markdown)."""
     import torch
