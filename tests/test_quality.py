@@ -72,6 +72,46 @@ def test_batched_rows_match_each_formats_own_cache(tiny, arch):
             assert cache.nbytes() == result.cache_bytes
 
 
+def test_free_running_rows_are_each_formats_own_greedy_decode(tiny):
+    """A format's free-running row joins the batch at its first divergence, copied from its teacher-forced row: its
+    tokens are what its own cache generates greedily, fed its own picks from the start."""
+    model, tok = tiny
+    specs = ["int2", "fp8_e4m3", "int4/channel/g8/asym"]
+    report = quality.compare(model, tok, PROMPT, specs, max_new_tokens=12)
+    assert report.formats[0].first_divergence is not None  # the copy is exercised
+    ids = tok(PROMPT, return_tensors="pt")["input_ids"]
+    for result in report.formats:
+        dyn, logits = quality.prefill(model, ids)
+        cache = quality.load_prefill(QuantizedKVCache(model.config, result.name), dyn)
+        own = [int(logits.argmax(-1))]
+        with torch.no_grad():
+            for _ in range(11):
+                step = model(input_ids=torch.tensor([[own[-1]]]), cache=cache).logits[:, -1]
+                own.append(int(step.argmax(-1)))
+        assert result.token_ids == own, result.name
+
+
+def test_select_rows_copies_a_row_that_then_decodes_on_its_own(tiny):
+    """RowStackCache.select_rows([0, 1, 1]): the copy shares its format's cache (now of batch 2), holds the same
+    bytes, and fed the same tokens gives the same logits as the row it was copied from."""
+    model, tok = tiny
+    ids = tok(PROMPT, return_tensors="pt")["input_ids"]
+    stack = quality.RowStackCache(model.config, [None, "int4/channel/g8/asym"])
+    stack.load_prefill(quality.prefill(model, ids)[0])
+    with torch.no_grad():
+        for t in (5, 6, 7):
+            model(input_ids=torch.tensor([[t], [t]]), cache=stack)
+        stack.select_rows([0, 1, 1])
+        assert stack.row_caches[1] is stack.row_caches[2] and stack.row_nbytes(2) == stack.row_nbytes(1)
+        side = stack.row_caches[1].layers[0].k
+        assert side.tail.shape[0] == 2 and torch.equal(side.tail[0], side.tail[1])
+        for t in (8, 9, 10, 11):
+            logits = model(input_ids=torch.tensor([[t], [t], [t]]), cache=stack).logits[:, -1]
+            torch.testing.assert_close(logits[2], logits[1])
+    layer = stack.layers[0]
+    assert layer.keys.shape[0] == 3 and torch.equal(layer.keys[1], layer.keys[2])
+
+
 def test_stream_yields_every_step_then_the_report(tiny):
     model, tok = tiny
     updates = list(quality.compare_stream(model, tok, PROMPT, ["int4", "fp8"], max_new_tokens=6))

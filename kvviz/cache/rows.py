@@ -47,15 +47,35 @@ class _RowStackLayer(CacheLayerMixin):
 
     def __init__(self, row_layers: list):
         super().__init__()
+        self.n = 0
+        self._set_rows(row_layers, {})
+
+    def _set_rows(self, row_layers: list, done: dict) -> None:
+        """Batch rows -> their layers; done: id(layer) -> (K, V) quantized tokens already mirrored."""
         self.rows = row_layers
         self.exact = [b for b, row in enumerate(row_layers) if row is None]
         shared: dict[int, tuple] = {}
         for b, row in enumerate(row_layers):
             if row is not None:
                 shared.setdefault(id(row), (row, []))[1].append(b)
+        self.members = {key: rows for key, (_, rows) in shared.items()}  # id(layer) -> its batch rows, in order
         self.groups = [(layer, _selector(rows)) for layer, rows in shared.values()]  # (layer, its batch rows)
-        self.n = 0
-        self.done = {"k": [0] * len(self.groups), "v": [0] * len(self.groups)}  # quantized tokens mirrored
+        pairs = [done.get(id(layer), (0, 0)) for layer, _ in self.groups]
+        self.done = {"k": [k for k, _ in pairs], "v": [v for _, v in pairs]}  # quantized tokens mirrored
+
+    def select_rows(self, index: list[int]) -> None:
+        """Make the batch rows `index` of the current one (repeats copy a row: its packed bytes, tail and mirror,
+        nothing re-quantized). A shared layer's own batch is reordered to match."""
+        done = {id(layer): (self.done["k"][g], self.done["v"][g]) for g, (layer, _) in enumerate(self.groups)}
+        for key, members in self.members.items():
+            layer = self.rows[members[0]]
+            picks = [members.index(b) for b in index if self.rows[b] is layer]
+            if picks != list(range(len(members))):
+                layer.reorder_cache(torch.tensor(picks, dtype=torch.long))
+        if self.is_initialized:
+            idx = torch.tensor(index, dtype=torch.long, device=self.keys.device)
+            self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
+        self._set_rows([self.rows[b] for b in index], done)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device, self.dtype = key_states.device, key_states.dtype
@@ -142,6 +162,7 @@ class RowStackCache(Cache):
         else:  # a layer's rows are distinct plans (kvviz.analysis.rows' prefix tree): one cache per plan
             self.row_caches = [None if s is None else QuantizedKVCache(config, s, scales=_scales_for(config, s, scales))
                                for s in specs]
+        self.uniform = layer_rows is None  # every layer holds every row, in the same order
         if layer_rows is None:
             layer_rows = [list(range(len(specs)))] * n_layers
         assert len(layer_rows) == n_layers, f"layer_rows has {len(layer_rows)} layers, the model {n_layers}"
@@ -161,6 +182,15 @@ class RowStackCache(Cache):
             k, v = cache.layers[i].keys, cache.layers[i].values  # [1, H, T, D]
             rows = len(layer.rows)
             layer.update(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
+
+    def select_rows(self, index: list[int]) -> None:
+        """Make the batch rows `index` of the current one, in every layer (a row may repeat: the copy holds what
+        the row holds, and decodes on from there as its own row)."""
+        if not self.uniform:
+            raise ValueError("select_rows needs every layer to hold every row (RowStackCache without layer_rows).")
+        for layer in self.layers:
+            layer.select_rows(index)
+        self.row_caches = [self.row_caches[b] for b in index]
 
     def row_nbytes(self, row: int) -> int | None:
         """Bytes row `row`'s quantized cache holds for it, as a batch-1 cache of its spec would (None for an exact

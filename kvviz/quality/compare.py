@@ -2,10 +2,13 @@
 first divergence, and teacher-forced per-step KL(baseline || format) and top-1 agreement.
 
 One prefill (DynamicCache, the prompt attends to its own unquantized K/V as in vLLM) serves every format: its K/V
-are copied into each format's cache. Then ONE batched decode loop (kvviz.cache.rows.RowStackCache) runs
-1 + 2 x len(specs) rows: row 0 the exact baseline (greedy), then per format a teacher-forced row (fed the baseline's
-tokens) and a free-running row (fed its own greedy tokens), side by side, so that the two share one cache of batch 2
-(one quantize call per layer and step for both). Step 0's token comes from the shared prefill, so it is
+are copied into each format's cache. Then ONE batched decode loop (kvviz.cache.rows.RowStackCache) runs row 0,
+the exact baseline (greedy), and per format a teacher-forced row (fed the baseline's tokens) and a free-running row
+(fed its own greedy tokens). Until the format first picks a token the baseline did not, its free-running row would
+be fed what the teacher-forced row is fed, so it is not run: its tokens are the teacher-forced row's picks, and at
+the first divergence the teacher-forced row is copied (packed bytes as they are) into a free-running row beside
+it; the two then share one cache of batch 2 (one quantize call per layer and step for both). A format that never
+diverges costs one row, not two. Step 0's token comes from the shared prefill, so it is
 the same everywhere; KL and top-1 are measured on the decode steps 1..N-1, where the format's cache is read.
 
     for update in compare_stream(model, tok, "Once upon a time", ["fp8_e4m3", "k8v4", "int4"], max_new_tokens=32):
@@ -154,29 +157,43 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
     ids = _encode(tokenizer, prompt)
     t0 = time.perf_counter()
     dyn, logits0 = prefill(model, ids)
-    # rows: 0 baseline, then per format j its teacher-forced row tf[j] and (free_running) its free-running row
-    # tf[j] + 1, next to each other: one cache of batch 2 per format (RowStackCache shares it), slices into the batch
-    per = 2 if free_running else 1
-    tf = [1 + per * j for j in range(n)]
-    stack = RowStackCache(model.config, [None] + [kv for kv in kvs for _ in range(per)], scales=scales)
+    # rows: 0 baseline, then per format j its teacher-forced row. A format's free-running row is fed the baseline's
+    # tokens until its first divergence, so until then it equals the teacher-forced row (same inputs, same cache):
+    # it joins the batch only when the format first picks another token, as a copy of the teacher-forced row
+    # placed next to it (RowStackCache.select_rows), and the two then share one cache of batch 2.
+    stack = RowStackCache(model.config, [None, *kvs], scales=scales)
     stack.load_prefill(dyn)
+    rows = [("base", -1)] + [("tf", j) for j in range(n)]  # what each batch row is
     first = int(logits0.argmax(-1))
     base_ids, free_ids = [first], [[first] for _ in range(n)]
     kl_steps, top1_steps = [], []
     decode = lambda row_ids: tokenizer.decode(row_ids, skip_special_tokens=True)  # noqa: E731
     yield StreamUpdate(0, decode(base_ids), {names[j]: decode(free_ids[j]) for j in range(n)})
     for step in range(1, max_new_tokens):
-        fed = [base_ids[-1]]  # the baseline row, then per format its teacher-forced and free-running rows
-        for f in free_ids:
-            fed += [base_ids[-1], f[-1]] if free_running else [base_ids[-1]]
+        fed = [free_ids[j][-1] if kind == "fr" else base_ids[-1] for kind, j in rows]
         inp = torch.tensor(fed, device=model.device)[:, None]  # [rows, 1]
         logits = model(input_ids=inp, cache=stack, use_cache=True).logits[:, -1].float()  # [rows, vocab]
+        tf = [rows.index(("tf", j)) for j in range(n)]
         kl, top1 = kl_top1(logits[:1].expand(n, -1), logits[tf])
         kl_steps.append(kl.cpu())
         top1_steps.append(top1.cpu())
         base_ids.append(int(logits[0].argmax()))
+        spawn = []
         for j in range(n if free_running else 0):
-            free_ids[j].append(int(logits[tf[j] + 1].argmax()))
+            own = ("fr", j) in rows
+            free_ids[j].append(int(logits[rows.index(("fr", j)) if own else tf[j]].argmax()))
+            if not own and free_ids[j][-1] != base_ids[-1]:
+                spawn.append(j)
+        if spawn:  # each diverging format's teacher-forced row, copied as its free-running row right after it
+            index, grown = [], []
+            for b, (kind, j) in enumerate(rows):
+                index.append(b)
+                grown.append((kind, j))
+                if kind == "tf" and j in spawn:
+                    index.append(b)
+                    grown.append(("fr", j))
+            stack.select_rows(index)
+            rows = grown
         yield StreamUpdate(step, decode(base_ids), {names[j]: decode(free_ids[j]) for j in range(n)})
     seconds = time.perf_counter() - t0
 
@@ -197,7 +214,7 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
             free_ids[j], diverge = [], None
         results.append(FormatResult(
             name=names[j], spec=spec, text=decode(free_ids[j]), token_ids=free_ids[j], first_divergence=diverge,
-            kl=kl_arr[j], top1=top1_arr[j], cache_bytes=stack.row_nbytes(tf[j]),
+            kl=kl_arr[j], top1=top1_arr[j], cache_bytes=stack.row_nbytes(rows.index(("tf", j))),
             bits_per_value=bits, tokens_per_s=speeds.get(j)))
     tokens = ids.shape[1] + max_new_tokens - 1  # tokens held after the last step
     cfg = model.config.get_text_config(decoder=True)
