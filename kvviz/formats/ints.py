@@ -14,10 +14,12 @@ Storage: int8 sym as int8 codes; every other code unsigned (sym offset by 2**(bi
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import groups
-from .packing import pack, unpack
+from .packing import decode_bytes, pack
 
 _F16_TINY, _F16_MAX = 2.0**-24, 65504.0
 
@@ -65,13 +67,20 @@ def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
     return {"data": data, "scale": s, "zero": zero}
 
 
+@functools.cache
+def _code_values(bits: int, offset: int) -> tuple[float, ...]:
+    return tuple(float(c - offset) for c in range(2**bits))
+
+
 def decode(fmt, q) -> torch.Tensor:
     """QTensor -> fp32 x_hat [..., T, D]."""
     gran, group, bits = fmt.granularity, fmt.group, fmt.bits
     s = (q.tensor_scale if q.scale is None else q.scale).float()
-    codes = q.data.float() if bits == 8 else unpack(q.data, bits).float()
-    if bits < 8 and not fmt.asym:
-        codes -= 2 ** (bits - 1)  # symmetric codes are stored offset by 2**(bits-1)
+    if bits == 8:
+        codes = q.data.float()
+    else:  # one table lookup per byte; symmetric codes are stored offset by 2**(bits-1)
+        offset = 0 if fmt.asym else 2 ** (bits - 1)
+        codes = decode_bytes(q.data, bits, _code_values(bits, offset))
     x = groups.scale_(codes, s, gran, group)
     if fmt.asym:
         x = x.add_(groups.expand(q.zero.float(), gran, group, q.values_shape))

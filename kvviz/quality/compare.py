@@ -124,7 +124,8 @@ def _spec_and_bits(kv, head_dim: int) -> tuple[str, float]:
 
 
 def kl_top1(base_logits: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row KL(base || other) in nats and top-1 agreement. base_logits, logits: [rows, vocab] -> ([rows], [rows])."""
+    """Per-row KL(base || other) in nats and top-1 agreement. base_logits, logits: [rows, vocab] -> ([rows], [rows]);
+    base_logits may be one row [1, vocab], compared with every row of logits."""
     lp = torch.log_softmax(base_logits.double(), dim=-1)
     lq = torch.log_softmax(logits.double(), dim=-1)
     kl = (lp.exp() * (lp - lq)).sum(-1).clamp(min=0.0)
@@ -174,7 +175,7 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
         inp = torch.tensor(fed, device=model.device)[:, None]  # [rows, 1]
         logits = model(input_ids=inp, cache=stack, use_cache=True).logits[:, -1].float()  # [rows, vocab]
         tf = [rows.index(("tf", j)) for j in range(n)]
-        kl, top1 = kl_top1(logits[:1].expand(n, -1), logits[tf])
+        kl, top1 = kl_top1(logits[:1], logits[tf])  # the baseline's log-softmax once, for every format
         kl_steps.append(kl.cpu())
         top1_steps.append(top1.cpu())
         base_ids.append(int(logits[0].argmax()))
