@@ -334,59 +334,45 @@ def _flat_shape(meta):
 
 
 @nb.njit(inline="always", **_OPTS)
-def _field(data, o, nbytes, elem, pb, p, lut, raw, r, a, c):
-    """raw[p, r + k] = decode(field p of byte o + k) * a + c for k < nbytes: field p holds the codes at bits
-    (8 / pb) * p. One loop per field: two stores per iteration keep LLVM from vectorizing. Unsigned codes are
+def _field(data, o, nbytes, elem, pb, p, lut, raw):
+    """raw[p, k] = the code in field p of byte o + k as a float, unscaled, for k < nbytes: field p holds the codes
+    at bits (8 / pb) * p. One loop per field: two stores per iteration keep LLVM from vectorizing. Unsigned codes are
     shifted and masked as uint32 and converted from int32 (numba widens int32 products to int64, and AVX2 has no
     vector conversion from unsigned ints)."""
     if elem == E_INT8:
         for k in range(nbytes):
-            raw[_U(p), _U(r + k)] = np.float32(np.int8(data[_U(o + k)])) * a + c
+            raw[_U(p), _U(k)] = np.float32(np.int8(data[_U(o + k)]))
     elif elem == E_E2M1:
         sh = np.uint32(4 * p)
         for k in range(nbytes):
-            raw[_U(p), _U(r + k)] = _e2m1((np.uint32(data[_U(o + k)]) >> sh) & np.uint32(15)) * a + c
+            raw[_U(p), _U(k)] = _e2m1((np.uint32(data[_U(o + k)]) >> sh) & np.uint32(15))
     elif elem == E_LUT:
         if pb == 1:
             for k in range(nbytes):
-                raw[_U(p), _U(r + k)] = lut[data[_U(o + k)]] * a + c
+                raw[_U(p), _U(k)] = lut[data[_U(o + k)]]
         else:
             sh = np.uint32(4 * p)
             for k in range(nbytes):
-                raw[_U(p), _U(r + k)] = lut[(np.uint32(data[_U(o + k)]) >> sh) & np.uint32(15)] * a + c
+                raw[_U(p), _U(k)] = lut[(np.uint32(data[_U(o + k)]) >> sh) & np.uint32(15)]
     elif pb == 1:
         for k in range(nbytes):
-            raw[_U(p), _U(r + k)] = np.float32(np.int32(data[_U(o + k)])) * a + c
+            raw[_U(p), _U(k)] = np.float32(np.int32(data[_U(o + k)]))
     else:
         w = np.uint32(8 // pb)
         sh = w * np.uint32(p)
         mask = (np.uint32(1) << w) - np.uint32(1)
         for k in range(nbytes):
-            raw[_U(p), _U(r + k)] = np.float32(np.int32((np.uint32(data[_U(o + k)]) >> sh) & mask)) * a + c
+            raw[_U(p), _U(k)] = np.float32(np.int32((np.uint32(data[_U(o + k)]) >> sh) & mask))
 
 
 @nb.njit(inline="always", **_OPTS)
 def _ggml_fields(data, o, n, ngroups, gsc, gzc, raw):
     """n rows of q5_0 / q5_1 blocks at byte offset o -> raw[0, (j * groups + gi) * 32 + e], element e of the block
-    in ggml's order, as code * gsc[j, gi] + gzc[j, gi] (the offset folded into gzc). Block bytes as _ggml_block
-    reads them; each half of a block (low nibbles: elements 0..15, high: 16..31) is one 16-wide loop."""
+    in ggml's order, as code * gsc[j, gi] + gzc[j, gi] (the offset folded into gzc): _ggml_block per block."""
     for j in range(n):
         for gi in range(ngroups):
-            a = gsc[j, gi]
-            c = gzc[j, gi]
             u = j * ngroups + gi
-            bo = o + u * 20
-            r = u * 32
-            qh = (np.uint32(data[_U(bo)]) | (np.uint32(data[_U(bo + 1)]) << np.uint32(8))
-                  | (np.uint32(data[_U(bo + 2)]) << np.uint32(16)) | (np.uint32(data[_U(bo + 3)]) << np.uint32(24)))
-            for i in range(16):
-                code = ((np.uint32(data[_U(bo + 4 + i)]) & np.uint32(15))
-                        | (((qh >> np.uint32(i)) & np.uint32(1)) << np.uint32(4)))
-                raw[_U(0), _U(r + i)] = np.float32(np.int32(code)) * a + c
-            for i in range(16):
-                code = ((np.uint32(data[_U(bo + 4 + i)]) >> np.uint32(4))
-                        | (((qh >> np.uint32(i + 16)) & np.uint32(1)) << np.uint32(4)))
-                raw[_U(0), _U(r + 16 + i)] = np.float32(np.int32(code)) * a + c
+            _ggml_block(data, o + u * 20, np.float32(0.0), u * 32, gsc[j, gi], gzc[j, gi], raw, 0)
 
 
 @nb.njit(**_OPTS)
@@ -446,9 +432,9 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
     token j, planar order; q5_0 / q5_1 blocks in ggml's order) and sc / zc [BLOCK]: the token's channel is
     raw * sc[j] + zc[j]. With one scale per row (token or tensor scales) raw holds the bare codes, each field of
     the whole block unpacked in one loop, and consumers fold sc / zc into the scores and the softmax weights.
-    With several scales per row (groups, llama.cpp's blocks, KIVI's channel scales) they are applied while unpacking,
-    or right after, and sc / zc are 1 / 0; channel scales only if apply_channels (else raw holds the bare codes).
-    gsc / gzc [BLOCK, groups]: scratch for the stored scales."""
+    With several scales per row (groups, llama.cpp's blocks, KIVI's channel scales) they are applied to the unpacked
+    block (q5_0 / q5_1: while unpacking each block), and sc / zc are 1 / 0; channel scales only if apply_channels
+    (else raw holds the bare codes). gsc / gzc [BLOCK, groups]: scratch for the stored scales."""
     d = meta[M_DIM]
     elem = meta[M_ELEM]
     pb = meta[M_PER_BYTE]
@@ -457,10 +443,11 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
     off = np.float32(meta[M_OFFSET]) if elem == E_UINT else np.float32(0.0)
     o = meta[M_D_OFF] + b * meta[M_D_SB] + h * meta[M_D_SH] + t0 * meta[M_D_ST]
     one, nil = np.float32(1.0), np.float32(0.0)
+    if gbits != 5:  # every field of the block's codes, unscaled, one loop each (q5 blocks: _ggml_fields below)
+        for p in range(pb):
+            _field(data, o, n * nb_, elem, pb, p, lut, raw)
     skind = meta[M_SKIND]
     if skind == S_NONE:
-        for p in range(pb):
-            _field(data, o, n * nb_, elem, pb, p, lut, raw, 0, one, nil)
         for j in range(n):
             sc[j] = tsv
             zc[j] = tzv - off * tsv
@@ -475,8 +462,6 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
         sc[j] = one
         zc[j] = nil
     if skind == S_CHANNEL:  # KIVI's K: scale row t // group, one (scale, zero) per channel
-        for p in range(pb):
-            _field(data, o, n * nb_, elem, pb, p, lut, raw, 0, one, nil)
         if not apply_channels:  # the caller folds them into q (_attend)
             return
         group = meta[M_GROUP]
@@ -501,16 +486,11 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
     if gbits == 5:
         _ggml_fields(data, o, n, ngroups, gsc, gzc, raw)
     elif ngroups == 1:
-        for p in range(pb):
-            _field(data, o, n * nb_, elem, pb, p, lut, raw, 0, one, nil)
         for j in range(n):
             sc[j] = gsc[j, 0]
             zc[j] = gzc[j, 0]
-    else:  # each field over the whole block in one loop, then group gi of row j (bytes j * nb + gi * gp + [0, gp),
-        # planar: each field's channels of the group) scaled in place: loops of one group's length decode slowly
-        for p in range(pb):
-            _field(data, o, n * nb_, elem, pb, p, lut, raw, 0, one, nil)
-        gp = nb_ // ngroups
+    else:  # group gi of row j (bytes j * nb + gi * gp + [0, gp), planar: each field's channels of the group) scaled
+        gp = nb_ // ngroups  # in place, after the unpacking: loops of one group's length unpack slowly
         for p in range(pb):
             for j in range(n):
                 for gi in range(ngroups):
