@@ -6,10 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from transformers import DynamicCache
 
 from kvviz import quality
 from kvviz.cache import QuantizedKVCache
+from kvviz.memory import kv_cache_bytes_for
 from kvviz.models import tiny_model
+from kvviz.tiny import TINY_ARCHS
+from kvviz.quality.speed import EXACT, FUSED
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
 LOSSY = ["int2", "k=int8,v=int4", "int4/channel/g32/asym", "fp8_e4m3", "nvfp4"]
@@ -47,11 +51,12 @@ def test_report_fields(tiny):
             assert f.token_ids[f.first_divergence] != report.baseline_ids[f.first_divergence]
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "mistral", "cohere2", "gpt_oss", "llama4", "deepseek_v3"])
+@pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_batched_rows_match_each_formats_own_cache(tiny, arch):
     """The batched per-row-format decode gives the KL a format's own QuantizedKVCache gives alone, on sliding
-    windows and chunks shorter than the prompt (rows whose caches evict) and on MLA's latents (layers that hand
-    back dequantized tensors) too."""
+    windows and chunks shorter than the prompt (rows whose caches evict), on MLA's latents (layers that hand
+    back dequantized tensors), beside linear-attention and Mamba states (Qwen3-Next, Falcon-H1) and with layers
+    that reuse an earlier layer's K/V (Gemma 4) too. The baseline's bytes are what a DynamicCache holds."""
     model, tok = tiny if arch == "llama" else tiny_model(arch)
     specs = LOSSY if arch == "llama" else ["int2/g16", "k=int8,v=int4", "int4/channel/g8/asym", "fp8_e4m3", "nvfp4"]
     report = quality.compare(model, tok, PROMPT, specs, max_new_tokens=10)
@@ -70,13 +75,20 @@ def test_batched_rows_match_each_formats_own_cache(tiny, arch):
             kl, top1 = quality.kl_top1(base, logits)
             np.testing.assert_allclose(kl.numpy(), result.kl, rtol=1e-3, atol=1e-6)
             assert cache.nbytes() == result.cache_bytes
+        dyn = quality.load_prefill(DynamicCache(config=model.config), quality.prefill(model, ids)[0])
+        for i in range(9):
+            model(input_ids=cont[:, i : i + 1], cache=dyn)
+    held = [t for layer in dyn.layers if getattr(layer, "keys", None) is not None for t in (layer.keys, layer.values)]
+    assert report.baseline_bytes == sum(t.numel() * t.element_size() for t in held)
 
 
-def test_free_running_rows_are_each_formats_own_greedy_decode(tiny):
+@pytest.mark.parametrize("arch", ["llama", "qwen3_next", "falcon_h1", "gemma4"])
+def test_free_running_rows_are_each_formats_own_greedy_decode(tiny, arch):
     """A format's free-running row joins the batch at its first divergence, copied from its teacher-forced row: its
-    tokens are what its own cache generates greedily, fed its own picks from the start."""
-    model, tok = tiny
-    specs = ["int2", "fp8_e4m3", "int4/channel/g8/asym"]
+    tokens are what its own cache generates greedily, fed its own picks from the start. On hybrids the copy
+    carries the row's linear-attention / Mamba states too."""
+    model, tok = tiny if arch == "llama" else tiny_model(arch)
+    specs = ["int2", "fp8_e4m3", "int4/channel/g8/asym"] if arch == "llama" else ["int2/g16", "fp8_e4m3", "k8v4"]
     report = quality.compare(model, tok, PROMPT, specs, max_new_tokens=12)
     assert report.formats[0].first_divergence is not None  # the copy is exercised
     ids = tok(PROMPT, return_tensors="pt")["input_ids"]
@@ -178,6 +190,25 @@ def test_needle_runs(tiny):
         quality.haystack(tok, 20, 0.5, "1")
     with pytest.raises(ValueError):
         quality.haystack(tok, 200, 1.5, "1")
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "falcon_h1", "gemma4"])
+def test_metrics_run_beside_states_and_shared_kv(arch):
+    """Perplexity, the needle test and fused-against-unfused on models whose caches hold linear-attention or Mamba
+    states (Qwen3-Next, Falcon-H1) or layers that reuse another layer's K/V (Gemma 4): a 16-bit cache scores as
+    the baseline does and decodes its tokens, and the bytes read count only the layers that hold K/V."""
+    model, tok = tiny_model(arch)
+    res = quality.perplexity(model, tok, ["bf16", "int2/g16"], windows=1, window=48, prefill_tokens=16, chunk=8)
+    assert res["ppl"]["bf16"] == pytest.approx(res["ppl"]["baseline"], rel=0.05)
+    assert res["ppl"]["int2/g16"] != res["ppl"]["baseline"]
+    res = quality.needle(model, tok, ["fp16"], context_tokens=160, depths=(0.5,), answer_tokens=3)
+    assert list(res["retrieved"]) == ["baseline", "fp16"] and len(res["retrieved"]["fp16"]) == 1
+    report = quality.fused_vs_unfused(model, quality.wikitext_ids(tok, 40), ["fp16", "int4/g16"], new_tokens=3,
+                                      rounds=1)
+    dyn = report.run("DynamicCache", EXACT)
+    assert report.run("fp16", FUSED).tokens == dyn.tokens and report.same_tokens("int4/g16")
+    tokens = 40 + 3 + 1  # the prompt, the warm-up step's token and the timed steps'
+    assert dyn.bytes_read == kv_cache_bytes_for(model.config, tokens, k="fp16", layout="transformers") * 2  # fp32
 
 
 def test_rows_of_one_spec_share_one_batched_cache(tiny):

@@ -106,10 +106,13 @@ def _plain_sensitivity(model, tok, text: str, spec: str, max_tokens: int) -> dic
 
 
 @pytest.mark.parametrize("arch, spec", [("outlier", "int4"), ("gemma3", "int4"), ("qwen2", "k8v4"),
-                                        ("gemma4", "int4")])
+                                        ("gemma4", "int4"), ("llama4", "int4"), ("qwen3_next", "int4"),
+                                        ("falcon_h1", "k8v4")])
 def test_fast_sensitivity_equals_the_plain_definition(outlier_model, arch, spec):
     """The prefix-tree rows (variants forking from the exact run) give the numbers of the plain definition. gemma3
-    and qwen2 have sliding layers; gemma4's KV-shared layers make the rows run unshared (every row every layer)."""
+    and qwen2 have sliding layers; gemma4's KV-shared layers make the rows run unshared (every row every layer);
+    llama4's causal LM is its own get_decoder(); qwen3_next and falcon_h1 hold linear-attention / Mamba states,
+    forked with their rows."""
     model, tok = outlier_model if arch == "outlier" else tiny_model(arch)
     fast = layer_sensitivity(model, tok, TEXT, spec, max_tokens=48)
     plain = _plain_sensitivity(model, tok, TEXT, spec, 48)

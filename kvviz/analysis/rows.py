@@ -35,6 +35,13 @@ from kvviz.cache.quantized import _layer_plan
 from kvviz.cache.rows import RowStackCache
 
 
+def decoder(model):
+    """The decoder body of a causal LM (hidden states out, no LM head). transformers' get_decoder() returns the
+    causal LM itself for some (Llama 4's Llama4ForCausalLM); its `model` is the body then."""
+    body = model.get_decoder()
+    return model.model if body is model and hasattr(model, "model") else body
+
+
 def lm_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     """The causal LM head on decoder hidden states [T, hidden] -> logits [T, vocab] (the model's dtype), with
     Gemma's final logit softcapping where the config has it."""
@@ -124,7 +131,7 @@ def _forkable_layers(model) -> list | None:
     """The decoder layers rows can fork between, or None where they cannot: no `layers` list on the decoder, or
     layers that read another layer's K/V (Gemma 4's KV sharing: producer and consumer must hold the same rows)."""
     text = model.config.get_text_config(decoder=True)
-    layers = getattr(model.get_decoder(), "layers", None)
+    layers = getattr(decoder(model), "layers", None)
     if layers is None or len(layers) < text.num_hidden_layers or getattr(text, "num_kv_shared_layers", 0):
         return None
     return list(layers[: text.num_hidden_layers])
@@ -156,7 +163,7 @@ def row_hidden(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk
     layers = _forkable_layers(model)
     step = chunk or t
     bounds = [0, first_chunk] + list(range(first_chunk + step, t, step)) + [t]
-    body = model.get_decoder()
+    body = decoder(model)
     if layers is None:  # one row per plan in every layer, the batch fed as is
         stack = RowStackCache(model.config, specs, scales=scales)
         return torch.cat([body(input_ids=ids[:, a:b].expand(n, -1), cache=stack, use_cache=True).last_hidden_state

@@ -235,3 +235,19 @@ class QuantizedHybridSlidingLayer(_HybridMixin, LinearAttentionLayer, QuantizedS
                  name: str = "layer", materialize: bool = False, number_of_states: int = 1):
         QuantizedSlidingLayer.__init__(self, k_fmt, v_fmt, sliding_window, residual, scales, name, materialize)
         LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
+
+
+def copy_states(src: LinearAttentionLayer, dst: LinearAttentionLayer, rows: int = 1) -> None:
+    """Give dst (empty) the linear-attention / Mamba states of src, a batch-1 prefilled layer, in each of `rows`
+    batch rows: the conv and recurrent states, as they are (they are not K/V, so nothing is quantized)."""
+    for i in range(src.number_of_states):
+        if src.is_conv_states_initialized[i]:
+            conv = src.conv_states[i].expand(rows, *src.conv_states[i].shape[1:])
+            dst.lazy_initialization(conv_states=conv, state_idx=i, conv_kernel_size=src.conv_kernel_size[i])
+            dst.conv_states[i].copy_(conv)
+        if src.is_recurrent_states_initialized[i]:
+            state = src.recurrent_states[i].expand(rows, *src.recurrent_states[i].shape[1:])
+            dst.lazy_initialization(recurrent_states=state, state_idx=i)
+            dst.recurrent_states[i].copy_(state)
+        dst.has_previous_state[i] = src.has_previous_state[i]
+

@@ -16,6 +16,10 @@ This serves quality metrics (teacher-forced KL, free-running text, needle retrie
 of weight reads per step for every format. Speed of a format's own cache and backend is measured separately
 (kvviz.quality.speed).
 
+Layers without K/V of their own keep transformers' objects, batched over the rows: linear-attention and Mamba
+states (Qwen3-Next, Falcon-H1's hybrid layers beside their K/V) in full precision, as QuantizedKVCache keeps them,
+and Gemma 4's shared-KV layers as DummyLayer (they read what an earlier layer's update returned).
+
 Rows per layer: by default every layer holds every row. With `layer_rows`, layer j holds its own rows, each taking
 layer j of one of the given plans; kvviz.analysis.rows uses this to run many per-layer plans as a prefix tree (plans
 that agree on layers 0..j share one row up to layer j), so the batch differs from layer to layer.
@@ -28,9 +32,11 @@ that agree on layers 0..j share one row up to layer j), so the batch differs fro
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, DummyLayer,
+                                      LinearAttentionCacheLayerMixin, LinearAttentionLayer, get_layer_types_and_kwargs)
 
-from kvviz.cache.quantized import QuantizedKVCache, _layer_plan
+from kvviz.cache.layers import copy_states
+from kvviz.cache.quantized import STATE_TYPES, QuantizedKVCache, _layer_plan
 
 _MIN_CAPACITY = 64
 
@@ -142,6 +148,28 @@ class _RowStackLayer(CacheLayerMixin):
         return -1
 
 
+class _RowStackHybridLayer(LinearAttentionLayer, _RowStackLayer):
+    """A layer with a linear-attention / Mamba state beside attention (Falcon-H1's "hybrid"): the rows' K/V as in
+    _RowStackLayer, the states in transformers' own LinearAttentionLayer, one batch row per row, full precision."""
+
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, row_layers: list, number_of_states: int = 1):
+        _RowStackLayer.__init__(self, row_layers)
+        LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
+
+    def lazy_initialization(self, *args, **kwargs) -> None:
+        if len(args) == 2 and not kwargs:  # attention: (key_states, value_states)
+            _RowStackLayer.lazy_initialization(self, *args)
+        elif not args:  # update_conv_state / update_recurrent_state pass keywords
+            LinearAttentionLayer.lazy_initialization(self, **kwargs)
+
+    def select_rows(self, index: list[int]) -> None:
+        _RowStackLayer.select_rows(self, index)
+        LinearAttentionLayer.reorder_cache(self, torch.tensor(index, dtype=torch.long))
+
+
 class RowStackCache(Cache):
     """A batch of rows, each with its own KV spec (None: exact). See the module docstring.
 
@@ -167,7 +195,18 @@ class RowStackCache(Cache):
             layer_rows = [list(range(len(specs)))] * n_layers
         assert len(layer_rows) == n_layers, f"layer_rows has {len(layer_rows)} layers, the model {n_layers}"
         assert all(len(set(r)) == len(r) for r in layer_rows), "a plan's layer serves one row per layer at most"
-        layers = [_RowStackLayer([self._layer(p, i) for p in rows]) for i, rows in enumerate(layer_rows)]
+        kinds, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+        self.batch = [len(rows) for rows in layer_rows]  # rows per layer
+        layers = []
+        for i, (rows, kind, kw) in enumerate(zip(layer_rows, kinds, kwargs)):
+            if kind in STATE_TYPES:  # linear attention / Mamba: no K/V, the states of every row, as they are
+                layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kw))
+            elif kind == "dummy":  # Gemma 4's shared-KV layers read what an earlier layer's update returned
+                layers.append(DummyLayer())
+            elif kind.startswith("hybrid"):
+                layers.append(_RowStackHybridLayer([self._layer(p, i) for p in rows], kw.get("number_of_states", 1)))
+            else:
+                layers.append(_RowStackLayer([self._layer(p, i) for p in rows]))
         super().__init__(layers=layers)
 
     def _layer(self, p: int, i: int):
@@ -177,11 +216,13 @@ class RowStackCache(Cache):
 
     def load_prefill(self, cache: Cache) -> None:
         """Copy a batch-1 prefilled cache (e.g. a DynamicCache) into every row: each row's cache stores (and
-        quantizes) the prompt's K/V as its own first update would."""
-        for i, layer in enumerate(self.layers):
-            k, v = cache.layers[i].keys, cache.layers[i].values  # [1, H, T, D]
-            rows = len(layer.rows)
-            layer.update(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
+        quantizes) the prompt's K/V as its own first update would; linear-attention / Mamba states are copied."""
+        for i, (layer, rows) in enumerate(zip(self.layers, self.batch)):
+            src = cache.layers[i]
+            if isinstance(layer, _RowStackLayer):
+                layer.update(src.keys.expand(rows, -1, -1, -1), src.values.expand(rows, -1, -1, -1))  # [1, H, T, D]
+            if isinstance(layer, LinearAttentionCacheLayerMixin):  # linear-attention / Mamba states, as they are
+                copy_states(src, layer, rows)
 
     def select_rows(self, index: list[int]) -> None:
         """Make the batch rows `index` of the current one, in every layer (a row may repeat: the copy holds what
@@ -189,8 +230,16 @@ class RowStackCache(Cache):
         if not self.uniform:
             raise ValueError("select_rows needs every layer to hold every row (RowStackCache without layer_rows).")
         for layer in self.layers:
-            layer.select_rows(index)
+            if isinstance(layer, _RowStackLayer):
+                layer.select_rows(index)
+            elif isinstance(layer, LinearAttentionCacheLayerMixin):
+                layer.reorder_cache(torch.tensor(index, dtype=torch.long))
         self.row_caches = [self.row_caches[b] for b in index]
+        self.batch = [len(index)] * len(self.layers)
+
+    def attention_layers(self) -> list[_RowStackLayer]:
+        """The layers that hold K/V (not linear-attention / Mamba states, nor Gemma 4's shared-KV layers)."""
+        return [layer for layer in self.layers if isinstance(layer, _RowStackLayer)]
 
     def row_nbytes(self, row: int) -> int | None:
         """Bytes row `row`'s quantized cache holds for it, as a batch-1 cache of its spec would (None for an exact

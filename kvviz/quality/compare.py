@@ -29,6 +29,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from kvviz.attention import active_backend
 from kvviz.cache.rows import RowStackCache
+from kvviz.memory import kv_cache_bytes_for
 from kvviz.plan import format_plan, is_uniform, parse_plan
 from kvviz.quality.speed import decode_speed
 
@@ -141,7 +142,7 @@ def prefill(model, ids: torch.Tensor):
     whole prompt and evicts by its own rule, as it would have holding the prompt itself.
     """
     cache = DynamicCache(config=model.config)
-    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in cache.layers]
+    cache.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer for layer in cache.layers]
     out = model(input_ids=ids.to(model.device), cache=cache, use_cache=True, logits_to_keep=1)
     return cache, out.logits[:, -1].float()
 
@@ -200,7 +201,8 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
 
     kl_arr = torch.stack(kl_steps, dim=1).numpy()  # [n, steps]
     top1_arr = torch.stack(top1_steps, dim=1).numpy()
-    head_dim = stack.layers[0].keys.shape[-1]
+    keys = stack.attention_layers()[0].keys  # [rows, kv_heads, T, head_dim] of the first layer that holds K/V
+    head_dim = keys.shape[-1]
     speeds = {}
     base_speed = None
     if speed_tokens > 0:
@@ -218,9 +220,8 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
             kl=kl_arr[j], top1=top1_arr[j], cache_bytes=stack.row_nbytes(rows.index(("tf", j))),
             bits_per_value=bits, tokens_per_s=speeds.get(j)))
     tokens = ids.shape[1] + max_new_tokens - 1  # tokens held after the last step
-    cfg = model.config.get_text_config(decoder=True)
-    baseline_bytes = 2 * cfg.num_hidden_layers * tokens * stack.layers[0].keys.shape[1] * head_dim * \
-        stack.layers[0].keys.element_size()
+    # what a DynamicCache holds for them (sliding layers their window, no state layers), in the model dtype
+    baseline_bytes = kv_cache_bytes_for(model.config, tokens, k="fp16", layout="transformers") * keys.element_size() // 2
     report = QualityReport(prompt=prompt if isinstance(prompt, str) else "", prompt_tokens=ids.shape[1],
                            baseline_text=decode(base_ids), baseline_ids=base_ids, baseline_bytes=baseline_bytes,
                            formats=results, seconds=seconds, baseline_tokens_per_s=base_speed)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from kvviz.analysis.rows import check_score_from, lm_logprobs, row_values
+from kvviz.analysis.rows import check_score_from, decoder, lm_logprobs, row_values
 from kvviz.plan import parse_plan
 from kvviz.quality.kld import summarize
 from kvviz.quality.perplexity import wikitext
@@ -43,7 +43,7 @@ def base_logprobs(model, tokenizer, text: str | None = None, windows: int = 2, w
     score_from = window_tokens // 2 if score_from is None else score_from
     wins = _windows(tokenizer, text, windows, window_tokens)
     check_score_from(score_from, window_tokens)
-    body = model.get_decoder()
+    body = decoder(model)
     lps = []
     with torch.no_grad():
         for w in wins:

@@ -20,18 +20,23 @@ from types import SimpleNamespace
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
 from kvviz import attention
 from kvviz.cache import QuantizedKVCache
+from kvviz.cache.layers import copy_states
 from kvviz.formats import KVSpec, parse_kv
 
 
 def load_prefill(cache: Cache, prefilled: Cache) -> Cache:
     """Copy a prefilled batch-1 cache's K/V (e.g. a DynamicCache) into an empty cache, layer by layer, through
-    its own update (which quantizes them, as its first update would). Returns `cache`."""
+    its own update (which quantizes them, as its first update would), and its linear-attention / Mamba states as
+    they are. Returns `cache`."""
     for i, layer in enumerate(prefilled.layers):
-        cache.update(layer.keys, layer.values, i)
+        if getattr(layer, "keys", None) is not None:  # attention (not a state layer, nor Gemma 4's shared KV)
+            cache.update(layer.keys, layer.values, i)
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            copy_states(layer, cache.layers[i])
     return cache
 
 
@@ -153,8 +158,9 @@ def _fuses(kv: KVSpec, backend: str) -> bool:
 
 
 def _dynamic_bytes(cache: Cache) -> int:
-    """Bytes of the K/V a DynamicCache holds (the model's dtype)."""
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers if layer.is_initialized)
+    """Bytes of the K/V a DynamicCache holds (the model's dtype; linear-attention / Mamba states are not K/V)."""
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers
+               if getattr(layer, "keys", None) is not None)
 
 
 def _dense_bytes(cache: QuantizedKVCache) -> int:
