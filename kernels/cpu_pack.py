@@ -5,8 +5,9 @@ Covers the formats whose groups lie inside one token, as `quant_pack` does: int8
 token or per token group, fp8 E4M3 / E5M2 per token or group and with static per-tensor / per-head scales, MX FP4
 (mxfp4, fp4_mx_block16), NVFP4 (its global scale given as tensor_scale), and llama.cpp's KV types (q8_0, q4_0, q4_1,
 q5_0, q5_1, iq4_nl, in kvviz.formats.ggml's block layout), each with /rot (the Hadamard rotation is one torch matmul
-before the loop, as kvviz.formats rotates). Channel formats are left to kvviz.formats. Each buffer is handed over as a uint8 numpy view of its memory: nothing is copied. `fmt` is
-duck-typed (kvviz Format attributes); nothing here imports kvviz.
+before the loop, as kvviz.formats rotates). Channel formats are left to kvviz.formats. Each buffer is handed over
+as a uint8 numpy view of its memory: nothing is copied. `fmt` is duck-typed (kvviz Format attributes); nothing
+here imports kvviz.
 
     over = quant_pack_cpu(fmt, x, data, scale, zero, pos=cache_len, tensor_scale=ts)   # x: [B, Hkv, T_new, D]
 

@@ -221,7 +221,8 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
             bits_per_value=bits, tokens_per_s=speeds.get(j)))
     tokens = ids.shape[1] + max_new_tokens - 1  # tokens held after the last step
     # what a DynamicCache holds for them (sliding layers their window, no state layers), in the model dtype
-    baseline_bytes = kv_cache_bytes_for(model.config, tokens, k="fp16", layout="transformers") * keys.element_size() // 2
+    baseline_bytes = kv_cache_bytes_for(model.config, tokens, k="fp16", layout="transformers") * keys.element_size()
+    baseline_bytes //= 2
     report = QualityReport(prompt=prompt if isinstance(prompt, str) else "", prompt_tokens=ids.shape[1],
                            baseline_text=decode(base_ids), baseline_ids=base_ids, baseline_bytes=baseline_bytes,
                            formats=results, seconds=seconds, baseline_tokens_per_s=base_speed)
