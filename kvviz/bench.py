@@ -55,9 +55,15 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer.")
     formats = None if args.formats is None else [f.strip() for f in args.formats.split(",") if f.strip()]
-    result = run_bench(args.model, formats, args.context, args.decode_tokens, args.rounds, args.prompts,
-                       args.prompt_tokens, args.tf_tokens, progress=True)
+    from kvviz.cache.notes import ScaleNotes
+
+    notes = ScaleNotes()  # the caches' static-scale warnings (one per layer side), merged: a line per format
+    with notes.catching():
+        result = run_bench(args.model, formats, args.context, args.decode_tokens, args.rounds, args.prompts,
+                           args.prompt_tokens, args.tf_tokens, progress=True)
     print(markdown(result))
+    for line in notes.lines():
+        print(f"Warning: {line.replace('`', '')}")
     return 0
 
 

@@ -71,3 +71,30 @@ def test_a_stale_quanto_build_lock_skips_the_quanto_rows(tmp_path, monkeypatch, 
     assert bench._quanto_locked()
     out = capsys.readouterr().out
     assert str(lock) in out and "Delete it" in out
+
+
+def test_run_prints_one_line_per_scale_problem_and_format(monkeypatch, capsys):
+    """The caches warn once per layer side (60 times per format on SmolLM2): the bench merges them into one line
+    per problem and format after its table, and lets other warnings through."""
+    import warnings
+
+    from kvviz.cache import ScaleWarning
+
+    def fake_run_bench(*args, **kwargs):
+        for layer in range(30):
+            for side in "KV":
+                warnings.warn(ScaleWarning("few", "few_tokens", "fp8_e4m3", f"layer {layer} {side}", tokens=32))
+        warnings.warn(ScaleWarning("sat", "saturated", "fp8_e4m3", "layer 7 K", count=3, total=192))
+        warnings.warn(UserWarning("something else"))
+        return _result()
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    with pytest.warns(UserWarning, match="something else"):
+        assert bench.run(p.parse_args(["--formats", "fp8_e4m3"])) == 0
+    out = capsys.readouterr().out.splitlines()
+    warned = [line for line in out if line.startswith("Warning:")]
+    assert len(warned) == 2 and out[-2:] == warned
+    assert "fitted on 32 token(s)" in warned[0] and "(60 layer sides)" in warned[0] and "fp8_e4m3" in warned[0]
+    assert "at least 3 values saturated" in warned[1] and "`" not in warned[1]

@@ -18,12 +18,10 @@ lists more (registry.py); a tiny random model name (tiny-llama, tiny-gemma3...) 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import os
-import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
@@ -33,6 +31,8 @@ import kvviz
 from .checks import (MAX_PROMPT_CHARS, check_bool, check_choice, check_float, check_int,  # noqa: F401
                      check_language, check_names, check_prompt, check_spec, check_text, check_upload, plan_or_spec,
                      spec_list)
+from kvviz.cache import notes
+
 from . import registry, zerogpu
 from .i18n import t
 
@@ -286,75 +286,19 @@ def fitting_specs(names: list[str], model) -> tuple[list[str], list[str]]:
 # --- the library's scale warnings, shown to the user -----------------------------------------------------------
 
 
-class ScaleNotes:
-    """kvviz's static-scale warnings (kvviz.cache.ScaleWarning) raised during one call, merged into one line per
-    problem and format (the library warns once per layer side: 60 warnings for one format on SmolLM2).
+class ScaleNotes(notes.ScaleNotes):
+    """kvviz.cache.notes.ScaleNotes, shown to the user: as a status paragraph and as pop-ups.
 
         notes = ScaleNotes()
         with notes.catching():
             ...                                # library calls
         status += notes.markdown()             # "**Warnings**: ..." lines, or ""
         notes.toast()                          # each line as a gr.Warning pop-up, once
-
-    Other warnings pass through to Python's own handling. warnings.catch_warnings swaps process-wide state, so the
-    windows are kept short (`watch` catches one step of a generator at a time); model calls share one queue.
     """
 
     def __init__(self) -> None:
-        self._merged: dict[tuple[str, str], dict] = {}
+        super().__init__()
         self._toasted: set[tuple[str, str]] = set()
-
-    @contextlib.contextmanager
-    def catching(self):
-        from kvviz.cache import ScaleWarning
-
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ScaleWarning)  # every side's, every call: not once per code location
-            yield self
-        for w in caught:
-            if isinstance(w.message, ScaleWarning):
-                self._add(w.message)
-            else:
-                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-
-    def watch(self, steps: Iterable) -> Iterator:
-        """Iterate `steps` (a generator) catching the warnings of each step."""
-        it = iter(steps)
-        while True:
-            with self.catching():
-                try:
-                    item = next(it)
-                except StopIteration:
-                    return
-            yield item
-
-    def _add(self, w) -> None:
-        # One run may build several caches of a format (Compare: teacher-forced, free-running, timed): a side is
-        # counted once by its name, with the largest count any of its caches saw.
-        m = self._merged.setdefault((w.kind, w.spec), {"sides": {}, "tokens": w.tokens})
-        m["sides"][w.side] = max(m["sides"].get(w.side, 0), w.count)
-        m["tokens"] = min(m["tokens"], w.tokens)
-
-    def lines(self) -> list[str]:
-        """One sentence per (problem, format), in the order first seen."""
-        return list(self._lines().values())
-
-    def _lines(self) -> dict[tuple[str, str], str]:
-        from kvviz.cache.sides import MIN_FIT_TOKENS
-
-        out = {}
-        for (kind, spec), m in self._merged.items():
-            sides = len(m["sides"])
-            where = f" ({sides} layer sides)" if sides > 1 else ""
-            if kind == "few_tokens":
-                out[kind, spec] = (f"`{spec}`: the static scale was fitted on {m['tokens']} token(s), fewer "
-                                   f"than {MIN_FIT_TOKENS}{where}; later tokens beyond its range saturate. Use a "
-                                   "longer prompt or calibrated scales.")
-            else:
-                out[kind, spec] = (f"`{spec}`: at least {sum(m['sides'].values()):,} values saturated beyond the FP8 range under "
-                                   f"the static scale{where}, counted where each side first saturated; use "
-                                   "calibrated scales or a per-token format.")
-        return out
 
     def markdown(self) -> str:
         """A "**Warnings**: ..." paragraph to append to a status line, or "" when nothing was warned."""
