@@ -11,9 +11,10 @@ q . (k' H) = (q H) . k' and out = (P V') H.
 A format is one branch here: `_element_code` says how one stored code decodes (arithmetic, a table of 256, 16 or 4
 floats, or a 16/32-bit float read from its bytes) and `KINDS` lists the format families it knows. llama.cpp's KV
 types (layout "ggml") are read in their blocks in place: q8_0 as int8 codes with an fp16 d per 32; q4_0, q4_1 and
-iq4_nl (through ggml's table) as 4-bit codes with a scale group of 32, in a planar order of their own (_planar(..., ggml=True));
-q5_0 and q5_1 32 codes at a time (cpu_jit._ggml_block), in ggml's element order. `cpu_usable()` is False
-when numba is missing or fails to compile; callers then use the reference (kernels/reference.py).
+iq4_nl (through ggml's table) as 4-bit codes with a scale group of 32, in a planar order of their own
+(_planar(..., ggml=True)); q5_0 and q5_1 32 codes at a time (cpu_jit._ggml_block), in ggml's element order.
+`cpu_usable()` is False when numba is missing or fails to compile; callers then use the reference
+(kernels/reference.py).
 
     python -m kernels.cpu      # first-use compile time and a quick timing against the reference
 """

@@ -250,4 +250,3 @@ def copy_states(src: LinearAttentionLayer, dst: LinearAttentionLayer, rows: int 
             dst.lazy_initialization(recurrent_states=state, state_idx=i)
             dst.recurrent_states[i].copy_(state)
         dst.has_previous_state[i] = src.has_previous_state[i]
-

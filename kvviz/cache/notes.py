@@ -69,7 +69,7 @@ class ScaleNotes:
                                    f"than {MIN_FIT_TOKENS}{where}; later tokens beyond its range saturate. Use a "
                                    "longer prompt or calibrated scales.")
             else:
-                out[kind, spec] = (f"`{spec}`: at least {sum(m['sides'].values()):,} values saturated beyond the FP8 range under "
-                                   f"the static scale{where}, counted where each side first saturated; use "
-                                   "calibrated scales or a per-token format.")
+                out[kind, spec] = (f"`{spec}`: at least {sum(m['sides'].values()):,} values saturated beyond the "
+                                   f"FP8 range under the static scale{where}, counted where each side first "
+                                   "saturated; use calibrated scales or a per-token format.")
         return out

@@ -35,7 +35,7 @@ import torch
 from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, DummyLayer,
                                       LinearAttentionCacheLayerMixin, LinearAttentionLayer, get_layer_types_and_kwargs)
 
-from kvviz.cache.layers import copy_states
+from kvviz.cache.layers import _HybridMixin, copy_states
 from kvviz.cache.quantized import STATE_TYPES, QuantizedKVCache, _layer_plan
 
 _MIN_CAPACITY = 64
@@ -148,22 +148,17 @@ class _RowStackLayer(CacheLayerMixin):
         return -1
 
 
-class _RowStackHybridLayer(LinearAttentionLayer, _RowStackLayer):
+class _RowStackHybridLayer(_HybridMixin, LinearAttentionLayer, _RowStackLayer):
     """A layer with a linear-attention / Mamba state beside attention (Falcon-H1's "hybrid"): the rows' K/V as in
     _RowStackLayer, the states in transformers' own LinearAttentionLayer, one batch row per row, full precision."""
 
+    _attention_cls = _RowStackLayer
     is_compileable = False
     is_croppable = False
 
     def __init__(self, row_layers: list, number_of_states: int = 1):
         _RowStackLayer.__init__(self, row_layers)
         LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
-
-    def lazy_initialization(self, *args, **kwargs) -> None:
-        if len(args) == 2 and not kwargs:  # attention: (key_states, value_states)
-            _RowStackLayer.lazy_initialization(self, *args)
-        elif not args:  # update_conv_state / update_recurrent_state pass keywords
-            LinearAttentionLayer.lazy_initialization(self, **kwargs)
 
     def select_rows(self, index: list[int]) -> None:
         _RowStackLayer.select_rows(self, index)
