@@ -160,10 +160,6 @@ class _RowStackHybridLayer(_HybridMixin, LinearAttentionLayer, _RowStackLayer):
         _RowStackLayer.__init__(self, row_layers)
         LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
 
-    def select_rows(self, index: list[int]) -> None:
-        _RowStackLayer.select_rows(self, index)
-        LinearAttentionLayer.reorder_cache(self, torch.tensor(index, dtype=torch.long))
-
 
 class RowStackCache(Cache):
     """A batch of rows, each with its own KV spec (None: exact). See the module docstring.
@@ -224,11 +220,12 @@ class RowStackCache(Cache):
         the row holds, and decodes on from there as its own row)."""
         if not self.uniform:
             raise ValueError("select_rows needs every layer to hold every row (RowStackCache without layer_rows).")
-        for layer in self.layers:
+        picks = torch.tensor(index, dtype=torch.long)
+        for layer in self.layers:  # a hybrid layer is both
             if isinstance(layer, _RowStackLayer):
                 layer.select_rows(index)
-            elif isinstance(layer, LinearAttentionCacheLayerMixin):
-                layer.reorder_cache(torch.tensor(index, dtype=torch.long))
+            if isinstance(layer, LinearAttentionCacheLayerMixin):  # its states only (the mirror moved above)
+                LinearAttentionLayer.reorder_cache(layer, picks)
         self.row_caches = [self.row_caches[b] for b in index]
         self.batch = [len(index)] * len(self.layers)
 
