@@ -1,7 +1,10 @@
 """`Format`: a spec turned into quantize / dequantize / byte accounting (what it stores: `QTensor`, qtensor.py).
 
-A Format is data plus pure functions: it dispatches to its family's codec (`floats`, `ints`, `fp4`, `ggml`), applies the
-optional Hadamard rotation (`/rot`, QuaRot), and accounts for every byte it stores.
+A Format is data plus pure functions: it dispatches to its family's codec (`floats`, `ints`, `fp4`, `ggml`; vLLM's own
+store paths `vllm` and `turboquant`; the TurboQuant paper's `tq`), applies the optional Hadamard rotation (`/rot`,
+QuaRot), and accounts for every byte it stores. A codec that stores a fixed number of bytes per token and head
+(the engines' layouts) says so with `token_head_bytes(fmt, head_dim)`, and may refuse a head_dim with
+`check_head_dim(fmt, head_dim)`.
 
     fmt = get_format("int4/channel/g32/asym")
     q = fmt.quantize(x)          # x: [..., tokens, head_dim] float
@@ -16,12 +19,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import floats, fp4, ggml, groups, ints
+from . import engines, floats, fp4, ggml, groups, ints, tq_paper, turboquant, vllm
 from .packing import hadamard, rotate
 from .qtensor import QTensor
 from .spec import BASES, SpecParts
 
-_CODECS = {"float": floats, "int": ints, "fp4": fp4, "ggml": ggml}
+_CODECS = {"float": floats, "int": ints, "fp4": fp4, "ggml": ggml, "vllm": vllm, "turboquant": turboquant,
+           "tq": tq_paper}
 # Bytes of one stored scale / zero point by family and granularity.
 _SCALE_BYTES = {"int": 2, "float": 4, "fp4": 1, "ggml": 2}
 
@@ -41,7 +45,15 @@ class Format:
     rot = property(lambda self: self.parts.rot, doc="Hadamard rotation over head_dim before quantizing")
     scale_source = property(lambda self: self.parts.scale_source,
                             doc="FP8 only: first | unit | calibrated (per-tensor / per-head), dynamic; else None")
-    kind = property(lambda self: BASES[self.parts.base].kind, doc="float | int | fp4 | ggml")
+    kind = property(lambda self: BASES[self.parts.base].kind,
+                    doc="float | int | fp4 | ggml | vllm | turboquant | tq (formats without a fused kernel branch "
+                        "are read by the torch reference: kernels.packed.FUSED_KINDS)")
+    engine = property(lambda self: None if self.parts.engine is None else self.parts.engine.engine,
+                      doc="the engine this format models (vllm | sglang | llama.cpp, from an engine-qualified name) "
+                          "or None for kvviz's own formats")
+    engine_rot = property(lambda self: self.parts.engine is not None and self.parts.engine.rotates,
+                          doc="llama.cpp's read path rotates Q, K and V with a Hadamard transform (on by default "
+                              "when K or V is quantized, off with /norot); the stored block is of the rotated K/V")
     static_scale = property(lambda self: self.parts.static_scale,
                             doc="one fp32 scale per tensor or per head, fixed for every token (per-tensor and "
                                 "per-head granularities): calibrated, loaded, or fitted on the first states")
@@ -83,6 +95,11 @@ class Format:
         return self.dequantize(self.quantize(x, scale))
 
     def _check_head_dim(self, d: int) -> None:
+        if self.parts.engine is not None:
+            engines.check_head_dim(self.parts.engine, d)
+        check = getattr(_CODECS[self.kind], "check_head_dim", None)
+        if check is not None:
+            check(self, d)
         per_byte = 8 // self.bits if self.bits < 8 else 1
         if d % per_byte:
             raise ValueError(f"{self.spec} packs {per_byte} values a byte: head_dim {d} must be a multiple of it.")
@@ -121,6 +138,9 @@ class Format:
 
         Per-tensor and per-head scalars are not per-element: `static_bytes` counts them.
         """
+        own = getattr(_CODECS[self.kind], "token_head_bytes", None)
+        if own is not None:
+            return 8 * own(self, head_dim) / head_dim
         if self.granularity is None or self.static_scale:
             return float(self.bits)
         per_group = self.group if self.group else head_dim  # token groups default to the whole head_dim
@@ -141,6 +161,9 @@ class Format:
         shape = tuple(shape)
         groups.check_shape(shape, self.granularity, self.group)
         self._check_head_dim(shape[-1])
+        own = getattr(_CODECS[self.kind], "token_head_bytes", None)
+        if own is not None:
+            return math.prod(shape[:-1]) * own(self, shape[-1])
         data = math.prod(shape) * self.bits // 8
         if self.granularity in ("token", "channel"):
             data += math.prod(groups.scale_shape(shape, self.granularity, self.group)) * self._group_bytes()

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .engines import EngineRef
 
 GRANULARITIES = ("token", "channel", "tensor", "head")
 STATIC_GRANULARITIES = ("tensor", "head")  # one scale fixed for every token (Format.static_scale)
@@ -40,6 +44,7 @@ class BaseInfo:
     granularities: tuple[str, ...]  # accepted granularities
     block: int | None = None  # fixed block along head_dim (MX / NV FP4, llama.cpp); None: free
     zero: bool = False  # stores a per-block minimum by design (llama.cpp's q4_1, q5_1), without /asym
+    engine: str | None = None  # the engine whose store path this is; reached only by its engine name (engines.py)
 
 
 BASES: dict[str, BaseInfo] = {
@@ -60,8 +65,24 @@ BASES: dict[str, BaseInfo] = {
     "q5_0": BaseInfo("ggml", 5, "token", ("token",), block=32),  # llama.cpp: 5-bit, fp16 d per 32
     "q5_1": BaseInfo("ggml", 5, "token", ("token",), block=32, zero=True),  # llama.cpp: 5-bit, fp16 d and min per 32
     "iq4_nl": BaseInfo("ggml", 4, "token", ("token",), block=32),  # llama.cpp: 4-bit non-linear table, fp16 d per 32
+    # TurboQuant (arXiv 2504.19874), the paper's quantizers: see formats/tq_paper.py. tq_mseB: rotation + B-bit
+    # Lloyd-Max codebook + fp16 norm; tq_prodB: tq_mse(B-1) + 1-bit QJL sketch of the residual + its fp16 norm.
+    **{f"tq_mse{b}": BaseInfo("tq", b, "token", ("token",)) for b in (1, 2, 3, 4)},
+    **{f"tq_prod{b}": BaseInfo("tq", b, "token", ("token",)) for b in (2, 3, 4)},
+    # vLLM's own store paths, one row per stored side (formats/vllm.py, formats/turboquant.py). Typed as
+    # vllm:<kv-cache-dtype> (engines.py maps each dtype to its K and V rows), never bare.
+    "vllm.int8_per_token_head": BaseInfo("vllm", 8, "token", ("token",), engine="vllm"),
+    "vllm.fp8_per_token_head": BaseInfo("vllm", 8, "token", ("token",), engine="vllm"),
+    "vllm.int4_per_token_head": BaseInfo("vllm", 4, "token", ("token",), engine="vllm"),
+    "vllm.nvfp4": BaseInfo("vllm", 4, "token", ("token",), block=16, engine="vllm"),
+    "vllm.nvfp4_4over6": BaseInfo("vllm", 4, "token", ("token",), block=16, engine="vllm"),
+    "vllm.tq_k4_nc": BaseInfo("turboquant", 4, "token", ("token",), engine="vllm"),
+    "vllm.tq_k3_nc": BaseInfo("turboquant", 3, "token", ("token",), engine="vllm"),
+    "vllm.tq_v4": BaseInfo("turboquant", 4, "token", ("token",), zero=True, engine="vllm"),
+    "vllm.tq_v3": BaseInfo("turboquant", 3, "token", ("token",), zero=True, engine="vllm"),
 }
 LLAMA_CPP_TYPES = tuple(name for name, info in BASES.items() if info.kind == "ggml")
+KVVIZ_BASES = tuple(name for name, info in BASES.items() if info.engine is None)  # the bare names a user types
 
 PRESETS: dict[str, str] = {
     "k8v4": "k=int8,v=int4",
@@ -85,6 +106,7 @@ class SpecParts:
     asym: bool
     rot: bool
     scale: str | None = None  # "unit" or "calibrated" when the spec says so; None: the granularity's own rule
+    engine: "EngineRef | None" = None  # set for an engine-qualified name (vllm:..., llama.cpp:...): engines.py
 
     @property
     def static_scale(self) -> bool:
@@ -103,7 +125,9 @@ class SpecParts:
 
     @property
     def canonical(self) -> str:
-        """The shortest spec string naming this format (defaults left out)."""
+        """The shortest spec string naming this format (defaults left out); an engine's name for its formats."""
+        if self.engine is not None:
+            return self.engine.spec
         info = BASES[self.base]
         parts = [self.base]
         if self.granularity != info.default_granularity:
@@ -130,7 +154,7 @@ def _default_group(info: BaseInfo, granularity: str | None) -> int | None:
 def valid_names() -> str:
     """One sentence listing what a spec may contain, for error messages."""
     return (
-        f"base formats: {', '.join(BASES)} (alias fp8 = fp8_e4m3); options: /{'|/'.join(GRANULARITIES)}, /gN, "
+        f"base formats: {', '.join(KVVIZ_BASES)} (alias fp8 = fp8_e4m3); options: /{'|/'.join(GRANULARITIES)}, /gN, "
         f"/asym (int only), /rot, /{'|/'.join(SCALE_SOURCES)} (fp8 scale source); pairs: k=SPEC,v=SPEC; "
         f"presets: {', '.join(PRESETS)}"
     )
@@ -142,8 +166,9 @@ def parse_spec(spec: str) -> SpecParts:
         raise ValueError(f"Empty KV format spec. Use one of the {valid_names()}.")
     fields = [f.strip().lower() for f in spec.strip().split("/")]
     base = ALIASES.get(fields[0], fields[0])
-    if base not in BASES:
-        raise ValueError(f"Unknown KV format {fields[0]!r} in {spec!r}. Valid {valid_names()}.")
+    if base not in BASES or BASES[base].engine is not None:
+        raise ValueError(f"Unknown KV format {fields[0]!r} in {spec!r}. Valid {valid_names()}; an engine's own "
+                         "dtype is written with its engine, e.g. vllm:int4_per_token_head or llama.cpp:q4_0.")
     info = BASES[base]
     granularity, group, asym, rot, scale = None, None, False, False, None
     for field in fields[1:]:

@@ -1,0 +1,199 @@
+"""Engine KV-cache dtypes by the engine's own name: `vllm:turboquant_k3v4_nc`, `sglang:fp4_mx_block16`, `llama.cpp:q4_0`.
+
+The one table of what each engine's `--kv-cache-dtype` (vLLM, SGLang) or `-ctk/-ctv` (llama.cpp) value stores, for K
+and for V. A value maps to the kvviz storage of each side: an existing kvviz format where the engine stores exactly
+that (`fp8_e4m3/unit` for vLLM's fp8 with no checkpoint scales, llama.cpp's ggml blocks), else a row of `spec.BASES`
+reached only through this table (`vllm.*`: formats/vllm.py and formats/turboquant.py). The parsed format carries an
+`EngineRef` (Format.engine, Format.engine_rot) so that everything below the parser knows which engine it models.
+
+    vllm:<dtype>                 one of VLLM_DTYPES (vllm/config/cache.py CacheDType, the ones kvviz models)
+    sglang:<dtype>               one of SGLANG_DTYPES
+    llama.cpp:<type>             K and V of that type;  llama.cpp:k=<type>,v=<type> for a pair
+    llama.cpp:...(/norot)        llama.cpp rotates Q, K and V with a Hadamard transform whenever K or V is quantized
+                                 (its PR 21038); /norot is LLAMA_ATTN_ROT_DISABLE=1. The storage is the ggml block of
+                                 the (rotated) K/V; the rotation is the read path's (Format.engine_rot).
+
+The engine's layer rules live here too: `engine_skip_layers` (vLLM's TurboQuant keeps the first and last 2 layers of
+a dense model in 16 bits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .spec import BASES, SpecParts, parse_spec
+
+ENGINE_NAMES = ("vllm", "sglang", "llama.cpp")
+
+# vLLM --kv-cache-dtype -> (K storage, V storage). "auto" stores the model's dtype; kvviz's models load in bf16.
+# fp8 without checkpoint k_scale/v_scale and without --calculate-kv-scales: a per-tensor scale of 1.0 (`/unit`).
+VLLM_DTYPES: dict[str, tuple[str, str]] = {
+    "auto": ("bf16", "bf16"),
+    "float16": ("fp16", "fp16"),
+    "bfloat16": ("bf16", "bf16"),
+    "fp8": ("fp8_e4m3/unit", "fp8_e4m3/unit"),
+    "fp8_e4m3": ("fp8_e4m3/unit", "fp8_e4m3/unit"),
+    "fp8_e5m2": ("fp8_e5m2/unit", "fp8_e5m2/unit"),
+    "int8_per_token_head": ("vllm.int8_per_token_head", "vllm.int8_per_token_head"),
+    "fp8_per_token_head": ("vllm.fp8_per_token_head", "vllm.fp8_per_token_head"),
+    "int4_per_token_head": ("vllm.int4_per_token_head", "vllm.int4_per_token_head"),
+    "nvfp4": ("vllm.nvfp4", "vllm.nvfp4"),
+    "nvfp4_4over6": ("vllm.nvfp4_4over6", "vllm.nvfp4_4over6"),
+    # turboquant/config.py TQ_PRESETS: k8v4's K is a plain E4M3 cast (no scale), the others Lloyd-Max keys with "nc"
+    "turboquant_k8v4": ("fp8_e4m3/unit", "vllm.tq_v4"),
+    "turboquant_4bit_nc": ("vllm.tq_k4_nc", "vllm.tq_v4"),
+    "turboquant_k3v4_nc": ("vllm.tq_k3_nc", "vllm.tq_v4"),
+    "turboquant_3bit_nc": ("vllm.tq_k3_nc", "vllm.tq_v3"),
+}
+# vLLM values kvviz does not model, with the reason (named in the error).
+VLLM_UNMODELED = {"fp8_inc": "Intel Gaudi's FP8", "fp8_ds_mla": "DeepSeek MLA's latent cache",
+                  "nvfp4_ds_mla": "DeepSeek MLA's latent cache"}
+TURBOQUANT_DTYPES = tuple(name for name in VLLM_DTYPES if name.startswith("turboquant_"))
+# vLLM's per-token-head int4 and TurboQuant rotate with a Sylvester Hadamard matrix: power-of-two head_dim only.
+VLLM_POW2_DTYPES = ("int4_per_token_head", *TURBOQUANT_DTYPES)
+
+# SGLang --kv-cache-dtype: FP8 with no scale file is a scale of 1.0; the FP4 modes compute their block scales.
+SGLANG_DTYPES: dict[str, tuple[str, str]] = {
+    "auto": ("bf16", "bf16"),
+    "bf16": ("bf16", "bf16"),
+    "bfloat16": ("bf16", "bf16"),
+    "fp8_e4m3": ("fp8_e4m3/unit", "fp8_e4m3/unit"),
+    "fp8_e5m2": ("fp8_e5m2/unit", "fp8_e5m2/unit"),
+    "fp4_mx_block16": ("fp4_mx_block16", "fp4_mx_block16"),
+    "nvfp4": ("nvfp4", "nvfp4"),
+}
+SGLANG_UNMODELED = {"mxfp8": "MX FP8", "fp4_e2m1": "deprecated, use fp4_mx_block16"}
+
+# llama.cpp -ctk / -ctv -> kvviz base (f32 is not modeled).
+LLAMA_CPP_DTYPES: dict[str, str] = {"f16": "fp16", "bf16": "bf16", **{t: t for t in
+                                    ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")}}
+LLAMA_CPP_UNMODELED = {"f32": "32-bit floats (kvviz stores at most 16)"}
+NOROT = "/norot"
+
+# The one table: engine -> (its values -> storage, values kvviz lacks -> why).
+ENGINES: dict[str, tuple[dict, dict]] = {
+    "vllm": (VLLM_DTYPES, VLLM_UNMODELED),
+    "sglang": (SGLANG_DTYPES, SGLANG_UNMODELED),
+    "llama.cpp": (LLAMA_CPP_DTYPES, LLAMA_CPP_UNMODELED),
+}
+
+
+@dataclass(frozen=True)
+class EngineRef:
+    """Which engine value a format models. engine: one of ENGINE_NAMES; dtype: the engine's own value, as typed
+    ("turboquant_k3v4_nc", "q4_0", "k=q8_0,v=q4_0"); side: "k" / "v" (the side of `dtype` this format stores);
+    rotates: llama.cpp's Hadamard rotation of Q, K and V in its read path (on unless /norot; False elsewhere)."""
+
+    engine: str
+    dtype: str
+    side: str
+    rotates: bool = False
+
+    @property
+    def spec(self) -> str:
+        """The engine-qualified name this side came from (both sides of one value share it)."""
+        rot_off = self.engine == "llama.cpp" and not self.rotates and _llama_cpp_quantized(self.dtype)
+        return f"{self.engine}:{self.dtype}{NOROT if rot_off else ''}"
+
+
+def is_engine_spec(text: str) -> bool:
+    """True for `engine:value` (a colon before any "=" or ","): kvviz's own specs never contain a colon."""
+    head = text.split("=", 1)[0].split(",", 1)[0]
+    return ":" in head
+
+
+def engine_sides(spec: str) -> tuple[SpecParts, SpecParts]:
+    """`engine:value` -> (K parts, V parts), each carrying its EngineRef. ValueError naming the engine's list."""
+    engine, _, value = spec.strip().partition(":")
+    engine, value = engine.strip().lower(), value.strip()
+    if engine not in ENGINES:
+        raise ValueError(f"Unknown engine {engine!r} in {spec!r}: kvviz knows {', '.join(ENGINE_NAMES)} "
+                         "(write e.g. vllm:turboquant_k3v4_nc, sglang:fp8_e4m3, llama.cpp:q4_0).")
+    if engine == "llama.cpp":
+        return _llama_cpp_sides(spec, value)
+    table, _ = ENGINES[engine]
+    key = value.lower()
+    _check_value(engine, key, spec)
+    k, v = table[key]
+    return _with_ref(k, EngineRef(engine, key, "k")), _with_ref(v, EngineRef(engine, key, "v"))
+
+
+def _llama_cpp_sides(spec: str, value: str) -> tuple[SpecParts, SpecParts]:
+    key = value.lower()
+    rotation = not key.endswith(NOROT)
+    key = key.removesuffix(NOROT).strip()
+    if "=" in key:
+        sides = dict(part.strip().partition("=")[::2] for part in key.split(","))
+        if set(sides) != {"k", "v"} or key.count(",") != 1:
+            raise ValueError(f"Malformed llama.cpp pair {spec!r}: write llama.cpp:k=TYPE,v=TYPE, e.g. "
+                             "llama.cpp:k=q8_0,v=q4_0 (add /norot for LLAMA_ATTN_ROT_DISABLE=1).")
+        k_type, v_type = sides["k"].strip(), sides["v"].strip()
+    else:
+        k_type = v_type = key
+    for t in (k_type, v_type):
+        _check_value("llama.cpp", t, spec)
+    dtype = k_type if k_type == v_type else f"k={k_type},v={v_type}"
+    rotates = rotation and _llama_cpp_quantized(dtype)  # llama.cpp rotates only when K or V is quantized
+    return (_with_ref(LLAMA_CPP_DTYPES[k_type], EngineRef("llama.cpp", dtype, "k", rotates)),
+            _with_ref(LLAMA_CPP_DTYPES[v_type], EngineRef("llama.cpp", dtype, "v", rotates)))
+
+
+def _llama_cpp_quantized(dtype: str) -> bool:
+    types = [part.partition("=")[2] or part for part in dtype.split(",")]
+    return any(t not in ("f16", "bf16") for t in types)
+
+
+def _check_value(engine: str, value: str, spec: str) -> None:
+    table, unmodeled = ENGINES[engine]
+    if value in table:
+        return
+    known = ", ".join(table)
+    if value in unmodeled:
+        raise ValueError(f"{spec!r}: kvviz does not model {engine}'s {value} ({unmodeled[value]}). Pick one of "
+                         f"{engine}'s values kvviz models: {known}.")
+    raise ValueError(f"{engine} has no KV cache dtype {value!r} ({spec!r}). {engine}'s values: {known}.")
+
+
+def _with_ref(storage: str, ref: EngineRef) -> SpecParts:
+    if storage in BASES and BASES[storage].engine is not None:  # an engine-only row: its block, no options
+        info = BASES[storage]
+        return SpecParts(storage, info.default_granularity, info.block, False, False, engine=ref)
+    return dataclasses.replace(parse_spec(storage), engine=ref)
+
+
+def check_head_dim(ref: EngineRef, head_dim: int) -> None:
+    """ValueError when the engine would refuse this head_dim for the value (what vLLM requires, said)."""
+    pow2 = head_dim >= 8 and not head_dim & (head_dim - 1)
+    if ref.engine == "vllm" and ref.dtype in VLLM_POW2_DTYPES and not pow2:
+        raise ValueError(f"vllm:{ref.dtype} needs a head_dim that is a power of two (at least 8): vLLM rotates "
+                         f"each head with a Sylvester Hadamard matrix of that size; this model's head_dim is "
+                         f"{head_dim}. Use vllm:fp8 or vllm:int8_per_token_head here.")
+    if ref.engine == "vllm" and ref.dtype.startswith("nvfp4") and head_dim % 16:
+        raise ValueError(f"vllm:{ref.dtype} needs head_dim to be a multiple of 16 (one E4M3 scale per 16 values), "
+                         f"got {head_dim}.")
+
+
+# ------------------------------------------------------------------------------------------ layer rules
+
+TURBOQUANT_BOUNDARY = 2  # vLLM's get_boundary_skip_layers(n=2)
+_ATTENTION_TYPES = ("full_attention", "attention", "sliding_attention", "chunked_attention")
+
+
+def engine_skip_layers(kv, num_layers: int, layer_types=None) -> frozenset[int]:
+    """Layers the engine keeps in 16 bits for this KV spec (a kvviz KVSpec or anything with .k and .v formats).
+
+    vLLM's TurboQuant presets (turboquant/config.py `get_boundary_skip_layers`): on a dense model the first and last
+    2 layers (at most half the layers); on a hybrid model (any layer that is not attention: Mamba, linear
+    attention) none. layer_types: one string per layer, as transformers' config.layer_types (None: all attention).
+    Every other engine value keeps no layer back.
+    """
+    refs = [f.parts.engine for f in (kv.k, kv.v) if f.parts.engine is not None]
+    if not any(r.engine == "vllm" and r.dtype in TURBOQUANT_DTYPES for r in refs):
+        return frozenset()
+    if layer_types is not None and any(t not in _ATTENTION_TYPES for t in layer_types):
+        return frozenset()
+    n = min(TURBOQUANT_BOUNDARY, num_layers // 2)
+    if n <= 0:
+        return frozenset()
+    return frozenset(range(n)) | frozenset(range(num_layers - n, num_layers))

@@ -1,0 +1,185 @@
+"""vLLM's TurboQuant KV cache (`--kv-cache-dtype turboquant_*`), stored bit for bit as its store kernel computes it.
+
+Rows `vllm.tq_k4_nc`, `vllm.tq_k3_nc` (keys) and `vllm.tq_v4`, `vllm.tq_v3` (values) of spec.BASES, reached as
+vllm:turboquant_4bit_nc / k3v4_nc / 3bit_nc / k8v4 (engines.py; k8v4's key is a plain E4M3 cast, `fp8_e4m3/unit`).
+Sources, vLLM late 2026:
+
+- keys, vllm/v1/attention/ops/triton_turboquant_store.py `triton_turboquant_store` + `_tq_fused_store_mse`:
+  `norm = ||k||` (fp32), `y = (k / (norm + 1e-8)) @ H` with H the Sylvester Hadamard matrix / sqrt(d)
+  (turboquant_attn.py `_build_hadamard`, no random signs), index = the number of codebook midpoints <= y (a
+  binary search), packed 4 bits (two a byte, even element low) or 3 bits (8 indices in 3 bytes, little-endian),
+  then the norm as fp16. The codebook: Lloyd-Max centroids for N(0, 1/d) from turboquant/centroids.py
+  `solve_lloyd_max` (trapezoid rule, 200 panels, up to 200 iterations), computed here by the same algorithm
+  (`vllm_centroids`), since its centroids are not the exact Lloyd-Max ones; midpoints `(c[i] + c[i+1]) / 2` in fp32.
+- values, `_store_quantized_value`: asymmetric over [min, max] per token and head, `scale = (max - min) / levels`
+  (at least 1e-8), codes `trunc((v - min) / scale + 0.5)` clamped to 0..levels, then scale and min as fp16.
+- read, triton_turboquant_decode.py `_tq_full_dequant_kv`: key = fp16(norm * c) where c is the centroid vector,
+  renormalized to unit length first with "nc" (`c / sqrt(sum c^2 + 1e-16)`), in the rotated domain; the
+  continuation-prefill path rotates it back with H (H is its own inverse). The decode kernel never forms K: it scores
+  `norm * (q @ H) . c`, the same number. Values: `code * scale + zero` (one FMA on the GPU).
+
+GPU approximations are taken at their IEEE result: Triton's fp32 division and `1.0 / tl.sqrt(...)`; the sum of
+c^2 is the correctly rounded one (float64, then fp32), where Triton's tree order may differ in the last bit; the
+value read `code * scale + zero` is one rounding, as the GPU's FMA. Bytes per token and head
+(turboquant/config.py): key ceil(d * b / 8) + 2, value ceil(d * b / 8) + 4.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+_TRAPZ_PANELS = 200  # centroids.py _trapz(n=200)
+_LLOYD_ITERS = 200
+_LLOYD_TOL = 1e-10
+
+
+def token_head_bytes(fmt, head_dim: int) -> int:
+    data = math.ceil(head_dim * fmt.bits / 8)
+    return data + (4 if _is_value(fmt) else 2)  # value: fp16 scale + zero; key: fp16 norm
+
+
+def check_head_dim(fmt, head_dim: int) -> None:
+    if head_dim < 8 or head_dim & (head_dim - 1):
+        raise ValueError(f"vLLM's TurboQuant needs a head_dim that is a power of two (at least 8): it rotates each "
+                         f"head with a Sylvester Hadamard matrix of that size; got {head_dim}.")
+
+
+def _is_value(fmt) -> bool:
+    return fmt.base.startswith("vllm.tq_v")
+
+
+# ------------------------------------------------------------------------------------------ shared pieces
+
+def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Unsigned codes [..., D] (D a multiple of 8) -> uint8 [..., D * bits / 8]: each 8 codes make a little-endian
+    `bits`-byte word, code j at bits j*bits.. (4 bits: two a byte, even element low; 3 bits: vLLM's layout)."""
+    c = codes.to(torch.int64).reshape(*codes.shape[:-1], codes.shape[-1] // 8, 8)  # [..., D/8, 8]
+    word = (c << (torch.arange(8, device=codes.device) * bits)).sum(dim=-1)  # [..., D/8]
+    out = torch.stack([(word >> (8 * i)) & 0xFF for i in range(bits)], dim=-1)  # [..., D/8, bits]
+    return out.reshape(*codes.shape[:-1], codes.shape[-1] * bits // 8).to(torch.uint8)
+
+
+def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of `pack_bits`: uint8 [..., D * bits / 8] -> int64 codes [..., D]."""
+    b = packed.to(torch.int64).reshape(*packed.shape[:-1], packed.shape[-1] // bits, bits)  # [..., D/8, bits]
+    word = (b << (torch.arange(bits, device=packed.device) * 8)).sum(dim=-1, keepdim=True)  # [..., D/8, 1]
+    codes = (word >> (torch.arange(8, device=packed.device) * bits)) & ((1 << bits) - 1)  # [..., D/8, 8]
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * 8 // bits)
+
+
+@functools.lru_cache(maxsize=32)
+def vllm_centroids(d: int, bits: int) -> torch.Tensor:
+    """fp32 [2**bits]: centroids.py `solve_lloyd_max(d, bits)`'s Lloyd-Max iteration for N(0, 1/d), step for step
+    (Python floats: trapezoid rule on 200 panels, start on a uniform grid over +-3.5 sigma, outer edges +-10.5
+    sigma, stop when no centroid moves by 1e-10)."""
+    n_levels = 2**bits
+    sigma2 = 1.0 / d
+    sigma = math.sqrt(sigma2)
+
+    def pdf(x: float) -> float:
+        return (1.0 / math.sqrt(2 * math.pi * sigma2)) * math.exp(-x * x / (2 * sigma2))
+
+    def trapz(f, a: float, b: float) -> float:
+        h = (b - a) / _TRAPZ_PANELS
+        total = 0.5 * (f(a) + f(b))
+        for i in range(1, _TRAPZ_PANELS):
+            total += f(a + i * h)
+        return total * h
+
+    lo, hi = -3.5 * sigma, 3.5 * sigma
+    centroids = [lo + (hi - lo) * (i + 0.5) / n_levels for i in range(n_levels)]
+    for _ in range(_LLOYD_ITERS):
+        bounds = [(centroids[i] + centroids[i + 1]) / 2.0 for i in range(n_levels - 1)]
+        edges = [lo * 3] + bounds + [hi * 3]
+        new = []
+        for i in range(n_levels):
+            a, b = edges[i], edges[i + 1]
+            num = trapz(lambda x: x * pdf(x), a, b)
+            den = trapz(pdf, a, b)
+            new.append(num / den if den > 1e-15 else centroids[i])
+        if max(abs(new[i] - centroids[i]) for i in range(n_levels)) < _LLOYD_TOL:
+            break
+        centroids = new
+    return torch.tensor(centroids, dtype=torch.float32)
+
+
+@functools.lru_cache(maxsize=16)
+def vllm_hadamard(d: int) -> torch.Tensor:
+    """turboquant_attn.py `_build_hadamard_cached`: the ±1 Sylvester matrix built in fp32, divided by sqrt(d)."""
+    h = torch.tensor([[1.0]])
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(d)
+
+
+def _midpoints(d: int, bits: int) -> torch.Tensor:
+    c, _ = vllm_centroids(d, bits).sort()
+    return (c[:-1] + c[1:]) / 2  # fp32, as turboquant_attn.py _ensure_on_device
+
+
+def _bucketize(y: torch.Tensor, mids: torch.Tensor, bits: int) -> torch.Tensor:
+    """_tq_fused_store_mse's binary search: the index of y's bucket (y equal to a midpoint goes up; NaN to 0)."""
+    n = 2**bits
+    lo = torch.zeros(y.shape, dtype=torch.int64, device=y.device)
+    hi = torch.full(y.shape, n - 1, dtype=torch.int64, device=y.device)
+    for _ in range(bits):
+        mid = (lo + hi) >> 1
+        above = y >= mids[torch.clamp(mid, max=n - 2)]
+        lo = torch.where(above, mid + 1, lo)
+        hi = torch.where(above, hi, mid)
+    return torch.clamp(lo, max=n - 1)
+
+
+# ------------------------------------------------------------------------------------------ encode / decode
+
+def encode(fmt, x: torch.Tensor, scale) -> dict:
+    """x: [..., T, D] float -> QTensor fields. Keys: data (packed indices), scale (fp16 norm [..., T, 1]);
+    values: data (packed codes), scale and zero (fp16 [..., T, 1])."""
+    if scale is not None:
+        raise ValueError(f"{fmt.spec} computes its scales per token and head; pass no static scale.")
+    return _encode_value(x, fmt.bits) if _is_value(fmt) else _encode_key(x, fmt.bits)
+
+
+def _encode_key(x: torch.Tensor, bits: int) -> dict:
+    d = x.shape[-1]
+    k = x.float().reshape(-1, d)  # [N, D]: the launcher's k_flat
+    norms = k.norm(dim=1, keepdim=True)
+    y = (k / (norms + 1e-8)) @ vllm_hadamard(d).to(x.device)  # [N, D] rotated unit vectors
+    idx = _bucketize(y, _midpoints(d, bits).to(x.device), bits)
+    data = pack_bits(idx, bits).reshape(*x.shape[:-1], d * bits // 8)
+    return {"data": data, "scale": norms.to(torch.float16).reshape(*x.shape[:-1], 1)}
+
+
+def _encode_value(x: torch.Tensor, bits: int) -> dict:
+    levels = 2**bits - 1
+    v = x.float()
+    lo = v.amin(dim=-1, keepdim=True)
+    hi = v.amax(dim=-1, keepdim=True)
+    scale = (hi - lo) / float(levels)
+    scale = torch.where(scale > 1e-8, scale, torch.tensor(1e-8))
+    codes = torch.nan_to_num((v - lo) / scale + 0.5, nan=0.0).clamp(-(2.0**30), 2.0**30).trunc().clamp(0, levels)  # .to(int32), then clamps
+    return {"data": pack_bits(codes, bits), "scale": scale.to(torch.float16), "zero": lo.to(torch.float16)}
+
+
+def key_rotated(fmt, q) -> torch.Tensor:
+    """The key as `_tq_full_dequant_kv` writes it: fp16 [..., T, D] = norm * centroid vector (unit length for "nc"),
+    in the rotated domain."""
+    d = q.head_dim
+    c = vllm_centroids(d, fmt.bits).to(q.data.device)[unpack_bits(q.data, fmt.bits)]  # [..., T, D] fp32
+    if fmt.base.endswith("_nc"):
+        norm_sq = (c.double() * c.double()).sum(dim=-1, keepdim=True).float()
+        c = c * (1.0 / torch.sqrt(norm_sq + 1e-16))
+    return (q.scale.float() * c).to(torch.float16)
+
+
+def decode(fmt, q) -> torch.Tensor:
+    """QTensor -> fp32 x_hat [..., T, D] in the model's space (keys rotated back with H)."""
+    if _is_value(fmt):
+        codes = unpack_bits(q.data, fmt.bits).double()
+        return (codes * q.scale.double() + q.zero.double()).float()  # code * scale + zero, rounded once (FMA)
+    rotated = key_rotated(fmt, q).float()
+    d = rotated.shape[-1]
+    return (rotated.reshape(-1, d) @ vllm_hadamard(d).to(rotated.device)).reshape(rotated.shape)
