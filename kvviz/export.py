@@ -130,7 +130,34 @@ def _pair_problem(kv: KVSpec, engine: str) -> str | None:
     return None
 
 
+def _engine_value(kv: KVSpec, engine: str) -> tuple[str | None, str | None]:
+    """An engine-qualified spec (vllm:..., sglang:..., llama.cpp:...): (that engine's own value when the spec is
+    this engine's, None) or (None, why another engine's value is not offered here); (None, None) for kvviz's own."""
+    if kv.engine is None and kv.k.engine is None and kv.v.engine is None:
+        return None, None
+    if kv.engine == engine:
+        return kv.k.parts.engine.dtype, None
+    return None, (f"{kv.spec} names another engine's own KV cache ({kv.k.engine or kv.v.engine}); {engine} is "
+                  f"compared through its own values, e.g. {engine}:{_EXAMPLE[engine]}.")
+
+
+_EXAMPLE = {"vllm": "fp8", "sglang": "fp8_e4m3", "llama.cpp": "q8_0"}
+
+
+def _engine_result(dtype: str, flags: str, cli: str, python: str, engine: str) -> dict:
+    note = (f"{engine}'s own --kv-cache-dtype {dtype}: kvviz simulates what its store path stores, byte for byte "
+            "(kvviz.formats.engines).")
+    return _result(True, dtype, cli, python, note, flags=flags)
+
+
 def _vllm(kv: KVSpec, model: str) -> dict:
+    own, other = _engine_value(kv, "vllm")
+    if other:
+        return _result(False, None, "", "", other)
+    if own:
+        flags = f"--kv-cache-dtype {own}"
+        return _engine_result(own, flags, f"vllm serve {model} {flags}",
+                              f'from vllm import LLM\nllm = LLM(model="{model}", kv_cache_dtype="{own}")', "vllm")
     problem = _llama_cpp_problem(kv, "vLLM") or _pair_problem(kv, "vLLM")
     if problem:
         extra = (" The closest built-in mode is turboquant_k8v4 (vLLM 0.28+), a different quantizer (rotation + "
@@ -196,6 +223,14 @@ def _vllm_dtype(fmt: Format) -> tuple[str | None, str]:
 
 
 def _sglang(kv: KVSpec, model: str, scales_path: str | None) -> dict:
+    own, other = _engine_value(kv, "sglang")
+    if other:
+        return _result(False, None, "", "", other)
+    if own:
+        flags = f"--kv-cache-dtype {own}"
+        return _engine_result(own, flags, f"python -m sglang.launch_server --model-path {model} {flags}",
+                              f'import sglang as sgl\nllm = sgl.Engine(model_path="{model}", kv_cache_dtype="{own}")',
+                              "sglang")
     problem = _llama_cpp_problem(kv, "SGLang") or _pair_problem(kv, "SGLang")
     if problem:
         return _result(False, None, "", "", problem)
@@ -254,6 +289,9 @@ def _sglang_dtype(fmt: Format) -> tuple[str | None, str]:
 
 
 def _llama_cpp(kv: KVSpec, model: str) -> dict:
+    _, other = _engine_value(kv, "llama.cpp")
+    if other:
+        return _result(False, None, "", "", other)
     if kv.residual:
         return _result(False, None, "", "", f"llama.cpp has no full-precision residual window (the {kv.name} preset "
                        f"keeps the last {kv.residual} tokens unquantized), and no per-channel KV type.")
@@ -274,7 +312,9 @@ def _llama_cpp(kv: KVSpec, model: str) -> dict:
             "the whole head_dim). The closest: drop /rot here and compare with llama.cpp's default, which rotates."))
     v_quantized = v_type not in ("f16", "bf16")
     flags = f"-ctk {k_type} -ctv {v_type}" + (" -fa on" if v_quantized else "")
-    env = "LLAMA_ATTN_ROT_DISABLE=1 " if kv.k.kind == "ggml" or kv.v.kind == "ggml" else ""
+    # llama.cpp:<type> is llama.cpp's default (it rotates); a bare ggml type or /norot is its unrotated cache
+    ggml = kv.k.kind == "ggml" or kv.v.kind == "ggml"
+    env = "LLAMA_ATTN_ROT_DISABLE=1 " if ggml and not (kv.k.engine_rot or kv.v.engine_rot) else ""
     cli = f"{env}llama-server -m {model} {flags}"
     kwargs = (f"type_k=llama_cpp.GGML_TYPE_{k_type.upper()}, type_v=llama_cpp.GGML_TYPE_{v_type.upper()}"
               + (", flash_attn=True" if v_quantized else ""))

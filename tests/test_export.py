@@ -29,6 +29,8 @@ EXPECTED = {
     "q5_0": (None, None, "q5_0"),
     "q5_1": (None, None, "q5_1"),
     "iq4_nl": (None, None, "iq4_nl"),
+    **{f"tq_mse{b}": (None, None, None) for b in (1, 2, 3, 4)},  # the TurboQuant paper's: no engine stores them
+    **{f"tq_prod{b}": (None, None, None) for b in (2, 3, 4)},
 }
 
 
@@ -161,3 +163,24 @@ def test_llama_cpp_warns_where_cuda_flash_attention_needs_all_quants(spec, warne
     back to CPU attention without a word (llama.cpp issue 24485)."""
     out = export_commands(spec, model="m.gguf")["llama.cpp"]
     assert out["supported"] and ("GGML_CUDA_FA_ALL_QUANTS" in out["note"]) is warned
+
+
+@pytest.mark.parametrize("spec,engine,flags", [
+    ("vllm:turboquant_k3v4_nc", "vllm", "--kv-cache-dtype turboquant_k3v4_nc"),
+    ("vllm:int4_per_token_head", "vllm", "--kv-cache-dtype int4_per_token_head"),
+    ("sglang:fp4_mx_block16", "sglang", "--kv-cache-dtype fp4_mx_block16"),
+    ("llama.cpp:q4_0", "llama.cpp", "-ctk q4_0 -ctv q4_0 -fa on"),
+])
+def test_engine_names_export_exactly_that_flag(spec, engine, flags):
+    out = export_commands(spec, model="org/model")
+    assert out[engine]["supported"] and out[engine]["flags"] == flags
+    others = [e for e in ENGINES if e != engine]
+    assert not any(out[e]["supported"] for e in others)
+    assert all(f"{e}:" in out[e]["note"] for e in others)
+
+
+def test_llama_cpp_rotation_follows_the_name():
+    """llama.cpp:<type> is llama.cpp's default (rotated); /norot and bare ggml types disable the rotation."""
+    assert "LLAMA_ATTN_ROT_DISABLE" not in export_commands("llama.cpp:q4_0")["llama.cpp"]["cli"]
+    assert export_commands("llama.cpp:q4_0/norot")["llama.cpp"]["cli"].startswith("LLAMA_ATTN_ROT_DISABLE=1 ")
+    assert export_commands("q4_0")["llama.cpp"]["cli"].startswith("LLAMA_ATTN_ROT_DISABLE=1 ")
