@@ -53,7 +53,8 @@ class Format:
                           "or None for kvviz's own formats")
     engine_rot = property(lambda self: self.parts.engine is not None and self.parts.engine.rotates,
                           doc="llama.cpp's read path rotates Q, K and V with a Hadamard transform (on by default "
-                              "when K or V is quantized, off with /norot); the stored block is of the rotated K/V")
+                              "when K or V is quantized, off with /norot): quantize stores the ggml block of what "
+                              "it is given, and the attention that reads an engine_rot side applies the rotation")
     static_scale = property(lambda self: self.parts.static_scale,
                             doc="one fp32 scale per tensor or per head, fixed for every token (per-tensor and "
                                 "per-head granularities): calibrated, loaded, or fitted on the first states")

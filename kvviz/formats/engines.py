@@ -10,8 +10,9 @@ reached only through this table (`vllm.*`: formats/vllm.py and formats/turboquan
     sglang:<dtype>               one of SGLANG_DTYPES
     llama.cpp:<type>             K and V of that type;  llama.cpp:k=<type>,v=<type> for a pair
     llama.cpp:...(/norot)        llama.cpp rotates Q, K and V with a Hadamard transform whenever K or V is quantized
-                                 (its PR 21038); /norot is LLAMA_ATTN_ROT_DISABLE=1. The storage is the ggml block of
-                                 the (rotated) K/V; the rotation is the read path's (Format.engine_rot).
+                                 (its PR 21038); /norot is LLAMA_ATTN_ROT_DISABLE=1. The format stores the ggml block
+                                 of what it is given; the rotation (Q, K and V rotated, the output un-rotated) belongs
+                                 to the engine's read path, which Format.engine_rot asks for.
 
 The engine's layer rules live here too: `engine_skip_layers` (vLLM's TurboQuant keeps the first and last 2 layers of
 a dense model in 16 bits).
@@ -26,7 +27,8 @@ from .spec import BASES, SpecParts, parse_spec
 
 ENGINE_NAMES = ("vllm", "sglang", "llama.cpp")
 
-# vLLM --kv-cache-dtype -> (K storage, V storage). "auto" stores the model's dtype; kvviz's models load in bf16.
+# vLLM --kv-cache-dtype -> (K storage, V storage). "auto" stores the model's own dtype, which kvviz models as a bf16
+# cast: what vLLM serves a bf16 checkpoint with (exact on a bf16 model; on an fp16 model use vllm:float16).
 # fp8 without checkpoint k_scale/v_scale and without --calculate-kv-scales: a per-tensor scale of 1.0 (`/unit`).
 VLLM_DTYPES: dict[str, tuple[str, str]] = {
     "auto": ("bf16", "bf16"),

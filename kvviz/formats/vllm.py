@@ -16,8 +16,12 @@ Rows of spec.BASES reached as `vllm:<dtype>` (engines.py). Each follows one vLLM
   search) with vLLM's default k_scale = v_scale = 1.0 (no checkpoint scales). Per 16 values an E4M3 block scale
   `e4m3(amax * (1 / 6))` (saturating, nearest even), elements `e2m1(x * (1 / scale))` (nearest even, saturating at
   6). 4over6 also tries the divisor 4 and keeps it when its squared error (fp32, summed pair by pair) is lower.
+  vLLM's Triton backend has its own NVFP4 store (triton_reshape_and_cache_flash.py `_reshape_cache_nvfp4_kernel`),
+  which divides by 6 and rounds the E4M3 scale half up through log2/floor; kvviz follows the CUDA kernel, the one
+  that also implements 4over6. nvcc may fuse the error's multiply-adds; that can only change the choice between
+  two candidates whose errors agree to the last bit.
 
-The GPU's approximate reciprocal (`rcp.approx`, Triton's fp32 division) is taken as the IEEE result here, and
+The GPU's approximate reciprocal (`rcp.approx.ftz`, Triton's fp32 division) is taken as the IEEE result here, and
 Triton's fused multiply-add in `x * inv + zp` is computed exactly (float64, then rounded once to fp32), as an FMA
 rounds. vLLM computes the int4 rotation with hadacore on CUDA (through bf16), the butterfly on the CPU: this follows
 the butterfly. Bytes per token and head equal vLLM's page-size formula (v1/kv_cache_interface.py): int8 / fp8
