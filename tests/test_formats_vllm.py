@@ -468,3 +468,25 @@ def test_tiny_model_generates_through_the_reference_attention(spec):
     per_layer = sum(f.nbytes_for((1, heads, tokens, head_dim)) for f in (kv.k, kv.v))
     assert cache.nbytes() == layers * per_layer
     assert out.shape == (1, enc["input_ids"].shape[1] + 4)
+
+
+@pytest.mark.parametrize("spec", ["vllm:turboquant_3bit_nc", "vllm:int4_per_token_head", "vllm:nvfp4",
+                                  "vllm:fp8_per_token_head", "tq_mse2"])
+def test_cache_stores_what_the_format_stores(spec):
+    """No fused packer has a branch for these kinds: the cache falls back to the format's own quantize, token by
+    token, and hands attention the same bytes as one quantize of every token."""
+    model, _ = tiny_model("llama", dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    k, v = (torch.randn(1, 2, 7, 16, generator=g).to(torch.bfloat16) for _ in range(2))  # [batch, kv_heads, T, D]
+    cache = QuantizedKVCache(model.config, spec)
+    cache.update(k[:, :, :5], v[:, :, :5], 0)  # the prefill
+    cache.update(k[:, :, 5:6], v[:, :, 5:6], 0)
+    qk, qv = cache.update(k[:, :, 6:], v[:, :, 6:], 0)  # QTensors over all 7 tokens
+    kv = kvviz.parse_kv(spec)
+    for q, fmt, x in ((qk, kv.k, k), (qv, kv.v, v)):
+        want = fmt.quantize(x)
+        for name in ("data", "scale", "zero"):
+            got, ref = getattr(q, name), getattr(want, name)
+            assert (got is None) == (ref is None)
+            assert got is None or torch.equal(_bits(got), _bits(ref))
+        assert torch.equal(q.dequantize(), fmt.dequantize(want))
