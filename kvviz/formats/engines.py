@@ -1,4 +1,4 @@
-"""Engine KV-cache dtypes by the engine's own name: `vllm:turboquant_k3v4_nc`, `sglang:fp4_mx_block16`, `llama.cpp:q4_0`.
+"""Engine KV-cache dtypes by their engine's own name: `vllm:turboquant_k3v4_nc`, `sglang:fp8_e4m3`, `llama.cpp:q4_0`.
 
 The one table of what each engine's `--kv-cache-dtype` (vLLM, SGLang) or `-ctk/-ctv` (llama.cpp) value stores, for K
 and for V. A value maps to the kvviz storage of each side: an existing kvviz format where the engine stores exactly

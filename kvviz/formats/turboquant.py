@@ -160,7 +160,8 @@ def _encode_value(x: torch.Tensor, bits: int) -> dict:
     hi = v.amax(dim=-1, keepdim=True)
     scale = (hi - lo) / float(levels)
     scale = torch.where(scale > 1e-8, scale, torch.tensor(1e-8))
-    codes = torch.nan_to_num((v - lo) / scale + 0.5, nan=0.0).clamp(-(2.0**30), 2.0**30).trunc().clamp(0, levels)  # .to(int32), then clamps
+    # .to(int32) (saturating, NaN to 0), then the kernel's clamps to 0..levels
+    codes = torch.nan_to_num((v - lo) / scale + 0.5, nan=0.0).clamp(-(2.0**30), 2.0**30).trunc().clamp(0, levels)
     return {"data": pack_bits(codes, bits), "scale": scale.to(torch.float16), "zero": lo.to(torch.float16)}
 
 

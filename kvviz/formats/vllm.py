@@ -190,4 +190,5 @@ def decode(fmt, q) -> torch.Tensor:
         return walsh_hadamard(rotated) * rht_signs(d).to(rotated.device) / d  # single_rht(inverse) / head_size
     values = decode_bytes(q.data, 4, _E2M1_SIGNED)  # [..., T, D]
     scale = q.scale.float()  # [..., T, D/16]; times k_scale = 1.0
-    return (values.reshape(*values.shape[:-1], scale.shape[-1], NVFP4_BLOCK) * scale.unsqueeze(-1)).reshape(values.shape)
+    blocks = values.reshape(*values.shape[:-1], scale.shape[-1], NVFP4_BLOCK)  # [..., T, D/16, 16]
+    return (blocks * scale.unsqueeze(-1)).reshape(values.shape)
