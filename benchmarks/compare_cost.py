@@ -1,5 +1,5 @@
 """What the Compare tab's side-by-side run costs, against one plain greedy generation of the same length, on the
-bundled SmolLM2-135M (the README's "Side by side" figures come from this script).
+bundled SmolLM2-135M (docs/benchmarks.md's "The Compare tab's cost" figures come from this script).
 
     python benchmarks/compare_cost.py                      # the tab's defaults, and 6 formats x 128 tokens
     python benchmarks/compare_cost.py --rounds 3 --profile 32  # best of 3; then cProfile of one 6 x 32 run

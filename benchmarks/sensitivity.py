@@ -1,5 +1,5 @@
 """Per-layer sensitivity and the plan search on the bundled SmolLM2-135M, timed, with the machine's load beside
-each figure (the README's "Which layers to keep in higher precision" section comes from this script).
+each figure (docs/benchmarks.md's "Per-layer sensitivity and the plan search" comes from this script).
 
     python benchmarks/sensitivity.py                       # int4 map at 256 tokens; int4/int8/fp16 plan, KL <= 0.01
     python benchmarks/sensitivity.py --kl-budget 0.02 --tokens 512

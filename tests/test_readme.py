@@ -1,5 +1,6 @@
-"""The README's memory examples (dense, sliding window, MLA): each command runs, prints what the README shows, and
-agrees with the library."""
+"""The README's examples, and those it moved to docs/: each `python -m kvviz memory` command (dense in the README,
+sliding window and MLA in docs/memory.md) runs, prints what the page shows and agrees with the library; each of the
+README's Python examples runs here or names the test that runs it; every relative link resolves."""
 
 from __future__ import annotations
 
@@ -10,14 +11,19 @@ from pathlib import Path
 import kvviz
 from kvviz import memory
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+MEMORY_PAGE = REPO / "docs" / "memory.md"
 
 _EXAMPLE = re.compile(r"```bash\n(python -m kvviz memory [^\n]*)\n```\s*```text\n(.*?)```", re.S)
 
 
 def _examples() -> list[tuple[list[str], str]]:
-    found = _EXAMPLE.findall(README.read_text(encoding="utf-8"))
-    assert len(found) >= 3, "README.md should show a dense, a sliding-window and an MLA `python -m kvviz memory` example"
+    """The memory examples of the README and of docs/memory.md: (arguments after `python -m kvviz`, output)."""
+    readme = _EXAMPLE.findall(README.read_text(encoding="utf-8"))
+    assert readme, "README.md should show a `python -m kvviz memory` example"
+    found = readme + _EXAMPLE.findall(MEMORY_PAGE.read_text(encoding="utf-8"))
+    assert len(found) >= 3, "README.md and docs/memory.md should show a dense, a sliding-window and an MLA example"
     return [(shlex.split(command)[3:], output) for command, output in found]
 
 
@@ -58,7 +64,6 @@ _PYTHON = re.compile(r"```python\n(.*?)```", re.S)
 CHECKED_ELSEWHERE = {
     "import kvviz": "the drop-in five lines: test_attention.py runs them verbatim on a tiny model saved locally",
     "from kvviz import load_model, describe_model": "test_real_model.py loads and describes both bundled models",
-    "from kernels import decode_attention, side_from_format": "a call signature; test_kernels.py makes that call",
 }
 
 
@@ -110,3 +115,34 @@ def test_quality_example_runs(monkeypatch):
     assert [f.name for f in calls["compare"].formats] == ["fp8_e4m3", "k8v4", "k4v8", "kivi2"]
     assert set(calls["perplexity"]["ppl"]) == {"baseline", "fp8_e4m3", "int4"}
     assert list(calls["needle"]["rate"]) == ["baseline", "fp8_e4m3", "int4", "kivi2"]
+
+
+# --- links: the README and the docs pages point at files and headings that exist ----------------------------------
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.*)$", re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_readme_and_docs_links_resolve():
+    pages = [README, *sorted((REPO / "docs").glob("*.md")), REPO / "DEVELOPERS.md"]
+    broken = []
+    for page in pages:
+        for target in _LINK.findall(page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in _anchors(linked)):
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert not broken, f"links to missing files or headings: {broken}"
+
+
+def test_readme_links_every_docs_page():
+    linked = set(_LINK.findall(README.read_text(encoding="utf-8")))
+    missing = [p.name for p in (REPO / "docs").glob("*.md") if f"docs/{p.name}" not in linked]
+    assert not missing, f"README.md should link {missing}"

@@ -22,6 +22,7 @@ from kvviz.memory import kv_cache_bytes_for
 from kvviz.models import BUNDLED, describe_model, load_model
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+BENCHMARKS = README.parent / "docs" / "benchmarks.md"  # the measured figures, the K outlier table among them
 PROMPT = ("The tower is 324 metres tall, about the same height as an 81-storey building, and the tallest structure "
           "in Paris. Its base is square, measuring 125 metres on each side. During its construction, the Eiffel "
           "Tower surpassed the Washington Monument to become the tallest man-made structure in the world.")
@@ -123,9 +124,9 @@ def test_gemma_int8_kl_below_per_tensor_int4(gemma):
 
 
 def test_gemma_capture_k_after_qk_norm_and_outlier_stats(gemma):
-    """On the README's 256 WikiText-2 tokens: capture sees Gemma's K after k_norm (before RoPE, what the rotation
-    turns into the cached K) in every layer, and the README's largest / median K channel figures are what the
-    capture measures."""
+    """On docs/benchmarks.md's 256 WikiText-2 tokens: capture sees Gemma's K after k_norm (before RoPE, what the
+    rotation turns into the cached K) in every layer, and that page's largest / median K channel figures are what
+    the capture measures."""
     model, tok = gemma
     layer = 5  # the first full-attention layer
     attn = model.model.layers[layer].self_attn
@@ -142,7 +143,7 @@ def test_gemma_capture_k_after_qk_norm_and_outlier_stats(gemma):
     summary = analysis.kv_outlier_summary(cap)
     assert summary["keys_post"]["outliers"].sum() > summary["values"]["outliers"].sum()
     ratio = summary["keys_post"]["amax_ratio"]  # [18], the one KV head
-    row = next(line for line in README.read_text().splitlines() if line.startswith("| Gemma 3 270M |"))
+    row = next(line for line in BENCHMARKS.read_text().splitlines() if line.startswith("| Gemma 3 270M |"))
     full, sliding, values = row.split("|")[2:5]
     shown_full = [float(x) for x in re.findall(r"([\d.]+)x", full)]  # layers 5, 11, 17
     assert np.allclose(ratio[[5, 11, 17]], shown_full, atol=0.06), ratio[[5, 11, 17]]

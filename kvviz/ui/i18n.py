@@ -65,8 +65,8 @@ EN: dict[str, str] = {
                      "SmolLM2: 6.0 MiB for int4 fused, 45.4 MiB for DynamicCache, 96.8 MiB for int4 unfused). Then "
                      "*tokens/s*: fused should decode faster than unfused, whose extra work grows with the history it "
                      "copies at every step (try a longer prompt). Against DynamicCache it depends on "
-                     "the machine and how busy it is (the README gives measured runs). The status line says whether "
-                     "fused and unfused wrote the same tokens and whether the fused path really ran: without numba "
+                     "the machine and how busy it is (docs/benchmarks.md gives measured runs). The status line "
+                     "says whether fused and unfused wrote the same tokens and whether the fused path really ran: without numba "
                      "the rows say NOT fused."),
     "lesson_on_model": "_This lesson runs on `{model}`, the model picked in the tabs; pick another to compare._",
     "lesson_models1": ("**Across models** (largest K channel / median channel, 256 WikiText-2 tokens): Gemma 3 270M's "
@@ -423,7 +423,7 @@ KO: dict[str, str] = {
                      "옮깁니다 (SmolLM2에서 int4 융합 6.0 MiB, DynamicCache 45.4 MiB, int4 비융합 96.8 MiB). 다음은 "
                      "*토큰/초*: 융합이 비융합보다 빨라야 합니다. 비융합 경로는 매 단계 기록 전체를 복사하므로 그 추가 "
                      "작업은 기록이 길수록 늘어납니다 (프롬프트를 길게 해 보세요). DynamicCache와의 비교는 컴퓨터와 그 부하에 따라 "
-                     "달라집니다 (README에 측정한 실행이 있습니다). 상태 줄은 융합과 비융합이 같은 토큰을 썼는지, 융합 "
+                     "달라집니다 (docs/benchmarks.md에 측정한 실행이 있습니다). 상태 줄은 융합과 비융합이 같은 토큰을 썼는지, 융합 "
                      "경로가 실제로 돌았는지 알려줍니다: numba가 없으면 행에 '융합 아님'이라고 나옵니다."),
     "lesson_on_model": "_이 레슨은 탭에서 고른 모델 `{model}`에서 실행됩니다; 다른 모델을 골라 비교해 보세요._",
     "lesson_models1": ("**모델 간 차이** (가장 큰 K 채널 / 중앙값 채널, WikiText-2 256토큰): Gemma 3 270M은 전체 "
