@@ -61,6 +61,10 @@ def parse_kv(spec: "str | KVSpec") -> KVSpec:
     return KVSpec(get_format(k), get_format(v), name, residual)
 
 
+# plan.py builds on KVSpec and parse_kv above: imported once they exist
+from .plan import Plan, as_plan, as_plans, assigns_layers, format_plan, parse_plan, spec_key, spec_text  # noqa: E402
+
+
 __all__ = [
     "BASES",
     "FORMAT_NAMES",
@@ -70,16 +74,24 @@ __all__ = [
     "PRESET_RESIDUAL",
     "Format",
     "KVSpec",
+    "Plan",
     "QTensor",
+    "as_plan",
+    "as_plans",
+    "assigns_layers",
     "e2m1_decode",
     "e2m1_encode",
+    "format_plan",
     "get_format",
     "hadamard",
     "max_value",
     "pack",
     "parse_kv",
+    "parse_plan",
     "parse_spec",
     "rotate",
+    "spec_key",
+    "spec_text",
     "unpack",
     "valid_names",
 ]

@@ -15,7 +15,8 @@ from kvviz import analysis, plots
 from kvviz.formats import parse_kv
 
 from .common import (capture, check_choice, check_language, check_layer_head, check_model, check_prompt, check_spec,
-                     follow_model, layer_head_inputs, model_input, on_click, prompt_input, spec_list, user_errors)
+                     follow_model, layer_head_inputs, model_input, on_click, prompt_input, single_specs, spec_list,
+                     user_errors)
 from .i18n import Translator, t
 
 TAB = "errors"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -42,7 +43,8 @@ def run(prompt, fmt, formats, custom_formats, which, layer, head, model=None, la
     tensor = WHICH[check_choice(which, "Tensor", WHICH)]
     fmt = check_spec(fmt, "Format for the heatmap")  # ValueError listing the valid names
     kv = parse_kv(fmt)
-    specs = spec_list(formats, custom_formats, limit=8)
+    specs = [p.name for p in single_specs(spec_list(formats, custom_formats, limit=8), "The chart's formats",
+                                          "The error maps store one format in every layer.")]
     if not specs:
         raise ValueError("Pick at least one format for the per-layer chart.")
     cap = capture(prompt, progress, name)
