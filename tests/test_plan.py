@@ -57,8 +57,11 @@ def test_plan_is_one_immutable_value_equal_by_meaning():
     with pytest.raises(AttributeError):
         plan.default = parse_kv("int8")
     # equal per-layer contents on a given model: fitted() writes both the same, shortest way
-    assert as_plan("int8; 0-2=int4").fitted(4) == as_plan("int4; 3=int8") != as_plan("int8; 0-2=int4")
-    assert as_plan("int8; 0-2=int4").fitted(4).text == "int4; 3=int8"
+    fitted = as_plan("int8; 0-2=int4").fitted(4)
+    assert fitted == as_plan("int4; 3=int8").fitted(4) == as_plan(["int4"] * 3 + ["int8"])
+    assert fitted.text == "int4; 3=int8" and as_plan("int8; 0-2=int4").text == "int8; 0-2=int4"
+    with pytest.raises(ValueError, match="3 entries for a model with 4 layers"):
+        as_plan(["int4"] * 3).resolve(4)  # a per-layer list fixes its layer count
 
 
 @pytest.mark.parametrize("text, assigns", [
