@@ -174,6 +174,7 @@ class RowStackCache(Cache):
 
     def __init__(self, config, specs: list, scales: dict | None = None, layer_rows: list[list[int]] | None = None):
         n_layers = config.get_text_config(decoder=True).num_hidden_layers
+        assert all(s is None or isinstance(s, Plan) for s in specs), "RowStackCache rows are kvviz.Plans or None"
         if layer_rows is None:  # rows of one spec share one cache, batched (see the module docstring)
             keys = [None if s is None else s.fitted(n_layers) for s in specs]  # equal plans: one cache
             caches = {k: QuantizedKVCache(config, specs[keys.index(k)], scales=_scales_for(s, scales))
