@@ -73,12 +73,12 @@ def _kl(x: float) -> str:
 
 def run_sensitivity(args: argparse.Namespace) -> int:
     from kvviz.analysis.sensitivity import layer_sensitivity, ranking
-    from kvviz.formats import parse_kv
+    from kvviz.formats import as_plan
 
-    parse_kv(args.spec)  # a bad spec fails before the model loads
+    spec = as_plan(args.spec)  # parsed here, once: a bad spec fails before the model loads
     model, tok, text = _load(args)
     clock = _Clock()
-    sens = layer_sensitivity(model, tok, text, args.spec, max_tokens=args.tokens)
+    sens = layer_sensitivity(model, tok, text, spec, max_tokens=args.tokens)
     print(f"mean KL (nats) with only one layer's K or V in {sens['spec']} (the other side {sens['other']}), "
           f"{sens['tokens']} tokens\n")
     _table([["layer", "K", "V"]] + [[str(i), _kl(k), _kl(v)] for i, (k, v) in enumerate(zip(sens["k"], sens["v"]))])
@@ -90,11 +90,13 @@ def run_sensitivity(args: argparse.Namespace) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     from kvviz.analysis.search import search
+    from kvviz.formats import as_plan
 
     candidates = [c.strip() for c in args.candidates.split(",") if c.strip()]
     if any("=" in c for c in candidates):
         raise ValueError("--candidates is comma-separated, so a K/V pair cannot go in it; name a preset "
                          "(k8v4, k4v8) or a single format per candidate.")
+    candidates = [as_plan(c) for c in candidates]  # parsed here, once: a bad spec fails before the model loads
     model, tok, text = _load(args)
     clock = _Clock()
     res = search(model, tok, text, candidates, kl_budget=args.kl_budget, max_tokens=args.tokens,

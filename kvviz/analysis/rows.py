@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from kvviz.cache.rows import RowStackCache
-from kvviz.formats import as_plan, spec_key
+from kvviz.formats import spec_key
 
 
 def decoder(model):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DummyLayer, get_layer_types_and_kwargs
 
-from kvviz.formats import Plan, as_plan
+from kvviz.formats import KVSpec, Plan, as_plan
 
 from .layers import QuantizedHybridLayer, QuantizedHybridSlidingLayer, QuantizedKVLayer, QuantizedSlidingLayer
 from .sides import check_fits

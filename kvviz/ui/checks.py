@@ -18,7 +18,6 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
-import kvviz
 from kvviz.formats import Plan, as_plan, assigns_layers
 
 MAX_PROMPT_CHARS = 20_000  # checked before tokenizing: a megabyte of text would cost the tokenizer seconds
@@ -154,13 +153,13 @@ def check_language(value) -> str:
     return LANGUAGES[check_choice(value, "Language", LANGUAGES)]
 
 
-def check_spec(value, what: str = "Format") -> str:
-    """One K/V spec string, parsed (ValueError listing the valid names for an unknown one); returned stripped."""
+def check_spec(value, what: str = "Format") -> Plan:
+    """One K/V spec for every layer, parsed once into a kvviz.Plan (its name: the text as given); ValueError listing
+    the valid names for an unknown format, and for a per-layer plan."""
     spec = check_text(value, what, max_chars=200)
     if not spec:
         raise ValueError(f"{what} is empty: pick a KV format such as int4 or fp8_e4m3.")
-    kvviz.parse_kv(spec)
-    return spec
+    return single_specs([as_plan(spec)], what, "Pick one format for every layer, such as int4.")[0]
 
 
 def check_upload(value, what: str, upload_root: Path) -> Path:

@@ -26,8 +26,6 @@ from pathlib import Path
 
 import gradio as gr
 
-import kvviz
-
 from .checks import (MAX_PROMPT_CHARS, check_bool, check_choice, check_float, check_int,  # noqa: F401
                      check_language, check_names, check_prompt, check_spec, check_text, check_upload, single_specs,
                      spec_list)

@@ -41,8 +41,8 @@ def run(prompt, fmt, formats, custom_formats, which, layer, head, model=None, la
     name = check_model(model)
     prompt = check_prompt(prompt)
     tensor = WHICH[check_choice(which, "Tensor", WHICH)]
-    fmt = check_spec(fmt, "Format for the heatmap")  # ValueError listing the valid names
-    kv = parse_kv(fmt)
+    fmt = check_spec(fmt, "Format for the heatmap")  # a kvviz.Plan; ValueError listing the valid names
+    kv = fmt.default
     specs = [p.name for p in single_specs(spec_list(formats, custom_formats, limit=8), "The chart's formats",
                                           "The error maps store one format in every layer.")]
     if not specs:
@@ -53,7 +53,7 @@ def run(prompt, fmt, formats, custom_formats, which, layer, head, model=None, la
     progress(0.7, desc="Quantizing every layer in every format…")
 
     where = t("r_where_short", lang).format(layer=layer, head=head, model=name)
-    emap = analysis.error_map(cap, fmt, layer, head, tensor)  # [T, D]
+    emap = analysis.error_map(cap, kv, layer, head, tensor)  # [T, D]
     heat = plots.error_heatmap(emap, t("f_error_heat", lang).format(side=side, fmt=fmt, which=which, where=where),
                                token_labels=[_label(s) for s in cap.tokens])
 
