@@ -3,9 +3,10 @@
 Spec strings are `BASE[/GRANULARITY][/gN][/asym][/rot]` (see `spec.py`); a K/V pair is `k=SPEC,v=SPEC`, a single
 spec means both, and presets (`k8v4`, `k4v8`, `kivi2`, `kivi4`) name common pairs. llama.cpp's KV cache types
 (`q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1`, `iq4_nl`, in `LLAMA_CPP_TYPES`) are bases too, bit-exact with ggml
-(`ggml.py`, which documents their stored layout). The cache, the kernels, the
-memory model, the exporter and the UI all take their formats from here; adding a format is one entry in
-`spec.BASES` plus its codec branch (and kernel branch).
+(`ggml.py`, which documents their stored layout). `plan.py`'s Plan says what each decoder layer stores (a default
+KVSpec and layer assignments, text "int4; 0,27=fp16"); `as_plan` is the one place text becomes a plan. The cache,
+the kernels, the memory model, the exporter and the UI all take their formats from here; adding a format is one
+entry in `spec.BASES` plus its codec branch (and kernel branch).
 
     >>> import kvviz
     >>> kvviz.get_format("int4").bits_per_value(128)

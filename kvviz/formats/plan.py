@@ -26,10 +26,10 @@ layers are kept exact (as DynamicCache holds them); only code builds such plans,
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .spec import PRESETS
 from . import KVSpec, parse_kv
+from .spec import PRESETS
 
 EXACT = "exact"  # how the text form writes a layer kept exact (a None entry); not parsed back
 
@@ -68,7 +68,7 @@ class Plan:
     default: KVSpec | None
     layers: tuple[tuple[int, KVSpec | None], ...] = ()
     num_layers: int | None = None
-    name: str = field(default="", compare=False)
+    name: str = ""
 
     def __post_init__(self):
         kept = tuple(sorted((i, kv) for i, kv in dict(self.layers).items()
