@@ -9,7 +9,8 @@ that module is already loaded, and otherwise the moment it loads (a one-shot imp
 model can be built. `import kvviz` itself stays at the cost of formats and the memory model.
 """
 
-from .formats import FORMAT_NAMES, PRESETS, Format, KVSpec, QTensor, get_format, parse_kv
+from .formats import (FORMAT_NAMES, PRESETS, Format, KVSpec, Plan, QTensor, as_plan, format_plan, get_format, parse_kv,
+                      parse_plan)
 from .memory import (GPU_PRESETS, MODEL_PRESETS, get_model_preset, kv_cache_bytes, kv_cache_bytes_for, max_batch,
                      max_context, state_bytes_for)
 
@@ -21,8 +22,8 @@ _LAZY = {"load_model": "models", "tiny_model": "models", "describe_model": "mode
          "capture_kv": "analysis", "compare": "quality", "compare_stream": "quality", "perplexity": "quality",
          "needle": "quality", "KVScales": "calibrate", "calibrate_scales": "calibrate", "save_scales": "calibrate",
          "load_scales": "calibrate", "export_commands": "export",
-         # per-layer plans and sensitivity, llama.cpp's KLD statistics (kvviz/plan.py, analysis, quality)
-         "parse_plan": "plan", "format_plan": "plan", "export_plan": "export", "layer_sensitivity": "analysis",
+         # plan export and search, sensitivity, llama.cpp's KLD statistics (export.py, analysis, quality)
+         "export_plan": "export", "layer_sensitivity": "analysis",
          "layer_norms": "analysis", "kld": "quality"}
 
 

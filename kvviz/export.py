@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import warnings
 
-from kvviz.formats import LLAMA_CPP_TYPES, Format, KVSpec, parse_kv
+from kvviz.formats import LLAMA_CPP_TYPES, Format, KVSpec, as_plan, parse_kv, spec_text
 
 ENGINES = ("vllm", "sglang", "llama.cpp")
 _SCALES_FILE = "scales.json"
@@ -355,7 +355,8 @@ def _llama_cpp_type(fmt: Format) -> tuple[str | None, str | None]:
 
 
 def export_plan(plan, num_layers: int, model: str = "MODEL") -> dict:
-    """Engine flags for a per-layer plan (kvviz.plan: "int4; 0,27=fp16", or one spec per layer).
+    """Engine flags for a per-layer plan (a kvviz.Plan, or what kvviz.as_plan takes: "int4; 0,27=fp16", one spec
+    per layer).
 
     A uniform plan exports as its one spec (export_commands). Otherwise only vLLM can express a plan, and only
     "one format, some layers left unquantized": `--kv-cache-dtype X --kv-cache-dtype-skip-layers i j ...`
@@ -366,12 +367,10 @@ def export_plan(plan, num_layers: int, model: str = "MODEL") -> dict:
     "flags", "cli", "python", "note"}} as export_commands does, notes saying plainly why a plan cannot be
     expressed. Raises ValueError on a bad plan.
     """
-    from kvviz.plan import format_plan, is_uniform, parse_plan, spec_text
-
-    layers = parse_plan(plan, num_layers)
-    if is_uniform(layers):
-        return export_commands(layers[0], model)
-    text = format_plan(layers)
+    fitted = as_plan(plan).fitted(num_layers)  # the shortest form for this model's layers
+    if fitted.is_uniform:
+        return export_commands(fitted.default, model)
+    layers, text = fitted.resolve(num_layers), fitted.text
     sixteen = [i for i, kv in enumerate(layers) if kv.k.base in ("fp16", "bf16") and kv.v.base in ("fp16", "bf16")]
     quantized = {spec_text(kv) for i, kv in enumerate(layers) if i not in sixteen}
     rows = {"vllm": _vllm_plan(layers, sixteen, quantized, text, model)}

@@ -40,6 +40,7 @@ def _row(name: str, s: dict) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from kvviz.formats import as_plan
     from kvviz.models import load_model
     from kvviz.quality.divergence import base_logprobs, kld, load_base, save_base
 
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.specs and not args.save_base:
         raise ValueError("Name at least one spec or plan to measure (e.g. fp8_e4m3 'int4; 0,29=fp16'), or "
                          "--save-base FILE.")
+    plans = [as_plan(s) for s in args.specs or []]  # parsed here, once: a bad spec fails before the model loads
     text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else None
     base = load_base(args.base) if args.base else None  # a bad file fails before the model loads
     model, tok = load_model(args.model)
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
               f"{base['window_tokens']} tokens, scored from {base['score_from']}) to {args.save_base}")
     if not args.specs:
         return 0
-    stats = kld(model, tok, args.specs, text=text, windows=args.windows, window_tokens=args.window_tokens,
+    stats = kld(model, tok, plans, text=text, windows=args.windows, window_tokens=args.window_tokens,
                 score_from=args.score_from, chunk=args.chunk, base=base)
     head = ["spec", "mean KLD", "median", "p90", "p95", "p99", "p99.9", "max", "RMS Δp %", "same top %",
             "ln(PPL(Q)/PPL(base))"]

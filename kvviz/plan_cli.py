@@ -1,5 +1,5 @@
 """`python -m kvviz sensitivity` and `python -m kvviz plan`: which layers carry a format's damage, and the cheapest
-per-layer plan within a KL budget (kvviz.analysis.sensitivity, kvviz.plan.search), on WikiText-2's first tokens.
+per-layer plan within a KL budget (kvviz.analysis.sensitivity, kvviz.analysis.search), on WikiText-2's first tokens.
 
     python -m kvviz sensitivity --spec int4 --tokens 256                 # the per-layer map, K and V, in nats
     python -m kvviz plan --candidates int4,int8,fp16 --kl-budget 0.02    # the path, the plan, its bytes and KL
@@ -73,12 +73,12 @@ def _kl(x: float) -> str:
 
 def run_sensitivity(args: argparse.Namespace) -> int:
     from kvviz.analysis.sensitivity import layer_sensitivity, ranking
-    from kvviz.formats import parse_kv
+    from kvviz.formats import as_plan
 
-    parse_kv(args.spec)  # a bad spec fails before the model loads
+    spec = as_plan(args.spec)  # parsed here, once: a bad spec fails before the model loads
     model, tok, text = _load(args)
     clock = _Clock()
-    sens = layer_sensitivity(model, tok, text, args.spec, max_tokens=args.tokens)
+    sens = layer_sensitivity(model, tok, text, spec, max_tokens=args.tokens)
     print(f"mean KL (nats) with only one layer's K or V in {sens['spec']} (the other side {sens['other']}), "
           f"{sens['tokens']} tokens\n")
     _table([["layer", "K", "V"]] + [[str(i), _kl(k), _kl(v)] for i, (k, v) in enumerate(zip(sens["k"], sens["v"]))])
@@ -89,28 +89,31 @@ def run_sensitivity(args: argparse.Namespace) -> int:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from kvviz.plan import search
+    from kvviz.analysis.search import search
+    from kvviz.formats import as_plan
 
     candidates = [c.strip() for c in args.candidates.split(",") if c.strip()]
     if any("=" in c for c in candidates):
         raise ValueError("--candidates is comma-separated, so a K/V pair cannot go in it; name a preset "
                          "(k8v4, k4v8) or a single format per candidate.")
+    candidates = [as_plan(c) for c in candidates]  # parsed here, once: a bad spec fails before the model loads
     model, tok, text = _load(args)
     clock = _Clock()
     res = search(model, tok, text, candidates, kl_budget=args.kl_budget, max_tokens=args.tokens,
                  context=args.context)
     took = str(clock)
-    n_layers = len(res["plan"])
-    print(f"ladder (cheapest first): {', '.join(res['candidates'])}; bytes at {res['context']} tokens, "
+    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    print(f"ladder (cheapest first): {', '.join(res.ladder)}; bytes at {res.context} tokens, "
           f"KL in nats over {args.tokens} tokens\n")
-    _table([["step", "move", "MiB", "KL"]] + [[str(s["step"]), s["move"], f"{s['bytes'] / 2**20:.2f}", _kl(s["kl"])]
-                                              for s in res["steps"]])
-    uniform = {s["plan_text"]: s for s in res["steps"] if ";" not in s["plan_text"]}
-    print(f"\nplan: {res['plan_text']}")
-    verdict = "within" if res["within_budget"] else "NOT within (no plan on the path is; this is the all-top one)"
-    print(f"  {res['bytes'] / 2**20:.2f} MiB ({res['bytes'] / res['bytes_fp16']:.1%} of fp16), KL {res['kl']:.2e}, "
+    _table([["step", "move", "MiB", "KL"]] + [[str(s.step), s.move, f"{s.bytes / 2**20:.2f}", _kl(s.kl)]
+                                              for s in res.steps])
+    uniform = {s.plan.text: s for s in res.steps if s.plan.is_uniform}
+    best = res.chosen
+    print(f"\nplan: {best.plan.text}")
+    verdict = "within" if res.within_budget else "NOT within (no plan on the path is; this is the all-top one)"
+    print(f"  {best.bytes / 2**20:.2f} MiB ({best.bytes / res.bytes_fp16:.1%} of fp16), KL {best.kl:.2e}, "
           f"{verdict} the budget {args.kl_budget:g}")
     for name, s in uniform.items():
-        print(f"  uniform {name}: {s['bytes'] / 2**20:.2f} MiB, KL {s['kl']:.2e}")
-    print(f"search over {len(res['candidates'])} candidates x {n_layers} layers took {took}")
+        print(f"  uniform {name}: {s.bytes / 2**20:.2f} MiB, KL {s.kl:.2e}")
+    print(f"search over {len(res.ladder)} candidates x {n_layers} layers took {took}")
     return 0

@@ -320,6 +320,25 @@ def test_compare_and_memory_take_a_plan(client):
     assert "layer 40 does not exist; this model has layers 0-31" in _error(client, *bad, api_name="memory")
 
 
+def test_a_plan_with_each_tabs_options(client):
+    """A plan through every tab's options: Compare with perplexity ticked (it failed after the generation with
+    "Malformed pair spec": perplexity parsed the plan again with the pair parser), the needle, and Export (vLLM's
+    skip layers on the picked model's layers)."""
+    _, table, _, status = client.predict(PROMPT, ["int4"], "int4; 1=fp16", 4, True, api_name="/compare")
+    rows = {r[0]: r for r in table["data"]}
+    assert list(rows) == ["exact (baseline)", "int4", "int4; 1=fp16"] and "Done in" in status
+    assert table["headers"][12].startswith("perplexity") or len(table["headers"]) == 13
+    assert all(r[12] > 1 for r in rows.values()), rows  # each row's perplexity, the plan's included
+    _, found = client.predict(["int4"], "int4; 1=fp16", 256, api_name="/needle")
+    assert "`int4; 1=fp16`" in found and "`int4`" in found
+    md, _, text, path, _ = client.predict("fp8_e4m3; 1=fp16", "m", "", api_name="/export")
+    assert "### `fp8_e4m3; 1=fp16`" in md and "--kv-cache-dtype-skip-layers 1" in md
+    assert text == "" and path is None  # calibrated scales are for one fp8_e4m3 spec on every layer
+    assert "layer 2 does not exist; this model has layers 0-1" in _error(client, "fp8_e4m3; 2=fp16", "m", "",
+                                                                         api_name="export")
+    assert "is a per-layer plan" in _error(client, [], "int4; 1=fp16", 128, 2, api_name="fused_speed")
+
+
 # --- memory --------------------------------------------------------------------------------------------------
 
 

@@ -160,6 +160,26 @@ def test_bad_input_shows_an_error_and_the_app_keeps_serving(page, server):
     assert not _error_toasts(page)
 
 
+def test_compare_a_plan_with_perplexity(page, server):
+    """A plan typed in Compare with perplexity ticked: it once failed after the whole run with "Malformed pair spec"
+    (perplexity parsed the plan again with the pair parser). The table gains a perplexity column, the plan's row
+    with it, and no error shows."""
+    _open_tab(page, "compare")
+    custom = page.locator("#compare-custom textarea")
+    custom.fill("int4; 1=fp16")
+    ppl = page.locator("#tab-compare").get_by_label("Also measure perplexity", exact=False)
+    ppl.check()
+    page.locator("#compare-run").click()
+    page.wait_for_function("""() => document.querySelector('.toast-body.error') ||
+        Array.from(document.querySelectorAll('#tab-compare th')).some(th => th.innerText.includes('perplexity'))""",
+                           timeout=RUN_TIMEOUT_MS)
+    assert not _error_toasts(page), _error_toasts(page)
+    _wait_for_text(page, "#compare-status", "Done in")
+    assert "int4; 1=fp16" in page.locator("#tab-compare table").first.inner_text()
+    ppl.uncheck()
+    custom.fill("")
+
+
 def test_language_switch_relabels_the_page(page):
     page.get_by_label("한국어").check()
     page.get_by_role("tab", name="메모리").wait_for(timeout=10_000)

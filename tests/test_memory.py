@@ -234,5 +234,5 @@ def test_memory_table_takes_a_per_layer_plan():
     assert mixed["bytes"] == (fp16["bytes"] + int4["bytes"]) // 2
     assert mixed["k_bits"] == pytest.approx((fp16["k_bits"] + int4["k_bits"]) / 2)
     assert mixed["v_bits"] == pytest.approx((fp16["v_bits"] + int4["v_bits"]) / 2)
-    with pytest.raises(ValueError, match="31 entries for 32 layers"):
+    with pytest.raises(ValueError, match="31 entries for a model with 32 layers"):
         memory.memory_table("llama-3.1-8b", [plan[:31]], 4096)

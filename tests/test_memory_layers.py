@@ -128,7 +128,7 @@ def test_a_per_layer_plan_is_summed_layer_by_layer():
     plan = ["fp16", "int8", "k8v4", "fp8"]
     expected = sum(kv_cache_bytes_for(_tiny(num_hidden_layers=1), 33, k=s) for s in plan)
     assert kv_cache_bytes_for(_tiny(), 33, k=plan) == expected
-    with pytest.raises(ValueError, match="3 entries for 4 layers"):
+    with pytest.raises(ValueError, match="3 entries for a model with 4 layers"):
         kv_cache_bytes_for(_tiny(), 33, k=plan[:3])
 
 

@@ -1,12 +1,11 @@
-"""Per-layer plans (kvviz.plan): the string form, QuantizedKVCache with a plan (bytes equal to the memory model),
-bad plans, and the plan search within a KL budget."""
+"""Per-layer plans (kvviz.formats.plan): the Plan value and its text form, QuantizedKVCache with a plan (bytes equal
+to the memory model), bad plans, and export_plan."""
 
 import pytest
 import torch
 
 import kvviz
-from kvviz.formats import parse_kv
-from kvviz.plan import format_plan, is_uniform, parse_plan
+from kvviz.formats import Plan, as_plan, assigns_layers, format_plan, parse_kv, parse_plan
 
 
 def _texts(plan):
@@ -41,8 +40,41 @@ def test_format_plan_is_short():
     assert format_plan(["int4"] * 28) == "int4"
     assert format_plan(["fp16"] + ["int4"] * 26 + ["fp16"]) == "int4; 0,27=fp16"
     assert format_plan(["int8"] * 3 + ["int4"] * 5) == "int4; 0-2=int8"
-    assert is_uniform(["int4", "int4"]) and not is_uniform(["int4", "int8"])
+    assert as_plan(["int4", "int4"]).is_uniform and not as_plan(["int4", "int8"]).is_uniform
 
+
+def test_plan_is_one_immutable_value_equal_by_meaning():
+    plan = as_plan("int4 ; 0,27 = fp16")
+    assert isinstance(plan, Plan) and as_plan(plan) is plan  # a Plan passes the boundary as is
+    assert plan.text == "int4; 0,27=fp16" and plan.name == "int4 ; 0,27 = fp16" and str(plan) == plan.name
+    assert plan == as_plan("int4;27=fp16;0=fp16") and hash(plan) == hash(as_plan("int4;27=fp16;0=fp16"))
+    assert as_plan("int4; 3=int4") == as_plan("int4") and as_plan("int4; 3=int4").is_uniform
+    assert as_plan("k8v4") == as_plan("k=int8,v=int4") != as_plan("int8")  # the name is a label
+    assert as_plan("kivi2") != as_plan(parse_kv("kivi2").spec)  # its residual window is part of what it stores
+    assert plan.for_layer(27).spec == "fp16" and plan.for_layer(5).spec == "int4"
+    assert [kv.spec for kv in plan.specs] == ["int4", "fp16"]
+    assert as_plan(parse_kv("int8")) == as_plan("int8")
+    with pytest.raises(AttributeError):
+        plan.default = parse_kv("int8")
+    # equal per-layer contents on a given model: fitted() writes both the same, shortest way
+    fitted = as_plan("int8; 0-2=int4").fitted(4)
+    assert fitted == as_plan("int4; 3=int8").fitted(4) == as_plan(["int4"] * 3 + ["int8"])
+    assert fitted.text == "int4; 3=int8" and as_plan("int8; 0-2=int4").text == "int8; 0-2=int4"
+    with pytest.raises(ValueError, match="3 entries for a model with 4 layers"):
+        as_plan(["int4"] * 3).resolve(4)  # a per-layer list fixes its layer count
+
+
+@pytest.mark.parametrize("text, assigns", [
+    ("int4; 0,27=fp16", True),
+    ("0-14=int8; 15-29=int4", True),
+    ("int4; O=fp16", True),            # a typo in the layers is reported as one, not as an unknown format
+    ("k=int8,v=int4", False),
+    ("V=int4,K=int8", False),
+    ("int4; int8", False),
+    ("k8v4; 29=k=int8,v=int8", True),
+])
+def test_one_rule_says_what_text_assigns_layers(text, assigns):
+    assert assigns_layers(text) is assigns
 
 @pytest.mark.parametrize("text, match", [
     ("int4; 4=fp16", "layer 4 does not exist; this model has layers 0-3"),

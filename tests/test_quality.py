@@ -10,6 +10,7 @@ from transformers import DynamicCache
 
 from kvviz import quality
 from kvviz.cache import QuantizedKVCache
+from kvviz.formats import as_plan
 from kvviz.memory import kv_cache_bytes_for
 from kvviz.models import tiny_model
 from kvviz.tiny import TINY_ARCHS
@@ -108,7 +109,7 @@ def test_select_rows_copies_a_row_that_then_decodes_on_its_own(tiny):
     bytes, and fed the same tokens gives the same logits as the row it was copied from."""
     model, tok = tiny
     ids = tok(PROMPT, return_tensors="pt")["input_ids"]
-    stack = quality.RowStackCache(model.config, [None, "int4/channel/g8/asym"])
+    stack = quality.RowStackCache(model.config, [None, as_plan("int4/channel/g8/asym")])
     stack.load_prefill(quality.prefill(model, ids)[0])
     with torch.no_grad():
         for t in (5, 6, 7):
@@ -215,7 +216,7 @@ def test_rows_of_one_spec_share_one_batched_cache(tiny):
     """RowStackCache batches rows of one spec in one cache; each row still holds (and counts) what it would alone."""
     model, tok = tiny
     ids = tok(PROMPT, return_tensors="pt")["input_ids"]
-    stack = quality.RowStackCache(model.config, [None, "int4", "int4", "fp8_e4m3"])
+    stack = quality.RowStackCache(model.config, [None, *map(as_plan, ["int4", "int4", "fp8_e4m3"])])
     stack.load_prefill(quality.prefill(model, ids)[0])
     assert [len(layer.groups) for layer in stack.layers] == [2] * len(stack.layers)
     assert stack.row_caches[1] is stack.row_caches[2] is not stack.row_caches[3]

@@ -1,4 +1,4 @@
-"""Per-layer sensitivity (kvviz.analysis.sensitivity), the plan search (kvviz.plan.search) and kld() over windows
+"""Per-layer sensitivity (kvviz.analysis.sensitivity), the plan search (kvviz.analysis.search) and kld() over windows
 (kvviz.quality.divergence), on a 4-layer tiny Llama whose layer 2 carries huge K channels; the prefix-tree rows
 (kvviz.analysis.rows) against the plain definition, one QuantizedKVCache per variant; the sensitivity and plan
 CLIs."""
@@ -14,7 +14,8 @@ import kvviz.models
 from kvviz import cli
 from kvviz.analysis.rows import _prefix_tree, row_hidden
 from kvviz.analysis.sensitivity import _prompt_ids, layer_norms, layer_sensitivity, plans_kl, ranking, variant_plans
-from kvviz.plan import parse_plan, search
+from kvviz.analysis.search import SearchResult, SearchStep, search
+from kvviz.formats import as_plan
 from kvviz.quality.divergence import base_logprobs, kld, load_base, save_base
 from kvviz.tiny import ByteTokenizer, tiny_config, tiny_model
 
@@ -82,7 +83,7 @@ def test_sensitivity_matches_a_single_plan_run(outlier_model):
     ids = tok(TEXT, return_tensors="pt")["input_ids"][0, :48]
     plan = [None] * 4
     plan[OUTLIER_LAYER] = "k=int4,v=fp16"
-    assert plans_kl(model, [ids[None]], [plan])[0] == pytest.approx(sens["k"][OUTLIER_LAYER], rel=1e-4)
+    assert plans_kl(model, [ids[None]], [as_plan(plan)])[0] == pytest.approx(sens["k"][OUTLIER_LAYER], rel=1e-4)
 
 
 def _plain_sensitivity(model, tok, text: str, spec: str, max_tokens: int) -> dict:
@@ -100,7 +101,7 @@ def _plain_sensitivity(model, tok, text: str, spec: str, max_tokens: int) -> dic
 
     lp = logprobs([None] * n_layers)
     out = {"k": [math.nan] * n_layers, "v": [math.nan] * n_layers}
-    for plan, (side, i) in zip(*variant_plans(model, spec)):
+    for plan, (side, i) in zip(*variant_plans(model, kvviz.parse_kv(spec))):
         out[side][i] = float((lp.exp() * (lp - logprobs(plan))).sum(-1).mean())
     return out
 
@@ -142,7 +143,8 @@ def test_tree_rows_equal_unshared_rows(outlier_model):
     """Plans with shared prefixes (a search path) give the same hidden states as each plan run alone."""
     model, tok = outlier_model
     ids = tok(TEXT, return_tensors="pt")["input_ids"][:, :40]
-    plans = ["int4", "int4; 3=int8", "int4; 2-3=int8", "int8; 0=int4", None, "k8v4; 1=fp16"]
+    plans = [None if p is None else as_plan(p)
+             for p in ["int4", "int4; 3=int8", "int4; 2-3=int8", "int8; 0=int4", None, "k8v4; 1=fp16"]]
     together = row_hidden(model, ids, plans)
     for r, plan in enumerate(plans):
         alone = row_hidden(model, ids, [plan])[0]
@@ -154,32 +156,34 @@ def test_search_respects_the_budget_and_its_curve(outlier_model):
     # V stays fp16 in the two quantized candidates, so the K outlier decides the order
     cands = ["k=int4,v=fp16", "k=int2,v=fp16", "fp16"]
     loose = search(model, tok, TEXT, cands, kl_budget=1e9, max_tokens=64)
-    assert loose["candidates"] == ["k=int2,v=fp16", "k=int4,v=fp16", "fp16"]
-    assert loose["plan"] == ["k=int2,v=fp16"] * 4 and loose["within_budget"]
-    steps = loose["steps"]
+    assert isinstance(loose, SearchResult) and all(isinstance(s, SearchStep) for s in loose.steps)
+    assert loose.ladder == ("k=int2,v=fp16", "k=int4,v=fp16", "fp16")
+    assert loose.plan == as_plan(["k=int2,v=fp16"] * 4) and loose.plan.text == "k=int2,v=fp16"
+    assert loose.within_budget and loose.chosen is loose.steps[0]
+    steps = loose.steps
     assert len(steps) == 1 + 4 * 2
-    assert all(a["bytes"] < b["bytes"] for a, b in zip(steps, steps[1:]))  # the curve is monotone in bytes
-    assert steps[-1]["plan_text"] == "fp16"
-    to_top = [s["move"] for s in steps if s["move"].endswith("-> fp16")]
+    assert all(a.bytes < b.bytes for a, b in zip(steps, steps[1:]))  # the curve is monotone in bytes
+    assert steps[-1].plan.text == "fp16" and steps[-1].plan.is_uniform
+    to_top = [s.move for s in steps if s.move.endswith("-> fp16")]
     assert to_top[0] == f"layer {OUTLIER_LAYER}: k=int4,v=fp16 -> fp16"  # the outlier layer reaches 16 bits first
     # a budget between the two ends: the answer is the cheapest step within it
-    budget = math.sqrt(max(steps[0]["kl"], 1e-12) * max(steps[-1]["kl"], 1e-12))
+    budget = math.sqrt(max(steps[0].kl, 1e-12) * max(steps[-1].kl, 1e-12))
     mid = search(model, tok, TEXT, cands, kl_budget=budget, max_tokens=64)
-    assert mid["within_budget"] and mid["kl"] <= budget
-    ok = [s for s in mid["steps"] if s["kl"] <= budget]
-    assert mid["bytes"] == min(s["bytes"] for s in ok) < steps[-1]["bytes"]
-    assert parse_plan(mid["plan_text"], 4) == parse_plan(mid["plan"], 4)
+    assert mid.within_budget and mid.chosen.kl <= budget
+    ok = [s for s in mid.steps if s.kl <= budget]
+    assert mid.chosen.bytes == min(s.bytes for s in ok) < steps[-1].bytes
+    assert mid.chosen is mid.steps[mid.chosen.step] and mid.plan is mid.chosen.plan
 
 
 def test_search_reuses_given_sensitivities(outlier_model):
     model, tok = outlier_model
     cands = ["k=int4,v=fp16", "k=int2,v=fp16", "fp16"]
     first = search(model, tok, TEXT, cands, kl_budget=1e-3, max_tokens=48)
-    again = search(model, tok, TEXT, cands, kl_budget=1e-3, max_tokens=48, sensitivity=first["sensitivity"])
-    assert again["sensitivity"] == first["sensitivity"]
-    assert [s["plan_text"] for s in again["steps"]] == [s["plan_text"] for s in first["steps"]]
+    again = search(model, tok, TEXT, cands, kl_budget=1e-3, max_tokens=48, sensitivity=first.sensitivity)
+    assert again.sensitivity == first.sensitivity
+    assert [s.plan for s in again.steps] == [s.plan for s in first.steps]
     # the exact row ran in another batch (the path's, not the sensitivity run's): float sums differ slightly
-    assert [s["kl"] for s in again["steps"]] == pytest.approx([s["kl"] for s in first["steps"]], rel=1e-3)
+    assert [s.kl for s in again.steps] == pytest.approx([s.kl for s in first.steps], rel=1e-3)
     with pytest.raises(ValueError, match="previous search's result"):
         search(model, tok, TEXT, cands, kl_budget=1e-3, max_tokens=48, sensitivity={"int4": [0.0] * 4})
 
@@ -192,6 +196,8 @@ def test_search_bad_input(outlier_model):
         search(model, tok, TEXT, ["int4", "int4"], kl_budget=0.1)
     with pytest.raises(ValueError, match="cannot be stored as q8_0"):
         search(model, tok, TEXT, ["int4", "q8_0"], kl_budget=0.1)
+    with pytest.raises(ValueError, match="is a per-layer plan"):
+        search(model, tok, TEXT, ["int4", "int4; 0=fp16"], kl_budget=0.1)
 
 
 def test_kld_windows_and_saved_base(tmp_path, outlier_model):

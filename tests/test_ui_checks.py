@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvviz.formats import Plan
 from kvviz.ui import checks
 
 
@@ -62,7 +63,8 @@ def test_names_and_specs():
         checks.check_names("int4", "Formats")
     with pytest.raises(ValueError, match="Formats must hold names \\(text\\), but holds the number 1"):
         checks.check_names(["int4", 1], "Formats")
-    assert checks.spec_list(["int4", "int8"], "k8v4; int4", limit=6) == ["int4", "int8", "k8v4"]  # deduplicated
+    names = [p.name for p in checks.spec_list(["int4", "int8"], "k8v4; int4", limit=6)]
+    assert names == ["int4", "int8", "k8v4"]  # deduplicated
     with pytest.raises(ValueError, match="3 formats chosen; compare at most 2"):
         checks.spec_list(["int4", "int8", "int2"], "", limit=2)
     with pytest.raises(ValueError, match="Unknown KV format 'int5'"):
@@ -70,17 +72,23 @@ def test_names_and_specs():
 
 
 def test_spec_list_keeps_a_typed_plan_whole():
-    """A line that assigns layers is one per-layer plan; ';' still separates plain specs on other lines."""
+    """A line that assigns layers is one per-layer plan; ';' still separates plain specs on other lines. Each entry
+    is parsed once into a kvviz.Plan that keeps the text as typed for its label."""
     typed = "int4; 0,27=fp16\nk8v4; int8\nk8v4;29=k=int8,v=int8"
-    assert checks.spec_list([], typed, limit=6) == ["int4; 0,27=fp16", "k8v4", "int8", "k8v4;29=k=int8,v=int8"]
-    assert checks.spec_list([], "int4;0,27=fp16\nint4 ;  0,27=fp16", limit=6) == ["int4;0,27=fp16"]  # same plan
-    assert checks.is_plan("0-14=int8; 15-29=int4") and not checks.is_plan("k=int8,v=int4")
+    plans = checks.spec_list([], typed, limit=6)
+    assert all(isinstance(p, Plan) for p in plans)
+    assert [p.name for p in plans] == ["int4; 0,27=fp16", "k8v4", "int8", "k8v4;29=k=int8,v=int8"]
+    assert [p.is_uniform for p in plans] == [False, True, True, False]
+    same = checks.spec_list([], "int4;0,27=fp16\nint4 ;  0,27=fp16\nint4; 27=fp16; 0=fp16", limit=6)
+    assert [p.name for p in same] == ["int4;0,27=fp16"]  # one plan, however it is spelled
+    assert [p.name for p in checks.spec_list(["k8v4"], "k=int8,v=int4", limit=6)] == ["k8v4"]  # same K/V
     with pytest.raises(ValueError, match="Unknown KV format 'int5'"):
         checks.spec_list([], "int4; 3=int5", limit=6)
-    assert [kv.spec for kv in checks.plan_or_spec("int4; 1=fp16", 3)] == ["int4", "fp16", "int4"]
-    assert checks.plan_or_spec("int4", 3) == "int4"
+    assert [kv.spec for kv in plans[0].resolve(28)][:2] == ["fp16", "int4"]
     with pytest.raises(ValueError, match="layer 3 does not exist; this model has layers 0-2"):
-        checks.plan_or_spec("int4; 3=fp16", 3)
+        checks.spec_list([], "int4; 3=fp16", limit=6)[0].resolve(3)
+    with pytest.raises(ValueError, match="Candidates are single specs; 'int4; 0=fp16' is a per-layer plan. Why"):
+        checks.single_specs(checks.spec_list(["int8"], "int4; 0=fp16", limit=6), "Candidates", "Why")
 
 
 def test_check_upload_reads_only_uploaded_files(tmp_path):

@@ -9,6 +9,7 @@
     cmp = analysis.scale_comparison(cap, "int8", layer=3, head=0)  # token / channel / head / tensor (+ /rot)
     rot = analysis.rotation_view(cap, layer=3, head=0)             # stats before and after the Hadamard rotation
     sens = analysis.layer_sensitivity(model, tok, prompt, "int4")  # {"k": [L], "v": [L]}: KL, one layer at a time
+    res = analysis.search(model, tok, prompt, ["int4", "fp16"], kl_budget=0.01)   # SearchResult: the cheapest plan
 
 Everything returns plain data (numpy arrays, dicts, a dataclass of tensors); nothing here plots.
 """
@@ -16,6 +17,7 @@ Everything returns plain data (numpy arrays, dicts, a dataclass of tensors); not
 from kvviz.analysis.capture import KVCapture, LayerAttention, capture_ids, capture_kv
 from kvviz.analysis.errors import (attention_errors, error_map, error_maps, layer_errors, relative_error,
                                    scale_comparison)
+from kvviz.analysis.search import SearchResult, SearchStep, search
 from kvviz.analysis.sensitivity import layer_norms, layer_sensitivity, ranking
 from kvviz.analysis.stats import (OUTLIER_FACTOR, capture_stats, channel_stats, kv_outlier_summary, outlier_mask,
                                   rotation_view)
@@ -24,6 +26,8 @@ __all__ = [
     "KVCapture",
     "LayerAttention",
     "OUTLIER_FACTOR",
+    "SearchResult",
+    "SearchStep",
     "attention_errors",
     "capture_ids",
     "capture_kv",
@@ -38,6 +42,7 @@ __all__ = [
     "outlier_mask",
     "ranking",
     "relative_error",
+    "search",
     "rotation_view",
     "scale_comparison",
 ]

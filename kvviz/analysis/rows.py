@@ -23,16 +23,17 @@ Scoring (`row_values`): positions `score_from`..T-2 (logits at t predict token t
 its final hidden states one row at a time (memory stays at one [N, vocab]), compared with the exact row's
 log-probs (`Baseline`, computed once per window, or a saved one).
 
-    hidden = row_hidden(model, ids, [None, "int4", "int4; 0=fp16"])      # [3, T, hidden]
-    values, base = row_values(model, ids, ["int4", "int4; 0=fp16"])      # per-position (kld, nll, nll_base, top)
+    plans = [as_plan("int4"), as_plan("int4; 0=fp16")]
+    hidden = row_hidden(model, ids, [None, *plans])      # [3, T, hidden]
+    values, base = row_values(model, ids, plans)          # per-position (kld, nll, nll_base, top)
 """
 
 from __future__ import annotations
 
 import torch
 
-from kvviz.cache.quantized import _layer_plan
 from kvviz.cache.rows import RowStackCache
+from kvviz.formats import spec_key
 
 
 def decoder(model):
@@ -109,14 +110,13 @@ def _prefix_tree(plans: list[list]) -> tuple[list[list[int]], list[list[int]], l
     Returns (owners, parents, leaves): owners[j][r], the plan whose layer j row r stores (the first plan with that
     prefix); parents[j][r], the row of layer j - 1 whose output row r of layer j reads (layer 0: row 0 of the
     batch-1 input); leaves[p], plan p's row in the last layer's output."""
-    key = lambda kv: None if kv is None else (kv.spec, kv.residual)  # noqa: E731  (a KVSpec's name is a label)
     owners, parents = [], []
     row_of = [0] * len(plans)  # each plan's row in the previous layer (layer -1: the input, one row)
     for j in range(len(plans[0])):
         index: dict = {}
         owner, parent = [], []
         for p, plan in enumerate(plans):
-            node = (row_of[p], key(plan[j]))
+            node = (row_of[p], spec_key(plan[j]))
             if node not in index:
                 index[node] = len(owner)
                 owner.append(p)
@@ -152,14 +152,14 @@ def _forking_hook(parent: torch.Tensor):
 @torch.no_grad()
 def row_hidden(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk: int | None = None,
                scales: dict | None = None) -> torch.Tensor:
-    """Final hidden states [rows, T, hidden] of the same tokens ids [1, T], row r holding rows[r] (a spec, a plan
-    string or list, or None: exact), fed in chunks and run as a prefix tree (see the module docstring)."""
+    """Final hidden states [rows, T, hidden] of the same tokens ids [1, T], row r holding rows[r] (a kvviz.Plan, its
+    None layers exact, or None: an exact row), fed in chunks and run as a prefix tree (see the module docstring)."""
     n, t = len(rows), ids.shape[1]
     if not 1 <= first_chunk < t:
         raise ValueError(f"first_chunk must be in 1..{t - 1} for a window of {t} tokens; got {first_chunk}.")
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
-    plans = [[None] * n_layers if r is None else _layer_plan(r, n_layers) for r in rows]
-    specs = [None if all(kv is None for kv in p) else p for p in plans]
+    plans = [(None,) * n_layers if r is None else r.resolve(n_layers) for r in rows]
+    specs = [None if all(kv is None for kv in p) else r for r, p in zip(rows, plans)]
     layers = _forkable_layers(model)
     step = chunk or t
     bounds = [0, first_chunk] + list(range(first_chunk + step, t, step)) + [t]
@@ -193,7 +193,7 @@ def row_values(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk
                kl_only: bool = False):
     """Per-position KL values of every row against the exact model on one window ids [1, T].
 
-    rows: one spec / plan per candidate (a plan: a list of one spec per layer, None = that layer exact).
+    rows: one kvviz.Plan per candidate (its None layers exact).
     base: the exact model's log-probs [N, vocab] at the scored positions, when already known (saved); else an
     exact row runs in the same batch (sharing its layers with every row whose first layers are exact).
     Returns (values, base): values[r] = (kld, nll, nll_base, same_top), each [N] with N = T - 1 - score_from (as

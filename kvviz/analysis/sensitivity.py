@@ -9,7 +9,7 @@ the exact row run as rows of ONE batch, with the first token alone and the rest 
 position reads the quantized cache (kvviz.analysis.rows). The rows run as a prefix tree: variant i is the exact run
 up to layer i, so it forks from the exact row there, and layer j computes 2j + 3 rows instead of 2L + 1 (about
 half the decoder work); the exact row's log-probs are formed once and every variant's KL is taken against them.
-`plans_kl` is the same measurement for any plans (kvviz.plan.search's path).
+`plans_kl` is the same measurement for any plans (kvviz.analysis.search's path).
 
 Qwen2.5-7B's k_proj bias gives layers 0 and 27 K norms of 600-900 against a median of 22: those layers top the K
 ranking at 3-4 bits, and `layer_norms` shows why (max |K| and the largest channel's amax over the median's).
@@ -26,7 +26,7 @@ import time
 import torch
 
 from kvviz.analysis.capture import capture_ids
-from kvviz.formats import KVSpec, get_format, parse_kv
+from kvviz.formats import KVSpec, Plan, as_plan, get_format
 from kvviz.memory.layers import layer_shapes
 from kvviz.analysis.rows import row_values
 
@@ -53,9 +53,9 @@ def _other_side(model) -> str:
     return "bf16" if model.dtype == torch.bfloat16 else "fp16"
 
 
-def variant_plans(model, spec) -> tuple[list, list[tuple[str, int]]]:
-    """The 2 x (layers holding K/V) plans of layer_sensitivity and their labels [("k" | "v", layer)]."""
-    kv = parse_kv(spec)
+def variant_plans(model, kv: KVSpec) -> tuple[list[Plan], list[tuple[str, int]]]:
+    """The 2 x (layers holding K/V) plans of layer_sensitivity (every other layer exact) and their labels
+    [("k" | "v", layer)]."""
     other = get_format(_other_side(model))
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     plans, labels = [], []
@@ -64,13 +64,13 @@ def variant_plans(model, spec) -> tuple[list, list[tuple[str, int]]]:
             plan: list = [None] * n_layers
             k_fmt, v_fmt = (kv.k, other) if side == "k" else (other, kv.v)
             plan[i] = KVSpec(k_fmt, v_fmt, f"{side}{i}", kv.residual)
-            plans.append(plan)
+            plans.append(as_plan(plan))
             labels.append((side, i))
     return plans, labels
 
 
 @torch.no_grad()
-def plans_kl(model, ids_list: list[torch.Tensor], plans: list, rows_per_pass: int | None = None,
+def plans_kl(model, ids_list: list[torch.Tensor], plans: list[Plan], rows_per_pass: int | None = None,
              scales: dict | None = None, bases: list | None = None) -> list[float]:
     """Mean teacher-forced KL (nats) of each plan against the exact model over every scored position of every
     prompt (ids [1, T] each; positions 1..T-2), the plans batched as rows, `rows_per_pass` at a time.
@@ -108,7 +108,11 @@ def layer_sensitivity(model, tokenizer, prompt: str, spec, max_tokens: int = 256
     "other" (the 16-bit format of the unmeasured side), "seconds".
     """
     t0 = time.perf_counter()
-    kv = parse_kv(spec)
+    plan = as_plan(spec)
+    if not plan.is_uniform:
+        raise ValueError(f"layer_sensitivity measures one spec in one layer at a time; {plan.name!r} is a per-layer "
+                         f"plan. Give a single spec such as int4.")
+    kv = plan.default
     ids = _prompt_ids(model, tokenizer, prompt, max_tokens)
     plans, labels = variant_plans(model, kv)
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers

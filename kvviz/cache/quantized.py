@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DummyLayer, get_layer_types_and_kwargs
 
-from kvviz.formats import KVSpec, parse_kv
-from kvviz.plan import format_plan, parse_plan, spec_text
+from kvviz.formats import KVSpec, Plan, as_plan
 
 from .layers import QuantizedHybridLayer, QuantizedHybridSlidingLayer, QuantizedKVLayer, QuantizedSlidingLayer
 from .sides import check_fits
@@ -25,9 +24,9 @@ class QuantizedKVCache(Cache):
 
     config: the model config (any decoder-only architecture whose layers transformers caches as full, sliding,
     chunked, linear-attention / Mamba, hybrid or shared-KV layers). spec: "k=int8,v=int4", one spec for both
-    ("fp8_e4m3"), a preset ("k8v4", "kivi2") or a KVSpec; or a plan, one spec per layer: a list of
-    num_hidden_layers specs (None keeps that layer exact, as DynamicCache would) or a plan string such as
-    "int4; 0,27=fp16" (kvviz.plan). residual: full-precision recent tokens (None: the
+    ("fp8_e4m3"), a preset ("k8v4", "kivi2") or a KVSpec; or a plan, one spec per layer: a kvviz.Plan, a plan
+    string such as "int4; 0,27=fp16" or a list of num_hidden_layers specs (None keeps that layer exact, as
+    DynamicCache would); anything but a Plan goes through kvviz.as_plan once. residual: full-precision recent tokens (None: the
     preset's, e.g. 32 for kivi2; else 0). scales: {layer: (k_scale, v_scale)} static scales for per-tensor /
     per-head formats (and NVFP4's global scale), e.g. calibrated or loaded from an SGLang scale file: one entry
     per layer that holds K/V.
@@ -38,10 +37,11 @@ class QuantizedKVCache(Cache):
     def __init__(self, config, spec, residual: int | None = None, scales: dict | None = None):
         text = _decoder_config(config)
         layer_types, layer_kwargs = get_layer_types_and_kwargs(text)
-        # one KVSpec per layer (None: kept exact, as DynamicCache holds it); self.spec: the spec when uniform
-        self.plan = _layer_plan(spec, text.num_hidden_layers)
-        uniform = {None if kv is None else spec_text(kv) for kv in self.plan}
-        self.spec = self.plan[0] if len(uniform) == 1 else None
+        # self.plan: one KVSpec per layer (None: kept exact, as DynamicCache holds it); self.spec: the spec when
+        # uniform
+        self.kv_plan: Plan = as_plan(spec)
+        self.plan = self.kv_plan.resolve(text.num_hidden_layers)
+        self.spec = self.kv_plan.default if self.kv_plan.is_uniform else None
         if residual is not None and int(residual) < 0:
             raise ValueError(f"residual is a number of recent tokens kept in full precision (>= 0), got {residual}.")
         self.residual = (int(residual) if residual is not None
@@ -81,7 +81,7 @@ class QuantizedKVCache(Cache):
         """The spec, or the plan string, for messages."""
         if self.spec is not None:
             return self.spec.spec
-        return "a plan with exact layers" if None in self.plan else format_plan(self.plan)
+        return self.kv_plan.text
 
     def nbytes(self, one_row: bool = False) -> int:
         """Bytes of K/V really held (in use, not capacity): packed data, scales, zeros, tails and static scales.
@@ -94,19 +94,6 @@ class QuantizedKVCache(Cache):
 
     def __repr__(self) -> str:
         return f"QuantizedKVCache({self._name()!r}, residual={self.residual}, layers={len(self.layers)})"
-
-
-def _layer_plan(spec, num_layers: int) -> list:
-    """[KVSpec | None] * num_layers from one spec / KVSpec, a plan string ("int4; 0,27=fp16") or a list of one
-    spec per layer (None entries: that layer kept exact). ValueError for a list of the wrong length."""
-    if isinstance(spec, (list, tuple)):
-        if len(spec) != num_layers:
-            raise ValueError(f"The plan has {len(spec)} entries for a model with {num_layers} layers: give one spec "
-                             f"per layer (num_hidden_layers), or a string such as 'int4; 0,{num_layers - 1}=fp16'.")
-        return [None if s is None else parse_kv(s) for s in spec]
-    if isinstance(spec, KVSpec):
-        return [spec] * num_layers
-    return parse_plan(spec, num_layers)
 
 
 def _decoder_config(config):

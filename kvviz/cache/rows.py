@@ -36,7 +36,8 @@ from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLa
                                       LinearAttentionCacheLayerMixin, LinearAttentionLayer, get_layer_types_and_kwargs)
 
 from kvviz.cache.layers import _HybridMixin, copy_states
-from kvviz.cache.quantized import STATE_TYPES, QuantizedKVCache, _layer_plan
+from kvviz.cache.quantized import STATE_TYPES, QuantizedKVCache
+from kvviz.formats import Plan
 
 _MIN_CAPACITY = 64
 
@@ -164,8 +165,8 @@ class _RowStackHybridLayer(_HybridMixin, LinearAttentionLayer, _RowStackLayer):
 class RowStackCache(Cache):
     """A batch of rows, each with its own KV spec (None: exact). See the module docstring.
 
-    config: the model config. specs: one entry per batch row (per plan, with layer_rows), a spec string / KVSpec,
-    a per-layer plan (a list with one spec or None per layer, or a plan string) or None.
+    config: the model config. specs: one entry per batch row (per plan, with layer_rows), a kvviz.Plan (its None
+    layers kept exact) or None (an exact row).
     scales: static scales passed to every quantized row's QuantizedKVCache ({layer: (k_scale, v_scale)}).
     layer_rows: None (every layer holds one row per spec, in order) or, per layer j, the index into `specs` of
     each row layer j holds (that row stores what specs[p]'s layer j stores); a (plan, layer) pair at most once.
@@ -173,13 +174,14 @@ class RowStackCache(Cache):
 
     def __init__(self, config, specs: list, scales: dict | None = None, layer_rows: list[list[int]] | None = None):
         n_layers = config.get_text_config(decoder=True).num_hidden_layers
+        assert all(s is None or isinstance(s, Plan) for s in specs), "RowStackCache rows are kvviz.Plans or None"
         if layer_rows is None:  # rows of one spec share one cache, batched (see the module docstring)
-            keys = [None if s is None else plan_key(_layer_plan(s, n_layers)) for s in specs]
-            caches = {k: QuantizedKVCache(config, specs[keys.index(k)], scales=_scales_for(config, s, scales))
+            keys = [None if s is None else s.fitted(n_layers) for s in specs]  # equal plans: one cache
+            caches = {k: QuantizedKVCache(config, specs[keys.index(k)], scales=_scales_for(s, scales))
                       for k, s in zip(keys, specs) if k is not None}
             self.row_caches = [None if k is None else caches[k] for k in keys]
         else:  # a layer's rows are distinct plans (kvviz.analysis.rows' prefix tree): one cache per plan
-            self.row_caches = [None if s is None else QuantizedKVCache(config, s, scales=_scales_for(config, s, scales))
+            self.row_caches = [None if s is None else QuantizedKVCache(config, s, scales=_scales_for(s, scales))
                                for s in specs]
         self.uniform = layer_rows is None  # every layer holds every row, in the same order
         if layer_rows is None:
@@ -240,12 +242,6 @@ class RowStackCache(Cache):
         return None if c is None else c.nbytes(one_row=True)
 
 
-def plan_key(plan: list) -> tuple:
-    """What a per-layer plan (one KVSpec or None per layer) stores, as a hashable key: two plans with one key store
-    the same values (a KVSpec's name is a label; its canonical spec and residual window decide)."""
-    return tuple(None if kv is None else (kv.spec, kv.residual) for kv in plan)
-
-
 def _selector(rows: list[int]):
     """Batch rows as an index: a slice (views, no copies) when they are consecutive, else a tensor of them."""
     if rows == list(range(rows[0], rows[-1] + 1)):
@@ -253,10 +249,9 @@ def _selector(rows: list[int]):
     return torch.tensor(rows)
 
 
-def _scales_for(config, spec, scales):
+def _scales_for(plan: Plan, scales):
     """Static scales only reach rows whose formats take them (QuantizedKVCache rejects them otherwise)."""
     if not scales:
         return None
-    kvs = [kv for kv in _layer_plan(spec, config.get_text_config(decoder=True).num_hidden_layers) if kv is not None]
-    takes = any(f.takes_scale for kv in kvs for f in (kv.k, kv.v))
+    takes = any(f.takes_scale for kv in plan.specs for f in (kv.k, kv.v))
     return scales if takes else None

@@ -3,9 +3,10 @@
 Spec strings are `BASE[/GRANULARITY][/gN][/asym][/rot]` (see `spec.py`); a K/V pair is `k=SPEC,v=SPEC`, a single
 spec means both, and presets (`k8v4`, `k4v8`, `kivi2`, `kivi4`) name common pairs. llama.cpp's KV cache types
 (`q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1`, `iq4_nl`, in `LLAMA_CPP_TYPES`) are bases too, bit-exact with ggml
-(`ggml.py`, which documents their stored layout). The cache, the kernels, the
-memory model, the exporter and the UI all take their formats from here; adding a format is one entry in
-`spec.BASES` plus its codec branch (and kernel branch).
+(`ggml.py`, which documents their stored layout). `plan.py`'s Plan says what each decoder layer stores (a default
+KVSpec and layer assignments, text "int4; 0,27=fp16"); `as_plan` is the one place text becomes a plan. The cache,
+the kernels, the memory model, the exporter and the UI all take their formats from here; adding a format is one
+entry in `spec.BASES` plus its codec branch (and kernel branch).
 
 An engine's own KV dtype is written with its engine: `vllm:turboquant_k3v4_nc`, `vllm:int4_per_token_head`,
 `sglang:fp4_mx_block16`, `llama.cpp:q4_0`, `llama.cpp:k=q8_0,v=q4_0/norot` (the table: `engines.py`). Such a format
@@ -95,6 +96,10 @@ def parse_kv(spec: "str | KVSpec") -> KVSpec:
     return KVSpec(_side_format(k, "k"), _side_format(v, "v"), name, residual)
 
 
+# plan.py builds on KVSpec and parse_kv above: imported once they exist
+from .plan import Plan, as_plan, as_plans, assigns_layers, format_plan, parse_plan, spec_key, spec_text  # noqa: E402
+
+
 __all__ = [
     "BASES",
     "ENGINES",
@@ -107,17 +112,25 @@ __all__ = [
     "PRESET_RESIDUAL",
     "Format",
     "KVSpec",
+    "Plan",
     "QTensor",
+    "as_plan",
+    "as_plans",
+    "assigns_layers",
     "e2m1_decode",
     "e2m1_encode",
     "engine_skip_layers",
+    "format_plan",
     "get_format",
     "hadamard",
     "max_value",
     "pack",
     "parse_kv",
+    "parse_plan",
     "parse_spec",
     "rotate",
+    "spec_key",
+    "spec_text",
     "unpack",
     "valid_names",
 ]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kvviz.formats import Format, get_format, parse_kv
+from kvviz.formats import Format, Plan, as_plan, get_format, parse_kv
 
 from .layers import LAYOUTS, LayerShape, layer_shapes, state_shapes
 
@@ -87,13 +87,17 @@ def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, seq_len: int, batc
 
 
 def _layer_formats(k, v, residual, n_layers: int) -> list[tuple[Format, Format, int]]:
-    """(K format, V format, residual) per layer: one spec for all, or a plan (a list of one spec per layer)."""
-    if isinstance(k, (list, tuple)):
+    """(K format, V format, residual) per layer: one spec for all, or a plan (a kvviz.Plan, or a list of one spec
+    per layer, which kvviz.as_plan turns into one)."""
+    if isinstance(k, (Plan, list, tuple)):
         if v is not None:
             raise ValueError("With a per-layer plan in `k`, leave `v` out: each entry names its K and V.")
-        if len(k) != n_layers:
-            raise ValueError(f"The plan has {len(k)} entries for {n_layers} layers: give one spec per layer.")
-        return [(*_kv_formats(s, None), _preset_residual(s, None) if residual is None else residual) for s in k]
+        plan = as_plan(k)
+        kvs = plan.resolve(n_layers)
+        if None in kvs:
+            raise ValueError(f"The plan {plan.name!r} keeps some layers exact; the memory model counts formats: "
+                             f"give every layer a spec (fp16 for the model's own 16-bit values).")
+        return [(kv.k, kv.v, kv.residual if residual is None else residual) for kv in kvs]
     k_fmt, v_fmt = _kv_formats(k, v)
     res = _preset_residual(k, v) if residual is None else residual
     _check_count(res, "residual (full-precision tokens)")
@@ -158,7 +162,7 @@ def kv_cache_bytes_for(config, seq_len: int, batch: int = 1, k="fp16", v=None, l
     """Exact bytes of the K/V cache of `config` after `seq_len` tokens, for `batch` sequences, built per layer.
 
     `config`: a preset name, a transformers PretrainedConfig, a config.json dict or path, or a hub id (online).
-    `k`, `v`: as kv_cache_bytes, or `k` a plan: a list of one spec (or KVSpec) per layer, `v` None.
+    `k`, `v`: as kv_cache_bytes, or `k` a plan: a kvviz.Plan or a list of one spec (or KVSpec) per layer, `v` None.
     `layout`: "engine" (vLLM / SGLang: sliding and chunked layers hold W tokens, MLA its latent), "transformers"
     (what kvviz.QuantizedKVCache and transformers' caches hold: W - 1 tokens, MLA's latent as two tensors) or
     "decompressed" (MLA as per-head K and V). Recurrent state is apart: see state_bytes_for.

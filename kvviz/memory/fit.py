@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from kvviz.plan import format_plan
+from kvviz.formats import Plan, as_plan
 
 from .bytes import CacheModel, _check_count, _kv_formats, state_bytes_for
 from .configs import config_dict
@@ -72,8 +72,10 @@ def _largest(fits, step: int = 1, cap: int = CONTEXT_CAP) -> int:
 
 def _channel_step(k, v) -> int:
     """Channel formats' bytes drop when a group fills: search on whole groups of K and V, then inside one."""
-    specs = k if isinstance(k, (list, tuple)) else [k]
-    fmts = [f for s in specs for f in (_kv_formats(s, v if not isinstance(k, (list, tuple)) else None))]
+    if isinstance(k, (Plan, list, tuple)):  # a per-layer plan
+        fmts = [f for kv in as_plan(k).specs for f in (kv.k, kv.v)]
+    else:
+        fmts = _kv_formats(k, v)
     return math.lcm(*[f.group for f in fmts if f.granularity == "channel"], 1)
 
 
@@ -144,8 +146,8 @@ def memory_table(model, formats, context: int, gpu=None, batch: int = 1, gpus: i
                  weight_bytes_per_param: float = 2, reserve_fraction: float = 0.1,
                  layout: str = "engine") -> list[dict]:
     """One row (a plain dict) per KV format for `model`, `batch` sequences of `context` tokens: what the CLI
-    and the UI show. `formats`: a list of specs (an entry may be a per-layer plan: a list of one spec per layer,
-    kvviz.plan), or one comma-separated string (see split_formats).
+    and the UI show. `formats`: a list of specs (an entry may be a per-layer plan: a kvviz.Plan, or a list of one
+    spec per layer), or one comma-separated string (see split_formats).
 
     Keys: format, k_bits, v_bits (bits per value, scales included; None where the layout has no V), bytes and gb
     (the K/V cache), state_bytes (recurrent layers' fixed state), tokens_vs_fp16 (how many times the tokens of
@@ -158,6 +160,7 @@ def memory_table(model, formats, context: int, gpu=None, batch: int = 1, gpus: i
         formats = split_formats(formats)
     if not formats:
         raise ValueError("Give at least one KV format, e.g. fp16, fp8 or k8v4.")
+    formats = [as_plan(f) for f in formats]  # each entry parsed here, once
     _check_count(context, "context (tokens)", 1)
     _check_count(batch, "batch", 1)
     fp16 = CacheModel(m, "fp16", None, layout).bytes(context, batch)
@@ -168,14 +171,12 @@ def memory_table(model, formats, context: int, gpu=None, batch: int = 1, gpus: i
     for spec in formats:
         cache = CacheModel(m, spec, None, layout)
         nbytes = cache.bytes(context, batch)
-        if isinstance(spec, (list, tuple)):  # a per-layer plan (kvviz.plan)
+        if spec.is_uniform:
+            k_bits, v_bits = _bits(cache, spec.default.k, spec.default.v)
+        else:  # a per-layer plan: each side's bits averaged over every value the layers hold
             k_bits, v_bits = _plan_bits(cache)
-            name = format_plan(spec)
-        else:
-            k_bits, v_bits = _bits(cache, *_kv_formats(spec, None))
-            name = spec if isinstance(spec, str) else getattr(spec, "name", str(spec))
         row = {
-            "format": name,
+            "format": spec.name,
             "k_bits": k_bits, "v_bits": v_bits,
             "bytes": nbytes, "gb": nbytes / GB, "state_bytes": state,
             "tokens_vs_fp16": fp16 / nbytes if nbytes else None,

@@ -30,7 +30,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from kvviz.attention import active_backend
 from kvviz.cache.rows import RowStackCache
 from kvviz.memory import kv_cache_bytes_for
-from kvviz.plan import format_plan, is_uniform, parse_plan
+from kvviz.formats import Plan, as_plans
 from kvviz.quality.speed import decode_speed
 
 METRICS_BACKEND = "torch reference, batched (dequantized K/V + SDPA)"
@@ -108,20 +108,12 @@ def _encode(tokenizer, prompt) -> torch.Tensor:
     return tokenizer(prompt, return_tensors="pt")["input_ids"][:, :]
 
 
-def _check_specs(specs, n_layers: int) -> list:
-    """One KVSpec per spec, or one KVSpec per layer for a non-uniform plan (kvviz.plan: "int4; 0,27=fp16", or a
-    list); ValueError on a bad spec or plan, before any compute."""
-    if isinstance(specs, str) or not specs:
-        raise ValueError("specs must be a non-empty list of KV specs, e.g. ['fp8_e4m3', 'k8v4'].")
-    plans = [parse_plan(s, n_layers) for s in specs]
-    return [p[0] if is_uniform(p) else p for p in plans]
-
-
-def _spec_and_bits(kv, head_dim: int) -> tuple[str, float]:
-    """(canonical spec or plan string, bits per value: a plan's mean over its layers)."""
-    if isinstance(kv, list):
-        return format_plan(kv), float(np.mean([x.bits_per_value(head_dim) for x in kv]))
-    return kv.spec, kv.bits_per_value(head_dim)
+def _spec_and_bits(plan: Plan, n_layers: int, head_dim: int) -> tuple[str, float]:
+    """(canonical spec or plan text, bits per value: a plan's mean over its layers)."""
+    if plan.is_uniform:
+        return plan.default.spec, plan.default.bits_per_value(head_dim)
+    fitted = plan.fitted(n_layers)
+    return fitted.text, float(np.mean([kv.bits_per_value(head_dim) for kv in fitted.resolve(n_layers)]))
 
 
 def kl_top1(base_logits: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,10 +143,11 @@ def prefill(model, ids: torch.Tensor):
 def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: int = 32, scales: dict | None = None,
                    speed_tokens: int = 0, free_running: bool = True) -> Iterator[StreamUpdate]:
     """Generator form of `compare`: one StreamUpdate per generated token, the last one carrying the report."""
-    kvs = _check_specs(specs, model.config.get_text_config(decoder=True).num_hidden_layers)
+    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    kvs = as_plans(specs, n_layers)  # checked before any compute
     if max_new_tokens < 2:
         raise ValueError("max_new_tokens must be at least 2 (step 0 comes from the shared prefill).")
-    names = [str(s) for s in specs]
+    names = [p.name for p in kvs]
     n = len(kvs)
     ids = _encode(tokenizer, prompt)
     t0 = time.perf_counter()
@@ -210,7 +203,7 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
         speeds = {j: decode_speed(model, dyn, kvs[j], base_ids[0], speed_tokens, scales) for j in range(n)}
     results = []
     for j, kv in enumerate(kvs):
-        spec, bits = _spec_and_bits(kv, head_dim)
+        spec, bits = _spec_and_bits(kv, n_layers, head_dim)
         if free_running:
             diverge = next((i for i, (a, b) in enumerate(zip(base_ids, free_ids[j])) if a != b), None)
         else:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from kvviz.analysis.rows import check_score_from, decoder, lm_logprobs, row_values
-from kvviz.plan import parse_plan
+from kvviz.formats import as_plans
 from kvviz.quality.kld import summarize
 from kvviz.quality.perplexity import wikitext
 
@@ -80,11 +80,8 @@ def kld(model, tokenizer, specs: list, text: str | None = None, windows: int = 2
     whose windows, text tokens and settings are then used; else the exact model runs beside the candidates.
     Returns {name: stats} in the order given, stats keyed as kvviz.quality.kld.STAT_KEYS (nats, fractions).
     """
-    if isinstance(specs, str) or not specs:
-        raise ValueError("specs must be a non-empty list of KV specs or plans, e.g. ['fp8_e4m3', 'int4; 0=fp16'].")
-    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
-    names = [s if isinstance(s, str) else str(list(s)) for s in specs]
-    plans = [parse_plan(s, n_layers) for s in specs]  # checked before any compute
+    plans = as_plans(specs, model.config.get_text_config(decoder=True).num_hidden_layers)  # checked before compute
+    names = [p.name for p in plans]
     if base is not None:
         wins, score_from = base["tokens"], base["score_from"]
         if base["logprobs"].shape[-1] != model.get_output_embeddings().weight.shape[0]:

@@ -16,7 +16,8 @@ import random
 
 import torch
 
-from kvviz.quality.compare import _check_specs, prefill
+from kvviz.formats import as_plans
+from kvviz.quality.compare import prefill
 from kvviz.quality.perplexity import wikitext
 from kvviz.cache.rows import RowStackCache
 
@@ -50,8 +51,8 @@ def needle(model, tokenizer, specs: list[str], context_tokens: int = 1024, depth
     Returns {"depths": [...], "context_tokens": int, "needles": [value per depth], "answers": {name: [text]},
     "retrieved": {name: [bool]}, "rate": {name: float}} with name "baseline" first, then the specs as given.
     """
-    kvs = _check_specs(specs, model.config.get_text_config(decoder=True).num_hidden_layers)  # specs or plans
-    names = ["baseline"] + [str(s) for s in specs]
+    kvs = as_plans(specs, model.config.get_text_config(decoder=True).num_hidden_layers)  # specs or plans
+    names = ["baseline"] + [p.name for p in kvs]
     rng = random.Random(seed)
     out = {"depths": list(depths), "context_tokens": context_tokens, "needles": [],
            "answers": {n: [] for n in names}, "retrieved": {n: [] for n in names}}

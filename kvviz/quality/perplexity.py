@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from kvviz.formats import parse_kv
+from kvviz.formats import as_plans
 from kvviz.quality.speed import make_cache
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "assets" / "wikitext-2-test.txt"
@@ -53,15 +53,13 @@ def _window_nll(model, ids: torch.Tensor, spec, prefill_tokens: int, chunk: int,
 def perplexity(model, tokenizer, specs: list[str], windows: int = 2, window: int = 512, stride: int | None = None,
                prefill_tokens: int = 128, chunk: int = 128, text: str | None = None,
                scales: dict | None = None) -> dict:
-    """Perplexity of the baseline (DynamicCache) and of each spec on the same windows.
+    """Perplexity of the baseline (DynamicCache) and of each spec or per-layer plan on the same windows.
 
     Returns {"ppl": {"baseline" | spec: float}, "nll": {name: [mean NLL per window]}, "windows": int,
     "window": int, "tokens_scored": int} (names: "baseline", then the specs as given). Raises ValueError when the text is too short for the windows asked.
     """
-    if isinstance(specs, str):
-        raise ValueError("specs must be a list of KV specs, e.g. ['fp8_e4m3', 'int4'].")
-    for s in specs:
-        parse_kv(s)
+    # specs, plan text or Plans, checked against the model before any compute
+    plans = as_plans(specs, model.config.get_text_config(decoder=True).num_hidden_layers)
     if windows < 1 or chunk < 1 or not 1 <= prefill_tokens < window:
         raise ValueError(f"need windows >= 1, chunk >= 1 and 1 <= prefill_tokens < window; got windows={windows}, "
                          f"chunk={chunk}, prefill_tokens={prefill_tokens}, window={window}.")
@@ -72,11 +70,11 @@ def perplexity(model, tokenizer, specs: list[str], windows: int = 2, window: int
         raise ValueError(f"The text has {ids.shape[1]} tokens; {windows} windows of {window} every {stride} need "
                          f"{need}. Ask for fewer or shorter windows.")
     ids = ids.to(model.device)
-    names = ["baseline"] + [str(s) for s in specs]
+    names = ["baseline"] + [p.name for p in plans]
     nll: dict[str, list[float]] = {n: [] for n in names}
     for w in range(windows):
         win = ids[:, w * stride : w * stride + window]
-        for name, spec in zip(names, [None] + list(specs)):
+        for name, spec in zip(names, [None] + plans):
             nll[name].append(float(_window_nll(model, win, spec, prefill_tokens, chunk, scales).mean()))
     ppl = {n: math.exp(sum(v) / len(v)) for n, v in nll.items()}
     return {"ppl": ppl, "nll": nll, "windows": windows, "window": window,

@@ -25,7 +25,7 @@ from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 from kvviz import attention
 from kvviz.cache import QuantizedKVCache
 from kvviz.cache.layers import copy_states
-from kvviz.formats import KVSpec, parse_kv
+from kvviz.formats import KVSpec, as_plan
 
 
 def load_prefill(cache: Cache, prefilled: Cache) -> Cache:
@@ -192,7 +192,7 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
       this is a lower bound of what it moves.
     Bytes moved by the weights, the appended token and its quantization are the same for every path and left out.
 
-    formats: K/V specs (strings or KVSpecs; not per-layer plans). A FUSED run whose fused path does not run here
+    formats: K/V specs (strings, KVSpecs or uniform kvviz.Plans; not per-layer plans). A FUSED run whose fused path does not run here
     (numba missing, no GPU for triton) or has no fused branch for the format is decoded by the reference and says
     so (DecodeRun.backend "torch", .fused False). ValueError for an empty list, an unknown spec, ids that are not
     [1, N], or new_tokens / rounds below 1.
@@ -203,8 +203,11 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
         raise ValueError(f"new_tokens and rounds must be at least 1, got {new_tokens} and {rounds}.")
     specs: dict[str, KVSpec] = {}
     for f in formats:
-        kv = f if isinstance(f, KVSpec) else parse_kv(f)  # ValueError naming the valid formats
-        specs.setdefault(kv.spec if isinstance(f, KVSpec) else str(f).strip(), kv)
+        plan = as_plan(f)  # ValueError naming the valid formats; a Plan passes as is
+        if not plan.is_uniform:
+            raise ValueError(f"{plan.name!r} is a per-layer plan; fused_vs_unfused times one format for every "
+                             f"layer. Give single K/V specs such as k=int8,v=int4.")
+        specs.setdefault(f.spec if isinstance(f, KVSpec) else plan.name, plan.default)
     if not specs:
         raise ValueError("Give at least one KV format to decode fused and unfused, e.g. ['int4', 'k8v4'].")
     from kvviz.quality.compare import prefill  # compare imports this module

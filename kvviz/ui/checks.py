@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
-import kvviz
+from kvviz.formats import Plan, as_plan, assigns_layers
 
 MAX_PROMPT_CHARS = 20_000  # checked before tokenizing: a megabyte of text would cost the tokenizer seconds
 MAX_FIELD_CHARS = 4_000  # any other free-text field (custom formats, model id, one calibration prompt)
@@ -116,53 +116,32 @@ def check_names(value, what: str, max_items: int = MAX_LIST_ITEMS) -> list[str]:
     return [v.strip() for v in value if v.strip()]
 
 
-def is_plan(text: str) -> bool:
-    """Whether a typed line is a per-layer plan (kvviz.plan: "int4; 0,27=fp16"): some ';'-part assigns layers."""
-    return any(sep and lhs.strip()[:1].isdigit() for lhs, sep, _ in (p.partition("=") for p in text.split(";")))
+def spec_list(chosen, custom, limit: int, what: str = "Formats") -> list[Plan]:
+    """The K/V specs picked (checkboxes) plus those typed (one per line or ';'-separated), each parsed once into a
+    kvviz.Plan (its name: the text as picked or typed), deduplicated by what they store.
 
-
-def _canonical(spec: str) -> str:
-    """A spec's canonical string; for a plan, its specs checked (the layers are checked once the model is known,
-    by plan_or_spec) and its spacing normalized."""
-    if not is_plan(spec):
-        return kvviz.parse_kv(spec).spec
-    parts = [p.strip() for p in spec.split(";") if p.strip()]
-    for part in parts:
-        lhs, sep, rhs = part.partition("=")
-        kvviz.parse_kv(rhs if sep and lhs.strip()[:1].isdigit() else part)
-    return "; ".join(parts)
-
-
-def plan_or_spec(spec: str, num_layers: int):
-    """A spec_list entry as the library takes it: a plan -> one KVSpec per layer (ValueError for a layer this
-    model lacks), anything else -> the spec string."""
-    from kvviz.plan import parse_plan
-
-    return parse_plan(spec, num_layers) if is_plan(spec) else spec
-
-
-def spec_list(chosen, custom, limit: int, what: str = "Formats") -> list[str]:
-    """The K/V specs picked (checkboxes) plus those typed (one per line or ';'-separated), checked, deduplicated.
-
-    A typed line that assigns layers ("int4; 0,27=fp16", kvviz.plan) is one per-layer plan, kept whole. Each spec
-    is parsed with kvviz.parse_kv, so an unknown format raises the registry's ValueError (which lists the valid
-    names). Order: as picked, then as typed. More than `limit` distinct formats is refused.
+    A typed line that assigns layers ("int4; 0,27=fp16": kvviz.formats.assigns_layers) is one per-layer plan,
+    kept whole. An unknown format raises the registry's ValueError (which lists the valid names); the layers a
+    plan names meet the model in Plan.resolve. Order: as picked, then as typed. More than `limit` distinct
+    formats is refused.
     """
     items = check_names(chosen, what)
     for line in check_text(custom, f"{what} (typed)").splitlines():
-        for spec in [line] if is_plan(line) else line.split(";"):
+        for spec in [line] if assigns_layers(line) else line.split(";"):
             if spec.strip():
                 items.append(spec.strip())
-    out: list[str] = []
-    seen: set[str] = set()
-    for spec in items:
-        canonical = _canonical(spec)
-        if canonical not in seen:
-            seen.add(canonical)
-            out.append(spec)
+    out = list(dict.fromkeys(as_plan(spec) for spec in items))  # equal plans: the first one written
     if len(out) > limit:
         raise ValueError(f"{len(out)} formats chosen; compare at most {limit} at once (untick some).")
     return out
+
+
+def single_specs(plans: list[Plan], what: str, why: str) -> list[Plan]:
+    """`plans` when each is one spec for every layer; else ValueError naming the first per-layer plan and `why`."""
+    multi = next((p for p in plans if not p.is_uniform), None)
+    if multi is not None:
+        raise ValueError(f"{what} are single specs; {multi.name!r} is a per-layer plan. {why}")
+    return plans
 
 
 def check_language(value) -> str:
@@ -174,13 +153,13 @@ def check_language(value) -> str:
     return LANGUAGES[check_choice(value, "Language", LANGUAGES)]
 
 
-def check_spec(value, what: str = "Format") -> str:
-    """One K/V spec string, parsed (ValueError listing the valid names for an unknown one); returned stripped."""
+def check_spec(value, what: str = "Format") -> Plan:
+    """One K/V spec for every layer, parsed once into a kvviz.Plan (its name: the text as given); ValueError listing
+    the valid names for an unknown format, and for a per-layer plan."""
     spec = check_text(value, what, max_chars=200)
     if not spec:
         raise ValueError(f"{what} is empty: pick a KV format such as int4 or fp8_e4m3.")
-    kvviz.parse_kv(spec)
-    return spec
+    return single_specs([as_plan(spec)], what, "Pick one format for every layer, such as int4.")[0]
 
 
 def check_upload(value, what: str, upload_root: Path) -> Path:

@@ -26,12 +26,11 @@ from pathlib import Path
 
 import gradio as gr
 
-import kvviz
-
 from .checks import (MAX_PROMPT_CHARS, check_bool, check_choice, check_float, check_int,  # noqa: F401
-                     check_language, check_names, check_prompt, check_spec, check_text, check_upload, plan_or_spec,
+                     check_language, check_names, check_prompt, check_spec, check_text, check_upload, single_specs,
                      spec_list)
 from kvviz.cache import notes
+from kvviz.formats import Plan
 
 from . import registry, zerogpu
 from .i18n import t
@@ -258,26 +257,26 @@ def table(rows: list[list], headers: list[str]):
     return pd.DataFrame(rows, columns=headers)
 
 
-def fitting_specs(names: list[str], model) -> tuple[list[str], list[str]]:
-    """(specs this model's head_dim can hold, one "`spec`: why not" line per other spec).
+def fitting_specs(plans: list[Plan], model) -> tuple[list[Plan], list[str]]:
+    """(the plans this model can hold, one "`name`: why not" line per other plan).
 
     A format with 32-value blocks cannot store a head_dim of 16 (the tiny test model): such formats are skipped
-    with a note rather than failing the whole comparison. Unknown specs still raise (kvviz.parse_kv).
+    with a note rather than failing the whole comparison. A plan naming a layer this model lacks raises
+    (Plan.resolve).
     """
     from kvviz import models
 
     head_dim = models.describe_model(model)["head_dim"]
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     fit, skipped = [], []
-    for name in names:
-        plan = plan_or_spec(name, n_layers)  # a plan naming a layer this model lacks raises here
-        kvs = set(plan) if isinstance(plan, list) else {kvviz.parse_kv(name)}
+    for plan in plans:
+        plan.resolve(n_layers)
         try:
-            for fmt in (f for kv in kvs for f in (kv.k, kv.v)):
+            for fmt in (f for kv in plan.specs for f in (kv.k, kv.v)):
                 fmt.nbytes_for((1, 1, 64, head_dim))  # [batch, kv_heads, tokens, head_dim]
-            fit.append(name)
+            fit.append(plan)
         except ValueError as e:
-            skipped.append(f"`{name}`: {e}")
+            skipped.append(f"`{plan.name}`: {e}")
     if not fit:
         raise ValueError("None of the chosen formats fits this model: " + "; ".join(skipped))
     return fit, skipped

@@ -134,18 +134,18 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, mode
     prompt = check_prompt(prompt)
     new_tokens = check_int(max_new_tokens, "Max new tokens", 2, MAX_NEW_TOKENS)
     with_perplexity = check_bool(with_perplexity, "Perplexity on WikiText-2")
-    names = spec_list(specs, custom_specs, MAX_FORMATS)
-    if not names:
+    plans = spec_list(specs, custom_specs, MAX_FORMATS)  # parsed here, once; the library takes the Plans
+    if not plans:
         raise ValueError("Pick at least one format to compare with the unquantized baseline.")
     model, tok = get_model(progress, name)
     n_prompt = _check_prompt_fits(tok, model, prompt, new_tokens)
-    names, skipped = fitting_specs(names, model)
+    plans, skipped = fitting_specs(plans, model)
     skip_note = f"\n\n{t('r_skipped', lang)} " + "; ".join(skipped) if skipped else ""
     empty = plots.empty_figure(t("r_metrics_later", lang))
-    status = t("r_prefill", lang).format(n=n_prompt, formats=len(names), model=name)
-    yield _columns("", {n: "" for n in names}, {}, lang), None, empty, status
+    status = t("r_prefill", lang).format(n=n_prompt, formats=len(plans), model=name)
+    yield _columns("", {p.name: "" for p in plans}, {}, lang), None, empty, status
     notes = ScaleNotes()  # the library's static-scale warnings, one line per format
-    stream = quality.compare_stream(model, tok, prompt, names, new_tokens, speed_tokens=SPEED_TOKENS)
+    stream = quality.compare_stream(model, tok, prompt, plans, new_tokens, speed_tokens=SPEED_TOKENS)
     for update in notes.watch(stream):
         if update.report is None:
             yield (_columns(update.baseline, update.texts, {}, lang), gr.skip(), gr.skip(),
@@ -156,7 +156,7 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, mode
         if with_perplexity:
             yield gr.skip(), gr.skip(), gr.skip(), t("r_ppl_running", lang)
             with notes.catching():
-                ppl = quality.perplexity(model, tok, names, windows=PPL_WINDOWS, window=PPL_WINDOW)["ppl"]
+                ppl = quality.perplexity(model, tok, plans, windows=PPL_WINDOWS, window=PPL_WINDOW)["ppl"]
         headers, rows, columns = _metrics(report, str(model.dtype).removeprefix("torch."), model.dtype.itemsize,
                                           ppl, lang)
         meta = {r[0]: t("r_meta", lang).format(kl=r[3], top1=r[6], vs16=r[9]) for r in rows[1:]}
@@ -175,8 +175,8 @@ def needle(specs, custom_specs, context_tokens, model=None, lang="en", progress=
     """Retrieval rate against needle depth for the chosen formats (and the unquantized baseline) on `model`."""
     lang = check_language(lang)
     name = check_model(model)
-    names = spec_list(specs, custom_specs, MAX_FORMATS)
-    if not names:
+    plans = spec_list(specs, custom_specs, MAX_FORMATS)
+    if not plans:
         raise ValueError("Pick at least one format for the needle test.")
     context = check_int(context_tokens, "Context length", 256, 8192)
     model, tok = get_model(progress, name)
@@ -184,11 +184,11 @@ def needle(specs, custom_specs, context_tokens, model=None, lang="en", progress=
     if context + 32 > positions:
         raise ValueError(f"A {context}-token haystack plus the question does not fit in this model's "
                          f"{positions} positions; use at most {positions - 32} tokens.")
-    names, skipped = fitting_specs(names, model)
-    progress(0.2, desc=f"Hiding needles in {context} tokens of haystack, {len(names) + 1} formats…")
+    plans, skipped = fitting_specs(plans, model)
+    progress(0.2, desc=f"Hiding needles in {context} tokens of haystack, {len(plans) + 1} formats…")
     notes = ScaleNotes()
     with notes.catching():
-        result = quality.needle(model, tok, names, context_tokens=context)
+        result = quality.needle(model, tok, plans, context_tokens=context)
     notes.toast()
     rates = {name: [float(hit) for hit in hits] for name, hits in result["retrieved"].items()}
     fig = plots.needle_chart([100 * d for d in result["depths"]], rates, result["context_tokens"],

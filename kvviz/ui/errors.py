@@ -15,7 +15,8 @@ from kvviz import analysis, plots
 from kvviz.formats import parse_kv
 
 from .common import (capture, check_choice, check_language, check_layer_head, check_model, check_prompt, check_spec,
-                     follow_model, layer_head_inputs, model_input, on_click, prompt_input, spec_list, user_errors)
+                     follow_model, layer_head_inputs, model_input, on_click, prompt_input, single_specs, spec_list,
+                     user_errors)
 from .i18n import Translator, t
 
 TAB = "errors"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -40,9 +41,10 @@ def run(prompt, fmt, formats, custom_formats, which, layer, head, model=None, la
     name = check_model(model)
     prompt = check_prompt(prompt)
     tensor = WHICH[check_choice(which, "Tensor", WHICH)]
-    fmt = check_spec(fmt, "Format for the heatmap")  # ValueError listing the valid names
-    kv = parse_kv(fmt)
-    specs = spec_list(formats, custom_formats, limit=8)
+    fmt = check_spec(fmt, "Format for the heatmap")  # a kvviz.Plan; ValueError listing the valid names
+    kv = fmt.default
+    specs = [p.name for p in single_specs(spec_list(formats, custom_formats, limit=8), "The chart's formats",
+                                          "The error maps store one format in every layer.")]
     if not specs:
         raise ValueError("Pick at least one format for the per-layer chart.")
     cap = capture(prompt, progress, name)
@@ -51,7 +53,7 @@ def run(prompt, fmt, formats, custom_formats, which, layer, head, model=None, la
     progress(0.7, desc="Quantizing every layer in every format…")
 
     where = t("r_where_short", lang).format(layer=layer, head=head, model=name)
-    emap = analysis.error_map(cap, fmt, layer, head, tensor)  # [T, D]
+    emap = analysis.error_map(cap, kv, layer, head, tensor)  # [T, D]
     heat = plots.error_heatmap(emap, t("f_error_heat", lang).format(side=side, fmt=fmt, which=which, where=where),
                                token_labels=[_label(s) for s in cap.tokens])
 

@@ -6,6 +6,8 @@ api_names:
     export(spec, model_id, calib_prompts, model)
       -> (commands markdown, support table, scales JSON text, scales file, per-layer scales figure)
       (`model` is the picked model the scales are calibrated on; `model_id` only goes into the commands)
+    (`spec` may be a per-layer plan such as "fp8_e4m3; 0,27=fp16": its layers are the picked model's, and the
+      flags are kvviz.export.export_plan's)
     check_scales(file, model) -> summary markdown (a malformed file is a gr.Error naming what is wrong)
 """
 
@@ -19,7 +21,7 @@ import gradio as gr
 
 from kvviz import calibrate, plots
 from kvviz import export as kv_export
-from kvviz.formats import parse_kv
+from kvviz.formats import as_plan
 
 from .common import (ScaleNotes, UploadFile, check_language, check_model, check_text, get_model, model_input,
                      model_shape, on_click, table, upload_path, user_errors)
@@ -40,8 +42,8 @@ MAX_PROMPTS = 32
 MAX_PROMPT_CHARS = 4000
 
 
-def _commands_markdown(spec: str, out: dict, lang: str = "en") -> str:
-    parts = [f"### `{parse_kv(spec).spec}`"]
+def _commands_markdown(title: str, out: dict, lang: str = "en") -> str:
+    parts = [f"### `{title}`"]
     for engine, title in ENGINE_TITLES:
         r = out[engine]
         if r["supported"]:
@@ -71,17 +73,25 @@ def run(spec, model_id, calib_prompts, model=None, lang="en", progress=gr.Progre
     calib_prompts = check_text(calib_prompts, "Calibration prompts", max_chars=MAX_PROMPTS * MAX_PROMPT_CHARS)
     if any(c.isspace() for c in model_id):
         raise ValueError(f"The model id {model_id!r} contains spaces; give a hub id or a path without spaces.")
-    out = kv_export.export_commands(spec, model_id, scales_path="scales.json")
+    plan = as_plan(spec)  # parsed here, once
+    if plan.is_uniform:
+        kv, title = plan.default, plan.default.spec
+        out = kv_export.export_commands(kv, model_id, scales_path="scales.json")
+    else:  # a per-layer plan: its layers are the picked model's
+        shape = model_shape(name)
+        n_layers = shape[0] if shape else get_model(progress, name)[0].config.get_text_config(
+            decoder=True).num_hidden_layers
+        kv, title = None, plan.fitted(n_layers).text
+        out = kv_export.export_plan(plan, n_layers, model_id)
     prompts = [p.strip() for p in calib_prompts.splitlines() if p.strip()]
     if len(prompts) > MAX_PROMPTS:
         raise ValueError(f"{len(prompts)} calibration prompts given; use at most {MAX_PROMPTS}.")
     if any(len(p) > MAX_PROMPT_CHARS for p in prompts):
         raise ValueError(f"A calibration prompt is longer than {MAX_PROMPT_CHARS} characters; split or shorten it.")
-    md = _commands_markdown(spec, out, lang)
+    md = _commands_markdown(title, out, lang)
     support = table(_support_table(model_id, lang), [t("h_format", lang), "vLLM --kv-cache-dtype",
                                                      "SGLang --kv-cache-dtype", "llama.cpp -ctk / -ctv"])
-    kv = parse_kv(spec)
-    if kv.k.base != "fp8_e4m3" or kv.k.granularity != "tensor":
+    if kv is None or kv.k.base != "fp8_e4m3" or kv.k.granularity != "tensor":
         return (md + "\n\n" + t("r_scales_fp8_only", lang), support, "", None,
                 plots.empty_figure(t("f_scales_fp8_only", lang)))
     if not prompts:

@@ -20,7 +20,6 @@ import gradio as gr
 from kvviz import plots, quality
 from kvviz.quality.speed import EXACT, FUSED
 
-from .checks import is_plan
 from .common import (ScaleNotes, check_int, check_language, check_model, fitting_specs, get_model, on_click, spec_list,
                      table, user_errors)
 from .i18n import Translator, t
@@ -81,13 +80,13 @@ def run(specs, custom_specs, context_tokens, new_tokens, model=None, lang="en", 
     table, bars, status (in `lang`)."""
     lang = check_language(lang)
     name = check_model(model)
-    names = spec_list(specs, custom_specs, MAX_FORMATS)
+    names = spec_list(specs, custom_specs, MAX_FORMATS)  # kvviz.Plans, parsed here once
     if not names:
         raise ValueError("Pick at least one format to decode fused and unfused (e.g. int4).")
-    plans = [n for n in names if is_plan(n)]
+    plans = [n for n in names if not n.is_uniform]
     if plans:
-        raise ValueError(f"{plans[0]!r} is a per-layer plan; this view times one format for every layer. Type a "
-                         "single K/V spec such as k=int8,v=int4, or compare the plan in the table above.")
+        raise ValueError(f"{plans[0].name!r} is a per-layer plan; this view times one format for every layer. Type "
+                         "a single K/V spec such as k=int8,v=int4, or compare the plan in the table above.")
     context = check_int(context_tokens, "Prompt tokens", MIN_CONTEXT, MAX_CONTEXT)
     new = check_int(new_tokens, "Decode tokens", MIN_NEW, MAX_NEW)
     lm, tok = get_model(progress, name)

@@ -16,9 +16,8 @@ import gradio as gr
 
 from kvviz import memory as mem
 from kvviz import plots
-from kvviz.formats import parse_kv
 
-from .checks import check_choice, check_float, check_int, check_names, check_text, plan_or_spec, spec_list
+from .checks import check_choice, check_float, check_int, check_names, check_text, spec_list
 from .common import UploadFile, on_click, table, upload_path, user_errors
 from .i18n import Translator, t
 
@@ -67,8 +66,8 @@ def run(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, fo
     layout = check_choice(layout, "Layout", mem.LAYOUTS)
     if lo >= hi:
         raise ValueError(f"The shortest context ({lo}) must be below the longest ({hi}).")
-    specs = spec_list(formats, custom_formats, limit=10)
-    if not specs:
+    plans = spec_list(formats, custom_formats, limit=10)  # kvviz.Plans, parsed here once
+    if not plans:
         raise ValueError("Pick at least one format (fp16, fp8_e4m3, k8v4, ...).")
     gpu_names = check_names(gpus, "GPUs")
     for g in gpu_names:
@@ -76,8 +75,10 @@ def run(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, fo
     if m.params is None:
         gpu_names = []  # the weights are unknown: no fit (the formula says so)
 
-    plans = {s: plan_or_spec(s, m.layers) for s in specs}  # "int4; 0,27=fp16": one spec per layer
-    caches = {s: mem.CacheModel(m, plans[s], None, layout) for s in specs}
+    for plan in plans:
+        plan.resolve(m.layers)  # a plan naming a layer this model lacks raises here
+    plans = {p.name: p for p in plans}
+    caches = {s: mem.CacheModel(m, p, None, layout) for s, p in plans.items()}
     contexts = sorted({int(round(x)) for x in np.geomspace(lo, hi, _POINTS)} | _window_edges(caches, lo, hi))
     gb = {s: [c.bytes(x, batch) / mem.GB for x in contexts] for s, c in caches.items()}
     windowed = {f"{s}: windowed layers": [_windowed_bytes(c, x, batch) / mem.GB for x in contexts]
@@ -91,7 +92,7 @@ def run(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, fo
     headers = ["format", "bits/value (K / V)", f"GB at {hi:,} tokens × {batch}", "tokens vs fp16"]
     headers += [f"{g} ({mem.GPU_PRESETS[g].memory_gb:g} GB)" for g in gpu_names]
     rows = []
-    for s, r in zip(specs, mem.memory_table(m, list(plans.values()), hi, batch=batch, layout=layout)):
+    for s, r in zip(plans, mem.memory_table(m, list(plans.values()), hi, batch=batch, layout=layout)):
         bits = " / ".join("-" if b is None else f"{b:g}" for b in (r["k_bits"], r["v_bits"]))
         row = [s, bits, round(r["gb"], 3),
                "-" if r["tokens_vs_fp16"] is None else f"{r['tokens_vs_fp16']:.2f}×"]
@@ -138,11 +139,11 @@ def _formula(m: mem.ModelPreset, batch: int, tokens: int, plans: dict, budgets: 
     for s, plan in plans.items():
         rows = mem.layer_breakdown(m, tokens, batch, plan, layout=layout)
         exact = sum(r["bytes"] for r in rows)
-        if isinstance(plan, list):  # a per-layer plan: each layer's own bits per value
-            out.append(f"- `{s}`: each layer in its own format, summed over {len(plan)} layers × {batch} = "
+        if not plan.is_uniform:  # a per-layer plan: each layer's own bits per value
+            out.append(f"- `{s}`: each layer in its own format, summed over {m.layers} layers × {batch} = "
                        f"**{exact / mem.GB:.4g} GB** ({exact:,} bytes)")
             continue
-        bits = parse_kv(s).bits_per_value(m.head_dim)
+        bits = plan.default.bits_per_value(m.head_dim)
         parts = [f"{r['layers']} × ({r['k_heads']}×{r['k_dim']} + {r['v_heads']}×{r['v_dim']}) × {r['tokens']:,}"
                  for r in rows if r["k_heads"]]
         out.append(f"- `{s}`: [{' + '.join(parts)}] × {batch} × {bits:g} ÷ 8 = **{exact / mem.GB:.4g} GB** "

@@ -2,7 +2,7 @@
 plan within a KL budget.
 
 Numbers come from `kvviz.analysis` (layer_sensitivity: the teacher-forced KL when only one layer's K or V is
-quantized; layer_norms: the K/V magnitudes that explain its peaks) and `kvviz.plan.search` (a greedy climb from
+quantized; layer_norms: the K/V magnitudes that explain its peaks) and `kvviz.analysis.search` (a greedy climb from
 the cheapest format, the most sensitive layers first). The text is the prompt or the bundled WikiText-2 slice,
 cut to `tokens` tokens. Headers, titles and the summary follow the page's language (the language radio, the last
 input: "English" or "한국어" through the API). api_names:
@@ -22,9 +22,12 @@ import numpy as np
 
 from kvviz import plots
 from kvviz.analysis import layer_norms, layer_sensitivity, ranking
+from kvviz.analysis.search import search as plan_search
+from kvviz.export import export_plan
+from kvviz.formats import Plan
 
 from .checks import (MAX_PROMPT_CHARS, check_choice, check_float, check_int, check_language, check_spec, check_text,
-                     is_plan, spec_list)
+                     single_specs, spec_list)
 from .common import check_model, check_prompt, get_model, model_input, on_click, prompt_input, table, user_errors
 from .i18n import Translator, t
 
@@ -105,22 +108,17 @@ def run(source, prompt, spec, tokens, model=None, lang="en", progress=gr.Progres
     return heat, bars, table(_norm_rows(sens, norms), headers), summary
 
 
-def _candidates(chosen, custom) -> list[str]:
-    names = spec_list(chosen, custom, MAX_CANDIDATES, what="Candidate formats")
-    plans = [n for n in names if is_plan(n)]
-    if plans:
-        raise ValueError(f"Candidate formats are single specs; {plans[0]!r} is a per-layer plan. The search builds "
-                         "plans from candidates such as int4 and fp16.")
+def _candidates(chosen, custom) -> list[Plan]:
+    names = single_specs(spec_list(chosen, custom, MAX_CANDIDATES, what="Candidate formats"), "Candidate formats",
+                         "The search builds plans from candidates such as int4 and fp16.")
     if not names:
         raise ValueError("Pick at least one candidate format (e.g. int4 and fp16): the search mixes them per layer.")
     return names
 
 
-def _export_line(plan_text: str, n_layers: int, model: str, lang: str) -> str:
+def _export_line(plan: Plan, n_layers: int, model: str, lang: str) -> str:
     """vLLM's flags for the plan (--kv-cache-dtype and --kv-cache-dtype-skip-layers), or why no engine takes it."""
-    from kvviz.export import export_plan
-
-    out = export_plan(plan_text, n_layers, model)
+    out = export_plan(plan, n_layers, model)
     engines = [e for e, r in out.items() if r["supported"]]
     if not engines:
         return t("plan_export_none", lang).format(note=out["vllm"]["note"])
@@ -130,9 +128,8 @@ def _export_line(plan_text: str, n_layers: int, model: str, lang: str) -> str:
 @user_errors
 def search(source, prompt, candidates, custom_candidates, kl_budget, tokens, model=None, lang="en",
            progress=gr.Progress()):
-    """The cheapest per-layer plan within `kl_budget` (kvviz.plan.search), its trade-off curve and engine flags."""
-    from kvviz import plan as kvplan
-
+    """The cheapest per-layer plan within `kl_budget` (kvviz.analysis.search), its trade-off curve and engine
+    flags."""
     name = check_model(model)
     text = _text(source, prompt)
     names = _candidates(candidates, custom_candidates)
@@ -141,27 +138,25 @@ def search(source, prompt, candidates, custom_candidates, kl_budget, tokens, mod
     lang = check_language(lang)
     llm, tok = get_model(progress, model=name)
     n_layers = llm.config.get_text_config(decoder=True).num_hidden_layers
-    progress(0.1, desc=f"Ranking layers for {', '.join(names)}, then measuring every plan on the path "
-                       f"(up to {tokens} tokens)…")
-    res = kvplan.search(llm, tok, text, names, budget, max_tokens=tokens, context=PLAN_CONTEXT)
-    steps = res["steps"]
-    chosen = next(i for i, s in enumerate(steps) if s["plan_text"] == res["plan_text"] and s["bytes"] == res["bytes"])
-    cheapest = res["candidates"][0]
-    uniform = steps[0]["bytes"]  # step 0: every layer on the cheapest rung
-    where = t("plan_where", lang).format(model=name, cands=", ".join(res["candidates"]), budget=budget)
-    fig = plots.plan_tradeoff([s["bytes"] / _MIB for s in steps], [s["kl"] for s in steps],
-                              [s["plan_text"] for s in steps], budget, chosen,
+    progress(0.1, desc=f"Ranking layers for {', '.join(p.name for p in names)}, then measuring every plan on the "
+                       f"path (up to {tokens} tokens)…")
+    res = plan_search(llm, tok, text, names, budget, max_tokens=tokens, context=PLAN_CONTEXT)
+    steps, best = res.steps, res.chosen
+    uniform = steps[0].bytes  # step 0: every layer on the cheapest rung
+    where = t("plan_where", lang).format(model=name, cands=", ".join(res.ladder), budget=budget)
+    fig = plots.plan_tradeoff([s.bytes / _MIB for s in steps], [s.kl for s in steps],
+                              [s.plan.text for s in steps], budget, best.step,
                               t("plan_fig_title", lang).format(where=where),
                               x_title=f"KV cache at {PLAN_CONTEXT:,} tokens (MiB)")
-    verdict = t("plan_within" if res["within_budget"] else "plan_over", lang).format(budget=budget)
+    verdict = t("plan_within" if res.within_budget else "plan_over", lang).format(budget=budget)
     md = t("plan_summary", lang).format(
-        where=where, verdict=verdict, plan=res["plan_text"], kl=res["kl"], mib=res["bytes"] / _MIB,
-        context=PLAN_CONTEXT, fp16=res["bytes"] / res["bytes_fp16"], cheapest=cheapest,
-        uniform=res["bytes"] / uniform, seconds=res["seconds"])
-    md += "\n\n" + t("plan_export", lang) + "\n\n" + _export_line(res["plan_text"], n_layers, name, lang)
+        where=where, verdict=verdict, plan=best.plan.text, kl=best.kl, mib=best.bytes / _MIB,
+        context=PLAN_CONTEXT, fp16=best.bytes / res.bytes_fp16, cheapest=res.ladder[0],
+        uniform=best.bytes / uniform, seconds=res.seconds)
+    md += "\n\n" + t("plan_export", lang) + "\n\n" + _export_line(best.plan, n_layers, name, lang)
     headers = [t(f"plan_col{i}", lang) for i in range(5)]
-    rows = [[s["step"], s["move"], s["plan_text"], round(s["bytes"] / _MIB, 3), round(s["kl"], 6)] for s in steps]
-    return fig, res["plan_text"], md, table(rows, headers)
+    rows = [[s.step, s.move, s.plan.text, round(s.bytes / _MIB, 3), round(s.kl, 6)] for s in steps]
+    return fig, best.plan.text, md, table(rows, headers)
 
 
 # --- handing a plan to the Compare and Memory tabs -------------------------------------------------------------
@@ -177,7 +172,7 @@ def _handover_specs(model, plan_text, candidates, custom_candidates) -> tuple[st
     names = _candidates(candidates, custom_candidates)
     config = get_model(model=check_model(model))[0].config
     cheapest = min(names, key=lambda c: kv_cache_bytes_for(config, PLAN_CONTEXT, k=c, layout="engine"))
-    return plan_text, cheapest
+    return plan_text, cheapest.name
 
 
 @user_errors
