@@ -85,6 +85,7 @@ def test_channel_stats_values():
     np.testing.assert_allclose(s["amax"], [3.0, 2.0])
     np.testing.assert_allclose(s["mean_abs"], [2.0, 2.0])
     np.testing.assert_allclose(s["kurtosis"], [1.0, 1.0], rtol=1e-5)  # two-point distribution
+    assert s["mean_kurtosis"] == pytest.approx(1.0, rel=1e-5)
     with pytest.raises(ValueError):
         analysis.outlier_mask(torch.ones(4), factor=0)
 
@@ -133,6 +134,12 @@ def test_attention_errors(cap):
     errs = analysis.attention_errors(cap, ["fp16", "int8", "int2"])
     assert errs["int8"].shape == (cap.layers,)
     assert (errs["fp16"] < 1e-3).all() and (errs["int8"] < errs["int2"]).all()
+    per_layer = analysis.layer_errors(cap, ["int8", "int2"])
+    summary = analysis.error_summary(cap, per_layer, errs)  # the means over layers, per format
+    assert [e.spec for e in summary] == ["int8", "int2"] and summary[0].bits_per_value > summary[1].bits_per_value > 2
+    assert summary[1].k == pytest.approx(float(np.mean(per_layer["int2"]["k"])))
+    assert summary[1].attention == pytest.approx(float(np.mean(errs["int2"])))
+    assert summary[1].attention > summary[0].attention
 
 
 # ------------------------------------------------------------------------- every architecture kvviz caches

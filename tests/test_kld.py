@@ -1,4 +1,4 @@
-"""llama.cpp's KLD statistics (kvviz.quality.kld): hand-worked values on tiny distributions, the top-k variant
+"""llama.cpp's KLD statistics (kvviz.metrics): hand-worked values on tiny distributions, the top-k variant
 as a lower bound that becomes exact with full lists, and bad inputs."""
 
 import math
@@ -8,7 +8,7 @@ import torch
 
 import kvviz
 
-from kvviz.quality.kld import kld_stats, kld_stats_topk, per_position, summarize
+from kvviz.metrics import Baseline, kld_stats, kld_stats_topk, per_position, summarize
 
 
 def _lp(rows):
@@ -148,7 +148,7 @@ def test_cli_kld_bad_arguments(tmp_path, capsys):
 
 def test_baseline_kl_equals_per_position():
     """Baseline.kl (the vocabulary read in float32, sum P z from the hidden states) against per_position's KL."""
-    from kvviz.analysis.rows import Baseline
+    from kvviz.analysis.rows import linear_head
     from kvviz.tiny import tiny_model
 
     model, _ = tiny_model("llama")
@@ -160,8 +160,9 @@ def test_baseline_kl_equals_per_position():
     targets = torch.randint(0, lp.shape[1], (40,))
     base = Baseline(lp, targets)
     slow = per_position(lp, head(hidden_q).double().log_softmax(-1), targets)[0]
-    p_z = base.p_z_from_hidden(model, hidden_q)
-    assert p_z is not None
+    weight = linear_head(model)
+    assert weight is not None
+    p_z = base.p_z(weight, hidden_q)
     # p_z is formed in float64 from the hidden states, the reference from float32 logits: their rounding differs
     torch.testing.assert_close(base.kl(head(hidden_q), p_z), slow, rtol=5e-4, atol=1e-7)
     torch.testing.assert_close(base.kl(head(hidden_q)), slow, rtol=5e-5, atol=1e-8)  # exponentials in float32
@@ -169,9 +170,7 @@ def test_baseline_kl_equals_per_position():
 
 
 def test_fast_row_values_equal_per_position():
-    """kvviz.analysis.rows.Baseline.values (two passes over the vocabulary) against the direct per_position."""
-    from kvviz.analysis.rows import Baseline
-
+    """kvviz.metrics.Baseline.values (two passes over the vocabulary) against the direct per_position."""
     torch.manual_seed(1)
     logits_p, logits_q = 3 * torch.randn(50, 300), 3 * torch.randn(50, 300)
     targets = torch.randint(0, 300, (50,))

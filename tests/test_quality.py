@@ -3,6 +3,10 @@ batched per-row-format decode equals each format's own cache, perplexity and nee
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -50,6 +54,15 @@ def test_report_fields(tiny):
         if f.first_divergence is not None:
             assert f.token_ids[: f.first_divergence] == report.baseline_ids[: f.first_divergence]
             assert f.token_ids[f.first_divergence] != report.baseline_ids[f.first_divergence]
+    table = report.rows()  # the baseline first, byte ratios as numbers
+    assert [r.name for r in table] == ["baseline", "fp16", *LOSSY] and table[0].baseline and table[0].kl_mean == 0
+    assert table[0].bytes_vs_16bit == pytest.approx(2.0) and table[0].spec == "float32"  # an fp32 model
+    assert table[1].bytes_vs_16bit == pytest.approx(1.0) and table[1].bytes_vs_exact == pytest.approx(0.5)
+    assert all(r.perplexity is None for r in table)
+    ppl = report.rows({"baseline": 10.0, "fp16": 10.0, **{n: 11.0 for n in LOSSY}})
+    assert [r.perplexity for r in ppl] == [10.0, 10.0, *[11.0] * len(LOSSY)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        table[1].kl_mean = 0.0
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -223,3 +236,22 @@ def test_rows_of_one_spec_share_one_batched_cache(tiny):
     for row, spec in ((1, "int4"), (3, "fp8_e4m3")):
         alone = quality.load_prefill(QuantizedKVCache(model.config, spec), quality.prefill(model, ids)[0])
         assert stack.row_nbytes(row) == alone.nbytes()
+
+
+# the quality package's floors, bottom first: a module imports only modules on lower floors
+FLOORS = [("corpus", "decode", "report"), ("compare", "perplexity", "speed"), ("needle", "divergence")]
+
+
+def test_quality_imports_go_one_way_and_never_from_inside_a_function():
+    floor = {name: i for i, names in enumerate(FLOORS) for name in names}
+    root = Path(quality.__file__).parent
+    assert set(floor) == {p.stem for p in root.glob("*.py")} - {"__init__"}
+    for name, level in floor.items():
+        tree = ast.parse((root / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                inner = [n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))]
+                assert not inner, f"quality/{name}.py imports inside {node.name}()"
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kvviz.quality."):
+                other = node.module.split(".")[2]
+                assert floor[other] < level, f"quality/{name}.py imports quality/{other}.py, not on a lower floor"

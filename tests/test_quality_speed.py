@@ -70,6 +70,8 @@ def test_without_numba_the_fused_rows_say_the_reference_ran(tiny, monkeypatch):
     report = quality.fused_vs_unfused(model, quality.wikitext_ids(tok, 64), ["int4"], new_tokens=2, rounds=1)
     fused = report.run("int4", FUSED)
     assert not report.fused_available and fused.backend == "torch" and not fused.fused
+    assert fused.vs_exact == fused.tokens_per_s / report.run("DynamicCache", EXACT).tokens_per_s
+    assert report.run("DynamicCache", EXACT).vs_exact == 1.0
     assert report.same_tokens("int4")
 
 

@@ -15,14 +15,15 @@ Everything returns plain data (numpy arrays, dicts, a dataclass of tensors); not
 """
 
 from kvviz.analysis.capture import KVCapture, LayerAttention, capture_ids, capture_kv
-from kvviz.analysis.errors import (attention_errors, error_map, error_maps, layer_errors, relative_error,
-                                   scale_comparison)
+from kvviz.analysis.errors import (ErrorSummary, attention_errors, error_map, error_maps, error_summary,
+                                   layer_errors, relative_error, scale_comparison)
 from kvviz.analysis.search import SearchResult, SearchStep, search
 from kvviz.analysis.sensitivity import layer_norms, layer_sensitivity, ranking
 from kvviz.analysis.stats import (OUTLIER_FACTOR, capture_stats, channel_stats, kv_outlier_summary, outlier_mask,
                                   rotation_view)
 
 __all__ = [
+    "ErrorSummary",
     "KVCapture",
     "LayerAttention",
     "OUTLIER_FACTOR",
@@ -35,6 +36,7 @@ __all__ = [
     "channel_stats",
     "error_map",
     "error_maps",
+    "error_summary",
     "kv_outlier_summary",
     "layer_norms",
     "layer_sensitivity",

@@ -11,6 +11,8 @@ Relative error: ||x - x_hat||_F / ||x||_F.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -106,6 +108,25 @@ def attention_errors(cap: KVCapture, specs: list[str]) -> dict:
             errs.append(relative_error(exact[l], _attention(cap.queries[l], k_hat, v_hat, cap.attention[l])))
         out[spec] = np.array(errs)
     return out
+
+
+@dataclass(frozen=True)
+class ErrorSummary:
+    """One format's errors averaged over the layers: relative error of post-RoPE K and of V as stored, of the
+    attention output, and the format's bits per value at the capture's head_dim."""
+
+    spec: str
+    k: float
+    v: float
+    attention: float
+    bits_per_value: float
+
+
+def error_summary(cap: KVCapture, per_layer: dict, attention: dict) -> list[ErrorSummary]:
+    """Per spec of per_layer (layer_errors' result) and attention (attention_errors'), in per_layer's order."""
+    return [ErrorSummary(spec, float(np.mean(per_layer[spec]["k"])), float(np.mean(per_layer[spec]["v"])),
+                         float(np.mean(attention[spec])), parse_kv(spec).bits_per_value(cap.head_dim))
+            for spec in per_layer]
 
 
 def scale_comparison(cap: KVCapture, base: str = "int8", layer: int = 0, head: int = 0,

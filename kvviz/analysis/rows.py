@@ -21,7 +21,7 @@ the masks, positions and rotary tables (batch 1, broadcast over the rows); nothi
 
 Scoring (`row_values`): positions `score_from`..T-2 (logits at t predict token t+1), each row's logits formed from
 its final hidden states one row at a time (memory stays at one [N, vocab]), compared with the exact row's
-log-probs (`Baseline`, computed once per window, or a saved one).
+log-probs (kvviz.metrics.Baseline, computed once per window, or a saved one).
 
     plans = [as_plan("int4"), as_plan("int4; 0=fp16")]
     hidden = row_hidden(model, ids, [None, *plans])      # [3, T, hidden]
@@ -34,6 +34,7 @@ import torch
 
 from kvviz.cache.rows import RowStackCache
 from kvviz.formats import spec_key
+from kvviz.metrics import Baseline, log_probs
 
 
 def decoder(model):
@@ -55,53 +56,17 @@ def lm_logits(model, hidden: torch.Tensor) -> torch.Tensor:
 
 def lm_logprobs(model, hidden: torch.Tensor) -> torch.Tensor:
     """[T, hidden] -> float64 log-softmax [T, vocab]."""
-    return torch.log_softmax(lm_logits(model, hidden).double(), dim=-1)
+    return log_probs(lm_logits(model, hidden))
 
 
-class Baseline:
-    """What every candidate row is compared with, computed once per window: the exact model's log-probs lp
-    [N, vocab] (float64), P = exp(lp), sum_i P_i lp_i, sum_i P_i, argmax and -lp(target)."""
-
-    def __init__(self, lp: torch.Tensor, targets: torch.Tensor):
-        self.lp, self.targets = lp, targets
-        self.p = lp.exp()
-        self.p_lp = torch.where(self.p > 0, self.p * lp, torch.zeros_like(lp)).sum(-1)  # [N]
-        self.p_sum = self.p.sum(-1)
-        self.top = lp.argmax(-1)
-        self.nll = -lp.gather(-1, targets[:, None])[:, 0]
-
-    def kl(self, logits: torch.Tensor, p_z: torch.Tensor | None = None) -> torch.Tensor:
-        """KL(exact || candidate) [N] of a candidate's logits [N, vocab] (the model's dtype), as values() gives it
-        but with the vocabulary read in that dtype, never copied to float64: with lq = z - lse(z),
-        KL = sum P lp - sum P z + lse(z) sum P, where lse(z) = max + log(sum exp(z - max)), the exponentials summed
-        in float64 (their float32 rounding errors are independent, so the sum keeps ~1e-9 relative), and
-        sum P z = p_z when given (`p_z_from_hidden`: one dot product per position instead of a vocabulary pass)."""
-        top = logits.amax(dim=-1, keepdim=True)  # [N, 1]
-        lse = top[:, 0].double() + torch.exp(logits - top).sum(dim=-1, dtype=torch.float64).log()
-        if p_z is None:
-            p_z = torch.linalg.vecdot(self.p, logits.double())
-        return self.p_lp - p_z + lse * self.p_sum
-
-    def p_z_from_hidden(self, model, hidden: torch.Tensor) -> torch.Tensor | None:
-        """sum_v P_v z_v [N] of the candidate's hidden states [N, hidden] as (P W) . h, when the LM head is one
-        linear map z = W h (no bias, no softcapping): P W [N, hidden] is formed once per baseline, in float64.
-        None for other heads."""
-        head = model.get_output_embeddings()
-        if getattr(model.config.get_text_config(decoder=True), "final_logit_softcapping", None) or \
-                not isinstance(head, torch.nn.Linear) or head.bias is not None:
-            return None
-        if getattr(self, "_pw", None) is None:
-            self._pw = self.p @ head.weight.double()  # [N, hidden]
-        return torch.linalg.vecdot(self._pw, hidden.double())
-
-    def values(self, logits: torch.Tensor):
-        """Per-position (kld, nll, nll_base, same_top) [N] of a candidate's logits [N, vocab], the same numbers as
-        kvviz.quality.kld.per_position."""
-        z = logits.double()
-        lse = torch.logsumexp(z, dim=-1)  # [N]
-        kld = self.p_lp - torch.linalg.vecdot(self.p, z) + lse * self.p_sum
-        nll = lse - z.gather(-1, self.targets[:, None])[:, 0]
-        return kld, nll, self.nll, z.argmax(-1) == self.top
+def linear_head(model) -> torch.Tensor | None:
+    """The LM head's weight [vocab, hidden] when the head is one linear map z = W h (no bias, no softcapping), so
+    that a candidate's sum P z is (P W) . h (kvviz.metrics.Baseline.p_z); None for other heads."""
+    head = model.get_output_embeddings()
+    if getattr(model.config.get_text_config(decoder=True), "final_logit_softcapping", None) or \
+            not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return None
+    return head.weight
 
 
 def _prefix_tree(plans: list[list]) -> tuple[list[list[int]], list[list[int]], list[int]]:
@@ -197,7 +162,7 @@ def row_values(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk
     base: the exact model's log-probs [N, vocab] at the scored positions, when already known (saved); else an
     exact row runs in the same batch (sharing its layers with every row whose first layers are exact).
     Returns (values, base): values[r] = (kld, nll, nll_base, same_top), each [N] with N = T - 1 - score_from (as
-    kvviz.quality.kld.per_position gives them), or with kl_only the kld [N] alone; and the base log-probs
+    kvviz.metrics.per_position gives them), or with kl_only the kld [N] alone; and the base log-probs
     [N, vocab].
     """
     t = ids.shape[1]
@@ -212,6 +177,7 @@ def row_values(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk
         raise ValueError(f"The saved baseline has {base.shape[0]} positions per window; this run scores "
                          f"{targets.shape[0]}. Use the window settings it was saved with.")
     ref = Baseline(base, targets)
-    if kl_only:
-        return [ref.kl(lm_logits(model, h), ref.p_z_from_hidden(model, h)) for h in hidden], base
+    if kl_only:  # the vocabulary read in the model's dtype, sum P z from the hidden states where the head allows
+        weight = linear_head(model)
+        return [ref.kl(lm_logits(model, h), None if weight is None else ref.p_z(weight, h)) for h in hidden], base
     return [ref.values(lm_logits(model, h)) for h in hidden], base

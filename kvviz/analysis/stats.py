@@ -35,7 +35,8 @@ def channel_stats(x: torch.Tensor, factor: float = OUTLIER_FACTOR) -> dict:
 
     Returns numpy arrays, each [..., head_dim] unless noted:
       amax, mean_abs, kurtosis, outlier (bool);
-      amax_ratio [...]: the largest amax over the median amax (how far the worst channel stands out).
+      amax_ratio [...]: the largest amax over the median amax (how far the worst channel stands out);
+      mean_kurtosis [...]: the kurtosis averaged over the channels.
     """
     x = x.float()
     amax = x.abs().amax(dim=-2)  # [..., D]
@@ -50,6 +51,7 @@ def channel_stats(x: torch.Tensor, factor: float = OUTLIER_FACTOR) -> dict:
         "kurtosis": kurt.numpy(),
         "outlier": outlier_mask(amax, factor).numpy(),
         "amax_ratio": (amax.amax(dim=-1) / median).numpy(),
+        "mean_kurtosis": kurt.numpy().mean(axis=-1),
     }
 
 

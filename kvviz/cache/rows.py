@@ -14,7 +14,7 @@ the "kvviz" attention function gets plain tensors and runs SDPA over all rows at
 
 This serves quality metrics (teacher-forced KL, free-running text, needle retrieval, per-layer sensitivity): one set
 of weight reads per step for every format. Speed of a format's own cache and backend is measured separately
-(kvviz.quality.speed).
+(kvviz.quality.decode).
 
 Layers without K/V of their own keep transformers' objects, batched over the rows: linear-attention and Mamba
 states (Qwen3-Next, Falcon-H1's hybrid layers beside their K/V) in full precision, as QuantizedKVCache keeps them,

@@ -1,5 +1,5 @@
 """The engine bridge: KV formats measured inside a real engine, with llama.cpp's KLD statistics
-(kvviz.quality.kld, the same numbers `llama-perplexity --kl-divergence` prints).
+(kvviz.metrics, the same numbers `llama-perplexity --kl-divergence` prints).
 
     from kvviz import engines
     engines.kld("llama.cpp", ["q8_0", "k=q8_0,v=q4_0"], tokens=512)          # in-process, the bundled SmolLM2 GGUF
@@ -31,7 +31,7 @@ def kld(engine, specs=None, *, model=None, text: str | None = None, tokens: int 
     vLLM's served model name; options: api, top_k, timeout). text: default the WikiText-2 slice; tokens: how many
     of its tokens are scored.
 
-    stats: kvviz.quality.kld.STAT_KEYS (mean, mean_se, median, p90 ... max KLD in nats, delta_p_*, same_top_p,
+    stats: kvviz.metrics.STAT_KEYS (mean, mean_se, median, p90 ... max KLD in nats, delta_p_*, same_top_p,
     ln_ppl_ratio, ppl, ppl_base, n) plus "engine" and "estimate" (how the KL was taken: full vocabulary, or top-k
     with the rest lumped).
     """

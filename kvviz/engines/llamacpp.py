@@ -2,7 +2,7 @@
 
 For each K/V type pair the GGUF is loaded once (`llama_cpp.Llama(..., logits_all=True, type_k=..., type_v=...,
 flash_attn=True)`), the same tokens are evaluated, and every position's logits are kept: [tokens, vocab] float32.
-The baseline is the same model with an f16 K and V cache. Statistics are kvviz.quality.kld's (llama.cpp's own
+The baseline is the same model with an f16 K and V cache. Statistics are kvviz.metrics' (llama.cpp's own
 `llama-perplexity --kl-divergence` definitions) over positions 0..tokens-2, each predicting the next token.
 
 What llama.cpp does that kvviz's simulation does not (why the two figures differ):
@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from kvviz.formats import parse_kv
-from kvviz.quality.kld import kld_stats
+from kvviz.metrics import kld_stats, log_probs
+from kvviz.quality.corpus import wikitext
 
 ENGINE = "llama.cpp"
 _ROT_ENV = "LLAMA_ATTN_ROT_DISABLE"
@@ -176,7 +177,7 @@ def _logprobs(llm, ids: list[int]) -> torch.Tensor:
         logits = torch.from_numpy(np.array(llm.scores[: len(ids)], dtype=np.float32))  # [T, vocab]
     finally:
         llm.close()
-    return torch.log_softmax(logits.double(), dim=-1).float()
+    return log_probs(logits).float()
 
 
 def kld(specs: list[str], *, model=None, text: str | None = None, tokens: int = 512, flash_attn: bool = True,
@@ -196,7 +197,7 @@ def run(specs: list[str], *, model=None, text: str | None = None, tokens: int = 
     its reason). rotate: llama.cpp's default Hadamard rotation of a quantized K/V (False: LLAMA_ATTN_ROT_DISABLE=1).
     on_pair(i, spec): called before the i-th spec runs (0-based, after the baseline), for a progress bar.
 
-    Returns (token ids scored [T], {spec: stats}), stats: kvviz.quality.kld's STAT_KEYS plus "engine", "k_type",
+    Returns (token ids scored [T], {spec: stats}), stats: kvviz.metrics.STAT_KEYS plus "engine", "k_type",
     "v_type", "rotation", "model" and "estimate" ("full vocabulary").
     """
     if isinstance(specs, str):
@@ -207,8 +208,6 @@ def run(specs: list[str], *, model=None, text: str | None = None, tokens: int = 
     path = resolve_gguf(model)
     llama_cpp = import_llama_cpp()
     if text is None:
-        from kvviz.quality.perplexity import wikitext
-
         text = wikitext()
     run = dict(flash_attn=flash_attn, rotate=rotate, threads=threads)
     llm = _load(llama_cpp, path, tokens, "f16", "f16", **run)

@@ -14,7 +14,7 @@ Requests (plain urllib, bounded timeouts, nothing but the standard library):
 `api="auto"` asks `GET {url}/get_model_info` (SGLang's) and else takes the server for vLLM (`GET /v1/models`).
 
 The KL is estimated from the top-k lists with the rest of each distribution's mass lumped in one bucket
-(kvviz.quality.kld.kld_stats_topk): a lower bound of the full-vocabulary KL, close to it when the k tokens hold
+(kvviz.metrics.kld_stats_topk): a lower bound of the full-vocabulary KL, close to it when the k tokens hold
 nearly all the mass. Delta-p and the perplexity ratio are exact (they need only the true token's log-prob).
 
 Everything is fetched and checked before any statistic is computed: an unreachable server, a server that returns
@@ -35,6 +35,9 @@ import urllib.request
 from dataclasses import dataclass
 
 import torch
+
+from kvviz.metrics import kld_stats_topk
+from kvviz.quality.corpus import wikitext
 
 APIS = ("vllm", "sglang")
 BASELINE = "baseline"
@@ -273,7 +276,7 @@ def kld(engine: dict[str, str], specs: list[str] | None = None, *, model: str | 
     scored. api: "auto", "vllm" or "sglang". top_k: log-probs per position (vLLM allows up to its
     --max-logprobs). timeout: seconds per request.
 
-    Returns {name: stats}: kvviz.quality.kld's STAT_KEYS plus "engine", "url", "top_k" and "estimate" (top-k with
+    Returns {name: stats}: kvviz.metrics.STAT_KEYS plus "engine", "url", "top_k" and "estimate" (top-k with
     the rest lumped: the KL statistics are lower bounds). Every server is queried and checked before any statistic
     is computed.
     """
@@ -293,12 +296,8 @@ def kld(engine: dict[str, str], specs: list[str] | None = None, *, model: str | 
         raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}.")
     urls = {n: base_url(engine[n]) for n in [BASELINE, *names]}
     if text is None:
-        from kvviz.quality.perplexity import wikitext
-
         text = wikitext()[: tokens * CHARS_PER_TOKEN]
     got = {n: fetch(u, text, api=api, top_k=top_k, model=model, timeout=timeout) for n, u in urls.items()}
-    from kvviz.quality.kld import kld_stats_topk  # kvviz.quality imports transformers
-
     base = got[BASELINE]
     for n in names:
         check_same_tokens(base, got[n])

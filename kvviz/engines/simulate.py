@@ -4,7 +4,7 @@ The model is kvviz.models.load_model's (the bundled GGUF dequantized to fp32 wei
 token ids the engine scored. The runs are kvviz.analysis.rows.row_values': one batch with a row per format
 and an exact row, the first token alone and then the rest at once, so every later position reads K/V as the cache
 stores them (quantized on append, before attention reads), as in llama.cpp's batch. Positions 1..T-2 are scored
-(position 0 reads no cache in kvviz; llama.cpp's bridge also scores it). Statistics are kvviz.quality.kld's.
+(position 0 reads no cache in kvviz; llama.cpp's bridge also scores it). Statistics are kvviz.metrics'.
 
     from kvviz.engines import simulate
     simulate.kld(["q8_0", "k=q8_0,v=q4_0"], ids)        # ids: the tokens the bridge scored (with BOS)
@@ -15,13 +15,13 @@ from __future__ import annotations
 import torch
 
 from kvviz.formats import as_plans
+from kvviz.metrics import summarize
 
 
 def kld(specs: list[str], ids: list[int], model=None) -> dict[str, dict]:
-    """{spec: kvviz.quality.kld stats} of kvviz's formats against the exact model on the token ids `ids` [T]
+    """{spec: kvviz.metrics.summarize stats} of kvviz's formats against the exact model on the token ids `ids` [T]
     (positions 1..T-2 scored). model: a loaded causal LM, or a name for kvviz.models.load_model (default SmolLM2)."""
     from kvviz.analysis.rows import row_values
-    from kvviz.quality.kld import summarize
 
     if len(ids) < 3:
         raise ValueError("Give at least three token ids: position 0 reads no cache, position 1 is the first scored.")

@@ -2,7 +2,7 @@
 
     from kvviz import quality
     report = quality.compare(model, tok, prompt, ["fp8_e4m3", "k8v4", "k4v8", "kivi2"], max_new_tokens=32)
-    report.table()                       # one row per format: mean KL, top-1, divergence, bytes, tokens/s
+    report.rows()                        # CompareRow per format, the baseline first: KL, top-1, bytes, tokens/s
     for update in quality.compare_stream(model, tok, prompt, specs):   # partial texts per step (the UI streams)
         ...
     quality.perplexity(model, tok, ["fp8_e4m3", "int4"])               # WikiText-2 slice, strided windows
@@ -10,23 +10,28 @@
     quality.kld(model, tok, ["fp8_e4m3", "int4; 0,29=fp16"])           # llama.cpp's KLD statistics (divergence.py)
     quality.fused_vs_unfused(model, quality.wikitext_ids(tok, 1024), ["int4"])   # tokens/s, bytes read per step
 
-Metrics come from one batched decode loop whose rows each hold their own format (kvviz.cache.rows); tokens/s
-come from each format's own cache and attention backend (kvviz.quality.speed).
+Metrics come from one batched decode loop whose rows each hold their own format (kvviz.cache.rows) and are computed
+by kvviz.metrics; tokens/s come from each format's own cache and attention backend (kvviz.quality.decode).
+
+Modules, bottom to top (each imports only those before it): corpus (the WikiText-2 slice), decode (prefill, a
+cache loaded from it, timed decode), report (Compare's result types); then compare, needle, perplexity, speed
+(fused against unfused), divergence (kld).
 """
 
-# kvviz.quality.kld is the function below (the issue's API); the pure statistics are imported from the module by
-# name: `from kvviz.quality.kld import kld_stats` (sys.modules keeps the module, the attribute is the function)
-from kvviz.quality.divergence import base_logprobs, kld, load_base, save_base
-from kvviz.quality.compare import (FormatResult, QualityReport, StreamUpdate, compare, compare_stream, kl_top1,
-                                   prefill)
-from kvviz.quality.needle import DEPTHS, haystack, needle
-from kvviz.quality.perplexity import perplexity, wikitext
 from kvviz.cache.rows import RowStackCache
-from kvviz.quality.speed import (DecodeRun, FusedReport, decode_speed, fused_vs_unfused, load_prefill, make_cache,
-                                 timed_decode, wikitext_ids)
+from kvviz.metrics import kl_top1
+from kvviz.quality.compare import compare, compare_stream
+from kvviz.quality.corpus import wikitext, wikitext_ids
+from kvviz.quality.decode import decode_speed, load_prefill, make_cache, prefill, timed_decode
+from kvviz.quality.divergence import base_logprobs, kld, load_base, save_base
+from kvviz.quality.needle import DEPTHS, haystack, needle
+from kvviz.quality.perplexity import perplexity
+from kvviz.quality.report import CompareRow, FormatResult, QualityReport, StreamUpdate
+from kvviz.quality.speed import DecodeRun, FusedReport, fused_vs_unfused
 
 __all__ = [
     "DEPTHS",
+    "CompareRow",
     "DecodeRun",
     "FormatResult",
     "FusedReport",

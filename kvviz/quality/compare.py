@@ -19,85 +19,17 @@ the same everywhere; KL and top-1 are measured on the decode steps 1..N-1, where
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from kvviz.attention import active_backend
 from kvviz.cache.rows import RowStackCache
-from kvviz.memory import kv_cache_bytes_for
 from kvviz.formats import Plan, as_plans
-from kvviz.quality.speed import decode_speed
-
-METRICS_BACKEND = "torch reference, batched (dequantized K/V + SDPA)"
-
-
-@dataclass
-class FormatResult:
-    """One format's outcome. kl, top1: [steps] over decode steps 1..N-1 (nats; bool)."""
-
-    name: str  # as the caller wrote it
-    spec: str  # canonical KVSpec string
-    text: str  # free-running continuation ("" when run with free_running=False)
-    token_ids: list[int]
-    first_divergence: int | None  # first index where the free-running tokens differ from the baseline's
-    kl: np.ndarray
-    top1: np.ndarray
-    cache_bytes: int  # the teacher-forced row's cache (prompt + continuation), kvviz.QuantizedKVCache.nbytes()
-    bits_per_value: float
-    tokens_per_s: float | None = None  # its own cache and attention backend, when measured (speed_tokens > 0)
-
-    @property
-    def mean_kl(self) -> float:
-        return float(self.kl.mean()) if self.kl.size else 0.0
-
-    def kl_percentile(self, fraction: float) -> float:
-        """The KL at `fraction` of the sorted per-step values, interpolated as llama.cpp's KLD percentiles are
-        (0.5: the median; 0.99: p99)."""
-        from kvviz.quality.kld import percentile
-
-        return percentile(torch.sort(torch.as_tensor(self.kl)).values, fraction) if self.kl.size else 0.0
-
-    @property
-    def top1_rate(self) -> float:
-        return float(self.top1.mean()) if self.top1.size else 1.0
-
-
-@dataclass
-class QualityReport:
-    """The whole comparison. baseline_bytes: a DynamicCache's K/V for the same tokens, in the model dtype."""
-
-    prompt: str
-    prompt_tokens: int
-    baseline_text: str
-    baseline_ids: list[int]
-    baseline_bytes: int
-    formats: list[FormatResult]
-    seconds: float  # wall time of prefill + batched decode
-    baseline_tokens_per_s: float | None = None
-    metrics_backend: str = METRICS_BACKEND
-    speed_backend: str = field(default_factory=active_backend)
-
-    def table(self) -> list[dict]:
-        """One plain row per format for a table widget."""
-        return [{"format": f.name, "spec": f.spec, "mean_kl": f.mean_kl, "top1": f.top1_rate,
-                 "first_divergence": f.first_divergence, "cache_bytes": f.cache_bytes,
-                 "bytes_vs_baseline": f.cache_bytes / self.baseline_bytes, "bits_per_value": f.bits_per_value,
-                 "tokens_per_s": f.tokens_per_s} for f in self.formats]
-
-
-@dataclass
-class StreamUpdate:
-    """One step of compare_stream: partial texts, and the final report on the last update (else None)."""
-
-    step: int
-    baseline: str
-    texts: dict[str, str]
-    report: QualityReport | None = None
+from kvviz.memory import kv_cache_bytes_for
+from kvviz.metrics import kl_top1
+from kvviz.quality.decode import decode_speed, prefill
+from kvviz.quality.report import FormatResult, QualityReport, StreamUpdate
 
 
 def _encode(tokenizer, prompt) -> torch.Tensor:
@@ -114,29 +46,6 @@ def _spec_and_bits(plan: Plan, n_layers: int, head_dim: int) -> tuple[str, float
         return plan.default.spec, plan.default.bits_per_value(head_dim)
     fitted = plan.fitted(n_layers)
     return fitted.text, float(np.mean([kv.bits_per_value(head_dim) for kv in fitted.resolve(n_layers)]))
-
-
-def kl_top1(base_logits: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row KL(base || other) in nats and top-1 agreement. base_logits, logits: [rows, vocab] -> ([rows], [rows]);
-    base_logits may be one row [1, vocab], compared with every row of logits."""
-    lp = torch.log_softmax(base_logits.double(), dim=-1)
-    lq = torch.log_softmax(logits.double(), dim=-1)
-    kl = (lp.exp() * (lp - lq)).sum(-1).clamp(min=0.0)
-    return kl, base_logits.argmax(-1) == logits.argmax(-1)
-
-
-@torch.no_grad()
-def prefill(model, ids: torch.Tensor):
-    """The prompt through a DynamicCache: (cache, last-position logits [1, vocab]).
-
-    Its sliding-window layers keep every token, as full layers do (the model's sliding mask still hides what the
-    window has passed), so that a cache loaded from it (`load_prefill`, `RowStackCache.load_prefill`) gets the
-    whole prompt and evicts by its own rule, as it would have holding the prompt itself.
-    """
-    cache = DynamicCache(config=model.config)
-    cache.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer for layer in cache.layers]
-    out = model(input_ids=ids.to(model.device), cache=cache, use_cache=True, logits_to_keep=1)
-    return cache, out.logits[:, -1].float()
 
 
 @torch.no_grad()
@@ -201,6 +110,11 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
     if speed_tokens > 0:
         base_speed = decode_speed(model, dyn, None, base_ids[0], speed_tokens)
         speeds = {j: decode_speed(model, dyn, kvs[j], base_ids[0], speed_tokens, scales) for j in range(n)}
+    tokens = ids.shape[1] + max_new_tokens - 1  # tokens held after the last step
+    # what a DynamicCache holds for them (sliding layers their window, no state layers): at 16 bits (what engines
+    # store), and in the model dtype
+    bytes_16bit = kv_cache_bytes_for(model.config, tokens, k="fp16", layout="transformers")
+    baseline_bytes = bytes_16bit * keys.element_size() // 2
     results = []
     for j, kv in enumerate(kvs):
         spec, bits = _spec_and_bits(kv, n_layers, head_dim)
@@ -208,17 +122,16 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
             diverge = next((i for i, (a, b) in enumerate(zip(base_ids, free_ids[j])) if a != b), None)
         else:
             free_ids[j], diverge = [], None
+        nbytes = stack.row_nbytes(rows.index(("tf", j)))
         results.append(FormatResult(
             name=names[j], spec=spec, text=decode(free_ids[j]), token_ids=free_ids[j], first_divergence=diverge,
-            kl=kl_arr[j], top1=top1_arr[j], cache_bytes=stack.row_nbytes(rows.index(("tf", j))),
-            bits_per_value=bits, tokens_per_s=speeds.get(j)))
-    tokens = ids.shape[1] + max_new_tokens - 1  # tokens held after the last step
-    # what a DynamicCache holds for them (sliding layers their window, no state layers), in the model dtype
-    baseline_bytes = kv_cache_bytes_for(model.config, tokens, k="fp16", layout="transformers") * keys.element_size()
-    baseline_bytes //= 2
+            kl=kl_arr[j], top1=top1_arr[j], cache_bytes=nbytes, bits_per_value=bits,
+            bytes_vs_exact=nbytes / baseline_bytes, bytes_vs_16bit=nbytes / bytes_16bit, tokens_per_s=speeds.get(j)))
     report = QualityReport(prompt=prompt if isinstance(prompt, str) else "", prompt_tokens=ids.shape[1],
                            baseline_text=decode(base_ids), baseline_ids=base_ids, baseline_bytes=baseline_bytes,
-                           formats=results, seconds=seconds, baseline_tokens_per_s=base_speed)
+                           baseline_bytes_16bit=bytes_16bit, dtype=str(model.dtype).removeprefix("torch."),
+                           baseline_bits=8 * model.dtype.itemsize, formats=results, seconds=seconds,
+                           baseline_tokens_per_s=base_speed)
     yield StreamUpdate(max_new_tokens - 1, report.baseline_text, {r.name: r.text for r in results}, report)
 
 

@@ -4,7 +4,7 @@ with every position reading the quantized cache, as in an engine; and the exact 
 Each window runs as one batch, one row per candidate plus an exact row for the baseline
 (kvviz.analysis.rows.row_values: how the window is chunked, which positions are scored, how rows share layers).
 
-    report = kld(model, tok, ["fp8_e4m3", "int4", "int4; 0,29=fp16"])   # {spec: stats}, kvviz.quality.kld keys
+    report = kld(model, tok, ["fp8_e4m3", "int4", "int4; 0,29=fp16"])   # {spec: stats}, kvviz.metrics.STAT_KEYS
     base = base_logprobs(model, tok)          # saved once (save_base / load_base) and reused: kld(..., base=base)
 """
 
@@ -16,8 +16,8 @@ import torch
 
 from kvviz.analysis.rows import check_score_from, decoder, lm_logprobs, row_values
 from kvviz.formats import as_plans
-from kvviz.quality.kld import summarize
-from kvviz.quality.perplexity import wikitext
+from kvviz.metrics import summarize
+from kvviz.quality.corpus import wikitext
 
 BASE_FORMAT = "kvviz-kld-base/1"
 
@@ -78,7 +78,7 @@ def kld(model, tokenizer, specs: list, text: str | None = None, windows: int = 2
     score_from..window_tokens-2 of each window are scored (default: the second half, as llama.cpp scores each
     context); first_chunk / chunk: see the module docstring. base: a saved baseline (base_logprobs / load_base),
     whose windows, text tokens and settings are then used; else the exact model runs beside the candidates.
-    Returns {name: stats} in the order given, stats keyed as kvviz.quality.kld.STAT_KEYS (nats, fractions).
+    Returns {name: stats} in the order given, stats keyed as kvviz.metrics.STAT_KEYS (nats, fractions).
     """
     plans = as_plans(specs, model.config.get_text_config(decoder=True).num_hidden_layers)  # checked before compute
     names = [p.name for p in plans]

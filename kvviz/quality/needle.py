@@ -16,10 +16,10 @@ import random
 
 import torch
 
-from kvviz.formats import as_plans
-from kvviz.quality.compare import prefill
-from kvviz.quality.perplexity import wikitext
 from kvviz.cache.rows import RowStackCache
+from kvviz.formats import as_plans
+from kvviz.quality.corpus import wikitext
+from kvviz.quality.decode import prefill
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 NEEDLE = " The secret number is {value}. Remember it: {value}."

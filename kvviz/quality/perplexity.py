@@ -14,25 +14,12 @@ short windows raise it).
 
 from __future__ import annotations
 
-import functools
-import math
-from pathlib import Path
-
 import torch
 
+from kvviz import metrics
 from kvviz.formats import as_plans
-from kvviz.quality.speed import make_cache
-
-WIKITEXT = Path(__file__).resolve().parents[2] / "assets" / "wikitext-2-test.txt"
-
-
-@functools.lru_cache(maxsize=2)
-def wikitext(path: str | None = None) -> str:
-    """The WikiText-2 test slice bundled in assets/ (or another text file)."""
-    p = Path(path) if path else WIKITEXT
-    if not p.is_file():
-        raise ValueError(f"The WikiText-2 slice is missing at {p}; it ships in the repository's assets/ directory.")
-    return p.read_text(encoding="utf-8")
+from kvviz.quality.corpus import wikitext
+from kvviz.quality.decode import make_cache
 
 
 @torch.no_grad()
@@ -45,9 +32,7 @@ def _window_nll(model, ids: torch.Tensor, spec, prefill_tokens: int, chunk: int,
     for start in range(p, ids.shape[1] - 1, chunk):
         stop = min(start + chunk, ids.shape[1] - 1)
         logits.append(model(input_ids=ids[:, start:stop], cache=cache, use_cache=True).logits)
-    logp = torch.log_softmax(torch.cat(logits, dim=1)[0].double(), dim=-1)  # [W - P, vocab]
-    target = ids[0, p:]  # [W - P]
-    return -logp.gather(-1, target[:, None])[:, 0]
+    return metrics.nll(metrics.log_probs(torch.cat(logits, dim=1)[0]), ids[0, p:])  # [W - P]
 
 
 def perplexity(model, tokenizer, specs: list[str], windows: int = 2, window: int = 512, stride: int | None = None,
@@ -76,6 +61,6 @@ def perplexity(model, tokenizer, specs: list[str], windows: int = 2, window: int
         win = ids[:, w * stride : w * stride + window]
         for name, spec in zip(names, [None] + plans):
             nll[name].append(float(_window_nll(model, win, spec, prefill_tokens, chunk, scales).mean()))
-    ppl = {n: math.exp(sum(v) / len(v)) for n, v in nll.items()}
+    ppl = {n: metrics.perplexity(v) for n, v in nll.items()}
     return {"ppl": ppl, "nll": nll, "windows": windows, "window": window,
             "tokens_scored": windows * (window - prefill_tokens)}

@@ -1,11 +1,9 @@
-"""Decode speed of one cache on its own: the shared prefill's K/V copied in, then timed greedy steps.
+"""Fused against unfused decode (lesson 7): the same prompt decoded through DynamicCache and through each format's
+cache twice, with tokens/s and the K/V bytes each path reads per step. The timed steps are
+kvviz.quality.decode.timed_decode's, every run starting from one shared prefill.
 
-The timed loop is what generation does after the prompt: model(next_token, cache=cache) per token, batch 1, with
-the model's attention function (for kvviz's cache: the active backend, kvviz.attention.active_backend()).
-
-    cache, dyn_logits = prefill(model, ids)                       # kvviz.quality.compare.prefill
-    tps, cache, ids = timed_decode(model, dyn, "k8v4", first_token, 32)
-    report = fused_vs_unfused(model, wikitext_ids(tok, 1024), ["int4", "k8v4"])   # lesson 7
+    report = fused_vs_unfused(model, wikitext_ids(tok, 1024), ["int4", "k8v4"])   # kvviz.quality.corpus.wikitext_ids
+    report.runs[1].tokens_per_s, report.runs[1].vs_exact                           # one DecodeRun per cache and path
 
 `fused_vs_unfused` times one prompt's decode through DynamicCache and through each format twice: the fused
 backend (on the CPU the numba kernel of kernels/cpu.py, on CUDA Triton's), which reads the packed bytes in place,
@@ -14,65 +12,16 @@ and the unfused reference (backend "torch"), which dequantizes the whole history
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import Cache
 
 from kvviz import attention
 from kvviz.cache import QuantizedKVCache
-from kvviz.cache.layers import copy_states
 from kvviz.formats import KVSpec, as_plan
-
-
-def load_prefill(cache: Cache, prefilled: Cache) -> Cache:
-    """Copy a prefilled batch-1 cache's K/V (e.g. a DynamicCache) into an empty cache, layer by layer, through
-    its own update (which quantizes them, as its first update would), and its linear-attention / Mamba states as
-    they are. Returns `cache`."""
-    for i, layer in enumerate(prefilled.layers):
-        if getattr(layer, "keys", None) is not None:  # attention (not a state layer, nor Gemma 4's shared KV)
-            cache.update(layer.keys, layer.values, i)
-        if isinstance(layer, LinearAttentionCacheLayerMixin):
-            copy_states(layer, cache.layers[i])
-    return cache
-
-
-def make_cache(model, spec, scales: dict | None = None) -> Cache:
-    """None -> DynamicCache; a spec string / KVSpec -> kvviz.QuantizedKVCache; a Cache instance is returned as is."""
-    if spec is None:
-        return DynamicCache(config=model.config)
-    if isinstance(spec, Cache):
-        return spec
-    return QuantizedKVCache(model.config, spec, scales=scales)
-
-
-@torch.no_grad()
-def timed_decode(model, prefilled: Cache, spec, first_token: int, n_tokens: int, scales: dict | None = None,
-                 warmup: int = 1):
-    """Greedy-decode n_tokens after the prefill through a fresh cache (see make_cache), timing the steps after
-    `warmup` untimed ones. Returns (tokens_per_s, cache, generated ids)."""
-    if n_tokens < 1:
-        raise ValueError(f"n_tokens must be at least 1, got {n_tokens}.")
-    cache = load_prefill(make_cache(model, spec, scales), prefilled)
-    nxt = torch.tensor([[first_token]], device=model.device)  # [1, 1]
-    out_ids = []
-    start = None
-    for step in range(warmup + n_tokens):
-        if step == warmup:
-            start = time.perf_counter()
-        logits = model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1]
-        nxt = logits.argmax(-1, keepdim=True)
-        out_ids.append(int(nxt))
-    seconds = time.perf_counter() - start
-    return n_tokens / seconds, cache, out_ids
-
-
-def decode_speed(model, prefilled: Cache, spec, first_token: int, n_tokens: int, scales: dict | None = None) -> float:
-    """tokens/s of timed_decode."""
-    return timed_decode(model, prefilled, spec, first_token, n_tokens, scales)[0]
+from kvviz.quality.decode import prefill, timed_decode
 
 
 # ------------------------------------------------------------------------------------------ fused against unfused
@@ -87,14 +36,16 @@ class DecodeRun:
     name: "DynamicCache" or the format's spec as given; path: EXACT (DynamicCache), FUSED or UNFUSED; backend: what
     decoded: "sdpa" (DynamicCache), "cpu" / "triton" (the fused kernel) or "torch" (the reference; also a FUSED
     run's when the fused path does not run here or has no branch for the format); tokens_per_s: the best round's;
-    bytes_read: bytes of K/V the attention moves at the last timed step (see fused_vs_unfused); tokens: the ids
-    generated, the warm-up step's first.
+    vs_exact: tokens_per_s over DynamicCache's (1.0 for DynamicCache itself); bytes_read: bytes of K/V the
+    attention moves at the last timed step (see fused_vs_unfused); tokens: the ids generated, the warm-up step's
+    first.
     """
 
     name: str
     path: str
     backend: str
     tokens_per_s: float
+    vs_exact: float
     bytes_read: int
     tokens: list[int]
 
@@ -128,16 +79,6 @@ class FusedReport:
         """Whether format `name`'s fused and unfused runs generated the same ids (a float32 near-tie can flip one:
         the kernel sums in another order than SDPA)."""
         return self.run(name, FUSED).tokens == self.run(name, UNFUSED).tokens
-
-
-def wikitext_ids(tokenizer, n_tokens: int) -> torch.Tensor:
-    """The first n_tokens ids of the bundled WikiText-2 slice ([1, n_tokens]), the slice repeated when shorter."""
-    from kvviz.quality.perplexity import wikitext
-
-    if n_tokens < 1:
-        raise ValueError(f"n_tokens must be at least 1, got {n_tokens}.")
-    ids = tokenizer(wikitext(), return_tensors="pt")["input_ids"]  # [1, T]
-    return ids.repeat(1, -(-n_tokens // ids.shape[1]))[:, :n_tokens]
 
 
 def _fused_backend(model) -> tuple[str, bool]:
@@ -210,8 +151,6 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
         specs.setdefault(f.spec if isinstance(f, KVSpec) else plan.name, plan.default)
     if not specs:
         raise ValueError("Give at least one KV format to decode fused and unfused, e.g. ['int4', 'k8v4'].")
-    from kvviz.quality.compare import prefill  # compare imports this module
-
     fused_backend, available = _fused_backend(model)
     plan = [("DynamicCache", EXACT, None, None)]
     for name, kv in specs.items():
@@ -232,6 +171,7 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
             best[name, path] = max(tps, best.get((name, path), 0.0))
             last[name, path] = (nbytes, out)
             del cache
-    runs = [DecodeRun(name, path, backend or "sdpa", best[name, path], *last[name, path])
+    exact = best["DynamicCache", EXACT]
+    runs = [DecodeRun(name, path, backend or "sdpa", best[name, path], best[name, path] / exact, *last[name, path])
             for name, path, _, backend in plan]
     return FusedReport(runs, ids.shape[1], new_tokens, rounds, fused_backend, available)

@@ -35,7 +35,6 @@ SPEC_CHOICES = ["fp8_e4m3", "fp8_e5m2", "int8", "k8v4", "k4v8", "int4", "kivi4",
                 "k=q8_0,v=q4_0"]
 DEFAULT_SPECS = ["fp8_e4m3", "k8v4", "k4v8", "int4"]
 BASELINE = "exact (baseline)"  # the unquantized cache, in the model's dtype
-ENGINE_BYTES = 2  # fp16 / bf16: what engines store an unquantized KV value in
 MAX_NEW_TOKENS = 128
 MAX_PROMPT_TOKENS = 2048  # on a 2-core CPU a longer prefill through every format takes minutes
 SPEED_TOKENS = 8  # decode steps timed per format for tokens/s
@@ -75,44 +74,41 @@ def _columns(baseline: str, texts: dict[str, str], meta: dict[str, str], lang: s
     return f"<div class='kv-columns'>{''.join(parts)}</div>"
 
 
-def _metrics(report, dtype: str, elsize: int, ppl: dict | None, lang: str = "en"
-             ) -> tuple[list[str], list[list], dict]:
-    """Table headers and rows (baseline first) and the bar chart's columns, from a QualityReport.
-    dtype, elsize: the model's dtype name and bytes per element, which the exact baseline cache holds.
-    ppl: kvviz.quality.perplexity's {"baseline" | name: perplexity}, or None when not measured.
-    The KL's median and p99 over the steps sit next to its mean, as llama.cpp's KLD statistics put them. Two byte
-    ratios: against the exact cache as this model runs it (`dtype`, float32 on the CPU), and against a
-    16-bit cache, what engines store (the chart's): the exact cache holds plain values, so its 16-bit size is
-    baseline_bytes x 2 / elsize."""
+def _ratio(x: float) -> str:
+    return f"{x:.2f}×"
+
+
+def _cells(row, lang: str) -> list:
+    """A kvviz.quality.CompareRow as the table's cells, in the order of _metrics' headers (perplexity last)."""
+    return [t("r_baseline", lang) if row.baseline else row.name, row.spec,
+            round(row.bits_per_value, 3), round(row.kl_mean, 5),
+            round(row.kl_median, 5), round(row.kl_p99, 5), round(100 * row.top1, 1),
+            "-" if row.baseline else t("r_none", lang) if row.first_divergence is None else row.first_divergence,
+            round(row.cache_bytes / 1024, 1), _ratio(row.bytes_vs_16bit), _ratio(row.bytes_vs_exact),
+            None if row.tokens_per_s is None else round(row.tokens_per_s, 1),
+            None if row.perplexity is None else round(row.perplexity, 3)]
+
+
+def _metrics(rows, dtype: str, measured_ppl: bool, lang: str = "en") -> tuple[list[str], list[list], dict]:
+    """Table headers and cells (baseline first) and the bar chart's columns, from QualityReport.rows().
+    dtype: the model's dtype name, which the exact baseline cache holds. The KL's median and p99 over the steps sit
+    next to its mean, as llama.cpp's KLD statistics put them. Two byte ratios: against the exact cache as this model
+    runs it (`dtype`, float32 on the CPU), and against a 16-bit cache, what engines store (the chart's).
+    measured_ppl: whether perplexity was measured (else no empty column)."""
     headers = [t(k, lang) for k in ("h_format", "h_spec", "h_bits", "h_kl", "h_kl_median", "h_kl_p99", "h_top1",
                                     "h_divergence", "h_cache_kib", "h_vs16", "h_vs_exact", "h_tps", "h_ppl")]
     headers[10] = headers[10].format(dtype=dtype)
-    bytes16 = report.baseline_bytes * ENGINE_BYTES / elsize
-    base_tps = report.baseline_tokens_per_s
-    rows = [[t("r_baseline", lang), dtype, 8 * elsize, 0.0, 0.0, 0.0, 100.0, "-",
-             round(report.baseline_bytes / 1024, 1), f"{report.baseline_bytes / bytes16:.2f}×", "1.00×",
-             None if base_tps is None else round(base_tps, 1), _ppl(ppl, "baseline")]]
-    for f in report.formats:
-        rows.append([f.name, f.spec, round(f.bits_per_value, 3), round(f.mean_kl, 5),
-                     round(f.kl_percentile(0.5), 5), round(f.kl_percentile(0.99), 5), round(100 * f.top1_rate, 1),
-                     t("r_none", lang) if f.first_divergence is None else f.first_divergence,
-                     round(f.cache_bytes / 1024, 1), f"{f.cache_bytes / bytes16:.2f}×",
-                     f"{f.cache_bytes / report.baseline_bytes:.2f}×",
-                     None if f.tokens_per_s is None else round(f.tokens_per_s, 1), _ppl(ppl, f.name)])
+    cells = [_cells(r, lang) for r in rows]
     columns = {
-        t("c_kl", lang): [r[3] for r in rows],
-        t("c_top1", lang): [r[6] for r in rows],
-        t("c_vs16", lang): [round(float(r[9].rstrip("×")), 3) for r in rows],
-        t("c_tps", lang): [r[11] for r in rows],
+        t("c_kl", lang): [round(r.kl_mean, 5) for r in rows],
+        t("c_top1", lang): [round(100 * r.top1, 1) for r in rows],
+        t("c_vs16", lang): [round(r.bytes_vs_16bit, 2) for r in rows],
+        t("c_tps", lang): [None if r.tokens_per_s is None else round(r.tokens_per_s, 1) for r in rows],
     }
-    if ppl is None:  # not measured: no empty column
-        return headers[:-1], [r[:-1] for r in rows], columns
-    columns[t("c_ppl", lang)] = [r[12] for r in rows]
-    return headers, rows, columns
-
-
-def _ppl(ppl: dict | None, name: str) -> float | None:
-    return None if ppl is None else round(ppl[name], 3)
+    if not measured_ppl:  # not measured: no empty column
+        return headers[:-1], [c[:-1] for c in cells], columns
+    columns[t("c_ppl", lang)] = [round(r.perplexity, 3) for r in rows]
+    return headers, cells, columns
 
 
 def _positions(model) -> int:
@@ -157,17 +153,18 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, mode
             yield gr.skip(), gr.skip(), gr.skip(), t("r_ppl_running", lang)
             with notes.catching():
                 ppl = quality.perplexity(model, tok, plans, windows=PPL_WINDOWS, window=PPL_WINDOW)["ppl"]
-        headers, rows, columns = _metrics(report, str(model.dtype).removeprefix("torch."), model.dtype.itemsize,
-                                          ppl, lang)
-        meta = {r[0]: t("r_meta", lang).format(kl=r[3], top1=r[6], vs16=r[9]) for r in rows[1:]}
-        meta[BASELINE] = t("r_meta_base", lang).format(n=report.prompt_tokens, dtype=rows[0][1])
-        fig = plots.metrics_bars([r[0] for r in rows], columns, title=t("f_metrics", lang).format(model=name),
+        rows = report.rows(ppl)
+        headers, cells, columns = _metrics(rows, report.dtype, ppl is not None, lang)
+        meta = {r.name: t("r_meta", lang).format(kl=round(r.kl_mean, 5), top1=round(100 * r.top1, 1),
+                                                 vs16=_ratio(r.bytes_vs_16bit)) for r in rows[1:]}
+        meta[BASELINE] = t("r_meta_base", lang).format(n=report.prompt_tokens, dtype=report.dtype)
+        fig = plots.metrics_bars([c[0] for c in cells], columns, title=t("f_metrics", lang).format(model=name),
                                  x_title=t("f_format_axis", lang))
         done = t("r_done", lang).format(s=report.seconds, model=name, metrics=report.metrics_backend,
                                         speed=report.speed_backend, steps=SPEED_TOKENS) + skip_note + notes.markdown()
         notes.toast()
         yield (_columns(report.baseline_text, {f.name: f.text for f in report.formats}, meta, lang),
-               table(rows, headers), fig, done)
+               table(cells, headers), fig, done)
 
 
 @user_errors

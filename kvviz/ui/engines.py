@@ -3,7 +3,7 @@ llama.cpp cache types on the same model and the same tokens.
 
 llama.cpp runs in-process (kvviz.engines.llamacpp, llama-cpp-python) on the model's GGUF file; kvviz runs the
 same GGUF's weights, dequantized (kvviz.engines.simulate), on the token ids llama.cpp scored. Each side is measured
-against its own engine's unquantized baseline, with llama.cpp's `--kl-divergence` statistics (kvviz.quality.kld).
+against its own engine's unquantized baseline, with llama.cpp's `--kl-divergence` statistics (kvviz.metrics).
 Why the figures differ is the static note under the chart (i18n "engine_why"); it states only what was measured.
 api_name:
     engine_compare(pairs, tokens, rotate, model) -> (table, figure, status markdown, in English)
@@ -19,6 +19,7 @@ import time
 import gradio as gr
 
 from kvviz import plots
+from kvviz.engines.side_by_side import side_by_side
 from kvviz.formats import parse_kv
 
 from .common import check_bool, check_int, check_model, check_names, get_model, on_click, table, user_errors
@@ -67,11 +68,10 @@ def _gguf(model: str):
     return llamacpp.resolve_gguf(model)
 
 
-def _rows(pairs: list[str], ours: dict, theirs: dict) -> list[list]:
-    def side(s):
-        return [round(s["mean"], 5), round(s["p99"], 4), round(100 * s["same_top_p"], 1)]
-
-    return [[p, *side(ours[p]), *side(theirs[p])] for p in pairs]
+def _cells(row) -> list:
+    """A kvviz.engines.side_by_side.EngineRow as the table's cells (HEADERS)."""
+    return [row.format, round(row.kvviz_mean, 5), round(row.kvviz_p99, 4), round(100 * row.kvviz_same_top, 1),
+            round(row.engine_mean, 5), round(row.engine_p99, 4), round(100 * row.engine_same_top, 1)]
 
 
 @user_errors
@@ -99,17 +99,16 @@ def run(pairs, tokens, rotate, model=None, progress=gr.Progress()):
     ids, theirs = llamacpp.run(pairs, model=str(gguf), tokens=tokens, rotate=rotate, on_pair=on_pair)
     lm, _ = get_model(progress, model=model)
     progress(0.5, desc=f"kvviz: the same {len(ids)} tokens, {len(pairs)} formats and the exact model as one batch…")
-    ours = simulate.kld(pairs, ids, lm)
-    rows = _rows(pairs, ours, theirs)
-    fig = plots.engine_bars(pairs, {"kvviz (simulated)": [r[1] for r in rows],
-                                    f"llama.cpp ({'rotated' if rotate else 'unrotated'} K/V)": [r[4] for r in rows]})
-    first = theirs[pairs[0]]
-    status = (f"Done in {time.perf_counter() - start:.0f} s. `{model}`: {first['engine']} runs `{gguf.name}` as "
+    rows = side_by_side(pairs, simulate.kld(pairs, ids, lm), theirs)
+    engine = f"llama.cpp ({'rotated' if rotate else 'unrotated'} K/V)"
+    fig = plots.engine_bars(pairs, {"kvviz (simulated)": [round(r.kvviz_mean, 5) for r in rows],
+                                    engine: [round(r.engine_mean, 5) for r in rows]})
+    status = (f"Done in {time.perf_counter() - start:.0f} s. `{model}`: {rows[0].engine} runs `{gguf.name}` as "
               f"is, f16-cache baseline, positions 0 to {len(ids) - 2} scored, K/V rotation: "
-              f"{first['rotation']}; kvviz runs the same weights dequantized to fp32, exact baseline, positions 1 to "
+              f"{rows[0].rotation}; kvviz runs the same weights dequantized to fp32, exact baseline, positions 1 to "
               f"{len(ids) - 2}. The first {len(ids)} tokens of the WikiText-2 slice. KLD in nats per token; same top: "
               "positions whose top token agrees with the engine's own baseline.")
-    return table(rows, HEADERS), fig, status
+    return table([_cells(r) for r in rows], HEADERS), fig, status
 
 
 def build(tr: Translator, actions: dict, model: gr.Dropdown) -> dict:

@@ -9,7 +9,6 @@ comparison) on one captured prompt. api_name `error_map`:
 from __future__ import annotations
 
 import gradio as gr
-import numpy as np
 
 from kvviz import analysis, plots
 from kvviz.formats import parse_kv
@@ -89,8 +88,8 @@ def run(prompt, fmt, formats, custom_formats, which, layer, head, model=None, la
                    for k, v in panels.items()})
 
     attn = analysis.attention_errors(cap, specs)  # {spec: [L]}
-    rows = "\n".join(f"| `{s}` | {np.mean(per_layer[s]['k']):.4f} | {np.mean(per_layer[s]['v']):.4f} | "
-                     f"{np.mean(attn[s]):.4f} | {parse_kv(s).bits_per_value(cap.head_dim):g} |" for s in specs)
+    rows = "\n".join(f"| `{e.spec}` | {e.k:.4f} | {e.v:.4f} | {e.attention:.4f} | {e.bits_per_value:g} |"
+                     for e in analysis.error_summary(cap, per_layer, attn))
     md = (t("r_errors_head", lang).format(n=len(cap.tokens), model=name) + "\n\n"
           + t("r_errors_table", lang) + "\n|---|---|---|---|---|\n" + rows + "\n\n" + t("r_errors_note", lang))
     if skipped:

@@ -46,8 +46,7 @@ def _path_label(run, report, lang: str) -> str:
 
 
 def _rows(report, lang: str) -> list[list]:
-    base = report.run("DynamicCache", EXACT).tokens_per_s
-    return [[r.name, _path_label(r, report, lang), round(r.tokens_per_s, 2), f"{r.tokens_per_s / base:.2f}×",
+    return [[r.name, _path_label(r, report, lang), round(r.tokens_per_s, 2), f"{r.vs_exact:.2f}×",
              round(r.bytes_read / MIB, 3)] for r in report.runs]
 
 
@@ -104,8 +103,8 @@ def run(specs, custom_specs, context_tokens, new_tokens, model=None, lang="en", 
     rows = _rows(report, lang)
     headers = [t(k, lang) for k in ("fused_h_format", "fused_h_path", "fused_h_tps", "fused_h_vs", "fused_h_mib")]
     labels = [r.name if r.path == EXACT else f"{r.name} · {t('fused_' + r.path, lang)}" for r in report.runs]
-    fig = plots.metrics_bars(labels, {t("fused_c_tps", lang): [r[2] for r in rows],
-                                      t("fused_c_mib", lang): [r[4] for r in rows]},
+    fig = plots.metrics_bars(labels, {t("fused_c_tps", lang): [round(r.tokens_per_s, 2) for r in report.runs],
+                                      t("fused_c_mib", lang): [round(r.bytes_read / MIB, 3) for r in report.runs]},
                              title=t("fused_fig", lang).format(model=name, n=report.context),
                              x_title=t("fused_fig_x", lang))
     status = _status(report, time.perf_counter() - start, name, cut, skipped, lang) + notes.markdown()

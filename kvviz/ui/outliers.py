@@ -9,7 +9,6 @@ api_name `outliers`:
 from __future__ import annotations
 
 import gradio as gr
-import numpy as np
 
 from kvviz import plots
 from kvviz.analysis.stats import OUTLIER_FACTOR, capture_stats, rotation_view
@@ -62,7 +61,7 @@ def run(prompt, layer, head, model=None, lang="en", progress=gr.Progress()):
         r_post=ratio["keys_post"], k_pre=_channels(stats["keys_pre"], layer, head, lang), r_pre=ratio["keys_pre"],
         v=_channels(stats["values"], layer, head, lang), r_v=ratio["values"],
         rot_before=float(rot["original"]["amax_ratio"]), rot_after=float(rot["rotated"]["amax_ratio"]),
-        kurt_before=float(np.mean(rot["original"]["kurtosis"])), kurt_after=float(np.mean(rot["rotated"]["kurtosis"])),
+        kurt_before=float(rot["original"]["mean_kurtosis"]), kurt_after=float(rot["rotated"]["mean_kurtosis"]),
         n_k=sum(map(len, stats["keys_post"]["outliers"].values())),
         n_v=sum(map(len, stats["values"]["outliers"].values())))
     return fig_rope, fig_kv, fig_rot, heat, md
