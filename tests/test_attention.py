@@ -106,7 +106,7 @@ def test_a_side_has_no_shape():
 
 @pytest.mark.parametrize("q_len", [1, 3])
 def test_packed_path_is_dequantize_then_sdpa(q_len, monkeypatch):
-    monkeypatch.setenv("KVVIZ_BACKEND", "torch")  # auto fuses single-token decode on the CPU (kernels/cpu.py)
+    monkeypatch.setenv("KVVIZ_BACKEND", "torch")  # auto fuses single-token decode on the CPU (kernels/cpu/decode.py)
     _, k, v = _packed("int8")
     q = torch.randn(2, 4, q_len, 16)
     got, _ = kvviz_attention_forward(_Module(), q, k, v, None, scaling=0.25)
