@@ -27,7 +27,7 @@ import torch
 
 from kvviz.analysis.capture import capture_ids
 from kvviz.formats import KVSpec, get_format, parse_kv
-from kvviz.memory.layers import layer_shapes
+from kvviz.memory.configs import layer_shapes
 from kvviz.analysis.rows import row_values
 
 
