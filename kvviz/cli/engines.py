@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import argparse
 
+from kvviz import engines
+from kvviz.engines import llamacpp, simulate
+from kvviz.memory import split_formats
+
 HELP = "KLD of KV formats inside a real engine: llama.cpp in-process, or vLLM / SGLang servers"
 
 
@@ -60,9 +64,6 @@ def _engine(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvviz import engines
-    from kvviz.memory import split_formats
-
     engine, options = _engine(args)
     specs = split_formats(args.specs) if args.specs else None
     text = None
@@ -74,8 +75,6 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"Could not read --text-file {args.text_file} ({err.strerror}).") from err
     simulated = None
     if engine == "llama.cpp" and args.with_kvviz:
-        from kvviz.engines import llamacpp, simulate
-
         ids, results = llamacpp.run(specs, model=args.model, text=text, tokens=args.tokens, **options)
         simulated = simulate.kld(specs, ids, args.model)
     elif args.with_kvviz:
