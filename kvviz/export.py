@@ -37,6 +37,7 @@ from __future__ import annotations
 import warnings
 
 from kvviz.formats import LLAMA_CPP_TYPES, Format, KVSpec, parse_kv
+from kvviz.plan import format_plan, is_uniform, parse_plan, spec_text
 
 ENGINES = ("vllm", "sglang", "llama.cpp")
 _SCALES_FILE = "scales.json"
@@ -326,8 +327,6 @@ def export_plan(plan, num_layers: int, model: str = "MODEL") -> dict:
     "flags", "cli", "python", "note"}} as export_commands does, notes saying plainly why a plan cannot be
     expressed. Raises ValueError on a bad plan.
     """
-    from kvviz.plan import format_plan, is_uniform, parse_plan, spec_text
-
     layers = parse_plan(plan, num_layers)
     if is_uniform(layers):
         return export_commands(layers[0], model)

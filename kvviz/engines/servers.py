@@ -36,6 +36,9 @@ from dataclasses import dataclass
 
 import torch
 
+from kvviz.quality.kld import kld_stats_topk
+from kvviz.quality.perplexity import wikitext
+
 APIS = ("vllm", "sglang")
 BASELINE = "baseline"
 DEFAULT_TOP_K = 20  # vLLM's default --max-logprobs
@@ -293,11 +296,8 @@ def kld(engine: dict[str, str], specs: list[str] | None = None, *, model: str | 
         raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}.")
     urls = {n: base_url(engine[n]) for n in [BASELINE, *names]}
     if text is None:
-        from kvviz.quality.perplexity import wikitext
-
         text = wikitext()[: tokens * CHARS_PER_TOKEN]
     got = {n: fetch(u, text, api=api, top_k=top_k, model=model, timeout=timeout) for n, u in urls.items()}
-    from kvviz.quality.kld import kld_stats_topk  # kvviz.quality imports transformers
 
     base = got[BASELINE]
     for n in names:

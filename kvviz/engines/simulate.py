@@ -14,20 +14,19 @@ from __future__ import annotations
 
 import torch
 
+from kvviz.analysis.rows import row_values
+from kvviz import models
+from kvviz.plan import parse_plan
+from kvviz.quality.kld import summarize
+
 
 def kld(specs: list[str], ids: list[int], model=None) -> dict[str, dict]:
     """{spec: kvviz.quality.kld stats} of kvviz's formats against the exact model on the token ids `ids` [T]
     (positions 1..T-2 scored). model: a loaded causal LM, or a name for kvviz.models.load_model (default SmolLM2)."""
-    from kvviz.plan import parse_plan
-    from kvviz.analysis.rows import row_values
-    from kvviz.quality.kld import summarize
-
     if len(ids) < 3:
         raise ValueError("Give at least three token ids: position 0 reads no cache, position 1 is the first scored.")
     if model is None or isinstance(model, str):
-        from kvviz.models import load_model
-
-        model, _ = load_model(model)
+        model, _ = models.load_model(model)
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     plans = [parse_plan(spec, n_layers) for spec in specs]  # bad specs fail before any compute
     values, _ = row_values(model, torch.tensor([ids], device=model.device), plans)
