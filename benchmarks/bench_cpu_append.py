@@ -1,5 +1,5 @@
 """One decode step's cache append on the CPU: kvviz.formats' quantize against the fused numba packer
-(kernels/cpu_pack.py), per layer (K + V), in one process, interleaved.
+(kernels/cpu/pack.py), per layer (K + V), in one process, interleaved.
 
     python benchmarks/bench_cpu_append.py                       # SmolLM2-135M shapes, 4K context
     python benchmarks/bench_cpu_append.py --context 1024 --rounds 500

@@ -9,7 +9,7 @@ with the same prefill K/V (kvviz.quality.timed_decode); caches and backends are 
 the best round is kept, so a busy machine penalizes all alike. Ratios are against DynamicCache and against the
 unfused reference measured in this process. One layer: the attention call alone (kvviz_attention_forward) over
 the model's own layer-0 K/V, in ms, against SDPA over DynamicCache's fp32 K/V, plus one token's append (ms).
-First use: kernels.cpu.cpu_usable() in this process (a compile, or a load from numba's on-disk cache); with
+First use: kernels.cpu.decode.cpu_usable() in this process (a compile, or a load from numba's on-disk cache); with
 --cold also a compile into an empty cache directory, in a subprocess.
 """
 
@@ -48,11 +48,11 @@ def best_ms(fn, reps: int = 20) -> float:
 
 
 def cold_compile_s() -> float:
-    """Seconds `python -m kernels.cpu` takes with an empty numba cache directory (a full compile)."""
+    """Seconds `python -m kernels.cpu.decode` takes with an empty numba cache directory (a full compile)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "NUMBA_CACHE_DIR": tmp}
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "kernels.cpu"], cwd=ROOT, env=env, check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "kernels.cpu.decode"], cwd=ROOT, env=env, check=True, capture_output=True)
         return time.perf_counter() - t
 
 
@@ -97,7 +97,7 @@ def main() -> int:
     args = p.parse_args()
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
 
-    from kernels import cpu
+    from kernels.cpu import decode as cpu
 
     t = time.perf_counter()
     usable = cpu.cpu_usable()

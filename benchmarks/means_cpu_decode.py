@@ -1,4 +1,4 @@
-"""One SmolLM2-shaped int4 decode-attention layer on the CPU, three ways: the numba fused kernel (kernels/cpu.py),
+"""One SmolLM2-shaped int4 decode-attention layer on the CPU, three ways: the numba fused kernel (kernels/cpu/decode.py),
 the unfused reference (dequantize, then SDPA), and PyTorch Inductor's torch.compile of that same reference (the
 alternative means considered for the fused CPU path). Prints ms per call and each first call's compile time.
 
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels import cpu  # noqa: E402
+from kernels.cpu import decode as cpu  # noqa: E402
 from kernels.packed import side_from_format  # noqa: E402
 from kvviz.cache.layers import QuantizedKVLayer  # noqa: E402
 from kvviz.formats import parse_kv  # noqa: E402
@@ -52,7 +52,7 @@ def main() -> int:
     ks, vs = (side_from_format(p.fmt, p.data, p.scale, p.zero, p.tensor_scale, head_dim=D, n_packed=p.n_quantized,
                                tail=p.tail) for p in (pk, pv))
     args = (q, pk.data.contiguous(), pk.scale.contiguous(), pv.data.contiguous(), pv.scale.contiguous())
-    rows = {"numba fused (kernels/cpu.py)": (best_ms(lambda: cpu.decode_attention_cpu(q[:, :, 0], ks, vs, T + 1)),
+    rows = {"numba fused (kernels/cpu/decode.py)": (best_ms(lambda: cpu.decode_attention_cpu(q[:, :, 0], ks, vs, T + 1)),
                                             numba_first)}
     rows["torch reference (eager)"] = (best_ms(lambda: reference(*args)), 0.0)
     compiled = torch.compile(reference, dynamic=True)

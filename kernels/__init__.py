@@ -8,13 +8,18 @@ transformers probes for it; looking like it would switch transformers' hub-kerne
     PackedSide                           the plain-tensor description of one packed side (K or V)
     side_of(q)                           a kvviz QTensor (a cache side, or a quantized tensor) as a PackedSide
     decode_attention_reference(...)      float64 dequantize + attention, the reference every test compares to
+
+Each launcher sits beside its jit code under the same name (flashinfer's split): decode.py, pack.py and
+ggml_pack.py launch kernels/jit/'s Triton code of the same name; kernels/cpu/decode.py and kernels/cpu/pack.py
+launch kernels/cpu/jit/'s numba code. packed.py is the layout contract every kernel reads, splits.py the split-K
+sizing both decode launchers share, _triton.py the one place that probes Triton, reference.py the float64 reference.
 """
 
 from kernels.decode import decode_attention
 from kernels.pack import quant_pack, quant_pack_supported
-from kernels.packed import PackedSide, hadamard, side_from_format, side_of
+from kernels.packed import PackedSide, hadamard, reads_format, side_from_format, side_of
 from kernels.reference import decode_attention_reference, dequantize_side
-from kernels._triton import triton_usable
+from kernels._triton import triton_installed, triton_usable
 
 __all__ = [
     "PackedSide",
@@ -24,7 +29,9 @@ __all__ = [
     "hadamard",
     "quant_pack",
     "quant_pack_supported",
+    "reads_format",
     "side_from_format",
     "side_of",
+    "triton_installed",
     "triton_usable",
 ]

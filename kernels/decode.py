@@ -1,4 +1,4 @@
-"""Launcher for the split-K quantized decode attention in `kernels/jit/decode_attention.py`.
+"""Launcher for the split-K quantized decode attention in `kernels/jit/decode.py`.
 
 `decode_attention` checks shapes, picks block sizes and the split count, turns each side's optional tensors into
 constexpr flags, applies Hadamard rotations outside the kernel (q . (k' H) = (q H) . k'; out = (P V') H), and
@@ -20,13 +20,9 @@ import torch
 from kernels._triton import triton_usable
 from kernels.packed import PackedSide, per_head
 from kernels.reference import decode_attention_reference
+from kernels.splits import next_pow2, split_tokens
 
 _MAX_SPLITS = 64  # stage 2 holds every split of one row in registers
-_MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost (q load, partial store) dominates
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 @functools.lru_cache(maxsize=None)
@@ -83,7 +79,7 @@ def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, 
         tensor_zero if tensor_zero is not None else n_packed,
         n_packed,
     ]
-    from kernels.jit import decode_attention as jit
+    from kernels.jit import decode as jit
 
     elem = {"float": jit.ELEM_NATIVE, "int": jit.ELEM_UINT, "fp8_e4m3": jit.ELEM_E4M3, "fp8_e5m2": jit.ELEM_E5M2,
             "e2m1": jit.ELEM_E2M1, "iq4_nl": jit.ELEM_IQ4NL}[side.elem]
@@ -155,22 +151,18 @@ def decode_attention(
         ref = decode_attention_reference(q, k, v, lengths, sm_scale, kv_mask, sinks=sinks, softcap=softcap)
         return ref.to(device=q.device, dtype=q.dtype)
 
-    from kernels.jit.decode_attention import LOG2E, _decode_stage1, _decode_stage2
+    from kernels.jit.decode import LOG2E, _decode_stage1, _decode_stage2
 
     qk = q if k.rotation is None else (q.float() @ k.rotation.to(q.device, torch.float32))  # [B, Hq, D]
     assert qk.stride(-1) == 1, "q must be contiguous along head_dim"
     gqa = hq // hkv
-    block_dk, block_dv = max(16, _next_pow2(head_dim)), max(16, _next_pow2(head_dim_v))
+    block_dk, block_dv = max(16, next_pow2(head_dim)), max(16, next_pow2(head_dim_v))
     block_n = block_n or (64 if max(block_dk, block_dv) <= 64 else 32)
-    block_g = max(16, _next_pow2(gqa))
+    block_g = max(16, next_pow2(gqa))
     if max_length is None:
         max_length = int(lengths.max()) if batch else 0
-    if num_splits is None:
-        want = math.ceil(2 * _sm_count(q.device) / max(1, batch * hkv))
-        num_splits = min(want, math.ceil(max_length / _MIN_TOKENS_PER_SPLIT), _MAX_SPLITS)
-    num_splits = max(1, min(int(num_splits), _MAX_SPLITS))
-    tokens_per_split = math.ceil(max(1, max_length) / num_splits / block_n) * block_n
-    num_splits = max(1, math.ceil(max_length / tokens_per_split))
+    num_splits, tokens_per_split = split_tokens(max_length, batch * hkv, _sm_count(q.device), block_n, num_splits,
+                                                _MAX_SPLITS)
 
     k_args, k_flags = _side_args(k, lengths, batch, hkv, head_dim)
     v_args, v_flags = _side_args(v, lengths, batch, hkv, head_dim_v)
@@ -203,7 +195,7 @@ def decode_attention(
     if not single:
         _decode_stage2[(batch * hkv,)](
             mid_o, mid_ml, sinks_log2, out, num_splits,
-            H_KV=hkv, GQA=gqa, HEAD_DIM_V=head_dim_v, BLOCK_G=block_g, BLOCK_S=max(2, _next_pow2(num_splits)),
+            H_KV=hkv, GQA=gqa, HEAD_DIM_V=head_dim_v, BLOCK_G=block_g, BLOCK_S=max(2, next_pow2(num_splits)),
             BLOCK_DV=block_dv, HAS_SINKS=sinks is not None, num_warps=4,
         )
     if v.rotation is not None:

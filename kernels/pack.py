@@ -1,8 +1,8 @@
-"""Launcher for `kernels/jit/quant_pack.py`: quantize new tokens of one side and write them into packed buffers.
+"""Launcher for `kernels/jit/pack.py`: quantize new tokens of one side and write them into packed buffers.
 
 Covers the formats whose groups lie inside one token (token / gN int sym and asym, fp8 per token or per group,
 MX and NV FP4), the static per-tensor / per-head scales (fp8, int sym), and llama.cpp's KV types (q8_0, q4_0, q4_1,
-q5_0, q5_1, iq4_nl, in ggml's block layout: `kernels/jit/ggml_pack.py`). Channel-granularity formats reduce over
+q5_0, q5_1, iq4_nl, in ggml's block layout: `kernels/ggml_pack.py`). Channel-granularity formats reduce over
 tokens, so the cache quantizes those with kvviz.formats when a group fills. `fmt` is duck-typed (kvviz Format
 attributes: base, kind, bits, granularity, group, asym, rot); nothing here imports kvviz.
 
@@ -14,14 +14,9 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import triton_usable
-from kernels.packed import hadamard, per_head, reads_format
-
-_FP8_EXP = {"fp8_e4m3": 4, "fp8_e5m2": 5}
-_GGML_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # TYPE codes of kernels/jit/ggml_pack.py
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
+from kernels.ggml_pack import ggml_pack
+from kernels.packed import FP8_EXP, GGML_TYPES, hadamard, per_head, reads_format
+from kernels.splits import next_pow2
 
 
 def quant_pack_supported(fmt, head_dim: int) -> bool:
@@ -29,7 +24,7 @@ def quant_pack_supported(fmt, head_dim: int) -> bool:
     if head_dim < 2 or head_dim & (head_dim - 1) or fmt.granularity is None or not reads_format(fmt):
         return False
     if fmt.kind == "ggml":
-        return head_dim >= 32 and fmt.base in _GGML_TYPES
+        return head_dim >= 32 and fmt.base in GGML_TYPES
     if fmt.granularity == "channel":
         return False
     if fmt.static_scale and (fmt.kind == "fp4" or fmt.asym):
@@ -74,9 +69,9 @@ def quant_pack(
         f"data {tuple(data.shape)} cannot hold tokens {pos}..{pos + n_tokens - 1} of x {tuple(x.shape)}"
     )
     if fmt.kind == "ggml":
-        _ggml_pack(fmt, x, data, scale, zero, pos)
+        ggml_pack(fmt, x, data, scale, zero, pos)
         return
-    from kernels.jit.quant_pack import _quant_pack_kernel
+    from kernels.jit.pack import _quant_pack_kernel
 
     static = fmt.static_scale
     if fmt.rot:
@@ -99,7 +94,7 @@ def quant_pack(
     z = zero if zero is not None else s
     if fmt.asym:
         assert zero is not None and zero.shape == scale.shape, "asym formats need a zero buffer shaped like scale"
-    block_t = max(2, min(16, _next_pow2(n_tokens)))
+    block_t = max(2, min(16, next_pow2(n_tokens)))
     grid = (batch * heads, -(-n_tokens // block_t))
     _quant_pack_kernel[grid](
         x, x.stride(0), x.stride(1), x.stride(2),
@@ -107,37 +102,6 @@ def quant_pack(
         s, s.stride(0), s.stride(1), s.stride(2),
         z, z.stride(0), z.stride(1), z.stride(2),
         ts, pos, n_tokens, heads,
-        KIND=_kind(fmt), BITS=fmt.bits, FP8_EXP=_FP8_EXP.get(fmt.base, 4), GROUP=group, STATIC=static,
+        KIND=_kind(fmt), BITS=fmt.bits, FP8_EXP=FP8_EXP.get(fmt.base, 4), GROUP=group, STATIC=static,
         HALF_DIV=x.dtype == torch.float16 and not static, HEAD_DIM=head_dim, BLOCK_T=block_t, num_warps=4,
-    )
-
-
-def _ggml_pack(fmt, x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
-               pos: int) -> None:
-    """quant_pack for llama.cpp's types: x [B, Hkv, T, D] -> data (int8 q8_0 / uint8 ggml blocks), scale d and
-    zero m (q4_1, q5_1) fp16 [B, Hkv, cap, D / 32], rows pos .. pos + T - 1."""
-    from kernels.jit.ggml_pack import _ggml_pack_kernel
-
-    batch, heads, n_tokens, head_dim = x.shape
-    if fmt.rot:
-        x = x.float() @ hadamard(head_dim, device=x.device)  # kvviz.formats rotates in fp32 the same way
-    assert x.stride(-1) == 1 and data.stride(-1) == 1, "x and data must be contiguous along their last dim"
-    assert data.shape[-1] == head_dim * fmt.bits // 8, f"data's last dim must be D * {fmt.bits} / 8"
-    assert scale is not None and scale.shape[:2] == (batch, heads) and scale.shape[-1] == head_dim // 32, (
-        f"scale must be [B, Hkv, cap, D / 32], got {None if scale is None else tuple(scale.shape)}"
-    )
-    has_min = fmt.base in ("q4_1", "q5_1")
-    if has_min:
-        assert zero is not None and zero.shape == scale.shape, f"{fmt.spec} needs a zero (m) buffer shaped like scale"
-    z = zero if has_min else scale
-    block_t = max(2, min(16, _next_pow2(n_tokens)))
-    grid = (batch * heads, -(-n_tokens // block_t))
-    _ggml_pack_kernel[grid](
-        x, x.stride(0), x.stride(1), x.stride(2),
-        data, data.stride(0), data.stride(1), data.stride(2),
-        scale, scale.stride(0), scale.stride(1), scale.stride(2),
-        z, z.stride(0), z.stride(1), z.stride(2),
-        pos, n_tokens, heads,
-        TYPE=_GGML_TYPES.index(fmt.base), HEAD_DIM=head_dim, BLOCK_T=block_t, num_warps=4,
-        enable_fp_fusion=False,  # ggml's x * id + 0.5 is a rounded multiply, then an add: no fma
     )

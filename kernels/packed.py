@@ -43,6 +43,8 @@ LAYOUTS = ("kvviz", "ggml")
 IQ4NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
 SCALE_KINDS = (None, "token", "channel")
 FUSED_KINDS = ("float", "int", "fp4", "ggml")  # kvviz format families the kernels read
+GGML_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # llama.cpp's KV types, by their packers' TYPE code
+FP8_EXP = {"fp8_e4m3": 4, "fp8_e5m2": 5}  # exponent bits of each fp8 element, as the packers take them
 _GGML_OFFSETS = {"q4_0": 8, "q5_0": 16}  # value = code - offset; q4_1 / q5_1 add m instead
 
 
@@ -71,7 +73,7 @@ class PackedSide:
     rotation: torch.Tensor | None = None
     layout: str = "kvviz"  # "kvviz": element order above; "ggml": llama.cpp's 32-value blocks (qh, then qs)
     # A dict its producer keeps from call to call (a cache side: one per side), where a kernel launcher may keep
-    # what it derived from the buffers (kernels/cpu.py: numpy views, decode tables); the launcher checks that
+    # what it derived from the buffers (kernels/cpu/decode.py: numpy views, decode tables); the launcher checks that
     # the buffers are still the ones it saw. None: derive everything on every call.
     memo: dict | None = field(default=None, compare=False, repr=False)
 

@@ -1,4 +1,4 @@
-"""`python -m kvviz COMMAND ...`: the command line (see kvviz/cli.py)."""
+"""`python -m kvviz COMMAND ...`: the command line (see kvviz/cli/)."""
 
 import sys
 

@@ -11,7 +11,7 @@ dispatches on:
   packed buffers in place; a multi-token query (teacher forcing, chunked prefill) uses the reference.
 
 `KVVIZ_BACKEND=auto|torch|triton|cpu` picks the backend (auto: triton when CUDA is available and triton imports,
-else "cpu", the numba decode of kernels/cpu.py that reads the packed buffers in place, when numba runs, else torch;
+else "cpu", the numba decode of kernels/cpu/decode.py that reads the packed buffers in place, when numba runs, else torch;
 single-token decode on CPU tensors only, formats without a CPU branch take the reference; `TRITON_INTERPRET=1` lets an explicit `triton` run on the CPU). CUDA and Triton are probed once, Triton
 through kernels/_triton.py (the one module that imports it). `with use_backend(name):` overrides KVVIZ_BACKEND on
 the calling thread for one block (kvviz.quality.fused_vs_unfused times fused against unfused in one process).
@@ -30,6 +30,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from kernels import decode_attention, reads_format, side_of, triton_installed, triton_usable
+from kernels.cpu import decode as cpu_decode
 from kvviz.formats import QTensor
 
 ATTN_NAME = "kvviz"
@@ -41,21 +43,13 @@ BACKENDS = ("auto", "torch", "triton", "cpu")
 @functools.cache
 def _probe() -> dict:
     """CUDA and Triton, probed once per process; Triton itself through kernels/_triton.py, its one importer."""
-    try:
-        from kernels import _triton
-    except ImportError:  # kernels/ not importable (repository root not on sys.path): no fused path
-        return {"cuda": torch.cuda.is_available(), "triton": False, "usable": False}
-    return {"cuda": torch.cuda.is_available(), "triton": _triton.triton is not None, "usable": _triton.triton_usable()}
+    return {"cuda": torch.cuda.is_available(), "triton": triton_installed(), "usable": triton_usable()}
 
 
 @functools.cache
 def _cpu_fused() -> bool:
-    """Whether the fused CPU decode (kernels/cpu.py, numba) runs here; it logs one line when it cannot."""
-    try:
-        from kernels import cpu
-    except ImportError:  # kernels/ not importable (repository root not on sys.path)
-        return False
-    return cpu.cpu_usable()
+    """Whether the fused CPU decode (kernels/cpu/decode.py, numba) runs here; it logs one line when it cannot."""
+    return cpu_decode.cpu_usable()
 
 
 _chosen = threading.local()  # .name: this thread's use_backend() choice, or absent
@@ -119,17 +113,9 @@ def _triton_decode(module, query: torch.Tensor, key: QTensor, value: QTensor,
     gpt-oss's attention sinks [q_heads], the `softcap` kwarg Gemma 2's logit cap (only the kwarg: Gemma 3 keeps an
     attn_logit_softcapping attribute that its attention never applies). Returns [batch, 1, q_heads, head_dim_v].
     """
-    try:
-        from kernels.decode import decode_attention  # not `from kernels`: the jit submodule shares the name
-        from kernels.packed import side_of
-
-        if query.device.type == "cpu" and active_backend() == "cpu":
-            from kernels.cpu import decode_attention_cpu as decode_attention  # the same contract, numba
-    except ImportError as err:
-        raise RuntimeError(
-            f"KVVIZ_BACKEND=triton, but the fused kernel kernels.decode_attention is unavailable ({err}). "
-            "Run from the repository root, or set KVVIZ_BACKEND=torch to use the reference path."
-        ) from err
+    # the numba twin on CPU tensors under the cpu backend: the same contract
+    fused = cpu_decode.decode_attention_cpu if query.device.type == "cpu" and active_backend() == "cpu" else (
+        decode_attention)
     k_side, v_side = side_of(key), side_of(value)
     kv_mask = None
     if attention_mask is not None:
@@ -142,7 +128,7 @@ def _triton_decode(module, query: torch.Tensor, key: QTensor, value: QTensor,
     sinks = kwargs.get("s_aux")
     if sinks is None:
         sinks = getattr(module, "sinks", None)
-    out = decode_attention(query[:, :, 0], k_side, v_side, key.seq_len, sm_scale=scaling, kv_mask=kv_mask,
+    out = fused(query[:, :, 0], k_side, v_side, key.seq_len, sm_scale=scaling, kv_mask=kv_mask,
                            sinks=sinks, softcap=kwargs.get("softcap"))
     return out.unsqueeze(1)  # [B, Hq, D_v] -> [B, 1, Hq, D_v]
 
@@ -150,8 +136,6 @@ def _triton_decode(module, query: torch.Tensor, key: QTensor, value: QTensor,
 @functools.cache
 def _triton_runs_on(device: torch.device) -> bool:
     """False for CPU tensors on a CUDA machine (auto picks triton there): the reference serves them."""
-    from kernels._triton import triton_usable
-
     return triton_usable(device)
 
 
@@ -162,14 +146,12 @@ def _fused_reads(*sides: QTensor) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def _triton_reads_format(fmt) -> bool:
-    from kernels.packed import reads_format
-
     return reads_format(fmt)
 
 
 def _cpu_reads(*sides: QTensor) -> bool:
-    """False for formats the fused CPU path has no decode branch for (kernels.cpu.supports: kvviz's float, int and
-    fp4 families and llama.cpp's ggml types have one): the reference reads those. False for plain casts too
+    """False for formats the fused CPU path has no decode branch for (kernels.cpu.decode.supports: kvviz's float,
+    int and fp4 families and llama.cpp's ggml types have one): the reference reads those. False for plain casts too
     (fp16 / bf16, no scale): the reference hands SDPA the very tensors DynamicCache would, so a lossless spec keeps
     DynamicCache's tokens exactly (the kernel's float32 sums can flip a near tie: tiny Falcon-H1 in bf16,
     tests/test_cache.py)."""
@@ -178,9 +160,7 @@ def _cpu_reads(*sides: QTensor) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def _cpu_reads_format(fmt) -> bool:
-    from kernels.cpu import supports
-
-    return supports(fmt) and fmt.granularity is not None
+    return cpu_decode.supports(fmt) and fmt.granularity is not None
 
 
 def _bottom_right_causal(q_len: int, kv_len: int, device) -> torch.Tensor:

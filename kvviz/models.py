@@ -41,6 +41,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from kvviz import attention as _attention  # registers the "kvviz" attention function
+from kvviz.memory.configs import layer_shapes
 
 ATTN_IMPLEMENTATION = _attention.ATTN_NAME
 
@@ -266,8 +267,6 @@ from kvviz.tiny import TINY_ARCHS, ByteTokenizer, tiny_config, tiny_model  # noq
 def describe_model(model: PreTrainedModel) -> dict:
     """Plain facts about a loaded model for the UI: name, architecture, shapes, parameter count, placement, and what
     its attention is: layer kinds (kvviz.memory's names) with their window, QK-norm, and a one-line `summary`."""
-    from kvviz.memory.layers import layer_shapes
-
     cfg = model.config.get_text_config(decoder=True)
     heads = cfg.num_attention_heads
     shapes = layer_shapes(cfg, layout="decompressed")

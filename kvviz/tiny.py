@@ -26,6 +26,7 @@ Same arch and seed, same weights. The models use the "kvviz" attention function 
 from __future__ import annotations
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, BatchEncoding
 
 from kvviz import attention as _attention  # registers the "kvviz" attention function
@@ -88,8 +89,6 @@ TINY_ARCHS = tuple(_configs())
 def tiny_config(arch: str = "llama", **overrides):
     """The transformers config of `tiny_model(arch)` (no weights); `overrides` replace its fields before the
     config is built (e.g. head_dim=32, for formats whose blocks of 32 do not fit the tiny head_dim of 16)."""
-    import transformers
-
     table = _configs()
     if arch not in table:
         raise ValueError(f"Unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHS)}.")

@@ -106,7 +106,7 @@ def test_a_side_has_no_shape():
 
 @pytest.mark.parametrize("q_len", [1, 3])
 def test_packed_path_is_dequantize_then_sdpa(q_len, monkeypatch):
-    monkeypatch.setenv("KVVIZ_BACKEND", "torch")  # auto fuses single-token decode on the CPU (kernels/cpu.py)
+    monkeypatch.setenv("KVVIZ_BACKEND", "torch")  # auto fuses single-token decode on the CPU (kernels/cpu/decode.py)
     _, k, v = _packed("int8")
     q = torch.randn(2, 4, q_len, 16)
     got, _ = kvviz_attention_forward(_Module(), q, k, v, None, scaling=0.25)
@@ -220,3 +220,14 @@ def test_use_backend_refuses_a_name_it_does_not_know(name):
     with pytest.raises(ValueError, match="not one of auto, torch, triton, cpu"):
         with use_backend(name):
             pass
+
+
+def test_import_registers_through_the_public_interfaces_without_an_import_hook():
+    """`import kvviz` registers "kvviz" with AttentionInterface and AttentionMaskInterface (transformers' public
+    registration API) and leaves no finder of its own in sys.meta_path."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    assert AttentionInterface()["kvviz"] is kvviz_attention_forward
+    assert AttentionMaskInterface()["kvviz"] is sdpa_mask
+    assert not [f for f in sys.meta_path if type(f).__module__.startswith("kvviz")]

@@ -1,4 +1,4 @@
-"""Tests for kvviz.bench: the CLI wiring, argument checks and the markdown table (the full run is `make bench`)."""
+"""Tests for kvviz.cli.bench: the CLI wiring, argument checks and the markdown table (the full run is `make bench`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from kvviz import bench
+from kvviz.cli import bench
 from kvviz.cli import build_parser
 
 

@@ -1,4 +1,4 @@
-"""Tests for the command line (`python -m kvviz ...`, kvviz/cli.py): the memory table and one-line errors."""
+"""Tests for the command line (`python -m kvviz ...`, kvviz/cli/): the memory table and one-line errors."""
 
 from __future__ import annotations
 

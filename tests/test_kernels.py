@@ -371,9 +371,10 @@ def test_reference_dequantize_matches_formats(spec):
 # ------------------------------------------------------------------------------------------ element codecs
 
 if kernels.triton_usable():
-    from kernels._triton import tl, triton
-    from kernels.jit.decode_attention import _e2m1_to_f32, _e8m0_to_f32, _fp8_to_f32
-    from kernels.jit.quant_pack import _e2m1_encode, _f32_to_fp8
+    import triton
+    import triton.language as tl
+    from kernels.jit.decode import _e2m1_to_f32, _e8m0_to_f32, _fp8_to_f32
+    from kernels.jit.pack import _e2m1_encode, _f32_to_fp8
 
     @triton.jit
     def _codec(codes, values, out_dec, out_enc, N: tl.constexpr, OP: tl.constexpr):
@@ -517,8 +518,8 @@ sys.path.insert(0, sys.argv[1])
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels.jit.decode_attention import _decode_stage1, _decode_stage2
-from kernels.jit.quant_pack import _quant_pack_kernel
+from kernels.jit.decode import _decode_stage1, _decode_stage2
+from kernels.jit.pack import _quant_pack_kernel
 from kernels.jit.ggml_pack import _ggml_pack_kernel
 
 def build(fn, ptrs, consts, **options):

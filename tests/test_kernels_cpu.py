@@ -1,4 +1,4 @@
-"""The fused CPU decode (kernels/cpu.py, numba) against the float64 reference, and the "cpu" attention backend.
+"""The fused CPU decode (kernels/cpu/decode.py, numba) against the float64 reference, and the "cpu" attention backend.
 
 Decode attention: relative error (max |out - ref| / max |ref|) <= 1e-3 with fp32 compute, as the Triton tests
 bound it, for every format of the registry x GQA ratio {1, 3} x length {1, 17, 300}, two KV heads, batch rows of
@@ -20,7 +20,7 @@ import torch
 
 import kvviz
 import kvviz.formats as F
-from kernels import cpu
+from kernels.cpu import decode as cpu
 from kernels.reference import decode_attention_reference
 from test_kernels import COVERED, FAST, GGML, HEAD_DIM, TOL, kv_data, make_side, rel_err
 
@@ -121,7 +121,7 @@ def test_llama_cpp_nan_block_reads_nan():
 @pytest.mark.parametrize("splits", (1, 3, 7))
 def test_split_counts(splits, parallel):
     """Splits are merged exactly (a split may hold only masked or no tokens), on the calling thread (the default
-    below kernels.cpu._PARALLEL_ROWS) and on numba's pool alike."""
+    below kernels.cpu.decode._PARALLEL_ROWS) and on numba's pool alike."""
     assert run_case("int4", "int4", 3, 300, num_splits=splits, parallel=parallel) <= TOL
 
 

@@ -1,4 +1,4 @@
-"""The CPU quantize-and-pack (kernels/cpu_pack.py, numba) against kvviz.formats: byte for byte.
+"""The CPU quantize-and-pack (kernels/cpu/pack.py, numba) against kvviz.formats: byte for byte.
 
 Codes, scales and zero points (NaN payloads included) equal fmt.quantize's fields for every format the packer
 covers, at head_dim 64 / 128 / 256, one token and several, written at pos > 0 into buffers with spare capacity,
@@ -20,8 +20,8 @@ import torch
 
 import kvviz
 import kvviz.formats as F
-from kernels import cpu_pack
-from kernels.cpu_pack import quant_pack_cpu, quant_pack_cpu_supported
+from kernels.cpu import pack as cpu_pack
+from kernels.cpu.pack import quant_pack_cpu, quant_pack_cpu_supported
 from kvviz.cache import QuantizedKVCache, QuantizedKVLayer, sides
 from kvviz.cache.sides import ScaleWarning
 

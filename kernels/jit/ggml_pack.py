@@ -1,5 +1,6 @@
 """Triton jit code that quantizes new K or V tokens into llama.cpp's KV cache types (q8_0, q4_0, q4_1, q5_0, q5_1,
-iq4_nl) and writes them, in ggml's block layout, into a cache's buffers. Jit only: the launcher is `kernels/pack.py`.
+iq4_nl) and writes them, in ggml's block layout, into a cache's buffers. Jit only: the launcher is
+`kernels/ggml_pack.py`.
 
 Grid (B * Hkv, cdiv(T_new, BLOCK_T)): each program reads BLOCK_T tokens x head_dim of one head as blocks of 32
 channels, and runs ggml's quantize_row_<type>_ref on each block in registers, in the fp32 operation order of
@@ -17,8 +18,10 @@ A block holding Inf or NaN stores d = NaN (and m = NaN); its codes come from its
 Bytes moved per token and head: read D * x.element_size(); write D * bits / 8 codes plus 2 (or 4) bytes per block.
 """
 
-from kernels._triton import tl, triton
-from kernels.jit.decode_attention import _iq4nl_to_f32
+import triton
+import triton.language as tl
+
+from kernels.jit.decode import _iq4nl_to_f32
 
 # TYPE codes (constexpr)
 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL = 0, 1, 2, 3, 4, 5

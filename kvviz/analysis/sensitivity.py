@@ -27,7 +27,7 @@ import torch
 
 from kvviz.analysis.capture import capture_ids
 from kvviz.formats import KVSpec, Plan, as_plan, get_format
-from kvviz.memory.layers import layer_shapes
+from kvviz.memory.configs import layer_shapes
 from kvviz.analysis.rows import row_values
 
 

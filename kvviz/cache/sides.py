@@ -18,6 +18,9 @@ import warnings
 
 import torch
 
+from kernels import pack, triton_usable
+from kernels.cpu import pack as cpu_pack
+from kvviz import attention
 from kvviz.formats import Format, QTensor, max_value
 
 _MIN_CAPACITY = 64  # tokens; buffers then double
@@ -316,24 +319,17 @@ class Side:
 
 def _fused_packer(fmt: Format, x: torch.Tensor):
     """A packer that quantizes and writes straight into the buffers (bit-identical to the formats' quantize), for
-    the backend chosen and x's device: kernels.quant_pack (Triton) or kernels.cpu_pack.quant_pack_cpu (numba, CPU
+    the backend chosen and x's device: kernels.quant_pack (Triton) or kernels.cpu.pack.quant_pack_cpu (numba, CPU
     tensors); None (kvviz.formats quantizes) when neither has a branch for fmt at x's head_dim."""
-    from kvviz.attention import active_backend  # the backend choice (KVVIZ_BACKEND), read once per side and device
-
-    backend = active_backend()
+    backend = attention.active_backend()  # the backend choice (KVVIZ_BACKEND), read once per side and device
     if backend == "cpu" and x.device.type == "cpu":
-        from kernels.cpu_pack import quant_pack_cpu, quant_pack_cpu_supported
-
-        return quant_pack_cpu if quant_pack_cpu_supported(fmt, x.shape[3]) else None
+        return cpu_pack.quant_pack_cpu if cpu_pack.quant_pack_cpu_supported(fmt, x.shape[3]) else None
     if backend != "triton":
         return None
-    from kernels._triton import triton_usable
-    from kernels.pack import quant_pack, quant_pack_supported
-
     # auto picks triton whenever CUDA exists, but a model left on the CPU has CPU states: formats path then
-    if not (triton_usable(x.device) and quant_pack_supported(fmt, x.shape[3])):
+    if not (triton_usable(x.device) and pack.quant_pack_supported(fmt, x.shape[3])):
         return None
-    return quant_pack
+    return pack.quant_pack
 
 
 def check_fits(fmt: Format, head_dim: int, where: str) -> None:

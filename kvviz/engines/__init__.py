@@ -19,6 +19,8 @@
 
 from __future__ import annotations
 
+from kvviz.engines import llamacpp, servers  # llamacpp imports llama_cpp only when asked
+
 ENGINES = ("llama.cpp", "vllm / sglang servers (a dict of URLs)")
 
 
@@ -36,14 +38,10 @@ def kld(engine, specs=None, *, model=None, text: str | None = None, tokens: int 
     with the rest lumped).
     """
     if engine == "llama.cpp":
-        from kvviz.engines import llamacpp  # imports llama_cpp only when asked
-
         if specs is None:
             raise ValueError("Name the llama.cpp cache types to measure, e.g. specs=['q8_0', 'k=q8_0,v=q4_0'].")
         return llamacpp.kld(specs, model=model, text=text, tokens=tokens, **options)
     if isinstance(engine, dict):
-        from kvviz.engines import servers  # kvviz.quality (transformers) only when measuring: `kvviz --help` is fast
-
         return servers.kld(engine, specs, model=model, text=text, tokens=tokens, **options)
     raise ValueError(f"engine must be 'llama.cpp' or a dict of server URLs ({{'baseline': url, 'fp8_e4m3': url2}}) "
                      f"for vLLM / SGLang; got {engine!r}.")

@@ -27,9 +27,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import gguf
 import numpy as np
 import torch
 
+from kvviz import export, models
 from kvviz.formats import parse_kv
 from kvviz.metrics import kld_stats, log_probs
 from kvviz.quality.corpus import wikitext
@@ -54,8 +56,6 @@ def resolve_gguf(model: str | os.PathLike | None) -> Path:
     Refuses (ValueError) a missing file, a file that is not GGUF, and a GGUF that is not a model (a vocab-only
     file, a LoRA adapter, anything without an architecture and weights), before llama.cpp sees it.
     """
-    from kvviz import models
-
     if model is None or str(model) in models.BUNDLED:
         name = models.DEFAULT_MODEL if model is None else str(model)
         path = models.bundled_gguf(name)
@@ -82,8 +82,6 @@ def _check_model_gguf(path: Path) -> None:
     if magic != b"GGUF":
         raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); llama.cpp loads GGUF "
                          "models (convert a checkpoint with llama.cpp's convert_hf_to_gguf.py).")
-    import gguf
-
     try:
         reader = gguf.GGUFReader(str(path))
     except (ValueError, OSError, IndexError) as err:  # truncated or corrupt headers
@@ -143,8 +141,6 @@ def _rotation(rotate: bool):
 def type_pair(spec: str) -> tuple[str, str]:
     """llama.cpp's (-ctk, -ctv) types for a kvviz spec ("q8_0", "k=q8_0,v=q4_0", "fp16"); ValueError with
     kvviz.export's reason when llama.cpp has no such cache type."""
-    from kvviz import export
-
     kv = parse_kv(spec)
     row = export.export_commands(kv, "model.gguf")["llama.cpp"]
     if not row["supported"]:

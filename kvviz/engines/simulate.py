@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from kvviz import models
+from kvviz.analysis.rows import row_values
 from kvviz.formats import as_plans
 from kvviz.metrics import summarize
 
@@ -21,14 +23,10 @@ from kvviz.metrics import summarize
 def kld(specs: list[str], ids: list[int], model=None) -> dict[str, dict]:
     """{spec: kvviz.metrics.summarize stats} of kvviz's formats against the exact model on the token ids `ids` [T]
     (positions 1..T-2 scored). model: a loaded causal LM, or a name for kvviz.models.load_model (default SmolLM2)."""
-    from kvviz.analysis.rows import row_values
-
     if len(ids) < 3:
         raise ValueError("Give at least three token ids: position 0 reads no cache, position 1 is the first scored.")
     if model is None or isinstance(model, str):
-        from kvviz.models import load_model
-
-        model, _ = load_model(model)
+        model, _ = models.load_model(model)
     plans = as_plans(specs, model.config.get_text_config(decoder=True).num_hidden_layers)  # checked before compute
     values, _ = row_values(model, torch.tensor([ids], device=model.device), plans)
     out = {}

@@ -32,19 +32,26 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from .core import Format
+
+class Codec(Protocol):
+    """What a QTensor needs of the format that made it (kvviz.formats.core.Format, one floor up, is one): QTensor
+    sits below the formats so that Format.quantize can return it."""
+
+    granularity: str | None
+    group: int | None
+
+    def dequantize(self, q: "QTensor") -> torch.Tensor: ...
 
 
 @dataclass(frozen=True, eq=False)
 class QTensor:
     """Quantized tokens (and, for a cache side, a full-precision tail). See the module docstring for the fields."""
 
-    fmt: "Format"
+    fmt: Codec
     head_dim: int
     dtype: torch.dtype
     data: torch.Tensor

@@ -9,9 +9,9 @@ nothing for recurrent (Mamba, Gated DeltaNet), KV-sharing and MLP-only layers, w
 (state_bytes_for). MLA (DeepSeek-V3, Kimi K2) stores a kv_lora_rank + qk_rope_head_dim latent per token in engines.
 Per-group scales and zero points are part of `bits_per_value` (kvviz.formats).
 
-Modules: configs (any config -> its text model's fields), layers (fields -> LayerShape per layer), bytes (exact
-bytes), presets (models as config fields, GPUs), fit (longest context, largest batch, the CLI/UI table), params
-(a config's parameter count, counted on the meta device).
+Modules, bottom up: layers (config fields -> LayerShape per layer), presets (models as config fields, GPUs),
+configs (any config -> its text model's fields and layer shapes), bytes (exact bytes), fit (longest context,
+largest batch, the CLI/UI table), params (a config's parameter count, counted on the meta device).
 
 Seed check: a 70B-class model (80 layers, 8 KV heads, head_dim 128) at 32K tokens in fp16 holds
 2 x 80 x 32768 x 8 x 128 x 2 = 10.74e9 bytes (10.7 GB) per sequence.
@@ -35,10 +35,10 @@ Engines differ from the `engine` layout's rule (the tokens attention reads, no p
 
 from .bytes import (CacheModel, _check_count, _kv_formats, _preset_residual, _tensor_bytes, kv_cache_bytes,
                     kv_cache_bytes_for, layer_breakdown, state_bytes_for)
-from .configs import MAX_CONFIG_BYTES, config_dict, read_config_file
+from .configs import MAX_CONFIG_BYTES, config_dict, layer_shapes, read_config_file, state_shapes
 from .fit import (CONTEXT_CAP, kv_budget_bytes, max_batch, max_context, memory_table, model_kv_bytes,
                   resolve_model, split_formats)
-from .layers import KINDS, LAYOUTS, LayerShape, layer_shapes, state_shapes
+from .layers import KINDS, LAYOUTS, LayerShape
 from .params import count_params
 from .presets import GB, GPU_PRESETS, MODEL_PRESETS, GpuPreset, ModelPreset, get_gpu_preset, get_model_preset
 

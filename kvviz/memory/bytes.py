@@ -20,7 +20,8 @@ from collections import Counter
 
 from kvviz.formats import Format, Plan, as_plan, get_format, parse_kv
 
-from .layers import LAYOUTS, LayerShape, layer_shapes, state_shapes
+from .configs import config_dict, layer_shapes, state_shapes
+from .layers import LAYOUTS, LayerShape
 
 _FP16_BYTES = 2  # residual-window tokens are held in fp16
 _MODEL_DTYPE_BYTES = 2  # bf16 / fp16 weights and activations: the dtype of conv states
@@ -177,8 +178,6 @@ def layer_breakdown(config, seq_len: int, batch: int = 1, k="fp16", v=None, layo
 
 
 def _ssm_dtype_bytes(config) -> int:
-    from .configs import config_dict
-
     _, cfg = config_dict(config)
     named = str(cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype") or "").lower()
     return 4 if named in ("float32", "fp32", "torch.float32") else _MODEL_DTYPE_BYTES

@@ -2,8 +2,8 @@
 
 Accepted: a preset name (kvviz.memory.MODEL_PRESETS), a transformers `PretrainedConfig`, a config.json as a dict,
 a path to a config.json (or to a directory holding one), or a Hugging Face hub id when the network allows.
-Multimodal configs are read for their text model (`text_config`). Nothing here imports transformers unless a
-PretrainedConfig or a hub id is given, so the memory model stays fast to import.
+Multimodal configs are read for their text model (`text_config`). `layer_shapes` and `state_shapes` take any of
+these and apply kvviz.memory.layers' rules to its fields.
 """
 
 from __future__ import annotations
@@ -13,6 +13,12 @@ import os
 import socket
 from pathlib import Path
 from urllib.parse import urlparse
+
+from huggingface_hub import hf_hub_download
+from huggingface_hub.utils import HfHubHTTPError
+
+from .layers import LAYOUTS, LayerShape, shapes_of, states_of
+from .presets import MODEL_PRESETS, ModelPreset
 
 MAX_CONFIG_BYTES = 1_000_000  # a config.json is a few KB; refuse anything past 1 MB
 HUB_TIMEOUT_S = 5  # seconds: an offline machine must answer at once, not after a long retry
@@ -92,11 +98,6 @@ def fetch_hub_config(repo_id: str) -> dict:
     except OSError as err:  # no DNS, refused, timed out
         raise ValueError(f"{unreachable} ({err.__class__.__name__}: {err})") from None
     try:
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.utils import HfHubHTTPError
-    except ImportError:
-        raise ValueError(unreachable + " (huggingface_hub is not installed)") from None
-    try:
         path = hf_hub_download(repo_id, "config.json", etag_timeout=HUB_TIMEOUT_S)
     except (HfHubHTTPError, OSError, ValueError) as err:  # OSError covers connection errors and timeouts
         raise ValueError(f"{unreachable} ({err.__class__.__name__})") from None
@@ -105,8 +106,6 @@ def fetch_hub_config(repo_id: str) -> dict:
 
 def config_dict(config) -> tuple[str, dict]:
     """(a display name, the text model's config fields as a plain dict) for any accepted `config`."""
-    from .presets import MODEL_PRESETS, ModelPreset
-
     if isinstance(config, ModelPreset):
         return config.name, _text_part(dict(config.config), f"preset {config.name!r}")
     if isinstance(config, dict):
@@ -128,3 +127,16 @@ def config_dict(config) -> tuple[str, dict]:
         return name, _text_part(fetch_hub_config(name), name)
     raise ValueError(f"Unknown model {name!r}: not a preset ({', '.join(MODEL_PRESETS)}), not a file, not a hub id "
                      "(owner/name).")
+
+
+def layer_shapes(config, layout: str = "transformers") -> list[LayerShape]:
+    """One LayerShape per decoder layer of `config` (anything kvviz.memory accepts: preset, dict, path, ...)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}.")
+    return shapes_of(config_dict(config)[1], layout)
+
+
+def state_shapes(config, layout: str = "engine") -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+    """(layer index, conv state shape, recurrent state shape) per layer with a fixed-size state, for batch 1, of
+    any accepted `config` (kvviz.memory.layers.states_of)."""
+    return states_of(config_dict(config)[1], layout)

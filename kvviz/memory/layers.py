@@ -6,7 +6,7 @@ The kinds follow transformers' `layer_types` (and its `get_layer_types_and_kwarg
     sliding_attention  K and V of the last `window` tokens (Mistral v0.1, Gemma 2/3/4, gpt-oss, Cohere 2)
     chunked_attention  K and V of the current `window`-token chunk (Llama 4's local layers)
     linear_attention   no K/V: a fixed-size recurrent state (Mamba-2 in Granite 4-H / Nemotron-H, Gated DeltaNet
-                       in Qwen3-Next); see state_shapes
+                       in Qwen3-Next); see states_of
     hybrid             full-attention K/V and a Mamba state in the same layer (Falcon-H1)
     shared             reuses an earlier layer's K/V (Gemma 3n / Gemma 4 `num_kv_shared_layers`; transformers' "dummy")
     mlp                no attention at all (Nemotron-H's "-" and "E" layers)
@@ -174,13 +174,11 @@ def _per_layer(cfg: dict, i: int, kind: str) -> dict:
     return out
 
 
-def layer_shapes(config, layout: str = "transformers") -> list[LayerShape]:
-    """One LayerShape per decoder layer of `config` (anything kvviz.memory accepts: preset, dict, path, ...)."""
-    from .configs import config_dict
-
+def shapes_of(cfg: dict, layout: str = "transformers") -> list[LayerShape]:
+    """One LayerShape per decoder layer of a text model's config fields (kvviz.memory.configs.layer_shapes takes
+    any config)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}.")
-    _, cfg = config_dict(config)
     kinds, windows = layer_kinds(cfg)
     shapes = []
     for i, (kind, window) in enumerate(zip(kinds, windows)):
@@ -208,17 +206,15 @@ def layer_shapes(config, layout: str = "transformers") -> list[LayerShape]:
     return shapes
 
 
-def state_shapes(config, layout: str = "engine") -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
-    """(layer index, conv state shape, recurrent state shape) per layer with a fixed-size state, for batch 1.
+def states_of(cfg: dict, layout: str = "engine") -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+    """(layer index, conv state shape, recurrent state shape) per layer with a fixed-size state, for batch 1, from a
+    text model's config fields (kvviz.memory.configs.state_shapes takes any config).
 
     Mamba-2 (Falcon-H1, Granite 4-H, Nemotron-H): conv [conv_dim, d_conv], SSM [heads, head_dim, d_state], with
     conv_dim = heads x head_dim + 2 x groups x d_state. Gated DeltaNet (Qwen3-Next): conv [2 x k_heads x k_dim +
     v_heads x v_dim, kernel], recurrent [v_heads, k_dim, v_dim]. transformers keeps `d_conv` columns of conv
     state; vLLM keeps `d_conv - 1` (the `engine` layout).
     """
-    from .configs import config_dict
-
-    _, cfg = config_dict(config)
     kinds, _ = layer_kinds(cfg)
     trim = 0 if layout == "transformers" else 1
     out = []

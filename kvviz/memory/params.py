@@ -9,6 +9,9 @@ never run (trust_remote_code=False): a config whose architecture transformers do
 
 from __future__ import annotations
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
 
 def count_params(config: dict) -> int:
     """Parameters of the model `config` (a config.json as a dict), tied embeddings counted once.
@@ -16,9 +19,6 @@ def count_params(config: dict) -> int:
     Raises ValueError when transformers does not know the architecture (it would need remote code, which kvviz
     never trusts) or the config is incomplete.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     fields = dict(config)
     model_type = fields.pop("model_type", None)
     if not isinstance(model_type, str) or not model_type:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .layers import shapes_of
+
 GB = 10**9  # decimal gigabyte: GPU vendors' unit, and the unit of every figure kvviz.memory reports
 
 
@@ -42,9 +44,7 @@ class ModelPreset:
         return self.config["num_attention_heads"]
 
     def _first_kv_layer(self):
-        from .layers import layer_shapes
-
-        return next(s for s in layer_shapes(self, "engine") if s.has_kv)
+        return next(s for s in shapes_of(self.config, "engine") if s.has_kv)
 
     @property
     def kv_heads(self) -> int:

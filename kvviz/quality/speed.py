@@ -6,7 +6,7 @@ kvviz.quality.decode.timed_decode's, every run starting from one shared prefill.
     report.runs[1].tokens_per_s, report.runs[1].vs_exact                           # one DecodeRun per cache and path
 
 `fused_vs_unfused` times one prompt's decode through DynamicCache and through each format twice: the fused
-backend (on the CPU the numba kernel of kernels/cpu.py, on CUDA Triton's), which reads the packed bytes in place,
+backend (on the CPU the numba kernel of kernels/cpu/decode.py, on CUDA Triton's), which reads the packed bytes in place,
 and the unfused reference (backend "torch"), which dequantizes the whole history at every step and hands it to SDPA.
 """
 

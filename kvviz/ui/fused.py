@@ -3,7 +3,7 @@ through each format twice, fused and unfused, on the tab's model, live on this m
 
 The library does the work (kvviz.quality.fused_vs_unfused): one WikiText-2 prompt, one prefill shared by every
 run, interleaved timing rounds with the best kept. Fused is the backend that reads the packed buffers in place (on
-the CPU kernels/cpu.py's numba kernel, on CUDA Triton's); unfused is the torch reference, which dequantizes the whole
+the CPU kernels/cpu/decode.py's numba kernel, on CUDA Triton's); unfused is the torch reference, which dequantizes the whole
 history at every step. Where the fused path does not run (numba missing), the result says so instead of showing the
 reference twice.
 api_name:

@@ -26,8 +26,22 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
+import os
 import platform
 import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import QuantizedCache
+
+from kvviz import quality
+from kvviz.attention import active_backend
+from kvviz.cache.notes import ScaleNotes
+from kvviz.formats import FORMAT_NAMES, PRESETS, parse_kv
+from kvviz.memory import kv_cache_bytes
+from kvviz.models import load_model
 
 HELP = "decode speed, cache bytes and KL of every KV format vs DynamicCache and transformers' QuantizedCache"
 SIDE_BY_SIDE = ["fp8_e4m3", "fp8_e5m2", "int8", "int4", "k8v4", "k4v8", "kivi2", "nvfp4"]
@@ -55,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer.")
     formats = None if args.formats is None else [f.strip() for f in args.formats.split(",") if f.strip()]
-    from kvviz.cache.notes import ScaleNotes
-
     notes = ScaleNotes()  # the caches' static-scale warnings (one per layer side), merged: a line per format
     with notes.catching():
         result = run_bench(args.model, formats, args.context, args.decode_tokens, args.rounds, args.prompts,
@@ -68,17 +80,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def default_formats() -> list[str]:
-    from kvviz.formats import FORMAT_NAMES, PRESETS
-
     return list(FORMAT_NAMES) + list(PRESETS)
 
 
 def _transformers_caches(model) -> dict:
     """name -> factory of an empty transformers QuantizedCache (None when its backend is not installed)."""
-    import importlib.util
-
-    from transformers.cache_utils import QuantizedCache
-
     out = {"tf fp8 (per-tensor)": lambda: QuantizedCache("fp8", model.config)}
     if importlib.util.find_spec("optimum") and importlib.util.find_spec("optimum.quanto") and not _quanto_locked():
         out["tf quanto int4 (residual 1)"] = lambda: QuantizedCache("quanto", model.config, nbits=4, residual_length=1)
@@ -89,9 +95,6 @@ def _transformers_caches(model) -> dict:
 def _quanto_locked() -> bool:
     """True (and a printed notice) when optimum-quanto's C++ extension has a build lock left behind: torch's
     cpp_extension then waits for it forever, so the quanto rows are skipped instead of hanging the benchmark."""
-    import importlib.util
-    from pathlib import Path
-
     spec = importlib.util.find_spec("optimum.quanto")
     roots = spec.submodule_search_locations or [] if spec else []
     locks = [lock for root in roots for lock in Path(root).glob("library/extensions/*/build/lock")]
@@ -110,15 +113,6 @@ def _log(progress: bool, msg: str) -> None:
 def run_bench(model_name=None, formats=None, context=1024, decode_tokens=6, rounds=4, prompts=3, prompt_tokens=128,
               tf_tokens=32, progress=False, side_by_side: list[str] | None = None) -> dict:
     """Run everything; returns plain data: {"rows": [...], "side_by_side": {...}, "meta": {...}} (see markdown)."""
-    import torch
-    from transformers import DynamicCache
-
-    from kvviz import quality
-    from kvviz.attention import active_backend
-    from kvviz.formats import parse_kv
-    from kvviz.memory import kv_cache_bytes
-    from kvviz.models import load_model
-
     formats = formats or default_formats()
     specs = {f: parse_kv(f) for f in formats}  # ValueError early on a bad spec
     model, tok = load_model(model_name)
@@ -215,8 +209,6 @@ def _teacher_forced_logits(model, prompt_ids, cont, cache):
     """Logits [batch * (N - 1), vocab] (batch-major) of decode steps fed cont[:, 0..N-2] after the prompts
     prompt_ids [batch, T], through `cache` (the prompts are its first update: raw attention, stored as the cache
     stores them). cont: [batch, N]."""
-    import torch
-
     with torch.no_grad():
         model(input_ids=prompt_ids, cache=cache, use_cache=True, logits_to_keep=1)
         out = [model(input_ids=cont[:, i : i + 1], cache=cache, use_cache=True).logits[:, -1].float()
@@ -225,8 +217,6 @@ def _teacher_forced_logits(model, prompt_ids, cont, cache):
 
 
 def _machine() -> str:
-    import os
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"{cores} CPU cores, {platform.machine()}, {platform.python_implementation()} {platform.python_version()}"
 

@@ -32,7 +32,8 @@ Element decoders use integer bit arithmetic (fp8, E2M1, E8M0, iq4_nl) so results
 including the CPU interpreter.
 """
 
-from kernels._triton import tl, triton
+import triton
+import triton.language as tl
 
 # ELEM codes (constexpr): how one stored element becomes fp32.
 ELEM_NATIVE, ELEM_UINT, ELEM_E4M3, ELEM_E5M2, ELEM_E2M1, ELEM_IQ4NL = 0, 1, 2, 3, 4, 5

@@ -16,8 +16,10 @@ Bit-exact with kvviz.formats (the same fp32 operation order, IEEE division via d
 A group holding Inf or NaN stores a NaN scale (E8M0 0xFF, E4M3 0x7F), as kvviz.formats does.
 """
 
-from kernels._triton import tl, triton
-from kernels.jit.decode_attention import _fp8_to_f32
+import triton
+import triton.language as tl
+
+from kernels.jit.decode import _fp8_to_f32
 
 # KIND codes (constexpr)
 KIND_INT_SYM, KIND_INT_ASYM, KIND_FP8, KIND_MX, KIND_NV = 0, 1, 2, 3, 4

@@ -12,6 +12,11 @@ standard error, median, p90 / p95 / p99 / p99.9 and max (nats), RMS delta-p and 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from kvviz import models
+from kvviz.formats import as_plan
+from kvviz.quality.divergence import base_logprobs, kld, load_base, save_base
 
 HELP = "llama.cpp-style KLD statistics of KV specs / plans against the exact model (WikiText-2 windows)"
 
@@ -38,12 +43,6 @@ def _row(name: str, s: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from kvviz.formats import as_plan
-    from kvviz.models import load_model
-    from kvviz.quality.divergence import base_logprobs, kld, load_base, save_base
-
     if args.base and args.save_base:
         raise ValueError("Give --save-base to write a baseline or --base to read one, not both.")
     if not args.specs and not args.save_base:
@@ -52,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     plans = [as_plan(s) for s in args.specs or []]  # parsed here, once: a bad spec fails before the model loads
     text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else None
     base = load_base(args.base) if args.base else None  # a bad file fails before the model loads
-    model, tok = load_model(args.model)
+    model, tok = models.load_model(args.model)  # through the module: tests replace it there
     if args.save_base:
         base = base_logprobs(model, tok, text, args.windows, args.window_tokens, args.score_from)
         save_base(base, args.save_base)

@@ -1,5 +1,5 @@
 """Quantize new tokens of one side and write them into packed cache buffers, on the CPU: numba loops
-(kernels/cpu_pack_jit.py), the CPU twin of kernels/pack.py with the same arguments, bit-identical to kvviz.formats.
+(kernels/cpu/jit/pack.py), the CPU twin of kernels/pack.py with the same arguments, bit-identical to kvviz.formats.
 
 Covers the formats whose groups lie inside one token, as `quant_pack` does: int8 / int4 / int2 sym and asym per
 token or per token group, fp8 E4M3 / E5M2 per token or group and with static per-tensor / per-head scales, MX FP4
@@ -11,7 +11,7 @@ here imports kvviz.
 
     over = quant_pack_cpu(fmt, x, data, scale, zero, pos=cache_len, tensor_scale=ts)   # x: [B, Hkv, T_new, D]
 
-    python -m kernels.cpu_pack      # first-use compile time (or numba cache load)
+    python -m kernels.cpu.pack      # first-use compile time (or numba cache load)
 """
 
 from __future__ import annotations
@@ -24,14 +24,12 @@ from typing import NamedTuple
 import torch
 
 from kernels.pack import quant_pack_supported
-from kernels.packed import hadamard, per_head
+from kernels.packed import FP8_EXP, GGML_TYPES, hadamard, per_head
 
 log = logging.getLogger(__name__)
 
-_FP8_EXP = {"fp8_e4m3": 4, "fp8_e5m2": 5}
 _NONE = torch.zeros(1, 1, 1, 4, dtype=torch.uint8).numpy()  # stands for an absent buffer
 _ONE = torch.ones(1).numpy()
-_GGML = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q5_0": 3, "q5_1": 4, "iq4_nl": 5}  # cpu_pack_jit.GGML_*
 
 
 @functools.cache
@@ -40,12 +38,12 @@ def _jit():
     try:
         import numba  # noqa: F401
 
-        from kernels import cpu_pack_jit
+        from kernels.cpu.jit import pack as jit
     except ImportError as err:
         log.warning("kvviz: numba is not installed (%s); the CPU cache appends through kvviz.formats. "
                     "pip install numba to fuse them.", err)
         return None
-    return cpu_pack_jit
+    return jit
 
 
 @functools.cache
@@ -81,7 +79,7 @@ class _Plan(NamedTuple):
     count: bool  # static fp8: count values beyond the range
     rot: bool
     fmax: float
-    ggml: int  # llama.cpp's type (cpu_pack_jit.GGML_*), -1 for kvviz's formats
+    ggml: int  # llama.cpp's type (its index in GGML_TYPES), -1 for kvviz's formats
 
 
 @functools.lru_cache(maxsize=256)
@@ -93,7 +91,7 @@ def _plan(fmt, head_dim: int) -> _Plan | None:
     if fmt.kind == "ggml":  # blocks of 32 along head_dim; the rotation needs a power of two
         if head_dim % 32 or (fmt.rot and head_dim & (head_dim - 1)):
             return None
-        return _Plan(jit.KIND_GGML, fmt.bits, 0, 32, False, False, False, fmt.rot, 0.0, _GGML[fmt.base])
+        return _Plan(jit.KIND_GGML, fmt.bits, 0, 32, False, False, False, fmt.rot, 0.0, GGML_TYPES.index(fmt.base))
     if not quant_pack_supported(fmt, head_dim):
         return None
     if fmt.kind == "int":
@@ -105,7 +103,7 @@ def _plan(fmt, head_dim: int) -> _Plan | None:
     static = fmt.static_scale
     group = head_dim if static else (fmt.group or head_dim)
     fmax = 448.0 if fmt.base == "fp8_e4m3" else 57344.0
-    return _Plan(kind, fmt.bits, _FP8_EXP.get(fmt.base, 4), group, static, fmt.takes_scale,
+    return _Plan(kind, fmt.bits, FP8_EXP.get(fmt.base, 4), group, static, fmt.takes_scale,
                  kind == jit.KIND_FP8 and static, fmt.rot, fmax, -1)
 
 

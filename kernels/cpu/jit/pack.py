@@ -1,5 +1,5 @@
 """numba code that quantizes new K or V tokens and writes them, packed, into a cache's buffers; the launcher is
-kernels/cpu_pack.py (it imports this lazily). The CPU twin of kernels/jit/quant_pack.py.
+kernels/cpu/pack.py (it imports this lazily). The CPU twin of kernels/jit/pack.py.
 
 One compiled signature serves every format: x arrives as fp32 [B, Hkv, T, D] (an fp16 / bf16 input converted
 exactly, rotated first for /rot), each output buffer as the uint8 view of its [B, Hkv, cap, n] tensor (nothing
@@ -27,7 +27,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-# KIND codes (kernels/cpu_pack.py passes them)
+# KIND codes (kernels/cpu/pack.py passes them)
 KIND_INT_SYM, KIND_INT_ASYM, KIND_FP8, KIND_MX, KIND_NV, KIND_GGML = 0, 1, 2, 3, 4, 5
 # No fastmath: every operation must round exactly as torch's does. error_model numpy: x / 0 is IEEE, not a raise.
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
@@ -241,7 +241,7 @@ def quant_pack_rows(x, ts, data, scale, zero, kind, bits, exp, group, static, ha
 
 # ------------------------------------------------------------------------------------------ llama.cpp's types
 
-# GGML codes (kernels/cpu_pack.py passes them): the type's base
+# GGML codes (kernels/cpu/pack.py passes them): the type's base
 GGML_Q8_0, GGML_Q4_0, GGML_Q4_1, GGML_Q5_0, GGML_Q5_1, GGML_IQ4_NL = range(6)
 _IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 _GROUP_MAX_EPS = _F32(1e-15)

@@ -4,13 +4,17 @@
     python -m kvviz engines --specs q4_0 --model path/to/model.gguf --no-rotate
     python -m kvviz engines --baseline http://gpu0:8000 --server fp8_e4m3=http://gpu1:8000 --top-k 20
 
-Prints one row per format: llama.cpp's KLD statistics (kvviz.quality.kld) against the engine's own baseline, then
+Prints one row per format: llama.cpp's KLD statistics (kvviz.metrics) against the engine's own baseline, then
 how the KL was estimated. Every engine run and server answer is checked before the first number is printed.
 """
 
 from __future__ import annotations
 
 import argparse
+
+from kvviz import engines
+from kvviz.engines import llamacpp, simulate
+from kvviz.memory import split_formats
 
 HELP = "KLD of KV formats inside a real engine: llama.cpp in-process, or vLLM / SGLang servers"
 
@@ -60,9 +64,6 @@ def _engine(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvviz import engines
-    from kvviz.memory import split_formats
-
     engine, options = _engine(args)
     specs = split_formats(args.specs) if args.specs else None
     text = None
@@ -74,8 +75,6 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"Could not read --text-file {args.text_file} ({err.strerror}).") from err
     simulated = None
     if engine == "llama.cpp" and args.with_kvviz:
-        from kvviz.engines import llamacpp, simulate
-
         ids, results = llamacpp.run(specs, model=args.model, text=text, tokens=args.tokens, **options)
         simulated = simulate.kld(specs, ids, args.model)
     elif args.with_kvviz:

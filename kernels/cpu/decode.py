@@ -1,4 +1,4 @@
-"""Fused decode attention on the CPU: numba loops over the packed K/V buffers, read in place (kernels/cpu_jit.py).
+"""Fused decode attention on the CPU: numba loops over the packed K/V buffers, read in place (kernels/cpu/jit/).
 
 The CPU twin of kernels/decode.py, with the same arguments and the same float64 reference. Each packed buffer is
 handed to the jit code as the uint8 view of its storage with byte offset and strides (no copy, capacity strides
@@ -9,14 +9,15 @@ q . (k' H) = (q H) . k' and out = (P V') H.
     out = decode_attention_cpu(q, k, v, lengths)   # q: [B, Hq, D_k] -> [B, Hq, D_v], q's dtype
 
 A format is one branch here: `_element_code` says how one stored code decodes (arithmetic, a table of 256, 16 or 4
-floats, or a 16/32-bit float read from its bytes) and `KINDS` lists the format families it knows. llama.cpp's KV
-types (layout "ggml") are read in their blocks in place: q8_0 as int8 codes with an fp16 d per 32; q4_0, q4_1 and
-iq4_nl (through ggml's table) as 4-bit codes with a scale group of 32, in a planar order of their own
-(_planar(..., ggml=True)); q5_0 and q5_1 32 codes at a time (cpu_jit._ggml_block), in ggml's element order.
+floats, or a 16/32-bit float read from its bytes); `kernels.packed.FUSED_KINDS` lists the format families it
+knows. llama.cpp's KV types (layout "ggml") are read in their blocks in place: q8_0 as int8 codes with an fp16 d
+per 32; q4_0, q4_1 and iq4_nl (through ggml's table) as 4-bit codes with a scale group of 32, in a planar order of
+their own (_planar(..., ggml=True)); q5_0 and q5_1 32 codes at a time (kernels/cpu/jit/rows.py's _ggml_block), in
+ggml's element order. The launcher owns the numba entry points (`_jit()`) and the scratch it hands them.
 `cpu_usable()` is False when numba is missing or fails to compile; callers then use the reference
 (kernels/reference.py).
 
-    python -m kernels.cpu      # first-use compile time and a quick timing against the reference
+    python -m kernels.cpu.decode      # first-use compile time and a quick timing against the reference
 """
 
 from __future__ import annotations
@@ -31,16 +32,16 @@ import time
 import numpy as np
 import torch
 
-from kernels.packed import IQ4NL_VALUES, PackedSide, per_head
+from kernels.cpu.jit import contract
+from kernels.packed import FUSED_KINDS, IQ4NL_VALUES, PackedSide, per_head
 from kernels.reference import decode_attention_reference
+from kernels.splits import split_tokens
 
 log = logging.getLogger(__name__)
 
-KINDS = ("float", "int", "fp4", "ggml")  # format families (kvviz Format.kind) whose codes this path decodes
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # OCP MX v1.0 FP4 magnitudes by code & 7
-_FLOAT_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}  # cpu_jit E_F16, E_BF16, E_F32
-_MIN_TOKENS_PER_SPLIT = 256
-# Below this many (token x KV head) rows a call runs on the calling thread (cpu_jit.decode_partials_serial). On an
+_FLOAT_CODES = {torch.float16: contract.E_F16, torch.bfloat16: contract.E_BF16, torch.float32: contract.E_F32}
+# Below this many (token x KV head) rows a call runs on the calling thread (jit.decode_partials_serial). On an
 # idle 2-core machine the pool wins from a 256-token SmolLM2 layer (768 rows: 208 against 332 us, int4) up; on a
 # machine whose cores are all busy it can lose. Override with KVVIZ_CPU_PARALLEL_ROWS (0: always the pool).
 _PARALLEL_ROWS = int(os.environ.get("KVVIZ_CPU_PARALLEL_ROWS", 512))
@@ -53,13 +54,13 @@ def _jit():
     try:
         import numba
 
-        from kernels import cpu_jit
+        from kernels.cpu.jit import decode as jit
     except ImportError as err:
         log.warning("kvviz: numba is not installed (%s); the CPU decode uses the unfused reference. "
                     "pip install numba to fuse it.", err)
         return None
     numba.set_num_threads(max(1, min(numba.config.NUMBA_NUM_THREADS, torch.get_num_threads())))
-    return cpu_jit
+    return jit
 
 
 @functools.cache
@@ -81,7 +82,7 @@ def cpu_usable() -> bool:
 
 def supports(fmt) -> bool:
     """Whether this path decodes a kvviz-like format (duck-typed `kind`); others take the reference."""
-    return getattr(fmt, "kind", None) in KINDS
+    return getattr(fmt, "kind", None) in FUSED_KINDS
 
 
 def reads(side: PackedSide) -> bool:
@@ -115,22 +116,22 @@ def _table(elem: str, bits: int, offset: int, dtype: torch.dtype) -> torch.Tenso
 
 
 def _element_code(side: PackedSide) -> tuple[int, torch.Tensor | None]:
-    """(cpu_jit element storage code, decode table or None) of a side's stored codes. A new element kind is one
-    branch here: arithmetic codes (E_UINT, E_INT8, E_E2M1), a table of 256 floats (E_LUT), or a float storage type."""
-    jit, dtype = _jit(), side.data.dtype
+    """(storage code, kernels/cpu/jit/contract.py's E_*, and decode table or None) of a side's stored codes. A new
+    element kind is one branch here: arithmetic codes (E_UINT, E_INT8, E_E2M1), a table of 256 floats (E_LUT), or a float storage type."""
+    dtype = side.data.dtype
     if side.elem == "float" and side.bits >= 16:
         assert dtype in _FLOAT_CODES, f"a float cast stored as {dtype} is not readable here"
         return _FLOAT_CODES[dtype], None
     if side.elem == "int" or (side.elem == "float" and dtype == torch.uint8):  # int2/int4, asym int8: u - offset
-        return jit.E_UINT, None
+        return contract.E_UINT, None
     if side.elem == "float" and dtype == torch.int8:
-        return jit.E_INT8, None
+        return contract.E_INT8, None
     if side.elem == "e2m1":
-        return jit.E_E2M1, None
+        return contract.E_E2M1, None
     if side.elem == "iq4_nl":  # llama.cpp's non-linear 4-bit codes: ggml's kvalues_iq4nl
-        return jit.E_LUT, _iq4nl_table()
+        return contract.E_LUT, _iq4nl_table()
     assert side.elem in ("fp8_e4m3", "fp8_e5m2"), f"no CPU decode for elem={side.elem!r} stored as {dtype}"
-    return jit.E_LUT, _table(side.elem, side.bits, side.offset, dtype)
+    return contract.E_LUT, _table(side.elem, side.bits, side.offset, dtype)
 
 
 @functools.cache
@@ -139,7 +140,7 @@ def _iq4nl_table() -> torch.Tensor:
 
 
 def _per_byte(side: PackedSide) -> int:
-    """Codes per byte in cpu_jit's planar order: 1 for bytes and for q5_0 / q5_1's blocks (cpu_jit._ggml_block)."""
+    """Codes per byte in the jit code's planar order: 1 for bytes and for q5_0 / q5_1's blocks (jit's _ggml_block)."""
     if side.layout == "ggml":
         return 2 if side.bits == 4 else 1
     return 8 // side.bits if side.bits < 8 else 1
@@ -152,7 +153,7 @@ def _ggml_nibbles(side: PackedSide) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _planar(head_dim: int, per_byte: int, ggml: bool = False) -> torch.Tensor:
-    """Index [D]: planar position -> channel. cpu_jit holds field p of a row's byte i at planar position
+    """Index [D]: planar position -> channel. The jit code holds field p of a row's byte i at planar position
     p * (D / pb) + i: element pb * i + p in kvviz's order; in a ggml nibble block (ggml=True) byte i of block i // 16
     holds elements 32 * (i // 16) + i % 16 (low nibble) and + 16 (high nibble)."""
     if ggml:
@@ -201,7 +202,7 @@ def _bytes(t: torch.Tensor | None):
 
 
 def _side_args(side: PackedSide, lengths: np.ndarray, batch: int, heads: int, head_dim: int) -> tuple:
-    """(meta, data, lut, scale, zero, scale_lut, tensor_scale, tensor_zero, tail, n_packed) for cpu_jit.
+    """(meta, data, lut, scale, zero, scale_lut, tensor_scale, tensor_zero, tail, n_packed) for the jit code.
 
     What depends only on the buffers (their storages and strides, the decode tables, the static scales) is built
     once per buffer set and kept in `side.memo` when the producer gives one (a cache side: its buffers move only
@@ -212,14 +213,13 @@ def _side_args(side: PackedSide, lengths: np.ndarray, batch: int, heads: int, he
     cached = memo.get("cpu")
     if cached is None or cached[0] != key:
         cached = memo["cpu"] = (key, _buffer_args(side, batch, heads, head_dim))
-    jit = _jit()
     meta_template, data, lut, scale_np, zero_np, slut, ts, tz = cached[1]
     meta = meta_template.copy()
-    meta[jit.M_D_OFF] = _byte_offset(side.data)
+    meta[contract.M_D_OFF] = _byte_offset(side.data)
     if side.scale_kind is not None:
-        meta[jit.M_S_OFF] = _byte_offset(side.scale)
+        meta[contract.M_S_OFF] = _byte_offset(side.scale)
         if side.zero is not None:
-            meta[jit.M_Z_OFF] = _byte_offset(side.zero)
+            meta[contract.M_Z_OFF] = _byte_offset(side.zero)
     if side.n_packed is None:
         n_packed = lengths
     elif isinstance(side.n_packed, int):
@@ -229,7 +229,7 @@ def _side_args(side: PackedSide, lengths: np.ndarray, batch: int, heads: int, he
     tail = side.tail
     if tail is not None and tail.shape[2] == 0:  # an empty tail (no residual window, whole groups): nothing to read
         assert bool((n_packed >= lengths).all()), "tokens past n_packed need a tail"
-        meta[jit.M_TAIL] = 0
+        meta[contract.M_TAIL] = 0
         return meta, data, lut, scale_np, zero_np, slut, ts, tz, _NONE_NP, n_packed
     if tail is not None:
         assert tail.dim() == 4 and tail.shape[:2] == (batch, heads) and tail.shape[3] == head_dim, (
@@ -237,10 +237,10 @@ def _side_args(side: PackedSide, lengths: np.ndarray, batch: int, heads: int, he
         )
         if tail.dtype not in _FLOAT_CODES:
             tail = tail.float()  # a float64 test tail: R rows, never the packed history
-        meta[jit.M_TDT], meta[jit.M_TAIL] = _FLOAT_CODES[tail.dtype], 1
+        meta[contract.M_TDT], meta[contract.M_TAIL] = _FLOAT_CODES[tail.dtype], 1
     else:
         assert bool((n_packed >= lengths).all()), "tokens past n_packed need a tail"
-    tail_np, meta[jit.M_T_OFF], (meta[jit.M_T_SB], meta[jit.M_T_SH], meta[jit.M_T_ST]) = _bytes(tail)
+    tail_np, meta[contract.M_T_OFF], (meta[contract.M_T_SB], meta[contract.M_T_SH], meta[contract.M_T_ST]) = _bytes(tail)
     return meta, data, lut, scale_np, zero_np, slut, ts, tz, tail_np, n_packed
 
 
@@ -251,33 +251,32 @@ def _byte_offset(t: torch.Tensor) -> int:
 def _buffer_args(side: PackedSide, batch: int, heads: int, head_dim: int) -> tuple:
     """The part of `_side_args` fixed by the buffers: (meta without offsets and tail, data, lut, scale, zero,
     scale_lut, tensor_scale, tensor_zero), numpy views of the storages (no copy)."""
-    jit = _jit()
     assert side.data.shape[:2] == (batch, heads), (
         f"packed data is [B, Hkv, cap, packed_dim] = {tuple(side.data.shape)}; want B={batch}, Hkv={heads}"
     )
     assert side.head_dim == head_dim, f"side head_dim {side.head_dim} != expected {head_dim}"
-    meta = [0] * jit.META_LEN
-    meta[jit.M_DIM] = head_dim
-    meta[jit.M_ELEM], lut = _element_code(side)
-    meta[jit.M_PER_BYTE] = _per_byte(side)
+    meta = [0] * contract.META_LEN
+    meta[contract.M_DIM] = head_dim
+    meta[contract.M_ELEM], lut = _element_code(side)
+    meta[contract.M_PER_BYTE] = _per_byte(side)
     # q5_0 / q5_1 (5): ggml's blocks; q4_0 / q4_1 / iq4_nl (4): int4/g32's layout with codes in their own planar
     # order (_planar); q8_0 (0) is kvviz's int8/g32 layout byte for byte
-    meta[jit.M_GGML] = side.bits if side.layout == "ggml" and side.bits < 8 else 0
-    meta[jit.M_OFFSET] = side.offset
-    data, _, (meta[jit.M_D_SB], meta[jit.M_D_SH], meta[jit.M_D_ST]) = _bytes(side.data)
+    meta[contract.M_GGML] = side.bits if side.layout == "ggml" and side.bits < 8 else 0
+    meta[contract.M_OFFSET] = side.offset
+    data, _, (meta[contract.M_D_SB], meta[contract.M_D_SH], meta[contract.M_D_ST]) = _bytes(side.data)
     scale = zero = None
     slut = None
     if side.scale_kind is not None:
-        meta[jit.M_SKIND] = jit.S_TOKEN if side.scale_kind == "token" else jit.S_CHANNEL
-        meta[jit.M_SDT], slut = _scale_code(side.scale)
-        meta[jit.M_GROUP] = side.group_size
+        meta[contract.M_SKIND] = contract.S_TOKEN if side.scale_kind == "token" else contract.S_CHANNEL
+        meta[contract.M_SDT], slut = _scale_code(side.scale)
+        meta[contract.M_GROUP] = side.group_size
         assert side.scale_kind == "channel" or head_dim % side.group_size == 0, "token groups must tile head_dim"
         scale = side.scale
         if side.zero is not None:
             assert side.zero.dtype == side.scale.dtype, "zero points must be stored as the scales are"
-            zero, meta[jit.M_ZERO] = side.zero, 1
-    scale_np, _, (meta[jit.M_S_SB], meta[jit.M_S_SH], meta[jit.M_S_ST]) = _bytes(scale)
-    zero_np, _, (meta[jit.M_Z_SB], meta[jit.M_Z_SH], meta[jit.M_Z_ST]) = _bytes(zero)
+            zero, meta[contract.M_ZERO] = side.zero, 1
+    scale_np, _, (meta[contract.M_S_SB], meta[contract.M_S_SH], meta[contract.M_S_ST]) = _bytes(scale)
+    zero_np, _, (meta[contract.M_Z_SB], meta[contract.M_Z_SH], meta[contract.M_Z_ST]) = _bytes(zero)
     ts = per_head(side.tensor_scale, batch, heads, "cpu")
     tz = per_head(side.zero, batch, heads, "cpu") if side.scale_kind is None else None
     ts = torch.ones(batch * heads) if ts is None else ts
@@ -343,12 +342,8 @@ def decode_attention_cpu(
     qk = qk[..., _planar_np(head_dim, k_pb, _ggml_nibbles(k))] if k_pb > 1 else np.ascontiguousarray(qk)  # K's order
     if parallel is None:
         parallel = batch * hkv * max_length >= _PARALLEL_ROWS
-    if num_splits is None:
-        threads = jit.nb.get_num_threads() if parallel else 1
-        num_splits = min(math.ceil(2 * threads / max(1, batch * hkv)), math.ceil(max_length / _MIN_TOKENS_PER_SPLIT))
-    num_splits = max(1, int(num_splits))
-    per_split = max(1, math.ceil(max(1, max_length) / num_splits / jit.BLOCK)) * jit.BLOCK
-    num_splits = max(1, math.ceil(max_length / per_split))
+    threads = jit.nb.get_num_threads() if parallel else 1
+    num_splits, per_split = split_tokens(max_length, batch * hkv, threads, contract.BLOCK, num_splits)
     if kv_mask is not None:
         assert kv_mask.dim() == 2 and kv_mask.shape[0] == batch and kv_mask.shape[1] >= max_length, (
             f"kv_mask must be [B, >= max(lengths)] = [{batch}, >= {max_length}], got {tuple(kv_mask.shape)}"

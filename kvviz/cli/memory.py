@@ -1,30 +1,17 @@
-"""kvviz's command line: `python -m kvviz COMMAND ...` (`python -m kvviz --help` lists the commands).
+"""`python -m kvviz memory`: KV-cache bytes per format for a model, layer kind by layer kind, and what fits on a GPU
+(kvviz.memory).
 
     python -m kvviz memory --model llama-3.1-70b --context 32768 --formats fp16,fp8,k8v4,mxfp4 --gpu h100-80gb
     python -m kvviz memory --config path/to/config.json --context 131072 --gpu h200 --params 27.4
-
-Adding a command: write `_add_NAME(parser)` (its arguments) and `_run_NAME(args) -> int` (its work), and add one
-`Command` to `COMMANDS`. A bad argument, or a ValueError from the library, ends in one line on stderr and exit
-status 2; nothing else is caught, so a bug still shows its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from dataclasses import dataclass
-from typing import Callable
 
-from kvviz import bench, memory
-from kvviz.engines import cli as engines_cli
-from kvviz import kld_cli, plan_cli
+from kvviz import memory
 
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: `kvviz memory: error: ... (see --help)`, exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+HELP = "KV-cache bytes per format for a model, and what fits on a GPU"
 
 
 def _positive_int(text: str) -> int:
@@ -47,10 +34,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-# ---- memory ---------------------------------------------------------------------------------------------------
-
-
-def _add_memory(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     shape = p.add_argument_group("model (one of: a preset, a config.json, a hub id, or custom dimensions)")
     shape.add_argument("--model", help=f"model preset: {', '.join(memory.MODEL_PRESETS)}")
     shape.add_argument("--config", metavar="PATH", help="a model's config.json (or a directory holding one)")
@@ -127,7 +111,7 @@ def _breakdown(model, specs: list[str], context: int, layout: str) -> list[str]:
     return _columns(table)
 
 
-def _run_memory(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     model = _model_from_args(args)
     fit = dict(gpus=args.gpus, weight_bytes_per_param=args.weight_bits / 8, reserve_fraction=args.reserve)
     gpu = None if args.gpu is None else memory.get_gpu_preset(args.gpu)
@@ -164,49 +148,3 @@ def _run_memory(args: argparse.Namespace) -> int:
     print("\nGB = 10^9 bytes; bits/value include scales; vs fp16 = how many times the tokens of fp16 fit in the "
           "same memory.")
     return 0
-
-
-# ---- registry -------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Command:
-    """One subcommand: its name, one-line help, argument setup and the function that runs it (-> exit status)."""
-
-    name: str
-    help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-
-
-COMMANDS: list[Command] = [
-    Command("memory", "KV-cache bytes per format for a model, and what fits on a GPU", _add_memory, _run_memory),
-    Command("bench", bench.HELP, bench.add_arguments, bench.run),  # kvviz/bench.py (imports torch when run)
-    Command("engines", engines_cli.HELP, engines_cli.add_arguments, engines_cli.run),  # kvviz/engines/cli.py
-    Command("kld", kld_cli.HELP, kld_cli.add_arguments, kld_cli.run),  # kvviz/kld_cli.py (imports torch when run)
-    Command("sensitivity", plan_cli.SENSITIVITY_HELP, plan_cli.add_sensitivity_arguments,  # kvviz/plan_cli.py
-            plan_cli.run_sensitivity),
-    Command("plan", plan_cli.PLAN_HELP, plan_cli.add_plan_arguments, plan_cli.run_plan),
-]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The `kvviz` argument parser with one subparser per entry of COMMANDS."""
-    parser = _Parser(prog="kvviz", description="kvviz: a KV-cache quantization playground.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for cmd in COMMANDS:
-        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
-        cmd.add_arguments(p)
-        p.set_defaults(_run=cmd.run)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Parse `argv` (default sys.argv[1:]), run the command, return its exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return args._run(args)
-    except ValueError as err:  # the library's user-facing errors: one line, no traceback
-        print(f"kvviz {args.command}: error: {err}", file=sys.stderr)
-        return 2

@@ -1,0 +1,8 @@
+"""The CPU kernels (numba): each launcher here beside its jit code in kernels/cpu/jit/ under the same name.
+
+    decode.py  decode_attention_cpu: fused decode attention over the packed buffers (jit/decode.py, which builds on
+               jit/fields.py, jit/rows.py and jit/flat.py; jit/contract.py holds the codes both sides share)
+    pack.py    quant_pack_cpu: quantize new tokens and write them into the packed buffers (jit/pack.py)
+
+numba is optional: each launcher imports its jit code lazily and falls back (the reference, kvviz.formats).
+"""

@@ -1,0 +1,15 @@
+"""The contract between the fused CPU decode's launcher (kernels/cpu/decode.py) and its numba code
+(kernels/cpu/jit/): storage codes, the fields of a side's int64 `meta` vector, the block size. No numba here, so
+the launcher reads them without importing numba.
+"""
+
+# Element / scale storage: codes through a table, or IEEE half, bfloat16, float32 read from their bytes.
+E_LUT, E_F16, E_BF16, E_F32, E_UINT, E_INT8, E_E2M1 = 0, 1, 2, 3, 4, 5, 6
+S_NONE, S_TOKEN, S_CHANNEL = 0, 1, 2
+# Fields of a side's int64 `meta` vector (kernels/cpu/decode.py fills it).
+(M_DIM, M_ELEM, M_PER_BYTE, M_OFFSET, M_D_OFF, M_D_SB, M_D_SH, M_D_ST,
+ M_SKIND, M_SDT, M_GROUP, M_S_OFF, M_S_SB, M_S_SH, M_S_ST,
+ M_ZERO, M_Z_OFF, M_Z_SB, M_Z_SH, M_Z_ST,
+ M_TDT, M_T_OFF, M_T_SB, M_T_SH, M_T_ST, M_TAIL, M_GGML) = range(27)
+META_LEN = 27
+BLOCK = 64  # tokens per block: a [64, D] fp32 tile (16 KiB at D = 64) stays in L1/L2

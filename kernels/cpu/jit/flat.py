@@ -1,0 +1,236 @@
+"""The flat path of the fused CPU decode (numba): blocks whose rows are all packed and live.
+
+_flat_block unpacks each bit field of the block's bytes in one loop over the whole block (no per-row loop). With
+one scale per row (token or tensor scales) the row's affine map (scale, offset) is folded into the scores
+(s = sc * (q . raw) + zc * sum q, _flat_scores) and into the softmax weights of V (acc += (p * sc) * raw, with
+p * zc summed apart and added once, _flat_accumulate); with several (scale groups, llama.cpp's blocks, KIVI's
+channel scales) they are applied to the unpacked block in place.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from kernels.cpu.jit.contract import (
+    BLOCK, E_E2M1, E_INT8, E_LUT, E_UINT, M_DIM, M_D_OFF, M_D_SB, M_D_SH, M_D_ST, M_ELEM, M_GGML, M_GROUP, M_OFFSET,
+    M_PER_BYTE, M_SDT, M_SKIND, M_S_OFF, M_S_SB, M_S_SH, M_S_ST, M_ZERO, M_Z_OFF, M_Z_SB, M_Z_SH, M_Z_ST, S_CHANNEL,
+    S_NONE, S_TOKEN,
+)
+from kernels.cpu.jit.fields import _OPTS, _U, _channel_row, _e2m1, _floats, _width
+from kernels.cpu.jit.rows import _ggml_block
+
+
+@nb.njit(**_OPTS)
+def _flat_kind(meta):
+    """Whether a side's blocks of packed, all-live rows take the flat path (_flat_block): code elements (int8,
+    unsigned ints, E2M1, a table) or q5_0 / q5_1 blocks, with rows one contiguous run of bytes."""
+    elem = meta[M_ELEM]
+    pb = meta[M_PER_BYTE]
+    d = meta[M_DIM]
+    if meta[M_GGML] == 5:
+        return meta[M_D_ST] == d * 5 // 8
+    code = ((elem == E_INT8 and pb == 1) or elem == E_UINT or (elem == E_E2M1 and pb == 2)
+            or (elem == E_LUT and pb <= 2))
+    return code and meta[M_D_ST] == d // pb
+
+
+@nb.njit(**_OPTS)
+def _flat_shape(meta):
+    """(fields per byte, elements per field of a row, scales per row) of a side on the flat path: the shapes of
+    _flat_block's raw [fields, BLOCK * elements] and group scales [BLOCK, scales]."""
+    if not _flat_kind(meta):
+        return 1, 1, 1
+    d = meta[M_DIM]
+    pb = meta[M_PER_BYTE]
+    skind = meta[M_SKIND]
+    groups = d // meta[M_GROUP] if skind == S_TOKEN else (d if skind == S_CHANNEL else 1)
+    return pb, d // pb, groups
+
+
+@nb.njit(inline="always", **_OPTS)
+def _field(data, o, nbytes, elem, pb, p, lut, raw):
+    """raw[p, k] = the code in field p of byte o + k as a float, unscaled, for k < nbytes: field p holds the codes
+    at bits (8 / pb) * p. One loop per field: two stores per iteration keep LLVM from vectorizing. Unsigned codes are
+    shifted and masked as uint32 and converted from int32 (numba widens int32 products to int64, and AVX2 has no
+    vector conversion from unsigned ints)."""
+    if elem == E_INT8:
+        for k in range(nbytes):
+            raw[_U(p), _U(k)] = np.float32(np.int8(data[_U(o + k)]))
+    elif elem == E_E2M1:
+        sh = np.uint32(4 * p)
+        for k in range(nbytes):
+            raw[_U(p), _U(k)] = _e2m1((np.uint32(data[_U(o + k)]) >> sh) & np.uint32(15))
+    elif elem == E_LUT:
+        if pb == 1:
+            for k in range(nbytes):
+                raw[_U(p), _U(k)] = lut[data[_U(o + k)]]
+        else:
+            sh = np.uint32(4 * p)
+            for k in range(nbytes):
+                raw[_U(p), _U(k)] = lut[(np.uint32(data[_U(o + k)]) >> sh) & np.uint32(15)]
+    elif pb == 1:
+        for k in range(nbytes):
+            raw[_U(p), _U(k)] = np.float32(np.int32(data[_U(o + k)]))
+    else:
+        w = np.uint32(8 // pb)
+        sh = w * np.uint32(p)
+        mask = (np.uint32(1) << w) - np.uint32(1)
+        for k in range(nbytes):
+            raw[_U(p), _U(k)] = np.float32(np.int32((np.uint32(data[_U(o + k)]) >> sh) & mask))
+
+
+@nb.njit(inline="always", **_OPTS)
+def _ggml_fields(data, o, n, ngroups, gsc, gzc, raw):
+    """n rows of q5_0 / q5_1 blocks at byte offset o -> raw[0, (j * groups + gi) * 32 + e], element e of the block
+    in ggml's order, as code * gsc[j, gi] + gzc[j, gi] (the offset folded into gzc): _ggml_block per block."""
+    for j in range(n):
+        for gi in range(ngroups):
+            u = j * ngroups + gi
+            _ggml_block(data, o + u * 20, np.float32(0.0), u * 32, gsc[j, gi], gzc[j, gi], raw, 0)
+
+
+
+@nb.njit(**_OPTS)
+def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, gsc, gzc, sc, zc, apply_channels):
+    """The flat path's decode of packed tokens t0..t0+n-1 of (b, h) into raw[p, j * nb + i] (channel p * nb + i of
+    token j, planar order; q5_0 / q5_1 blocks in ggml's order) and sc / zc [BLOCK]: the token's channel is
+    raw * sc[j] + zc[j]. With one scale per row (token or tensor scales) raw holds the bare codes, each field of
+    the whole block unpacked in one loop, and consumers fold sc / zc into the scores and the softmax weights.
+    With several scales per row (groups, llama.cpp's blocks, KIVI's channel scales) they are applied to the unpacked
+    block (q5_0 / q5_1: while unpacking each block), and sc / zc are 1 / 0; channel scales only if apply_channels
+    (else raw holds the bare codes). gsc / gzc [BLOCK, groups]: scratch for the stored scales."""
+    d = meta[M_DIM]
+    elem = meta[M_ELEM]
+    pb = meta[M_PER_BYTE]
+    nb_ = d // pb
+    gbits = meta[M_GGML]
+    off = np.float32(meta[M_OFFSET]) if elem == E_UINT else np.float32(0.0)
+    o = meta[M_D_OFF] + b * meta[M_D_SB] + h * meta[M_D_SH] + t0 * meta[M_D_ST]
+    one, nil = np.float32(1.0), np.float32(0.0)
+    if gbits != 5:  # every field of the block's codes, unscaled, one loop each (q5 blocks: _ggml_fields below)
+        for p in range(pb):
+            _field(data, o, n * nb_, elem, pb, p, lut, raw)
+    skind = meta[M_SKIND]
+    if skind == S_NONE:
+        for j in range(n):
+            sc[j] = tsv
+            zc[j] = tzv - off * tsv
+        return
+    sdt = meta[M_SDT]
+    sw = _width(sdt)
+    has_zero = meta[M_ZERO] != 0
+    s_st, z_st = meta[M_S_ST], meta[M_Z_ST]
+    s_base = meta[M_S_OFF] + b * meta[M_S_SB] + h * meta[M_S_SH]
+    z_base = meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH]
+    for j in range(n):
+        sc[j] = one
+        zc[j] = nil
+    if skind == S_CHANNEL:  # KIVI's K: scale row t // group, one (scale, zero) per channel
+        if not apply_channels:  # the caller folds them into q (_attend)
+            return
+        group = meta[M_GROUP]
+        row = -1
+        for j in range(n):
+            if (t0 + j) // group != row:
+                row = (t0 + j) // group
+                _channel_row(meta, scale, zero, slut, tsv, b, h, row, gsc, gzc)
+            for p in range(pb):
+                r = j * nb_
+                for i in range(nb_):
+                    raw[_U(p), _U(r + i)] = raw[_U(p), _U(r + i)] * gsc[_U(p), _U(i)] + gzc[_U(p), _U(i)]
+        return
+    ngroups = d // meta[M_GROUP]
+    _floats(scale, s_base + t0 * s_st, s_st, sw, sdt, slut, n, ngroups, gsc)
+    if has_zero:  # zero points share the scales' storage type
+        _floats(zero, z_base + t0 * z_st, z_st, sw, sdt, slut, n, ngroups, gzc)
+    for j in range(n):  # x = code * s * tensor_scale + z - offset * s * tensor_scale
+        for gi in range(ngroups):
+            gsc[j, gi] *= tsv
+            gzc[j, gi] = (gzc[j, gi] if has_zero else nil) - off * gsc[j, gi]
+    if gbits == 5:
+        _ggml_fields(data, o, n, ngroups, gsc, gzc, raw)
+    elif ngroups == 1:
+        for j in range(n):
+            sc[j] = gsc[j, 0]
+            zc[j] = gzc[j, 0]
+    else:  # group gi of row j (bytes j * nb + gi * gp + [0, gp), planar: each field's channels of the group) scaled
+        gp = nb_ // ngroups  # in place, after the unpacking: loops of one group's length unpack slowly
+        for p in range(pb):
+            for j in range(n):
+                for gi in range(ngroups):
+                    a = gsc[j, gi]
+                    c = gzc[j, gi]
+                    r = j * nb_ + gi * gp
+                    for i in range(gp):
+                        raw[_U(p), _U(r + i)] = raw[_U(p), _U(r + i)] * a + c
+
+
+@nb.njit(**_OPTS)
+def _flat_scores(q, qsum, raw, sc, zc, nb_, pb, j0, n, sm, s):
+    """s[g, j] = (q[g] . row j) * sm for rows j0..n-1 of a flat-path K block (row j of channel p * nb + i =
+    raw[p, j * nb + i] * sc[j] + zc[j]): the dot with raw, then * sc + zc * qsum (sum(q) over the channels). Four K
+    rows at a time."""
+    gqa = q.shape[0]
+    j = j0
+    while j + 4 <= n:
+        r0 = j * nb_
+        for g in range(gqa):
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            for p in range(pb):
+                qo = p * nb_
+                for i in range(nb_):
+                    qi = q[_U(g), _U(qo + i)]
+                    a0 += qi * raw[_U(p), _U(r0 + i)]
+                    a1 += qi * raw[_U(p), _U(r0 + nb_ + i)]
+                    a2 += qi * raw[_U(p), _U(r0 + 2 * nb_ + i)]
+                    a3 += qi * raw[_U(p), _U(r0 + 3 * nb_ + i)]
+            qs = qsum[g]
+            s[g, j] = (a0 * sc[j] + zc[j] * qs) * sm
+            s[g, j + 1] = (a1 * sc[j + 1] + zc[j + 1] * qs) * sm
+            s[g, j + 2] = (a2 * sc[j + 2] + zc[j + 2] * qs) * sm
+            s[g, j + 3] = (a3 * sc[j + 3] + zc[j + 3] * qs) * sm
+        j += 4
+    for jj in range(j, n):
+        for g in range(gqa):
+            a = np.float32(0.0)
+            for p in range(pb):
+                qo = p * nb_
+                ro = jj * nb_
+                for i in range(nb_):
+                    a += q[_U(g), _U(qo + i)] * raw[_U(p), _U(ro + i)]
+            s[g, jj] = (a * sc[jj] + zc[jj] * qsum[g]) * sm
+
+
+@nb.njit(**_OPTS)
+def _flat_accumulate(s, raw, sc, zc, nb_, pb, n, acc, bias):
+    """acc[g, channel] += sum over j < n of (s[g, j] * sc[j]) * raw, and bias[g] += s[g, j] * zc[j] (the rows'
+    offsets, added to every channel once at the end) over a flat-path V block. Four V rows per pass."""
+    gqa = acc.shape[0]
+    j = 0
+    while j + 4 <= n:
+        r0 = j * nb_
+        for g in range(gqa):
+            w0 = s[g, j] * sc[j]
+            w1 = s[g, j + 1] * sc[j + 1]
+            w2 = s[g, j + 2] * sc[j + 2]
+            w3 = s[g, j + 3] * sc[j + 3]
+            bias[g] += (s[g, j] * zc[j] + s[g, j + 1] * zc[j + 1]) + (s[g, j + 2] * zc[j + 2] + s[g, j + 3] * zc[j + 3])
+            for p in range(pb):
+                ao = p * nb_
+                for i in range(nb_):
+                    acc[_U(g), _U(ao + i)] += (w0 * raw[_U(p), _U(r0 + i)] + w1 * raw[_U(p), _U(r0 + nb_ + i)]) + (
+                        w2 * raw[_U(p), _U(r0 + 2 * nb_ + i)] + w3 * raw[_U(p), _U(r0 + 3 * nb_ + i)])
+        j += 4
+    for jj in range(j, n):
+        for g in range(gqa):
+            w = s[g, jj] * sc[jj]
+            bias[g] += s[g, jj] * zc[jj]
+            for p in range(pb):
+                ao = p * nb_
+                ro = jj * nb_
+                for i in range(nb_):
+                    acc[_U(g), _U(ao + i)] += w * raw[_U(p), _U(ro + i)]
