@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .spec import BASES, SpecParts, parse_spec
+from .spec import BASES, NOROT, EngineRef, SpecParts, llama_cpp_quantized, parse_spec
 
 ENGINE_NAMES = ("vllm", "sglang", "llama.cpp")
 
@@ -71,32 +71,12 @@ SGLANG_UNMODELED = {"mxfp8": "MX FP8", "fp4_e2m1": "deprecated, use fp4_mx_block
 LLAMA_CPP_DTYPES: dict[str, str] = {"f16": "fp16", "bf16": "bf16", **{t: t for t in
                                     ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")}}
 LLAMA_CPP_UNMODELED = {"f32": "32-bit floats (kvviz stores at most 16)"}
-NOROT = "/norot"
-
 # The one table: engine -> (its values -> storage, values kvviz lacks -> why).
 ENGINES: dict[str, tuple[dict, dict]] = {
     "vllm": (VLLM_DTYPES, VLLM_UNMODELED),
     "sglang": (SGLANG_DTYPES, SGLANG_UNMODELED),
     "llama.cpp": (LLAMA_CPP_DTYPES, LLAMA_CPP_UNMODELED),
 }
-
-
-@dataclass(frozen=True)
-class EngineRef:
-    """Which engine value a format models. engine: one of ENGINE_NAMES; dtype: the engine's own value, as typed
-    ("turboquant_k3v4_nc", "q4_0", "k=q8_0,v=q4_0"); side: "k" / "v" (the side of `dtype` this format stores);
-    rotates: llama.cpp's Hadamard rotation of Q, K and V in its read path (on unless /norot; False elsewhere)."""
-
-    engine: str
-    dtype: str
-    side: str
-    rotates: bool = False
-
-    @property
-    def spec(self) -> str:
-        """The engine-qualified name this side came from (both sides of one value share it)."""
-        rot_off = self.engine == "llama.cpp" and not self.rotates and _llama_cpp_quantized(self.dtype)
-        return f"{self.engine}:{self.dtype}{NOROT if rot_off else ''}"
 
 
 def is_engine_spec(text: str) -> bool:
@@ -136,14 +116,9 @@ def _llama_cpp_sides(spec: str, value: str) -> tuple[SpecParts, SpecParts]:
     for t in (k_type, v_type):
         _check_value("llama.cpp", t, spec)
     dtype = k_type if k_type == v_type else f"k={k_type},v={v_type}"
-    rotates = rotation and _llama_cpp_quantized(dtype)  # llama.cpp rotates only when K or V is quantized
+    rotates = rotation and llama_cpp_quantized(dtype)  # llama.cpp rotates only when K or V is quantized
     return (_with_ref(LLAMA_CPP_DTYPES[k_type], EngineRef("llama.cpp", dtype, "k", rotates)),
             _with_ref(LLAMA_CPP_DTYPES[v_type], EngineRef("llama.cpp", dtype, "v", rotates)))
-
-
-def _llama_cpp_quantized(dtype: str) -> bool:
-    types = [part.partition("=")[2] or part for part in dtype.split(",")]
-    return any(t not in ("f16", "bf16") for t in types)
 
 
 def _check_value(engine: str, value: str, spec: str) -> None:

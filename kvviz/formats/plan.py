@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from . import KVSpec, parse_kv
+from .kv import KVSpec, parse_kv
 from .spec import PRESETS
 
 EXACT = "exact"  # how the text form writes a layer kept exact (a None entry); not parsed back

@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .engines import EngineRef
 
 GRANULARITIES = ("token", "channel", "tensor", "head")
 STATIC_GRANULARITIES = ("tensor", "head")  # one scale fixed for every token (Format.static_scale)
@@ -96,6 +93,33 @@ PRESET_RESIDUAL: dict[str, int] = {"kivi2": 32, "kivi4": 32}
 _GROUP = re.compile(r"^g(\d+)$")
 
 
+NOROT = "/norot"  # llama.cpp:TYPE/norot: its read path with the rotation off (LLAMA_ATTN_ROT_DISABLE=1)
+
+
+def llama_cpp_quantized(dtype: str) -> bool:
+    """Whether a llama.cpp value ("q4_0", "k=q8_0,v=f16") quantizes either side (its rotation applies only then)."""
+    types = [part.partition("=")[2] or part for part in dtype.split(",")]
+    return any(t not in ("f16", "bf16") for t in types)
+
+
+@dataclass(frozen=True)
+class EngineRef:
+    """Which engine value a format models. engine: one of ENGINE_NAMES; dtype: the engine's own value, as typed
+    ("turboquant_k3v4_nc", "q4_0", "k=q8_0,v=q4_0"); side: "k" / "v" (the side of `dtype` this format stores);
+    rotates: llama.cpp's Hadamard rotation of Q, K and V in its read path (on unless /norot; False elsewhere)."""
+
+    engine: str
+    dtype: str
+    side: str
+    rotates: bool = False
+
+    @property
+    def spec(self) -> str:
+        """The engine-qualified name this side came from (both sides of one value share it)."""
+        rot_off = self.engine == "llama.cpp" and not self.rotates and llama_cpp_quantized(self.dtype)
+        return f"{self.engine}:{self.dtype}{NOROT if rot_off else ''}"
+
+
 @dataclass(frozen=True)
 class SpecParts:
     """A parsed single-tensor spec."""
@@ -106,7 +130,7 @@ class SpecParts:
     asym: bool
     rot: bool
     scale: str | None = None  # "unit" or "calibrated" when the spec says so; None: the granularity's own rule
-    engine: "EngineRef | None" = None  # set for an engine-qualified name (vllm:..., llama.cpp:...): engines.py
+    engine: EngineRef | None = None  # set for an engine-qualified name (vllm:..., llama.cpp:...): engines.py
 
     @property
     def static_scale(self) -> bool:

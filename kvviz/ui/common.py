@@ -25,14 +25,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
+import pandas as pd
+import torch
 
-from .checks import (MAX_PROMPT_CHARS, check_bool, check_choice, check_float, check_int,  # noqa: F401
-                     check_language, check_names, check_prompt, check_spec, check_text, check_upload, single_specs,
-                     spec_list)
+from kvviz import attention, memory, models, tiny
+from kvviz.analysis.capture import capture_kv
 from kvviz.cache import notes
 from kvviz.formats import Plan
 
 from . import registry, zerogpu
+from .checks import (MAX_PROMPT_CHARS, check_bool, check_choice, check_float, check_int,  # noqa: F401
+                     check_language, check_names, check_prompt, check_spec, check_text, check_upload, single_specs,
+                     spec_list)
 from .i18n import t
 
 MAX_FORMATS = 6  # columns the Compare tab shows side by side, baseline included
@@ -84,8 +88,6 @@ def get_model(progress: gr.Progress | None = None, model: str | None = None):
 
 @functools.lru_cache(maxsize=16)
 def _tiny_shape(arch: str) -> tuple[int, int]:
-    from kvviz import tiny
-
     config = tiny.tiny_config(arch)
     return config.num_hidden_layers, config.num_key_value_heads
 
@@ -96,8 +98,6 @@ def model_shape(model: str | None = None) -> tuple[int, int] | None:
     Sizes the layer and head sliders: a loaded model is described directly, tiny models from their config, the
     bundled ones and other presets from kvviz.memory's presets, a listed local directory from its config.json.
     """
-    from kvviz import memory, models
-
     name = model_name() if model is None else model
     loaded = MODELS.peek(name)
     if loaded is not None:
@@ -155,8 +155,6 @@ def follow_model(model: gr.Dropdown, layer, head, default_layer_fraction: float 
 
 def device_name() -> str:
     """The device computations run on: "cuda (NVIDIA ...)", "cpu", or ZeroGPU's lent GPU."""
-    import torch
-
     if zerogpu.active():
         return zerogpu.device_note()
     if torch.cuda.is_available():
@@ -167,8 +165,6 @@ def device_name() -> str:
 def backend_name() -> str:
     """The attention backend that decodes from the quantized cache: "triton", "cpu" or "torch" (on ZeroGPU:
     triton, which each call's lent GPU runs)."""
-    from kvviz import attention
-
     if zerogpu.active():
         return "triton"
     return attention.active_backend()
@@ -252,8 +248,6 @@ def upload_path(value, what: str):
 
 def table(rows: list[list], headers: list[str]):
     """A gr.Dataframe value: rows under headers (a pandas DataFrame, which the API returns as headers + data)."""
-    import pandas as pd
-
     return pd.DataFrame(rows, columns=headers)
 
 
@@ -264,8 +258,6 @@ def fitting_specs(plans: list[Plan], model) -> tuple[list[Plan], list[str]]:
     with a note rather than failing the whole comparison. A plan naming a layer this model lacks raises
     (Plan.resolve).
     """
-    from kvviz import models
-
     head_dim = models.describe_model(model)["head_dim"]
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     fit, skipped = [], []
@@ -352,8 +344,6 @@ def prompt_token_ids(tokenizer, prompt: str, limit: int) -> list[int]:
 
 @functools.lru_cache(maxsize=8)
 def _capture_cached(model: str, prompt: str):
-    from kvviz.analysis.capture import capture_kv
-
     loaded, tok = get_model(model=model)
     return capture_kv(loaded, tok, prompt, max_tokens=MAX_ANALYSIS_TOKENS)
 

@@ -18,7 +18,8 @@ import time
 
 import gradio as gr
 
-from kvviz import plots
+from kvviz import models, plots
+from kvviz.engines import llamacpp, simulate
 from kvviz.engines.side_by_side import side_by_side
 from kvviz.formats import parse_kv
 
@@ -58,9 +59,6 @@ def check_pairs(value) -> list[str]:
 
 def _gguf(model: str):
     """The GGUF llama.cpp loads for the served model; ValueError saying what to serve when it has none."""
-    from kvviz import models
-    from kvviz.engines import llamacpp
-
     if model.startswith("tiny-"):
         raise ValueError(f"The engine view runs llama.cpp on the model's GGUF file; {model} is a random test model "
                          f"built in code and has none. Serve a bundled model: KVVIZ_MODEL="
@@ -82,8 +80,6 @@ def run(pairs, tokens, rotate, model=None, progress=gr.Progress()):
     pairs = check_pairs(pairs)
     tokens = check_int(tokens, "Tokens", MIN_TOKENS, MAX_TOKENS)
     rotate = check_bool(rotate, "Rotate K/V in llama.cpp")
-    from kvviz.engines import llamacpp, simulate
-
     try:
         llamacpp.import_llama_cpp()
     except ValueError as err:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from kvviz.memory import MODEL_PRESETS
+
 from .common import model_task
 from .i18n import EN, lang_code, t
 
@@ -64,8 +66,6 @@ def _settings(lesson: Lesson, model: str | None) -> dict:
 
 
 def _value(value, model: str | None):
-    from kvviz.memory import MODEL_PRESETS
-
     if value == OPEN:
         return gr.Accordion(open=True)
     if value == SELECTED:

@@ -24,10 +24,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+import torch
+
+from kvviz import models
+from kvviz.memory import configs, count_params
+
 from .checks import check_model_name, looks_like_hub_id
 
-BUNDLED_MODELS = ("smollm2-135m", "gemma-3-270m")  # kvviz.models.BUNDLED (not imported: it imports torch)
-DEFAULT_MODEL = BUNDLED_MODELS[0]  # kvviz.models.DEFAULT_MODEL
+BUNDLED_MODELS = tuple(models.BUNDLED)
+DEFAULT_MODEL = models.DEFAULT_MODEL
 _MAX_MODELS_ENV, _MAX_PARAMS_ENV = "KVVIZ_MAX_MODELS", "KVVIZ_MAX_PARAMS"
 
 
@@ -58,8 +63,6 @@ def max_params() -> float:
     """The largest model (parameters) a user may type in: env KVVIZ_MAX_PARAMS, default 2e9 (8e9 with CUDA)."""
     text = os.environ.get(_MAX_PARAMS_ENV, "").strip()
     if not text:
-        import torch
-
         return 8e9 if torch.cuda.is_available() else 2e9
     try:
         value = float(text)
@@ -79,8 +82,6 @@ def check_model(value) -> str:
 def check_size(name: str) -> int:
     """Parameters of the unlisted hub model `name`, from its config.json alone (no weights downloaded); ValueError
     when it is over max_params(), needs remote code, or the hub cannot be reached (fast, offline included)."""
-    from kvviz.memory import configs, count_params
-
     try:
         params = count_params(configs.fetch_hub_config(name))
     except ValueError as err:
@@ -98,9 +99,7 @@ def load(name: str):
     not list passes check_size first; anything else goes to kvviz.models.load_model, unmemoised (the registry
     decides what stays resident). trust_remote_code is False on every path."""
     if name not in listed_models() and looks_like_hub_id(name):
-        check_size(name)  # first: refusing must not wait for transformers' import
-    from kvviz import models
-
+        check_size(name)  # first: refusing reads the config alone, no weights
     if name.startswith("tiny-"):
         return models.tiny_model(name.removeprefix("tiny-"))
     return models.load_model(None if name == DEFAULT_MODEL else name, memoise=False)

@@ -20,11 +20,15 @@ import math
 import gradio as gr
 import numpy as np
 
-from kvviz import plots
+from kvviz import memory as mem
+from kvviz import models, plots
 from kvviz.analysis import layer_norms, layer_sensitivity, ranking
 from kvviz.analysis.search import search as plan_search
+from kvviz.analysis.sensitivity import kv_layers
 from kvviz.export import export_plan
 from kvviz.formats import Plan
+from kvviz.memory import kv_cache_bytes_for
+from kvviz.quality.corpus import wikitext
 
 from .checks import (MAX_PROMPT_CHARS, check_choice, check_float, check_int, check_language, check_spec, check_text,
                      single_specs, spec_list)
@@ -48,8 +52,6 @@ _MIB = 1024 * 1024
 
 def _text(source, prompt) -> str:
     """The text to measure on: the prompt, or the bundled WikiText-2 slice (the library cuts it to the tokens)."""
-    from kvviz.quality.perplexity import wikitext
-
     source = check_choice(source, "Text", SOURCES)
     prompt = check_text(prompt, "The prompt", MAX_PROMPT_CHARS)  # checked either way: a wrong type is an error
     return wikitext() if source == "WikiText-2" else check_prompt(prompt)
@@ -92,7 +94,6 @@ def run(source, prompt, spec, tokens, model=None, lang="en", progress=gr.Progres
     tokens = check_int(tokens, "Tokens", MIN_TOKENS, MAX_TOKENS)
     lang = check_language(lang)
     llm, tok = get_model(progress, model=name)
-    from kvviz.analysis.sensitivity import kv_layers
 
     rows = 2 * len(kv_layers(llm))
     progress(0.1, desc=f"Measuring {rows} one-layer variants of {spec} on up to {tokens} tokens, as one batch…")
@@ -167,8 +168,6 @@ def _handover_specs(model, plan_text, candidates, custom_candidates) -> tuple[st
     plan_text = check_text(plan_text, "Plan")
     if not plan_text:
         raise ValueError("Find a plan first: the buttons hand the plan found to the other tab.")
-    from kvviz.memory import kv_cache_bytes_for
-
     names = _candidates(candidates, custom_candidates)
     config = get_model(model=check_model(model))[0].config
     cheapest = min(names, key=lambda c: kv_cache_bytes_for(config, PLAN_CONTEXT, k=c, layout="engine"))
@@ -187,9 +186,6 @@ def to_compare(model, plan_text, candidates, custom_candidates):
 def to_memory(model, plan_text, candidates, custom_candidates):
     """Open the Memory tab on this model's shape (its preset, else custom dimensions) with the plan, fp16 and the
     uniform cheapest candidate."""
-    from kvviz import memory as mem
-    from kvviz import models
-
     plan_text, cheapest = _handover_specs(model, plan_text, candidates, custom_candidates)
     name = check_model(model)
     lines = [plan_text] + ([cheapest] if cheapest not in (plan_text, "fp16") else [])

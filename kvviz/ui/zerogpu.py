@@ -16,6 +16,8 @@ import functools
 import os
 from collections.abc import Callable
 
+import torch
+
 _ENV = "SPACES_ZERO_GPU"
 DURATION_S = 120  # the longest GPU lease one call asks for (ZeroGPU's default is 60 s; the plan search takes more)
 
@@ -47,8 +49,6 @@ def gpu(fn: Callable) -> Callable:
 
 def to_device(model):
     """`model` on the GPU inside a ZeroGPU call (it was loaded on the CPU in the main process); else unchanged."""
-    import torch
-
     if active() and torch.cuda.is_available() and model.device.type != "cuda":
         model.to("cuda")
     return model
