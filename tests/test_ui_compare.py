@@ -13,9 +13,9 @@ from unittest import mock
 
 import pytest
 
-import kvviz.formats
+from kvviz.formats import kv as kv_module
 from kvviz.formats import plan as plan_module
-from kvviz.ui import compare, sensitivity
+from kvviz.ui import common, compare, registry, sensitivity
 
 PROMPT = "The capital of France is Paris, and the capital of Korea is"
 
@@ -25,6 +25,8 @@ def _env(monkeypatch):
     monkeypatch.setenv("KVVIZ_MODEL", "tiny-llama")
     monkeypatch.delenv("KVVIZ_MODELS", raising=False)
     monkeypatch.delenv("KVVIZ_ALLOW_ANY_MODEL", raising=False)
+    # a pool of their own: the page's pool is process-wide, and other tests expect it empty
+    monkeypatch.setattr(common, "MODELS", registry.ModelRegistry())
 
 
 def _progress(*args, **kwargs):
@@ -42,7 +44,7 @@ def test_compare_parses_each_typed_spec_once_and_measures_a_plans_perplexity():
     """One Compare request with a plan, plain specs and perplexity: every typed string goes through the text
     parser once; the pair parser never sees a plan; the plan's row gets its perplexity."""
     with mock.patch.object(plan_module, "_from_text", wraps=plan_module._from_text) as text_parser, \
-            mock.patch.object(kvviz.formats, "split_pair", wraps=kvviz.formats.split_pair) as pair_parser:
+            mock.patch.object(kv_module, "split_pair", wraps=kv_module.split_pair) as pair_parser:
         columns, table, _, status = _last(compare.run(PROMPT, ["int4"], "int4; 1=fp16\nk8v4", 4, True,
                                                       "tiny-llama", progress=_progress))
     parsed = Counter(c.args[0] for c in text_parser.call_args_list)

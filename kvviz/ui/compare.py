@@ -215,7 +215,7 @@ def build(tr: Translator) -> dict:
     c["status"] = gr.Markdown(elem_id="compare-status", label="status")
     c["columns"] = tr(gr.HTML(label=t("outputs"), elem_id="compare-columns"), label="outputs")
     with gr.Row():
-        c["table"] = tr(gr.Dataframe(label=t("metrics"), wrap=True), label="metrics")
+        c["table"] = tr(gr.Dataframe(label=t("metrics"), wrap=True, elem_id=f"{TAB}-metrics"), label="metrics")
     c["fig"] = gr.Plot(plots.empty_figure(), label="metrics per format", show_label=False)
     c["needle_box"] = tr(gr.Accordion(t("needle_title"), open=False, elem_id=f"{TAB}-needle"), label="needle_title")
     with c["needle_box"]:
