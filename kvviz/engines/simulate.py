@@ -37,3 +37,112 @@ def kld(specs: list[str], ids: list[int], model=None) -> dict[str, dict]:
         stats.update(engine="kvviz (simulated: dequantized K/V, fp32 weights, SDPA)", estimate="full vocabulary")
         out[spec] = stats
     return out
+
+
+# ---- llama.cpp's arithmetic (the `llama.cpp:<type>` names) ---------------------------------------------------
+
+def _architecture(reader) -> str:
+    field = reader.fields["general.architecture"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def interleaved_rope(gguf_path) -> bool:
+    """Whether llama.cpp holds this GGUF's Q/K channels RoPE-interleaved (its "norm" RoPE: Llama's converter
+    permutes q/k weights, transformers un-permutes them): a different head_dim order for the cache's blocks."""
+    import gguf
+
+    return _architecture(gguf.GGUFReader(str(gguf_path))) in _NORM_ROPE
+
+
+_NORM_ROPE = ("llama",)  # llama_model_rope_type() == LLAMA_ROPE_TYPE_NORM among the bundled models' archs
+
+
+def weight_vec_dot(gguf_path, model) -> dict[str, str]:
+    """{module name: vec_dot_type} for each nn.Linear of `model` whose weight the GGUF at gguf_path stores: what
+    ggml's CPU matmul converts that layer's input to (kvviz.ggml_attention.WEIGHT_VEC_DOT of the tensor's type). A
+    tied LM head reads the token embedding's type, as llama.cpp does when the GGUF has no `output.weight`."""
+    import gguf
+
+    from kvviz.ggml_attention import WEIGHT_VEC_DOT
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[_architecture(reader)]
+    types = {t.name.removesuffix(".weight"): t.tensor_type.name for t in reader.tensors}
+    types.setdefault("output", types.get("token_embd"))
+    names = gguf.get_tensor_name_map(arch, model.config.get_text_config(decoder=True).num_hidden_layers)
+    out = {}
+    for name, module in model.named_modules():
+        tensor = names.get_name(name) if isinstance(module, torch.nn.Linear) else None
+        if tensor is not None and types.get(tensor) is not None:
+            out[name] = WEIGHT_VEC_DOT[types[tensor]]
+    return out
+
+
+def llamacpp_logprobs(model, ids: list[int], vec_dot: dict[str, str], k_type: str, v_type: str,
+                      rotate: bool = True, interleaved: bool = False) -> torch.Tensor:
+    """log-softmax [T, vocab] (float32) of the token ids [T] run through `model` (fp32 weights: the GGUF's, as
+    kvviz.models loads them) with llama.cpp's arithmetic: every Linear's input rounded to its weight's vec_dot_type
+    (`vec_dot`: weight_vec_dot()), and attention through kvviz.ggml_attention.attention with K cache `k_type`, V
+    cache `v_type` ("f16" or a ggml type) and llama.cpp's rotation when `rotate`; interleaved: the GGUF's Q/K
+    channels are RoPE-interleaved (interleaved_rope()). All T tokens in one batch."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    from kvviz import ggml_attention
+
+    def attn(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+        return ggml_attention.attention(query, key, value, attention_mask, scaling, k_type, v_type, rotate,
+                                        kwargs.get("softcap"), interleaved), None
+
+    def round_input(name):
+        return lambda module, args: (ggml_attention.round_activation(args[0], vec_dot[name]), *args[1:])
+
+    AttentionInterface.register(_GGML_ATTN, attn)
+    AttentionMaskInterface.register(_GGML_ATTN, sdpa_mask)
+    before = model.config._attn_implementation
+    modules = dict(model.named_modules())
+    hooks = [modules[name].register_forward_pre_hook(round_input(name)) for name in vec_dot]
+    model.set_attn_implementation(_GGML_ATTN)
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids], device=model.device), use_cache=False).logits[0]
+    finally:
+        model.set_attn_implementation(before)
+        for h in hooks:
+            h.remove()
+    return torch.log_softmax(logits.double(), dim=-1).float()  # [T, vocab]
+
+
+_GGML_ATTN = "llama.cpp"
+
+
+def llamacpp_kld(specs: list[str], ids: list[int], model=None, gguf=None, rotate: bool = True) -> dict[str, dict]:
+    """{spec: kvviz.quality.kld stats}: kvviz's simulation of llama.cpp running each spec's cache types on the token
+    ids [T] (the bridge's), against the same simulation with an f16 cache, positions 0..T-2 scored as the bridge
+    scores them. model: a loaded causal LM or a bundled name (default SmolLM2); gguf: the GGUF its weights came
+    from (default: the bundled model's), whose tensor types set the matmul input rounding. rotate: llama.cpp's
+    default Hadamard rotation (False: LLAMA_ATTN_ROT_DISABLE=1)."""
+    from kvviz.engines.llamacpp import resolve_gguf, type_pair
+    from kvviz.quality.kld import kld_stats
+
+    pairs = {spec: type_pair(spec) for spec in specs}  # bad specs fail before any compute
+    if gguf is None:
+        if not (model is None or isinstance(model, str)):
+            raise ValueError("Pass gguf=, the GGUF file the loaded model's weights came from.")
+        gguf = resolve_gguf(model)
+    if model is None or isinstance(model, str):
+        from kvviz.models import load_model
+
+        model, _ = load_model(model)
+    vec_dot, interleaved = weight_vec_dot(gguf, model), interleaved_rope(gguf)
+    base = llamacpp_logprobs(model, ids, vec_dot, "f16", "f16", interleaved=interleaved)[:-1]
+    targets = torch.tensor(ids[1:])
+    out = {}
+    for spec, (k_type, v_type) in pairs.items():
+        cand = llamacpp_logprobs(model, ids, vec_dot, k_type, v_type, rotate, interleaved)[:-1]
+        stats = kld_stats(base, cand, targets)
+        stats.update(engine="kvviz (simulated llama.cpp: rounded matmul inputs, its flash attention"
+                            f"{', rotated K/V' if rotate else ''})", estimate="full vocabulary")
+        out[spec] = stats
+    return out
