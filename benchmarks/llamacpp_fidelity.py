@@ -5,8 +5,8 @@ cache (kvviz.engines.llamacpp, llama-cpp-python in-process, flash attention), wi
 LLAMA_ATTN_ROT_DISABLE=1, beside kvviz's simulation of the same run (kvviz.engines.simulate.llamacpp_kld: the
 GGUF's weights in fp32 with every matmul input rounded as ggml's CPU matmul rounds it, and
 kvviz.ggml_attention's flash attention, rotation on / off) and kvviz's bare formats (kvviz.engines.simulate.kld).
-A ratio is simulated / llama.cpp; "ok" marks a pair within the bound (20%, or 0.0005 absolute when both are
-below 0.0025).
+A ratio is simulated / llama.cpp; "!" marks one outside the bound (simulate.within_bound: 20%, or 0.0005 absolute
+when both are below 0.0025).
 
     python benchmarks/llamacpp_fidelity.py                                  # both models, 512 tokens
     python benchmarks/llamacpp_fidelity.py --models smollm2-135m --tokens 256 --specs q8_0,q4_0
@@ -28,11 +28,8 @@ SPECS = "q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,k=q8_0,v=q4_0"
 MODELS = "smollm2-135m,gemma-3-270m"
 
 
-def within(ours: float, theirs: float) -> bool:
-    """Issue 21's bound: within 20% of llama.cpp's mean KLD, or 0.0005 absolute where both are below 0.0025."""
-    if ours < 0.0025 and theirs < 0.0025:
-        return abs(ours - theirs) <= 0.0005
-    return abs(ours - theirs) <= 0.2 * theirs
+def _ratio(ours: float, theirs: float) -> str:
+    return f"{ours / theirs:.2f}{'' if simulate.within_bound(ours, theirs) else ' !'}"
 
 
 def measure(model: str, specs: list[str], tokens: int, threads: int | None) -> list[list[str]]:
@@ -48,8 +45,8 @@ def measure(model: str, specs: list[str], tokens: int, threads: int | None) -> l
     rows = []
     for s in specs:
         a, b, c, d = rot[s]["mean"], sim_rot[s]["mean"], norot[s]["mean"], sim_norot[s]["mean"]
-        rows.append([model, s, f"{a:.5f}", f"{b:.5f}", f"{b / a:.2f}{'' if within(b, a) else ' !'}", f"{c:.5f}",
-                     f"{d:.5f}", f"{d / c:.2f}{'' if within(d, c) else ' !'}", f"{bare[s]['mean']:.5f}"])
+        rows.append([model, s, f"{a:.5f}", f"{b:.5f}", _ratio(b, a), f"{c:.5f}", f"{d:.5f}", _ratio(d, c),
+                     f"{bare[s]['mean']:.5f}"])
     return rows
 
 

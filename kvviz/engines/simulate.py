@@ -117,6 +117,14 @@ def llamacpp_logprobs(model, ids: list[int], vec_dot: dict[str, str], k_type: st
 _GGML_ATTN = "llama.cpp"
 
 
+def within_bound(ours: float, theirs: float) -> bool:
+    """Whether a simulated mean KLD is faithful to the engine's (issue 21): within 20% of it, or within 0.0005
+    absolute where both are below 0.0025."""
+    if ours < 0.0025 and theirs < 0.0025:
+        return abs(ours - theirs) <= 0.0005
+    return abs(ours - theirs) <= 0.2 * theirs
+
+
 def llamacpp_kld(specs: list[str], ids: list[int], model=None, gguf=None, rotate: bool = True) -> dict[str, dict]:
     """{spec: kvviz.quality.kld stats}: kvviz's simulation of llama.cpp running each spec's cache types on the token
     ids [T] (the bridge's), against the same simulation with an f16 cache, positions 0..T-2 scored as the bridge
