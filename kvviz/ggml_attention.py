@@ -23,6 +23,10 @@ Followed from the llama.cpp that llama-cpp-python 0.3.36 vendors:
   KLD and kvviz's unrotated formats: a KV error, however small, flips some of those roundings in every later layer,
   so the output moves by about a rounding step where it would have moved by the KV error itself.
 
+Not simulated (the figures agree with llama.cpp's within 20% without them; benchmarks/llamacpp_fidelity.py): the
+order of llama.cpp's sums, q8_1's fp16 block sums, ggml's GELU through an fp16 table (Gemma), an f16 V's f16
+accumulator beside a quantized K. So the simulation matches llama.cpp's statistics, not its bits.
+
     from kvviz import ggml_attention as ga
     q8 = ga.round_activation(x, "q8_0")                          # x [..., D], D % 32 == 0
     out = ga.attention(q, k, v, mask, scaling, "q4_0", "q4_0")   # [B, T, Hq, Dv]

@@ -6,13 +6,20 @@ and an exact row, the first token alone and then the rest at once, so every late
 stores them (quantized on append, before attention reads), as in llama.cpp's batch. Positions 1..T-2 are scored
 (position 0 reads no cache in kvviz; llama.cpp's bridge also scores it). Statistics are kvviz.quality.kld's.
 
+`llamacpp_kld` simulates what llama.cpp itself runs (the `llama.cpp:<type>` names): the same fp32 weights with
+every matmul input rounded to the GGUF weight type's 8-bit partner, llama.cpp's flash attention and rotation
+(kvviz.ggml_attention), all tokens in one batch, against the same simulation with an f16 cache, positions 0..T-2.
+
     from kvviz.engines import simulate
     simulate.kld(["q8_0", "k=q8_0,v=q4_0"], ids)        # ids: the tokens the bridge scored (with BOS)
+    simulate.llamacpp_kld(["q4_0"], ids, rotate=False)   # what llama.cpp with LLAMA_ATTN_ROT_DISABLE=1 measures
 """
 
 from __future__ import annotations
 
 import torch
+
+from kvviz import ggml_attention
 
 
 def kld(specs: list[str], ids: list[int], model=None) -> dict[str, dict]:
@@ -63,8 +70,6 @@ def weight_vec_dot(gguf_path, model) -> dict[str, str]:
     tied LM head reads the token embedding's type, as llama.cpp does when the GGUF has no `output.weight`."""
     import gguf
 
-    from kvviz.ggml_attention import WEIGHT_VEC_DOT
-
     reader = gguf.GGUFReader(str(gguf_path))
     arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[_architecture(reader)]
     types = {t.name.removesuffix(".weight"): t.tensor_type.name for t in reader.tensors}
@@ -74,7 +79,7 @@ def weight_vec_dot(gguf_path, model) -> dict[str, str]:
     for name, module in model.named_modules():
         tensor = names.get_name(name) if isinstance(module, torch.nn.Linear) else None
         if tensor is not None and types.get(tensor) is not None:
-            out[name] = WEIGHT_VEC_DOT[types[tensor]]
+            out[name] = ggml_attention.WEIGHT_VEC_DOT[types[tensor]]
     return out
 
 
@@ -87,8 +92,6 @@ def llamacpp_logprobs(model, ids: list[int], vec_dot: dict[str, str], k_type: st
     channels are RoPE-interleaved (interleaved_rope()). All T tokens in one batch."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    from kvviz import ggml_attention
 
     def attn(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
