@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if engine == "llama.cpp" and args.with_kvviz:
         ids, results = llamacpp.run(specs, model=args.model, text=text, tokens=args.tokens, **options)
         simulated = simulate.kld(specs, ids, args.model)
+        engine_sim = simulate.llamacpp_kld(specs, ids, args.model, rotate=options["rotate"])
     elif args.with_kvviz:
         raise ValueError("--with-kvviz runs with llama.cpp (--specs), not with servers.")
     else:
@@ -89,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
         print("\nkvviz's simulation, same tokens (transformers, the GGUF's weights dequantized to fp32, against the "
               "exact model; positions 1 on):")
         _print_table(simulated)
+        print("\nkvviz's simulation of llama.cpp's arithmetic, same tokens (matmul inputs rounded to 8 bits, its "
+              f"flash attention{', K/V rotated' if options['rotate'] else ''}; f16-cache baseline; positions 0 on):")
+        _print_table(engine_sim)
     print(f"\nKLD in nats, KL(baseline || format) per position; estimate: {first['estimate']}.")
     if "rotation" in first:
         print(f"K/V rotation: {first['rotation']}.")

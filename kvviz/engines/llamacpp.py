@@ -5,13 +5,19 @@ flash_attn=True)`), the same tokens are evaluated, and every position's logits a
 The baseline is the same model with an f16 K and V cache. Statistics are kvviz.metrics' (llama.cpp's own
 `llama-perplexity --kl-divergence` definitions) over positions 0..tokens-2, each predicting the next token.
 
-What llama.cpp does that kvviz's simulation does not (why the two figures differ):
-- builds since April 2026 (this one included) rotate K and V by a Hadamard transform before storing a quantized
-  type when head_dim is a multiple of 64 (`rotate=False` sets LLAMA_ATTN_ROT_DISABLE=1 and stores what kvviz's
-  unrotated formats store);
-- on the CPU, attention against a quantized K quantizes Q to the K type's dot-product partner (q8_0 for q4_0 ...),
-  and the weights stay in the GGUF's own quantization (SmolLM2's bundled file is Q4_1) for every matmul;
-- within one batch, the tokens' own K/V are written to the cache first and read back quantized, as in kvviz.
+Why llama.cpp's figures differ from kvviz's bare formats (measured: benchmarks/llamacpp_fidelity.py), each
+simulated by kvviz.engines.simulate.llamacpp_kld with kvviz.ggml_attention:
+- every weight matmul rounds its input to 8 bits (q8_0 / q8_1 / q8_K, the weight type's vec_dot_type): a KV
+  error flips some of those roundings in each later layer, which is most of q8_0's KLD (0.0034 here, 0.0003 for
+  kvviz's bare q8_0 at 512 tokens of SmolLM2);
+- builds since April 2026 (this one included) rotate a quantized K (and Q) by a Hadamard transform of the largest
+  power of two >= 64 dividing head_dim, and a quantized V by 64-wide blocks, un-rotating the output
+  (`rotate=False` sets LLAMA_ATTN_ROT_DISABLE=1);
+- for Llama-family GGUFs Q/K channels are RoPE-interleaved (the converter permutes the weights), so the cache's
+  32-value blocks group other channels than transformers' order does;
+- its CPU flash attention converts Q to K's dot-product partner (q8_0 for q4_0 ...) when the cache is quantized;
+- within one batch, the tokens' own K/V are written to the cache first and read back as stored, position 0 too.
+The baseline is llama.cpp's own f16 cache with the same arithmetic.
 
     from kvviz.engines import llamacpp
     stats = llamacpp.kld(["q8_0", "k=q8_0,v=q4_0"], tokens=256)   # {spec: {"mean": ..., "p99": ..., ...}}
@@ -24,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -121,21 +128,26 @@ def _captured_log(llama_cpp):
         llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
 
 
+_ENV_LOCK = threading.Lock()  # the app serves requests on threads; os.environ is one per process
+
+
 @contextlib.contextmanager
 def _rotation(rotate: bool):
-    """llama.cpp reads LLAMA_ATTN_ROT_DISABLE when it builds a KV cache (at context creation)."""
-    old = os.environ.get(_ROT_ENV)
-    if not rotate:
-        os.environ[_ROT_ENV] = "1"
-    else:
-        os.environ.pop(_ROT_ENV, None)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(_ROT_ENV, None)
+    """llama.cpp reads LLAMA_ATTN_ROT_DISABLE when it builds a KV cache (at context creation); held under a lock so
+    two requests with different rotations cannot see each other's setting."""
+    with _ENV_LOCK:
+        old = os.environ.get(_ROT_ENV)
+        if not rotate:
+            os.environ[_ROT_ENV] = "1"
         else:
-            os.environ[_ROT_ENV] = old
+            os.environ.pop(_ROT_ENV, None)
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(_ROT_ENV, None)
+            else:
+                os.environ[_ROT_ENV] = old
 
 
 def type_pair(spec: str) -> tuple[str, str]:

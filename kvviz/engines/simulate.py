@@ -6,15 +6,20 @@ and an exact row, the first token alone and then the rest at once, so every late
 stores them (quantized on append, before attention reads), as in llama.cpp's batch. Positions 1..T-2 are scored
 (position 0 reads no cache in kvviz; llama.cpp's bridge also scores it). Statistics are kvviz.metrics'.
 
+`llamacpp_kld` simulates what llama.cpp itself runs (the `llama.cpp:<type>` names): the same fp32 weights with
+every matmul input rounded to the GGUF weight type's 8-bit partner, llama.cpp's flash attention and rotation
+(kvviz.ggml_attention), all tokens in one batch, against the same simulation with an f16 cache, positions 0..T-2.
+
     from kvviz.engines import simulate
     simulate.kld(["q8_0", "k=q8_0,v=q4_0"], ids)        # ids: the tokens the bridge scored (with BOS)
+    simulate.llamacpp_kld(["q4_0"], ids, rotate=False)   # what llama.cpp with LLAMA_ATTN_ROT_DISABLE=1 measures
 """
 
 from __future__ import annotations
 
 import torch
 
-from kvviz import models
+from kvviz import ggml_attention, models
 from kvviz.analysis.rows import row_values
 from kvviz.formats import as_plans
 from kvviz.metrics import summarize
@@ -33,5 +38,118 @@ def kld(specs: list[str], ids: list[int], model=None) -> dict[str, dict]:
     for spec, v in zip(specs, values):
         stats = summarize(*v)
         stats.update(engine="kvviz (simulated: dequantized K/V, fp32 weights, SDPA)", estimate="full vocabulary")
+        out[spec] = stats
+    return out
+
+
+# ---- llama.cpp's arithmetic (the `llama.cpp:<type>` names) ---------------------------------------------------
+
+def _architecture(reader) -> str:
+    field = reader.fields["general.architecture"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def interleaved_rope(gguf_path) -> bool:
+    """Whether llama.cpp holds this GGUF's Q/K channels RoPE-interleaved (its "norm" RoPE: Llama's converter
+    permutes q/k weights, transformers un-permutes them): a different head_dim order for the cache's blocks."""
+    import gguf
+
+    return _architecture(gguf.GGUFReader(str(gguf_path))) in _NORM_ROPE
+
+
+_NORM_ROPE = ("llama",)  # llama_model_rope_type() == LLAMA_ROPE_TYPE_NORM among the bundled models' archs
+
+
+def weight_vec_dot(gguf_path, model) -> dict[str, str]:
+    """{module name: vec_dot_type} for each nn.Linear of `model` whose weight the GGUF at gguf_path stores: what
+    ggml's CPU matmul converts that layer's input to (kvviz.ggml_attention.WEIGHT_VEC_DOT of the tensor's type). A
+    tied LM head reads the token embedding's type, as llama.cpp does when the GGUF has no `output.weight`."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[_architecture(reader)]
+    types = {t.name.removesuffix(".weight"): t.tensor_type.name for t in reader.tensors}
+    types.setdefault("output", types.get("token_embd"))
+    names = gguf.get_tensor_name_map(arch, model.config.get_text_config(decoder=True).num_hidden_layers)
+    out = {}
+    for name, module in model.named_modules():
+        tensor = names.get_name(name) if isinstance(module, torch.nn.Linear) else None
+        if tensor is not None and types.get(tensor) is not None:
+            out[name] = ggml_attention.WEIGHT_VEC_DOT[types[tensor]]
+    return out
+
+
+def llamacpp_logprobs(model, ids: list[int], vec_dot: dict[str, str], k_type: str, v_type: str,
+                      rotate: bool = True, interleaved: bool = False) -> torch.Tensor:
+    """log-softmax [T, vocab] (float32) of the token ids [T] run through `model` (fp32 weights: the GGUF's, as
+    kvviz.models loads them) with llama.cpp's arithmetic: every Linear's input rounded to its weight's vec_dot_type
+    (`vec_dot`: weight_vec_dot()), and attention through kvviz.ggml_attention.attention with K cache `k_type`, V
+    cache `v_type` ("f16" or a ggml type) and llama.cpp's rotation when `rotate`; interleaved: the GGUF's Q/K
+    channels are RoPE-interleaved (interleaved_rope()). All T tokens in one batch."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def attn(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+        return ggml_attention.attention(query, key, value, attention_mask, scaling, k_type, v_type, rotate,
+                                        kwargs.get("softcap"), interleaved), None
+
+    def round_input(name):
+        return lambda module, args: (ggml_attention.round_activation(args[0], vec_dot[name]), *args[1:])
+
+    AttentionInterface.register(_GGML_ATTN, attn)
+    AttentionMaskInterface.register(_GGML_ATTN, sdpa_mask)
+    before = model.config._attn_implementation
+    modules = dict(model.named_modules())
+    hooks = [modules[name].register_forward_pre_hook(round_input(name)) for name in vec_dot]
+    model.set_attn_implementation(_GGML_ATTN)
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids], device=model.device), use_cache=False).logits[0]
+    finally:
+        model.set_attn_implementation(before)
+        for h in hooks:
+            h.remove()
+    return torch.log_softmax(logits.double(), dim=-1).float()  # [T, vocab]
+
+
+_GGML_ATTN = "llama.cpp"
+
+
+def within_bound(ours: float, theirs: float) -> bool:
+    """Whether a simulated mean KLD is faithful to the engine's (issue 21): within 20% of it, or within 0.0005
+    absolute where both are below 0.0025."""
+    if ours < 0.0025 and theirs < 0.0025:
+        return abs(ours - theirs) <= 0.0005
+    return abs(ours - theirs) <= 0.2 * theirs
+
+
+def llamacpp_kld(specs: list[str], ids: list[int], model=None, gguf=None, rotate: bool = True) -> dict[str, dict]:
+    """{spec: kvviz.quality.kld stats}: kvviz's simulation of llama.cpp running each spec's cache types on the token
+    ids [T] (the bridge's), against the same simulation with an f16 cache, positions 0..T-2 scored as the bridge
+    scores them. model: a loaded causal LM or a bundled name (default SmolLM2); gguf: the GGUF its weights came
+    from (default: the bundled model's), whose tensor types set the matmul input rounding. rotate: llama.cpp's
+    default Hadamard rotation (False: LLAMA_ATTN_ROT_DISABLE=1)."""
+    from kvviz.engines.llamacpp import resolve_gguf, type_pair
+    from kvviz.quality.kld import kld_stats
+
+    pairs = {spec: type_pair(spec) for spec in specs}  # bad specs fail before any compute
+    if gguf is None:
+        if not (model is None or isinstance(model, str)):
+            raise ValueError("Pass gguf=, the GGUF file the loaded model's weights came from.")
+        gguf = resolve_gguf(model)
+    if model is None or isinstance(model, str):
+        from kvviz.models import load_model
+
+        model, _ = load_model(model)
+    vec_dot, interleaved = weight_vec_dot(gguf, model), interleaved_rope(gguf)
+    base = llamacpp_logprobs(model, ids, vec_dot, "f16", "f16", interleaved=interleaved)[:-1]
+    targets = torch.tensor(ids[1:])
+    out = {}
+    for spec, (k_type, v_type) in pairs.items():
+        cand = llamacpp_logprobs(model, ids, vec_dot, k_type, v_type, rotate, interleaved)[:-1]
+        stats = kld_stats(base, cand, targets)
+        stats.update(engine="kvviz (simulated llama.cpp: rounded matmul inputs, its flash attention"
+                            f"{', rotated K/V' if rotate else ''})", estimate="full vocabulary")
         out[spec] = stats
     return out
