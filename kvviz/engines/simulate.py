@@ -17,12 +17,16 @@ every matmul input rounded to the GGUF weight type's 8-bit partner, llama.cpp's 
 
 from __future__ import annotations
 
+import gguf
 import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from kvviz import ggml_attention, models
 from kvviz.analysis.rows import row_values
+from kvviz.engines.llamacpp import resolve_gguf, type_pair
 from kvviz.formats import as_plans
-from kvviz.metrics import summarize
+from kvviz.metrics import kld_stats, summarize
 
 
 def kld(specs: list[str], ids: list[int], model=None) -> dict[str, dict]:
@@ -52,8 +56,6 @@ def _architecture(reader) -> str:
 def interleaved_rope(gguf_path) -> bool:
     """Whether llama.cpp holds this GGUF's Q/K channels RoPE-interleaved (its "norm" RoPE: Llama's converter
     permutes q/k weights, transformers un-permutes them): a different head_dim order for the cache's blocks."""
-    import gguf
-
     return _architecture(gguf.GGUFReader(str(gguf_path))) in _NORM_ROPE
 
 
@@ -64,8 +66,6 @@ def weight_vec_dot(gguf_path, model) -> dict[str, str]:
     """{module name: vec_dot_type} for each nn.Linear of `model` whose weight the GGUF at gguf_path stores: what
     ggml's CPU matmul converts that layer's input to (kvviz.ggml_attention.WEIGHT_VEC_DOT of the tensor's type). A
     tied LM head reads the token embedding's type, as llama.cpp does when the GGUF has no `output.weight`."""
-    import gguf
-
     reader = gguf.GGUFReader(str(gguf_path))
     arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[_architecture(reader)]
     types = {t.name.removesuffix(".weight"): t.tensor_type.name for t in reader.tensors}
@@ -86,9 +86,6 @@ def llamacpp_logprobs(model, ids: list[int], vec_dot: dict[str, str], k_type: st
     (`vec_dot`: weight_vec_dot()), and attention through kvviz.ggml_attention.attention with K cache `k_type`, V
     cache `v_type` ("f16" or a ggml type) and llama.cpp's rotation when `rotate`; interleaved: the GGUF's Q/K
     channels are RoPE-interleaved (interleaved_rope()). All T tokens in one batch."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
     def attn(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         return ggml_attention.attention(query, key, value, attention_mask, scaling, k_type, v_type, rotate,
@@ -130,18 +127,13 @@ def llamacpp_kld(specs: list[str], ids: list[int], model=None, gguf=None, rotate
     scores them. model: a loaded causal LM or a bundled name (default SmolLM2); gguf: the GGUF its weights came
     from (default: the bundled model's), whose tensor types set the matmul input rounding. rotate: llama.cpp's
     default Hadamard rotation (False: LLAMA_ATTN_ROT_DISABLE=1)."""
-    from kvviz.engines.llamacpp import resolve_gguf, type_pair
-    from kvviz.quality.kld import kld_stats
-
     pairs = {spec: type_pair(spec) for spec in specs}  # bad specs fail before any compute
     if gguf is None:
         if not (model is None or isinstance(model, str)):
             raise ValueError("Pass gguf=, the GGUF file the loaded model's weights came from.")
         gguf = resolve_gguf(model)
     if model is None or isinstance(model, str):
-        from kvviz.models import load_model
-
-        model, _ = load_model(model)
+        model, _ = models.load_model(model)
     vec_dot, interleaved = weight_vec_dot(gguf, model), interleaved_rope(gguf)
     base = llamacpp_logprobs(model, ids, vec_dot, "f16", "f16", interleaved=interleaved)[:-1]
     targets = torch.tensor(ids[1:])
