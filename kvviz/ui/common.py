@@ -128,9 +128,19 @@ def layer_head_inputs(default_layer_fraction: float = DEFAULT_LAYER_FRACTION, mo
     if shape is None:
         return (gr.Number(0, label="Layer", precision=0, minimum=0),
                 gr.Number(0, label="KV head", precision=0, minimum=0))
+    layer, head = _slider_ranges(shape, default_layer_fraction)
+    return gr.Slider(**layer, step=1, label="Layer"), gr.Slider(**head, step=1, label="KV head")
+
+
+def _slider_range(n: int, value: int) -> dict:
+    """A 0..n-1 slider's settings. gradio refuses a slider whose minimum equals its maximum, so a model with one
+    KV head (Gemma 3 270M) or one layer gets 0..1 held at 0 and locked (not interactive)."""
+    return dict(minimum=0, maximum=max(1, n - 1), value=value, interactive=n > 1)
+
+
+def _slider_ranges(shape: tuple[int, int], default_layer_fraction: float) -> tuple[dict, dict]:
     layers, heads = shape
-    return (gr.Slider(0, layers - 1, value=int(default_layer_fraction * (layers - 1)), step=1, label="Layer"),
-            gr.Slider(0, heads - 1, value=0, step=1, label="KV head"))
+    return _slider_range(layers, int(default_layer_fraction * (layers - 1))), _slider_range(heads, 0)
 
 
 def layer_head_updates(model, default_layer_fraction: float = DEFAULT_LAYER_FRACTION):
@@ -142,9 +152,8 @@ def layer_head_updates(model, default_layer_fraction: float = DEFAULT_LAYER_FRAC
         shape = None
     if shape is None:
         return gr.update(), gr.update()
-    layers, heads = shape
-    return (gr.update(minimum=0, maximum=layers - 1, value=int(default_layer_fraction * (layers - 1))),
-            gr.update(minimum=0, maximum=heads - 1, value=0))
+    layer, head = _slider_ranges(shape, default_layer_fraction)
+    return gr.update(**layer), gr.update(**head)
 
 
 def follow_model(model: gr.Dropdown, layer, head, default_layer_fraction: float = DEFAULT_LAYER_FRACTION) -> None:
