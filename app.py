@@ -77,6 +77,11 @@ def build_demo() -> gr.Blocks:
             picker.input(lambda m, n=len(others): m if n == 1 else [m] * n, picker, others,
                          api_visibility="private", queue=False)
             picker.change(common.header_markdown, picker, header, api_visibility="private", queue=False)
+        # A run that loaded a model writes its text outputs after the load: the header then says "loaded".
+        finished = [o.change for part in parts.values() for *_, outputs, _ in part["actions"].values()
+                    for o in outputs if isinstance(o, gr.Markdown)]
+        gr.on(list(dict.fromkeys(finished)), common.header_markdown, pickers[0], header, api_visibility="private",
+              queue=False)
         lang.change(lambda choice: tr.updates(i18n.lang_code(choice)), lang, tr.components,
                     api_visibility="private", queue=False)
         demo.load(i18n.choice_from_request, None, lang, api_visibility="private", queue=False)
