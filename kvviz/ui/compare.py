@@ -89,15 +89,21 @@ def _cells(row, lang: str) -> list:
             None if row.perplexity is None else round(row.perplexity, 3)]
 
 
+def _headers(dtype: str, lang: str = "en") -> list[str]:
+    """The metrics table's headers, perplexity last; dtype: what the exact baseline cache holds."""
+    headers = [t(k, lang) for k in ("h_format", "h_spec", "h_bits", "h_kl", "h_kl_median", "h_kl_p99", "h_top1",
+                                    "h_divergence", "h_cache_kib", "h_vs16", "h_vs_exact", "h_tps", "h_ppl")]
+    headers[10] = headers[10].format(dtype=dtype)
+    return headers
+
+
 def _metrics(rows, dtype: str, measured_ppl: bool, lang: str = "en") -> tuple[list[str], list[list], dict]:
     """Table headers and cells (baseline first) and the bar chart's columns, from QualityReport.rows().
     dtype: the model's dtype name, which the exact baseline cache holds. The KL's median and p99 over the steps sit
     next to its mean, as llama.cpp's KLD statistics put them. Two byte ratios: against the exact cache as this model
     runs it (`dtype`, float32 on the CPU), and against a 16-bit cache, what engines store (the chart's).
     measured_ppl: whether perplexity was measured (else no empty column)."""
-    headers = [t(k, lang) for k in ("h_format", "h_spec", "h_bits", "h_kl", "h_kl_median", "h_kl_p99", "h_top1",
-                                    "h_divergence", "h_cache_kib", "h_vs16", "h_vs_exact", "h_tps", "h_ppl")]
-    headers[10] = headers[10].format(dtype=dtype)
+    headers = _headers(dtype, lang)
     cells = [_cells(r, lang) for r in rows]
     columns = {
         t("c_kl", lang): [round(r.kl_mean, 5) for r in rows],
@@ -215,7 +221,9 @@ def build(tr: Translator) -> dict:
     c["status"] = gr.Markdown(elem_id="compare-status", label="status")
     c["columns"] = tr(gr.HTML(label=t("outputs"), elem_id="compare-columns"), label="outputs")
     with gr.Row():
-        c["table"] = tr(gr.Dataframe(label=t("metrics"), wrap=True), label="metrics")
+        # headers before the first run (without them gradio shows placeholder columns "1 2 3")
+        c["table"] = tr(gr.Dataframe(headers=_headers("model dtype")[:-1], label=t("metrics"), wrap=True),
+                        label="metrics")
     c["fig"] = gr.Plot(plots.empty_figure(), label="metrics per format", show_label=False)
     c["needle_box"] = tr(gr.Accordion(t("needle_title"), open=False, elem_id=f"{TAB}-needle"), label="needle_title")
     with c["needle_box"]:
