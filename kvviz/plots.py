@@ -136,7 +136,8 @@ def channel_profile(series: Mapping[str, Sequence[float]], title: str, y_title: 
                     outliers: Sequence[int] = ()) -> go.Figure:
     """Per-channel magnitude, one bar series per entry (K pre-RoPE, K post-RoPE, V, rotated K...).
 
-    series: {label: [value per channel]} of equal lengths (head_dim). outliers: channel indices to mark.
+    series: {label: [value per channel]} of equal lengths (head_dim). outliers: channel indices to mark (a few:
+    kvviz.analysis.stats.strongest_outliers), each just above its own bars.
     """
     assert series, "channel_profile needs at least one series"
     lengths = {len(v) for v in series.values()}
@@ -146,12 +147,14 @@ def channel_profile(series: Mapping[str, Sequence[float]], title: str, y_title: 
     colors = format_colors(list(series))
     for name, vals in series.items():
         fig.add_trace(go.Bar(x=channels, y=_finite(vals), name=name, marker_color=colors[name], opacity=0.85))
-    if outliers:
-        top = max(max(_v for _v in _finite(v) if _v is not None) for v in series.values())
-        fig.add_trace(go.Scatter(x=list(outliers), y=[top * 1.06] * len(outliers), mode="markers+text",
+    if outliers:  # each marker just above its own channel's tallest bar, so nearby channels stay apart
+        tallest = [max((v for v in (_finite([vals[c]])[0] for vals in series.values()) if v is not None), default=0.0)
+                   for c in outliers]
+        fig.add_trace(go.Scatter(x=list(outliers), y=[h * 1.04 for h in tallest], mode="markers+text",
                                  text=[str(c) for c in outliers], textposition="top center",
                                  marker=dict(symbol="triangle-down", size=9, color="#D55E00"),
-                                 name="outlier channel"))
+                                 name="outlier channel", cliponaxis=False,
+                                 hovertemplate="channel %{x}<br>|x| max %{y:.3g}<extra></extra>"))
     fig.update_xaxes(title_text="channel (index in head_dim)")
     fig.update_yaxes(title_text=y_title)
     return _layout(fig, title, barmode="group", bargap=0.15)

@@ -245,6 +245,7 @@ EN: dict[str, str] = {
     # Results (callbacks fill the {fields})
     "r_baseline": "exact (baseline)",
     "r_none": "none",
+    "r_outlier_count": "the strongest {shown} of {total}",
     "r_skipped": "**Skipped** (this model's shape cannot hold them):",
     "r_metrics_later": "Metrics appear when generation ends.",
     "r_prefill": "Prefilling {n} prompt tokens on `{model}`, then decoding {formats} formats + baseline as one batch…",
@@ -591,6 +592,7 @@ KO: dict[str, str] = {
     "model_info_any": "목록의 모델을 고르거나 Hugging Face 허브 id(owner/name)를 직접 입력하세요; 크기를 먼저 확인합니다",
     "r_baseline": "원본 (기준)",
     "r_none": "없음",
+    "r_outlier_count": "{total}개 중 가장 큰 {shown}개",
     "r_skipped": "**건너뜀** (이 모델의 형태로는 담을 수 없음):",
     "r_metrics_later": "생성이 끝나면 지표가 나타납니다.",
     "r_prefill": "`{model}`에서 프롬프트 토큰 {n}개를 프리필한 뒤, 포맷 {formats}개와 기준을 한 배치로 디코딩합니다…",
