@@ -566,6 +566,7 @@ GOOD_ARGS = {  # one valid call per endpoint, with its `model` and `language`; c
     "fused_speed": (["int4"], "", 128, 2, "tiny-llama", "English"),
     "outliers": (PROMPT, 0, 0, "tiny-llama", "한국어"),
     "error_map": (PROMPT, "int4", ["int8"], "", "V", 0, 0, "tiny-llama", "English"),
+    "anatomy": ("int4", "K", 1, 0, 1, PROMPT, "tiny-llama", "English"),
     "sensitivity": SENS_OK,
     "plan_search": PLAN_OK,
     "memory": ("custom", *MEMORY_OK[1:]),  # a custom shape: every field is read
