@@ -10,9 +10,9 @@ SmolLM2-135M-Instruct), KVVIZ_MODELS lists more to pick from, KVVIZ_ALLOW_ANY_MO
 (up to KVVIZ_MAX_PARAMS parameters), KVVIZ_MAX_MODELS bounds how many stay loaded (kvviz/ui/registry.py);
 KVVIZ_CONCURRENCY bounds concurrent model computations (default 1).
 
-api_names (for gradio_client): compare, needle, fused_speed, engine_compare, outliers, error_map, sensitivity,
-plan_search, memory, export, check_scales. Every one that runs a model (compare, needle, fused_speed, outliers,
-error_map, sensitivity, plan_search, export) ends with `model` (a name from the page's model picker; omitted: KVVIZ_MODEL) and `language`
+api_names (for gradio_client): compare, needle, fused_speed, engine_compare, outliers, error_map, anatomy,
+sensitivity, plan_search, memory, export, check_scales. Every one that runs a model (compare, needle, fused_speed,
+outliers, error_map, anatomy, sensitivity, plan_search, export) ends with `model` (a name from the page's model picker; omitted: KVVIZ_MODEL) and `language`
 ("English", the default, or "한국어": the results' language); engine_compare ends with `model` (its results are in
 English); check_scales takes (file, model).
 """

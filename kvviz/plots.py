@@ -441,3 +441,36 @@ def rotated_histogram(rotated: Sequence[float], codebook: Sequence[float], title
     fig.update_xaxes(title_text="rotated coordinate × sqrt(head_dim) (unitless)")
     fig.update_yaxes(title_text="probability density (1 / unit)")
     return _layout(fig, title, height=360)
+
+
+# --- Compare: quality against bytes --------------------------------------------------------------------------
+
+
+def quality_map(names: Sequence[str], bits: Sequence[float], kl: Sequence[float], frontier: Sequence[bool],
+                flags: Sequence[str | None], title: str, kl_floor: float = 1e-6) -> go.Figure:
+    """Mean KL against bits per value, one point per format or plan run, the Pareto frontier drawn as a line.
+
+    flags: each point's engine flag (kvviz.export) or None, written beside the point. KL is drawn on a log axis,
+    so a value under `kl_floor` (a lossless cast) sits at the floor; its hover gives the measured value.
+    """
+    n = len(names)
+    assert len(bits) == len(kl) == len(frontier) == len(flags) == n, "quality_map: one value per run in every list"
+    shown = [max(float(v), kl_floor) for v in kl]
+    colors = format_colors(list(names))
+    fig = go.Figure()
+    front = sorted((b, s) for b, s, f in zip(bits, shown, frontier) if f)
+    if front:
+        fig.add_trace(go.Scatter(x=[b for b, _ in front], y=[s for _, s in front], mode="lines",
+                                 name="Pareto frontier", line=dict(color="#444", dash="dash"), hoverinfo="skip"))
+    for name, b, s, v, f, flag in zip(names, bits, shown, kl, frontier, flags):
+        label = name if not flag else f"{name}<br><sub>{flag}</sub>"
+        fig.add_trace(go.Scatter(
+            x=[b], y=[s], mode="markers+text", name=name, text=[label], textposition="top center",
+            marker=dict(size=12 if f else 9, color=colors[name], symbol="circle" if f else "circle-open",
+                        line=dict(width=2, color=colors[name])),
+            hovertemplate=(f"{name}<br>{b:.3g} bits/value<br>mean KL {float(v):.3g} nats/token"
+                           + ("<br>on the Pareto frontier" if f else "") + (f"<br>{flag}" if flag else "")
+                           + "<extra></extra>")))
+    fig.update_xaxes(title_text="stored bits per value (bits, scales included)")
+    fig.update_yaxes(title_text="mean KL against the exact cache (nats/token, log)", type="log")
+    return _layout(fig, title, height=440, showlegend=False)

@@ -73,6 +73,8 @@ def _figures():
     yield P.format_anatomy(x, x, [round(v * 7) for v in x], [round(v * 7) / 7 for v in x], [round(v * 7) / 7 for v in x],
                            list(range(8)), [format(i, "04b") for i in range(8)], ["3 × 0.14 = 0.43"] * 8,
                            "anatomy", outliers=[2])
+    yield P.quality_map(["int4", "k8v4", "int4; 0=fp16"], [4.25, 6.1, 4.6], [0.05, 0.004, 0.0],
+                        [True, True, False], ["vllm --kv-cache-dtype int4_per_token_head", None, None], "map")
     yield P.rotated_histogram(rng.standard_normal(256).tolist(), [-0.2, -0.05, 0.05, 0.2], "rotated", token=x,
                               scale=4.0)
 
