@@ -30,9 +30,9 @@ EN: dict[str, str] = {
     "lesson2": "2 · Per-tensor scales fail, per-token/channel don't",
     "lesson3": "3 · K is sensitive, V tolerant (k8v4 vs k4v8)",
     "lesson4": "4 · E4M3 beats E5M2 for KV",
-    "lesson5": "5 · int4 loses the middle of a long context",
+    "lesson5": "5 · Coarse scales lose the needle; per-token int4 keeps it",
     "lesson6": "6 · Scales eat into the savings",
-    "lesson7": "7 · Fused dequantization is faster",
+    "lesson7": "7 · Fused dequantization beats unfused",
     "lesson8": "8 · A few layers carry the damage: keep them precise",
     "lesson_note1": ("**Lesson 1.** Read the *K beside V* chart: a few post-RoPE K channels (marked ▼) reach several "
                      "times the others, while V's channels stay level. The heatmap shows the same channels lit up "
@@ -418,9 +418,9 @@ KO: dict[str, str] = {
     "lesson2": "2 · 텐서 단위 스케일은 실패, 토큰/채널 단위는 성공",
     "lesson3": "3 · K는 민감하고 V는 관대하다 (k8v4 vs k4v8)",
     "lesson4": "4 · KV에는 E4M3가 E5M2보다 낫다",
-    "lesson5": "5 · int4는 긴 문맥의 중간을 놓친다",
+    "lesson5": "5 · 거친 스케일은 바늘을 놓치고, 토큰 단위 int4는 찾는다",
     "lesson6": "6 · 스케일 저장이 절감분을 갉아먹는다",
-    "lesson7": "7 · 역양자화를 커널에 융합하면 빨라진다",
+    "lesson7": "7 · 융합 역양자화가 비융합보다 빠르다",
     "lesson8": "8 · 소수의 레이어가 손상을 짊어진다: 그 레이어는 정밀하게",
     "lesson_note1": ("**레슨 1.** *K beside V* 그래프를 보세요: RoPE 이후 몇몇 K 채널(▼ 표시)은 다른 채널의 몇 배에 "
                      "이르지만 V의 채널은 고르게 유지됩니다. 히트맵에서는 같은 채널이 여러 레이어에 걸쳐 밝게 빛납니다."),
