@@ -384,7 +384,7 @@ def format_anatomy(inputs: Sequence[float], quantized_input: Sequence[float], le
                                      arithmetic)), "format_anatomy: every per-element list must be head_dim long"
     x = list(range(d))
     err = [r - i for r, i in zip(reconstructed, inputs)]
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07,
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.11,
                         subplot_titles=(f"1 · {domain} and its reconstruction", "2 · stored code per element",
                                         "3 · error after the read (reconstructed − input)"))
     hover = [f"element {i}<br>{domain}: {qi:.5g}<br>code {c} = bits {b}<br>{a}<br>reads back {r:.5g} "

@@ -201,7 +201,8 @@ def build(tr: Translator) -> dict:
         tr(gr.Markdown(t("anatomy_intro")), value="anatomy_intro")
         with gr.Row():
             c["anatomy_format"] = tr(gr.Dropdown(ANATOMY_CHOICES, value="int4", allow_custom_value=True,
-                                                 label=t("anatomy_format")), label="anatomy_format")
+                                                 label=t("anatomy_format"), elem_classes=["kv-anatomy-format"]),
+                                     label="anatomy_format")
             c["anatomy_side"] = tr(gr.Radio(list(SIDES), value="K", label=t("anatomy_side")), label="anatomy_side")
             c["anatomy_token"] = tr(gr.Number(5, precision=0, minimum=0, label=t("anatomy_token")),
                                     label="anatomy_token")
