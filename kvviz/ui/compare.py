@@ -227,8 +227,8 @@ def build(tr: Translator) -> dict:
     c["columns"] = tr(gr.HTML(label=t("outputs"), elem_id="compare-columns"), label="outputs")
     with gr.Row():
         # headers before the first run (without them gradio shows placeholder columns "1 2 3")
-        c["table"] = tr(gr.Dataframe(headers=_headers("model dtype")[:-1], label=t("metrics"), wrap=True),
-                        label="metrics")
+        c["table"] = tr(gr.Dataframe(headers=_headers("model dtype")[:-1], label=t("metrics"), wrap=True,
+                                     elem_id=f"{TAB}-table"), label="metrics")
     with gr.Row():
         c["fig"] = gr.Plot(plots.empty_figure(), label="metrics per format", show_label=False)
         c["map"] = gr.Plot(plots.empty_figure(), label="quality against bytes", show_label=False)
