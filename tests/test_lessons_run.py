@@ -37,8 +37,6 @@ def parts():
     mp.setenv("KVVIZ_MODEL", "tiny-llama")
     import app
 
-    with gr.Blocks():
-        pass
     demo_parts = {}
     real_wire = lessons.wire
     mp.setattr(lessons, "wire", lambda buttons, tabs, p, *rest: demo_parts.update(p) or real_wire(buttons, tabs, p,
