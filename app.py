@@ -14,7 +14,8 @@ turns that off. `python app.py --warm-up` only warms (the Dockerfile runs it at 
 
 api_names (for gradio_client): compare, needle, fused_speed, engine_compare, outliers, error_map, anatomy,
 sensitivity, plan_search, memory, export, check_scales. Every one that runs a model (compare, needle, fused_speed,
-outliers, error_map, anatomy, sensitivity, plan_search, export) ends with `model` (a name from the page's model picker; omitted: KVVIZ_MODEL) and `language`
+outliers, error_map, anatomy, sensitivity, plan_search, export) ends with `model` (a name from the page's model
+picker; omitted: KVVIZ_MODEL) and `language`
 ("English", the default, or "한국어": the results' language); engine_compare ends with `model` (its results are in
 English); check_scales takes (file, model).
 """

@@ -7,7 +7,8 @@ api_names:
     compare(prompt, specs, custom_specs, max_new_tokens, with_perplexity, model)
       -> (columns html, metrics table, metrics figure, status, quality-against-bytes map)
       (the map: mean KL against bits per value for every format and plan run, the Pareto frontier drawn, each
-      point labelled with its engine flag where an engine stores it; a generator: the columns update once per generated token; perplexity on WikiText-2 when asked)
+      point labelled with its engine flag where an engine stores it; a generator: the columns update once per
+      generated token; perplexity on WikiText-2 when asked)
     needle(specs, custom_specs, context_tokens, model) -> (needle figure, status)
 The accordions under the table hold their own endpoints: fused_speed (kvviz/ui/fused.py, lesson 7) and
 engine_compare (kvviz/ui/engines.py).
