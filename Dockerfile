@@ -27,5 +27,10 @@ RUN pip install --user --index-url https://download.pytorch.org/whl/cpu torch==2
 
 COPY --chown=user . .
 
+# Start warm: convert the bundled models (kvviz's disk cache, ~/.cache/kvviz) and compile the CPU kernels of
+# Compare's default formats (numba's on-disk cache) now, at build time, instead of while the first visitor waits.
+ENV NUMBA_CACHE_DIR=/home/user/.cache/numba
+RUN python app.py --warm-up
+
 EXPOSE 7860
 CMD ["python", "app.py"]

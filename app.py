@@ -8,11 +8,14 @@ Run: `make run` (or `python app.py`) serves http://127.0.0.1:7860; GRADIO_SERVER
 override the address (Spaces and the Dockerfile set them). KVVIZ_MODEL is the default model (default: the bundled
 SmolLM2-135M-Instruct), KVVIZ_MODELS lists more to pick from, KVVIZ_ALLOW_ANY_MODEL=1 lets users type any hub id
 (up to KVVIZ_MAX_PARAMS parameters), KVVIZ_MAX_MODELS bounds how many stay loaded (kvviz/ui/registry.py);
-KVVIZ_CONCURRENCY bounds concurrent model computations (default 1).
+KVVIZ_CONCURRENCY bounds concurrent model computations (default 1). At launch a background thread warms the
+default model and the kernels of Compare's default formats (the header says so while it runs); KVVIZ_WARMUP=0
+turns that off. `python app.py --warm-up` only warms (the Dockerfile runs it at build time) and exits.
 
-api_names (for gradio_client): compare, needle, fused_speed, engine_compare, outliers, error_map, sensitivity,
-plan_search, memory, export, check_scales. Every one that runs a model (compare, needle, fused_speed, outliers,
-error_map, sensitivity, plan_search, export) ends with `model` (a name from the page's model picker; omitted: KVVIZ_MODEL) and `language`
+api_names (for gradio_client): compare, needle, fused_speed, engine_compare, outliers, error_map, anatomy,
+sensitivity, plan_search, memory, export, check_scales. Every one that runs a model (compare, needle, fused_speed,
+outliers, error_map, anatomy, sensitivity, plan_search, export) ends with `model` (a name from the page's model
+picker; omitted: KVVIZ_MODEL) and `language`
 ("English", the default, or "한국어": the results' language); engine_compare ends with `model` (its results are in
 English); check_scales takes (file, model).
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 with contextlib.suppress(ImportError):  # ZeroGPU: `spaces` must be imported before anything initialises CUDA
     import spaces  # noqa: F401
@@ -77,10 +81,20 @@ def build_demo() -> gr.Blocks:
             picker.input(lambda m, n=len(others): m if n == 1 else [m] * n, picker, others,
                          api_visibility="private", queue=False)
             picker.change(common.header_markdown, picker, header, api_visibility="private", queue=False)
+        # A run that loaded a model writes its text outputs after the load: the header then says "loaded".
+        finished = [o.change for part in parts.values() for *_, outputs, _ in part["actions"].values()
+                    for o in outputs if isinstance(o, gr.Markdown)]
+        gr.on(list(dict.fromkeys(finished)), common.header_markdown, pickers[0], header, api_visibility="private",
+              queue=False)
         lang.change(lambda choice: tr.updates(i18n.lang_code(choice)), lang, tr.components,
                     api_visibility="private", queue=False)
         demo.load(i18n.choice_from_request, None, lang, api_visibility="private", queue=False)
-        demo.load(common.header_markdown, None, header, api_visibility="private", queue=False)  # model loaded yet?
+        # model loaded yet? While the launch warm-up runs, the header refreshes itself every 3 s until it ends.
+        timer = gr.Timer(3, active=False)
+        refresh = (lambda m: (common.header_markdown(m), gr.Timer(active=common.warming())), pickers[0],
+                   [header, timer])
+        demo.load(*refresh, api_visibility="private", queue=False)
+        timer.tick(*refresh, api_visibility="private", queue=False)
     return demo
 
 
@@ -91,8 +105,14 @@ def launch(demo: gr.Blocks, **kwargs):
 
 
 if __name__ == "__main__":
+    if "--warm-up" in sys.argv[1:]:  # build time (Dockerfile): convert the models and compile the kernels, then exit
+        for name in common.model_choices():
+            print(f"warmed {name} in {common.warm_up(name, compare.DEFAULT_SPECS):.1f} s", flush=True)
+        sys.exit(0)
     if zerogpu.active():  # the documented ZeroGPU pattern: load in the main process and move to "cuda" there
         common.get_model()[0].to("cuda")
+    elif os.environ.get("KVVIZ_WARMUP", "1") != "0":  # the page is served at once; the first click waits less
+        common.start_warm_up(specs=compare.DEFAULT_SPECS)
     launch(
         build_demo(),
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),

@@ -136,7 +136,8 @@ def channel_profile(series: Mapping[str, Sequence[float]], title: str, y_title: 
                     outliers: Sequence[int] = ()) -> go.Figure:
     """Per-channel magnitude, one bar series per entry (K pre-RoPE, K post-RoPE, V, rotated K...).
 
-    series: {label: [value per channel]} of equal lengths (head_dim). outliers: channel indices to mark.
+    series: {label: [value per channel]} of equal lengths (head_dim). outliers: channel indices to mark (a few:
+    kvviz.analysis.stats.strongest_outliers), each just above its own bars.
     """
     assert series, "channel_profile needs at least one series"
     lengths = {len(v) for v in series.values()}
@@ -146,12 +147,14 @@ def channel_profile(series: Mapping[str, Sequence[float]], title: str, y_title: 
     colors = format_colors(list(series))
     for name, vals in series.items():
         fig.add_trace(go.Bar(x=channels, y=_finite(vals), name=name, marker_color=colors[name], opacity=0.85))
-    if outliers:
-        top = max(max(_v for _v in _finite(v) if _v is not None) for v in series.values())
-        fig.add_trace(go.Scatter(x=list(outliers), y=[top * 1.06] * len(outliers), mode="markers+text",
+    if outliers:  # each marker just above its own channel's tallest bar, so nearby channels stay apart
+        tallest = [max((v for v in (_finite([vals[c]])[0] for vals in series.values()) if v is not None), default=0.0)
+                   for c in outliers]
+        fig.add_trace(go.Scatter(x=list(outliers), y=[h * 1.04 for h in tallest], mode="markers+text",
                                  text=[str(c) for c in outliers], textposition="top center",
                                  marker=dict(symbol="triangle-down", size=9, color="#D55E00"),
-                                 name="outlier channel"))
+                                 name="outlier channel", cliponaxis=False,
+                                 hovertemplate="channel %{x}<br>|x| max %{y:.3g}<extra></extra>"))
     fig.update_xaxes(title_text="channel (index in head_dim)")
     fig.update_yaxes(title_text=y_title)
     return _layout(fig, title, barmode="group", bargap=0.15)
@@ -361,3 +364,113 @@ def plan_tradeoff(nbytes: Sequence[float], kl: Sequence[float], labels: Sequence
     fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text="mean KL (nats/token)", type="log")
     return _layout(fig, title, height=400)
+
+
+# --- Format anatomy ------------------------------------------------------------------------------------------
+
+
+def format_anatomy(inputs: Sequence[float], quantized_input: Sequence[float], levels: Sequence[float],
+                   quantized_output: Sequence[float], reconstructed: Sequence[float], codes: Sequence[int],
+                   code_bits: Sequence[str], arithmetic: Sequence[str], title: str, domain: str = "input",
+                   outliers: Sequence[int] = (), value_unit: str = "value (abs. units of K or V)") -> go.Figure:
+    """One token of one head through a format, element by element (kvviz.analysis.anatomy.Anatomy's fields).
+
+    Three panels sharing the element axis: the value the codes quantize (the input, or its rotation) beside its
+    reconstruction in that domain; each element's code (hover: its bits and the arithmetic back to a value); the
+    error of the value attention reads back. outliers: channels to mark (the head's outlier channels).
+    """
+    d = len(inputs)
+    assert all(len(s) == d for s in (quantized_input, levels, quantized_output, reconstructed, codes, code_bits,
+                                     arithmetic)), "format_anatomy: every per-element list must be head_dim long"
+    x = list(range(d))
+    err = [r - i for r, i in zip(reconstructed, inputs)]
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.11,
+                        subplot_titles=(f"1 · {domain} and its reconstruction", "2 · stored code per element",
+                                        "3 · error after the read (reconstructed − input)"))
+    hover = [f"element {i}<br>{domain}: {qi:.5g}<br>code {c} = bits {b}<br>{a}<br>reads back {r:.5g} "
+             f"(input {v:.5g}, error {e:+.3g})"
+             for i, qi, c, b, a, r, v, e in zip(x, quantized_input, codes, code_bits, arithmetic, reconstructed,
+                                                 inputs, err)]
+    fig.add_trace(go.Scatter(x=x, y=_finite(quantized_input), mode="markers", name=domain,
+                             marker=dict(color=_PALETTE[0], size=7), hovertext=hover, hoverinfo="text"), 1, 1)
+    fig.add_trace(go.Scatter(x=x, y=_finite(quantized_output), mode="markers", name="reconstruction (same domain)",
+                             marker=dict(color=_PALETTE[1], size=7, symbol="x"), hovertext=hover,
+                             hoverinfo="text"), 1, 1)
+    fig.add_trace(go.Bar(x=x, y=list(codes), name="code", marker_color=_PALETTE[2], hovertext=hover,
+                         hoverinfo="text", text=list(code_bits) if d <= 64 else None, textposition="outside",
+                         textfont=dict(size=8)), 2, 1)
+    fig.add_trace(go.Bar(x=x, y=_finite(err), name="error", marker_color=_PALETTE[3], hovertext=hover,
+                         hoverinfo="text"), 3, 1)
+    for c in outliers:
+        fig.add_vline(x=c, line=dict(color="#D55E00", width=1, dash="dot"))
+    if outliers:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="outlier channel",
+                                 line=dict(color="#D55E00", dash="dot")), 1, 1)
+    fig.update_xaxes(title_text="element (channel index in head_dim)", row=3, col=1)
+    fig.update_yaxes(title_text=value_unit, row=1, col=1)
+    fig.update_yaxes(title_text="code (unsigned integer)", row=2, col=1)
+    fig.update_yaxes(title_text="error (abs. units)", row=3, col=1)
+    fig.update_xaxes(title_text="element (index)", row=1, col=1)
+    fig.update_xaxes(title_text="element (index)", row=2, col=1)
+    return _layout(fig, title, height=720)
+
+
+def rotated_histogram(rotated: Sequence[float], codebook: Sequence[float], title: str, token: Sequence[float] = (),
+                      scale: float = 1.0) -> go.Figure:
+    """TurboQuant's rotated coordinates against the Gaussian its codebook is built for.
+
+    rotated: every token's rotated unit-vector coordinates times `scale` (sqrt(head_dim), so the target is N(0, 1));
+    codebook: the centroids in unit-vector coordinates (drawn times `scale`); token: the chosen token's coordinates
+    (same scaling), marked under the histogram.
+    """
+    values = np.asarray(rotated, dtype=float)
+    fig = go.Figure(go.Histogram(x=values, histnorm="probability density", nbinsx=60, name="rotated coordinates",
+                                 marker_color=_PALETTE[0], opacity=0.7,
+                                 hovertemplate="%{x}<br>density %{y:.3g}<extra></extra>"))
+    grid = np.linspace(-4, 4, 201)
+    fig.add_trace(go.Scatter(x=grid, y=np.exp(-grid**2 / 2) / np.sqrt(2 * np.pi), mode="lines",
+                             name="N(0, 1): what the codebook is built for", line=dict(color=_PALETTE[1])))
+    centroids = [c * scale for c in codebook]
+    fig.add_trace(go.Scatter(x=centroids, y=[0.0] * len(centroids), mode="markers", name="codebook entry",
+                             marker=dict(symbol="line-ns-open", size=18, color=_PALETTE[3]),
+                             hovertemplate="centroid %{x:.4g}<extra></extra>"))
+    if len(token):
+        fig.add_trace(go.Scatter(x=list(token), y=[-0.02] * len(token), mode="markers", name="this token",
+                                 marker=dict(size=5, color=_PALETTE[2]),
+                                 hovertemplate="coordinate %{x:.4g}<extra></extra>"))
+    fig.update_xaxes(title_text="rotated coordinate × sqrt(head_dim) (unitless)")
+    fig.update_yaxes(title_text="probability density (1 / unit)")
+    return _layout(fig, title, height=360)
+
+
+# --- Compare: quality against bytes --------------------------------------------------------------------------
+
+
+def quality_map(names: Sequence[str], bits: Sequence[float], kl: Sequence[float], frontier: Sequence[bool],
+                flags: Sequence[str | None], title: str, kl_floor: float = 1e-6) -> go.Figure:
+    """Mean KL against bits per value, one point per format or plan run, the Pareto frontier drawn as a line.
+
+    flags: each point's engine flag (kvviz.export) or None, written beside the point. KL is drawn on a log axis,
+    so a value under `kl_floor` (a lossless cast) sits at the floor; its hover gives the measured value.
+    """
+    n = len(names)
+    assert len(bits) == len(kl) == len(frontier) == len(flags) == n, "quality_map: one value per run in every list"
+    shown = [max(float(v), kl_floor) for v in kl]
+    colors = format_colors(list(names))
+    fig = go.Figure()
+    front = sorted((b, s) for b, s, f in zip(bits, shown, frontier) if f)
+    if front:
+        fig.add_trace(go.Scatter(x=[b for b, _ in front], y=[s for _, s in front], mode="lines",
+                                 name="Pareto frontier", line=dict(color="#444", dash="dash"), hoverinfo="skip"))
+    for name, b, s, v, f, flag in zip(names, bits, shown, kl, frontier, flags):
+        label = name if not flag else f"{name}<br><sub>{flag}</sub>"
+        fig.add_trace(go.Scatter(
+            x=[b], y=[s], mode="markers+text", name=name, text=[label], textposition="top center",
+            marker=dict(size=12 if f else 9, color=colors[name], symbol="circle" if f else "circle-open",
+                        line=dict(width=2, color=colors[name])),
+            hovertemplate=(f"{name}<br>{b:.3g} bits/value<br>mean KL {float(v):.3g} nats/token"
+                           + ("<br>on the Pareto frontier" if f else "") + (f"<br>{flag}" if flag else "")
+                           + "<extra></extra>")))
+    fig.update_xaxes(title_text="stored bits per value (bits, scales included)")
+    fig.update_yaxes(title_text="mean KL against the exact cache (nats/token, log)", type="log")
+    return _layout(fig, title, height=440, showlegend=False)

@@ -300,3 +300,14 @@ def test_hybrid_analysis_reports_the_models_layer_numbers():
     assert summary["keys_post"]["outliers"].shape == (cap.layers,)
     assert analysis.capture_stats(cap)["layer_ids"] == cap.layer_ids
     assert analysis.layer_errors(cap, ["int4"])["int4"]["k"].shape == (cap.layers,)
+
+
+def test_strongest_outliers_are_the_largest_few_and_the_count():
+    from kvviz.analysis.stats import strongest_outliers
+
+    amax = np.ones((1, 2, 64))  # [layers, kv_heads, head_dim]
+    amax[0, 0, :20] = np.arange(20) + 10.0  # 20 outlier channels, channel 19 the largest
+    stats = {"amax": amax, "outliers": {(0, 0): list(range(20))}}
+    chans, total = strongest_outliers(stats, 0, 0)
+    assert chans == list(range(19, 11, -1)) and total == 20
+    assert strongest_outliers(stats, 0, 1) == ([], 0)

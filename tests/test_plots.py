@@ -42,6 +42,8 @@ def _assert_has_data(fig: go.Figure) -> None:
     for tr in fig.data:
         if isinstance(tr, go.Heatmap):
             assert np.asarray(tr.z).size > 0
+        elif isinstance(tr, go.Histogram):
+            assert len(tr.x) > 0
         else:
             assert len(tr.y) > 0
 
@@ -67,6 +69,14 @@ def _figures():
     yield P.sensitivity_heatmap([0.03, 0.001, math.nan], [0.002, 0.0005, math.nan], "sensitivity")
     yield P.sensitivity_ranking([("k", 0, 0.03), ("v", 0, 0.002), ("k", 1, 0.001)], "ranking")
     yield P.plan_tradeoff([1.0, 1.5, 2.0], [0.2, 0.05, 1e-6], ["int4", "int4; 0=fp16", "fp16"], 0.1, 1, "plans")
+    x = rng.standard_normal(8).tolist()
+    yield P.format_anatomy(x, x, [round(v * 7) for v in x], [round(v * 7) / 7 for v in x], [round(v * 7) / 7 for v in x],
+                           list(range(8)), [format(i, "04b") for i in range(8)], ["3 × 0.14 = 0.43"] * 8,
+                           "anatomy", outliers=[2])
+    yield P.quality_map(["int4", "k8v4", "int4; 0=fp16"], [4.25, 6.1, 4.6], [0.05, 0.004, 0.0],
+                        [True, True, False], ["vllm --kv-cache-dtype int4_per_token_head", None, None], "map")
+    yield P.rotated_histogram(rng.standard_normal(256).tolist(), [-0.2, -0.05, 0.05, 0.2], "rotated", token=x,
+                              scale=4.0)
 
 
 @pytest.mark.parametrize("fig", list(_figures()), ids=lambda f: f.layout.title.text[:30] or "untitled")

@@ -255,3 +255,18 @@ def test_quality_imports_go_one_way_and_never_from_inside_a_function():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kvviz.quality."):
                 other = node.module.split(".")[2]
                 assert floor[other] < level, f"quality/{name}.py imports quality/{other}.py, not on a lower floor"
+
+
+def test_quality_map_marks_the_pareto_frontier_and_engine_flags():
+    from kvviz.quality.report import CompareRow, quality_map
+
+    def row(name, bits, kl, baseline=False):
+        return CompareRow(name, baseline, name, bits, kl, kl, kl, 1.0, None, 1, 1.0, 1.0, None, None, "")
+
+    points = quality_map([row("exact (baseline)", 32, 0.0, True), row("fp8_e4m3", 8, 0.002), row("int8", 8.25, 0.003),
+                          row("int4", 4.25, 0.05), row("int4; 0=fp16", 4.6, 0.01), row("q4_0", 4.5, 0.06)])
+    assert [p.name for p in points] == ["fp8_e4m3", "int8", "int4", "int4; 0=fp16", "q4_0"]
+    assert {p.name for p in points if p.frontier} == {"fp8_e4m3", "int4", "int4; 0=fp16"}  # int8, q4_0 dominated
+    flags = {p.name: p.engine_flag for p in points}
+    assert flags["q4_0"] == "llama.cpp -ctk q4_0 -ctv q4_0 -fa on" and flags["int4; 0=fp16"] is None
+    assert flags["fp8_e4m3"].startswith("vllm ") or flags["fp8_e4m3"].startswith("sglang ")

@@ -45,7 +45,7 @@ def test_compare_parses_each_typed_spec_once_and_measures_a_plans_perplexity():
     parser once; the pair parser never sees a plan; the plan's row gets its perplexity."""
     with mock.patch.object(plan_module, "_from_text", wraps=plan_module._from_text) as text_parser, \
             mock.patch.object(kv_module, "split_pair", wraps=kv_module.split_pair) as pair_parser:
-        columns, table, _, status = _last(compare.run(PROMPT, ["int4"], "int4; 1=fp16\nk8v4", 4, True,
+        columns, table, _, status, _ = _last(compare.run(PROMPT, ["int4"], "int4; 1=fp16\nk8v4", 4, True,
                                                       "tiny-llama", progress=_progress))
     parsed = Counter(c.args[0] for c in text_parser.call_args_list)
     assert parsed == Counter({"int4": 1, "int4; 1=fp16": 1, "k8v4": 1}), parsed
@@ -62,5 +62,5 @@ def test_the_sensitivity_tabs_handover_lines_run_in_compare():
     """The plan the search hands to Compare (with the uniform cheapest candidate) compares as typed."""
     _, picked, lines = sensitivity.to_compare("tiny-llama", "int4; 1=fp16", ["int4", "fp16"], "")
     assert picked == [] and lines == "int4; 1=fp16\nint4"
-    _, table, _, _ = _last(compare.run(PROMPT, picked, lines, 3, False, "tiny-llama", progress=_progress))
+    _, table, _, _, _ = _last(compare.run(PROMPT, picked, lines, 3, False, "tiny-llama", progress=_progress))
     assert [r[0] for r in table.values.tolist()][1:] == ["int4; 1=fp16", "int4"]

@@ -178,7 +178,7 @@ def test_engine_compare_refuses_bad_input_with_a_message(client, index, junk, me
 def test_compare_shows_the_scale_warning_once_per_format(client):
     """A 5-token prompt fits fp8_e4m3's static scale on 5 tokens: each of SmolLM2's 60 layer sides warns, in each
     of the three caches Compare builds per format; the status says it once, and what then saturates."""
-    columns, table, fig, status = client.predict("The capital of France is", ["fp8_e4m3", "k8v4"], "", 2, False,
+    columns, table, fig, status, _ = client.predict("The capital of France is", ["fp8_e4m3", "k8v4"], "", 2, False,
                                                  api_name="/compare")
     assert status.count("**Warnings**") == 1 and status.count("fitted on") == 1, status
     assert "`fp8_e4m3`: the static scale was fitted on 5 token(s), fewer than 64 (60 layer sides)" in status

@@ -193,7 +193,9 @@ def test_switching_to_a_loaded_model_is_instant():
 def test_sliders_follow_the_picked_models_shape():
     """Bundled models' shapes come from kvviz.memory's presets: no weights are loaded to resize a slider."""
     layer, head = common.layer_head_updates("gemma-3-270m")
-    assert layer["maximum"] == 17 and head["maximum"] == 0 and layer["value"] == int(0.62 * 17)
+    # one KV head: gradio refuses a 0..0 slider (the whole update failed), so 0..1 held at 0 and locked
+    assert layer["maximum"] == 17 and head["maximum"] == 1 and not head["interactive"]
+    assert layer["value"] == int(0.62 * 17) and head["value"] == 0
     layer, head = common.layer_head_updates("smollm2-135m")
     assert layer["maximum"] == 29 and head["maximum"] == 2
     assert common.layer_head_updates("nobody/typed-half") == (gr.update(), gr.update())  # not a model: no change
@@ -213,13 +215,13 @@ def test_header_names_the_picked_model_and_whether_it_is_loaded():
 def test_compare_results_follow_the_page_language():
     from kvviz.ui import compare
 
-    *_, (columns, table, fig, status) = compare.run("Hello", ["k8v4"], "", 3, False, "tiny-llama", "ko",
+    *_, (columns, table, fig, status, _) = compare.run("Hello", ["k8v4"], "", 3, False, "tiny-llama", "ko",
                                                     progress=_progress)
     assert list(table.columns)[:4] == ["포맷", "스펙", "값당 비트", "평균 KL (nats/토큰)"]
     assert "16비트 대비 캐시" in table.columns and "원본 (기준)" in columns
     assert status.startswith("`tiny-llama`에서") and "tiny-llama" in fig.layout.title.text
     assert fig.layout.title.text.startswith("tiny-llama의 포맷별 품질과 비용")
-    *_, (_, table_en, fig_en, status_en) = compare.run("Hello", ["k8v4"], "", 3, False, "tiny-llama", None,
+    *_, (_, table_en, fig_en, status_en, _) = compare.run("Hello", ["k8v4"], "", 3, False, "tiny-llama", None,
                                                        progress=_progress)
     assert "cache vs 16-bit" in table_en.columns and status_en.startswith("Done in")  # no language: English
 
@@ -228,7 +230,7 @@ def test_compare_gives_bytes_against_a_16_bit_cache_and_charts_that():
     """The CPU model runs in float32: k8v4 is ~0.2x of that cache, ~0.4x of the fp16/bf16 one engines store."""
     from kvviz.ui import compare
 
-    *_, (_, table, fig, _) = compare.run("Hello", ["k8v4"], "", 3, False, "tiny-llama", "en", progress=_progress)
+    *_, (_, table, fig, _, _) = compare.run("Hello", ["k8v4"], "", 3, False, "tiny-llama", "en", progress=_progress)
     row = dict(zip(table.columns, table.values[1]))
     vs16, vs32 = (float(row[h].rstrip("×")) for h in ("cache vs 16-bit", "cache vs exact (float32)"))
     assert vs16 == pytest.approx(2 * vs32, abs=0.011)

@@ -68,6 +68,17 @@ def capture_stats(cap: KVCapture, which: str = "keys_post", factor: float = OUTL
     return stats
 
 
+STRONGEST = 8  # outlier channels a summary names (and a chart marks): more read as a wall of numbers
+
+
+def strongest_outliers(stats: dict, layer: int, head: int, n: int = STRONGEST) -> tuple[list[int], int]:
+    """(the `n` outlier channels of (layer, head) with the largest |x| max, largest first; how many it has in all),
+    from a capture_stats dict."""
+    chans = stats["outliers"].get((layer, head), [])
+    amax = stats["amax"][layer, head]  # [head_dim]
+    return sorted(chans, key=lambda c: -float(amax[c]))[:n], len(chans)
+
+
 def kv_outlier_summary(cap: KVCapture, factor: float = OUTLIER_FACTOR) -> dict:
     """Lesson 1 in numbers, per layer: outlier channels (summed over heads) and the worst amax ratio for
     pre-RoPE K, post-RoPE K and V. Returns {"keys_pre"|"keys_post"|"values": {"outliers": [L], "amax_ratio": [L]}}."""

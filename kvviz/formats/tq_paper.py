@@ -80,6 +80,11 @@ def _rotation(d: int, seed: int) -> torch.Tensor:
     return (q * torch.sign(torch.diagonal(r))).float()
 
 
+def rotation(d: int, seed: int = FORMAT_SEED) -> torch.Tensor:
+    """The format's rotation R [d, d] (fp32): a unit row u is coded as the centroid indices of y = u @ R."""
+    return _rotation(d, seed)
+
+
 @functools.lru_cache(maxsize=32)
 def _sketch(d: int, seed: int) -> torch.Tensor:
     """QJL's Gaussian matrix S [d, d] (fp32), drawn from a seed of its own."""

@@ -26,7 +26,7 @@ from kvviz.quality.decode import decode_speed, load_prefill, make_cache, prefill
 from kvviz.quality.divergence import base_logprobs, kld, load_base, save_base
 from kvviz.quality.needle import DEPTHS, haystack, needle
 from kvviz.quality.perplexity import perplexity
-from kvviz.quality.report import CompareRow, FormatResult, QualityReport, StreamUpdate
+from kvviz.quality.report import CompareRow, FormatResult, MapPoint, QualityReport, StreamUpdate, quality_map
 from kvviz.quality.speed import DecodeRun, FusedReport, fused_vs_unfused
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "DecodeRun",
     "FormatResult",
     "FusedReport",
+    "MapPoint",
     "base_logprobs",
     "kld",
     "load_base",
@@ -52,6 +53,7 @@ __all__ = [
     "make_cache",
     "needle",
     "perplexity",
+    "quality_map",
     "prefill",
     "timed_decode",
     "wikitext",

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from kvviz.attention import active_backend
+from kvviz.export import ENGINES, export_commands
 from kvviz.metrics import percentile
 
 METRICS_BACKEND = "torch reference, batched (dequantized K/V + SDPA)"
@@ -131,3 +132,39 @@ class StreamUpdate:
     baseline: str
     texts: dict[str, str]
     report: QualityReport | None = None
+
+
+@dataclass(frozen=True)
+class MapPoint:
+    """One format or plan of a Compare run on the quality-against-bytes map."""
+
+    name: str  # as the caller wrote it
+    spec: str
+    bits_per_value: float  # stored bits per K/V value, scales included
+    kl_mean: float  # nats per token against the exact cache
+    frontier: bool  # on the Pareto frontier: no other run is as good on both and better on one
+    engine_flag: str | None  # "vllm --kv-cache-dtype fp8_e4m3" where an engine stores exactly this; else None
+
+
+def engine_flag(spec: str) -> str | None:
+    """The first engine (vLLM, SGLang, llama.cpp) that stores `spec` exactly, with its KV flags; None for none (and
+    for a per-layer plan, which no engine takes)."""
+    try:
+        rows = export_commands(spec)
+    except ValueError:
+        return None
+    hit = next((e for e in ENGINES if rows[e]["supported"] and rows[e]["flags"]), None)
+    return None if hit is None else f"{hit} {rows[hit]['flags']}"
+
+
+def quality_map(rows: list[CompareRow]) -> list[MapPoint]:
+    """Compare's formats and plans (the baseline left out) as points of mean KL against bits per value, each marked
+    when it is on the Pareto frontier (fewer bits and lower KL both count as better), with its engine flag."""
+    runs = [r for r in rows if not r.baseline]
+
+    def dominated(r: CompareRow) -> bool:
+        return any(o.bits_per_value <= r.bits_per_value and o.kl_mean <= r.kl_mean
+                   and (o.bits_per_value < r.bits_per_value or o.kl_mean < r.kl_mean) for o in runs)
+
+    return [MapPoint(r.name, r.spec, r.bits_per_value, r.kl_mean, not dominated(r), engine_flag(r.spec))
+            for r in runs]

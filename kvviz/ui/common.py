@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import os
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,7 +31,7 @@ import gradio as gr
 import pandas as pd
 import torch
 
-from kvviz import attention, memory, models, tiny
+from kvviz import attention, memory, models, quality, tiny
 from kvviz.analysis.capture import capture_kv
 from kvviz.cache import notes
 from kvviz.formats import Plan
@@ -128,9 +131,19 @@ def layer_head_inputs(default_layer_fraction: float = DEFAULT_LAYER_FRACTION, mo
     if shape is None:
         return (gr.Number(0, label="Layer", precision=0, minimum=0),
                 gr.Number(0, label="KV head", precision=0, minimum=0))
+    layer, head = _slider_ranges(shape, default_layer_fraction)
+    return gr.Slider(**layer, step=1, label="Layer"), gr.Slider(**head, step=1, label="KV head")
+
+
+def _slider_range(n: int, value: int) -> dict:
+    """A 0..n-1 slider's settings. gradio refuses a slider whose minimum equals its maximum, so a model with one
+    KV head (Gemma 3 270M) or one layer gets 0..1 held at 0 and locked (not interactive)."""
+    return dict(minimum=0, maximum=max(1, n - 1), value=value, interactive=n > 1)
+
+
+def _slider_ranges(shape: tuple[int, int], default_layer_fraction: float) -> tuple[dict, dict]:
     layers, heads = shape
-    return (gr.Slider(0, layers - 1, value=int(default_layer_fraction * (layers - 1)), step=1, label="Layer"),
-            gr.Slider(0, heads - 1, value=0, step=1, label="KV head"))
+    return _slider_range(layers, int(default_layer_fraction * (layers - 1))), _slider_range(heads, 0)
 
 
 def layer_head_updates(model, default_layer_fraction: float = DEFAULT_LAYER_FRACTION):
@@ -142,9 +155,8 @@ def layer_head_updates(model, default_layer_fraction: float = DEFAULT_LAYER_FRAC
         shape = None
     if shape is None:
         return gr.update(), gr.update()
-    layers, heads = shape
-    return (gr.update(minimum=0, maximum=layers - 1, value=int(default_layer_fraction * (layers - 1))),
-            gr.update(minimum=0, maximum=heads - 1, value=0))
+    layer, head = _slider_ranges(shape, default_layer_fraction)
+    return gr.update(**layer), gr.update(**head)
 
 
 def follow_model(model: gr.Dropdown, layer, head, default_layer_fraction: float = DEFAULT_LAYER_FRACTION) -> None:
@@ -170,6 +182,55 @@ def backend_name() -> str:
     return attention.active_backend()
 
 
+# --- the launch warm-up ------------------------------------------------------------------------------------------
+
+_WARMUP: dict[str, str] = {}  # model name -> "warming" | "warm" | "failed: <why>" (the header reads it)
+_WARMUP_LOCK = threading.Lock()
+WARMUP_PROMPT = "The capital of France is"
+
+
+def warm_up(model: str | None = None, specs: list[str] | tuple[str, ...] = ("int4",)) -> float:
+    """Make the first click fast: load `model` (None: the default; a bundled model's converted copy is written
+    to kvviz's disk cache on first use) and decode two tokens through each of `specs` with the active attention
+    backend, so that its kernels compile (numba caches them on disk). Returns the seconds it took; ValueError when
+    the model fails to load (the header then says so, and the model loads on first use again)."""
+    name = check_model(model)
+    with _WARMUP_LOCK:
+        _WARMUP[name] = "warming"
+    start = time.perf_counter()
+    try:
+        loaded, tok = get_model(model=name)
+        quality.compare(loaded, tok, WARMUP_PROMPT, list(specs), max_new_tokens=2, speed_tokens=2)
+    except (ValueError, RuntimeError, OSError) as err:
+        with _WARMUP_LOCK:
+            _WARMUP[name] = f"failed: {err}"
+        raise ValueError(f"Warming up {name!r} failed: {err}") from None
+    with _WARMUP_LOCK:
+        _WARMUP[name] = "warm"
+    return time.perf_counter() - start
+
+
+def start_warm_up(model: str | None = None, specs: list[str] | tuple[str, ...] = ("int4",)) -> threading.Thread:
+    """warm_up in a daemon thread, so the page is served at once; a failure is logged and shown in the header, and
+    the app keeps serving. A click that needs the model meanwhile waits only for what is left (the registry's
+    per-model lock; numba's compile lock)."""
+    def run():
+        try:
+            logging.getLogger("kvviz").warning("kvviz: warmed up in %.1f s", warm_up(model, specs))
+        except ValueError as err:
+            logging.getLogger("kvviz").warning("kvviz: %s", err)
+
+    thread = threading.Thread(target=run, name="kvviz-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def warming() -> bool:
+    """Whether a warm-up is running now (the page's header then refreshes itself until it ends)."""
+    with _WARMUP_LOCK:
+        return "warming" in _WARMUP.values()
+
+
 def header_markdown(model: str | None = None) -> str:
     """One line: which model (the picked one; None: the default), device and attention backend produce the page's
     numbers, and which models are loaded now (switching to one of those is instant)."""
@@ -177,7 +238,16 @@ def header_markdown(model: str | None = None) -> str:
         name = check_model(model)
     except ValueError:  # a half-typed hub id: the header keeps naming what the page would use
         name = model_name()
-    state = "loaded" if MODELS.peek(name) is not None else "loads on first use"
+    with _WARMUP_LOCK:
+        warm = _WARMUP.get(name, "")
+    if warm == "warming":
+        state = "warming up in the background: loading, compiling kernels; a first click waits only for the rest"
+    elif MODELS.peek(name) is not None:
+        state = "loaded"
+    elif warm.startswith("failed"):
+        state = f"warm-up {warm}; loads on first use"
+    else:
+        state = "loads on first use"
     others = [m for m in MODELS.resident() if m != name]
     also = f" · also loaded: {', '.join(f'`{m}`' for m in others)}" if others else ""
     return (f"**Model** `{name}` ({state}){also} · **device** `{device_name()}` · "

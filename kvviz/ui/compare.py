@@ -5,8 +5,10 @@ unquantized baseline is marked. When the run ends, a table and bar charts give t
 and tokens/s (each format's own cache and attention backend). The needle test runs on demand.
 api_names:
     compare(prompt, specs, custom_specs, max_new_tokens, with_perplexity, model)
-      -> (columns html, metrics table, metrics figure, status)
-      (a generator: the columns update once per generated token; perplexity on WikiText-2 when asked)
+      -> (columns html, metrics table, metrics figure, status, quality-against-bytes map)
+      (the map: mean KL against bits per value for every format and plan run, the Pareto frontier drawn, each
+      point labelled with its engine flag where an engine stores it; a generator: the columns update once per
+      generated token; perplexity on WikiText-2 when asked)
     needle(specs, custom_specs, context_tokens, model) -> (needle figure, status)
 The accordions under the table hold their own endpoints: fused_speed (kvviz/ui/fused.py, lesson 7) and
 engine_compare (kvviz/ui/engines.py).
@@ -89,15 +91,21 @@ def _cells(row, lang: str) -> list:
             None if row.perplexity is None else round(row.perplexity, 3)]
 
 
+def _headers(dtype: str, lang: str = "en") -> list[str]:
+    """The metrics table's headers, perplexity last; dtype: what the exact baseline cache holds."""
+    headers = [t(k, lang) for k in ("h_format", "h_spec", "h_bits", "h_kl", "h_kl_median", "h_kl_p99", "h_top1",
+                                    "h_divergence", "h_cache_kib", "h_vs16", "h_vs_exact", "h_tps", "h_ppl")]
+    headers[10] = headers[10].format(dtype=dtype)
+    return headers
+
+
 def _metrics(rows, dtype: str, measured_ppl: bool, lang: str = "en") -> tuple[list[str], list[list], dict]:
     """Table headers and cells (baseline first) and the bar chart's columns, from QualityReport.rows().
     dtype: the model's dtype name, which the exact baseline cache holds. The KL's median and p99 over the steps sit
     next to its mean, as llama.cpp's KLD statistics put them. Two byte ratios: against the exact cache as this model
     runs it (`dtype`, float32 on the CPU), and against a 16-bit cache, what engines store (the chart's).
     measured_ppl: whether perplexity was measured (else no empty column)."""
-    headers = [t(k, lang) for k in ("h_format", "h_spec", "h_bits", "h_kl", "h_kl_median", "h_kl_p99", "h_top1",
-                                    "h_divergence", "h_cache_kib", "h_vs16", "h_vs_exact", "h_tps", "h_ppl")]
-    headers[10] = headers[10].format(dtype=dtype)
+    headers = _headers(dtype, lang)
     cells = [_cells(r, lang) for r in rows]
     columns = {
         t("c_kl", lang): [round(r.kl_mean, 5) for r in rows],
@@ -139,18 +147,18 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, mode
     skip_note = f"\n\n{t('r_skipped', lang)} " + "; ".join(skipped) if skipped else ""
     empty = plots.empty_figure(t("r_metrics_later", lang))
     status = t("r_prefill", lang).format(n=n_prompt, formats=len(plans), model=name)
-    yield _columns("", {p.name: "" for p in plans}, {}, lang), None, empty, status
+    yield _columns("", {p.name: "" for p in plans}, {}, lang), None, empty, status, empty
     notes = ScaleNotes()  # the library's static-scale warnings, one line per format
     stream = quality.compare_stream(model, tok, prompt, plans, new_tokens, speed_tokens=SPEED_TOKENS)
     for update in notes.watch(stream):
         if update.report is None:
             yield (_columns(update.baseline, update.texts, {}, lang), gr.skip(), gr.skip(),
-                   t("r_token", lang).format(i=update.step + 1, n=new_tokens, model=name))
+                   t("r_token", lang).format(i=update.step + 1, n=new_tokens, model=name), gr.skip())
             continue
         report = update.report
         ppl = None
         if with_perplexity:
-            yield gr.skip(), gr.skip(), gr.skip(), t("r_ppl_running", lang)
+            yield gr.skip(), gr.skip(), gr.skip(), t("r_ppl_running", lang), gr.skip()
             with notes.catching():
                 ppl = quality.perplexity(model, tok, plans, windows=PPL_WINDOWS, window=PPL_WINDOW)["ppl"]
         rows = report.rows(ppl)
@@ -162,9 +170,13 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, mode
                                  x_title=t("f_format_axis", lang))
         done = t("r_done", lang).format(s=report.seconds, model=name, metrics=report.metrics_backend,
                                         speed=report.speed_backend, steps=SPEED_TOKENS) + skip_note + notes.markdown()
+        points = quality.quality_map(rows)
+        fig_map = plots.quality_map([p.name for p in points], [p.bits_per_value for p in points],
+                                    [p.kl_mean for p in points], [p.frontier for p in points],
+                                    [p.engine_flag for p in points], t("f_quality_map", lang).format(model=name))
         notes.toast()
         yield (_columns(report.baseline_text, {f.name: f.text for f in report.formats}, meta, lang),
-               table(cells, headers), fig, done)
+               table(cells, headers), fig, done, fig_map)
 
 
 @user_errors
@@ -215,8 +227,12 @@ def build(tr: Translator) -> dict:
     c["status"] = gr.Markdown(elem_id="compare-status", label="status")
     c["columns"] = tr(gr.HTML(label=t("outputs"), elem_id="compare-columns"), label="outputs")
     with gr.Row():
-        c["table"] = tr(gr.Dataframe(label=t("metrics"), wrap=True, elem_id=f"{TAB}-metrics"), label="metrics")
-    c["fig"] = gr.Plot(plots.empty_figure(), label="metrics per format", show_label=False)
+        # headers before the first run (without them gradio shows placeholder columns "1 2 3")
+        c["table"] = tr(gr.Dataframe(headers=_headers("model dtype")[:-1], label=t("metrics"), wrap=True,
+                                     elem_id=f"{TAB}-table"), label="metrics")
+    with gr.Row():
+        c["fig"] = gr.Plot(plots.empty_figure(), label="metrics per format", show_label=False)
+        c["map"] = gr.Plot(plots.empty_figure(), label="quality against bytes", show_label=False)
     c["needle_box"] = tr(gr.Accordion(t("needle_title"), open=False, elem_id=f"{TAB}-needle"), label="needle_title")
     with c["needle_box"]:
         tr(gr.Markdown(t("needle_intro")), value="needle_intro")
@@ -228,7 +244,7 @@ def build(tr: Translator) -> dict:
         c["needle_fig"] = gr.Plot(plots.empty_figure(), label="needle in a haystack", show_label=False)
     lang = tr.language_input()
     c["inputs"] = [c["prompt"], c["specs"], c["custom"], c["max_new"], c["ppl"], c["model"], lang]
-    c["outputs"] = [c["columns"], c["table"], c["fig"], c["status"]]
+    c["outputs"] = [c["columns"], c["table"], c["fig"], c["status"], c["map"]]
     needle_io = ([c["specs"], c["custom"], c["needle_ctx"], c["model"], lang], [c["needle_fig"], c["needle_status"]])
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model"), "needle": (needle, *needle_io, "model")}
     # queue position and progress over the status line: the streamed columns stay readable

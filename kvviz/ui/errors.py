@@ -1,21 +1,28 @@
 """kvviz.ui.errors: the Quantization-error tab: where the error lands, per layer, and per scale granularity.
 
 Numbers come from `kvviz.analysis` (error maps, per-layer relative error, attention-output error, scale
-comparison) on one captured prompt. api_name `error_map`:
+comparison) on one captured prompt. api_names `error_map` and `anatomy`:
     error_map(prompt, format, formats, custom_formats, which, layer, head, model)
       -> (token x channel heatmap, per-layer relative error figure, granularity figure, summary markdown)
+    anatomy(format, side, layer, head, token, prompt, model, language)
+      -> (one token's elements step by step, TurboQuant's rotated-coordinate histogram, the stored numbers in markdown)
+    (kvviz.analysis.anatomy: one token and head of the real K or V through any format of the registry, the engines'
+    dtypes included)
 """
 
 from __future__ import annotations
 
 import gradio as gr
 
-from kvviz import analysis, plots
-from kvviz.formats import parse_kv
+import math
 
-from .common import (capture, check_choice, check_language, check_layer_head, check_model, check_prompt, check_spec,
-                     follow_model, layer_head_inputs, model_input, on_click, prompt_input, single_specs, spec_list,
-                     user_errors)
+from kvviz import analysis, plots
+from kvviz.analysis.anatomy import format_anatomy
+from kvviz.formats import FORMAT_NAMES, ENGINES
+
+from .common import (EXAMPLES, capture, check_choice, check_int, check_language, check_layer_head, check_model,
+                     check_prompt, check_spec, follow_model, layer_head_inputs, model_input, on_click, prompt_input,
+                     single_specs, spec_list, user_errors)
 from .i18n import Translator, t
 
 TAB = "errors"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -24,6 +31,10 @@ WHICH = {"K (post-RoPE)": "keys_post", "K (pre-RoPE)": "keys_pre", "V": "values"
 FORMAT_CHOICES = ["int8", "int4", "int2", "fp8_e4m3", "fp8_e5m2", "mxfp4", "nvfp4", "int4/channel/g32/asym",
                   "int4/rot", "k8v4", "k4v8", "kivi2", "q8_0", "q4_0", "iq4_nl"]
 DEFAULT_FORMATS = ["int8", "int4", "fp8_e4m3", "mxfp4"]
+# The anatomy's formats: every kvviz base, then every engine's dtype (kvviz.formats.engines), as typed in a spec.
+ANATOMY_CHOICES = [*FORMAT_NAMES, *(f"{engine}:{dtype}" for engine, (dtypes, _) in ENGINES.items() for dtype in dtypes)]
+SIDES = ("K", "V")
+ANATOMY_ROWS = 8  # elements the step table lists: the outlier channels first, then the first elements
 # Panels of the granularity figure: per-token, per-channel, per-tensor, and per-tensor after a rotation.
 _PANELS = (("token", False), ("channel", False), ("tensor", False), ("tensor", True))
 
@@ -97,6 +108,68 @@ def run(prompt, fmt, formats, custom_formats, which, layer, head, model=None, la
     return heat, fig_layers, fig_gran, md
 
 
+def _bits_cell(bits: str) -> str:
+    return f"`{bits}`"
+
+
+def _anatomy_markdown(a, lang: str) -> str:
+    """The stored numbers and the first elements step by step, as markdown tables."""
+    head = t("r_anatomy_head", lang).format(
+        fmt=a.format, side=a.side, layer=a.layer, head=a.head, token=a.token, text=_label(a.token_text),
+        bpv=a.bits_per_value, err=a.rel_error, domain=a.domain)
+    parts = [head]
+    if a.rotation:
+        parts.append(t("r_anatomy_rotation", lang).format(rotation=a.rotation))
+    if a.codebook is not None:
+        parts.append(t("r_anatomy_codebook", lang).format(
+            n=len(a.codebook), codebook=", ".join(f"{c:.4g}" for c in a.codebook), norm=a.norm))
+    if a.scales:
+        shown = a.scales[:16]
+        rows = "\n".join(f"| {s.name} | {s.value:.6g} | {s.dtype} | {_bits_cell(s.bits)} | {s.elements[0]}–"
+                         f"{s.elements[1] - 1} |" for s in shown)
+        more = "" if len(a.scales) <= len(shown) else "\n\n" + t("r_anatomy_more", lang).format(
+            n=len(a.scales) - len(shown))
+        parts.append(t("r_anatomy_scales", lang) + "\n|---|---|---|---|---|\n" + rows + more)
+    else:
+        parts.append(t("r_anatomy_no_scale", lang))
+    picked = list(dict.fromkeys([*a.outliers[:ANATOMY_ROWS // 2], *range(a.head_dim)]))[:ANATOMY_ROWS]
+    rows = "\n".join(
+        f"| {i}{' ▼' if i in a.outliers else ''} | {a.inputs[i]:.5g} | {a.quantized_input[i]:.5g} | "
+        f"{_bits_cell(a.code_bits[i])} ({a.codes[i]}) | {a.arithmetic[i]} | {a.reconstructed[i]:.5g} | "
+        f"{a.error[i]:+.3g} |" for i in picked)
+    parts.append(t("r_anatomy_steps", lang) + "\n|---|---|---|---|---|---|---|\n" + rows)
+    parts.extend(a.notes)
+    return "\n\n".join(parts)
+
+
+@user_errors
+def anatomy(fmt, side="K", layer=0, head=0, token=5, prompt=EXAMPLES[1], model=None, lang="en",
+            progress=gr.Progress()):
+    """One token and KV head of the real K (post-RoPE) or V of `prompt` on `model`, through the format `fmt` (a
+    spec, a K/V pair or an engine dtype; the side's format is shown), step by step. The page's defaults: the tab's
+    layer slider, token 5 of the tab's example prompt."""
+    lang = check_language(lang)
+    name = check_model(model)
+    kv = check_spec(fmt, "Format for the anatomy").default
+    side = check_choice(side, "Side", SIDES)
+    prompt = check_prompt(prompt)
+    cap = capture(prompt, progress, name)
+    layer, head = check_layer_head(cap, layer, head)
+    token = check_int(token, "Token", 0, len(cap.tokens) - 1)
+    a = format_anatomy(cap, kv.k if side == "K" else kv.v, side, layer, head, token)
+    where = t("r_where_short", lang).format(layer=layer, head=head, model=name)
+    title = t("f_anatomy", lang).format(fmt=a.format, side=side, token=token, text=_label(a.token_text), where=where)
+    fig = plots.format_anatomy(a.inputs, a.quantized_input, a.levels, a.quantized_output, a.reconstructed, a.codes,
+                               a.code_bits, a.arithmetic, title, domain=a.domain, outliers=a.outliers)
+    if a.rotated_all is None:
+        hist = plots.empty_figure(t("r_anatomy_no_codebook", lang))
+    else:
+        scale = math.sqrt(a.head_dim)
+        hist = plots.rotated_histogram(a.rotated_all, a.codebook, t("f_rotated_hist", lang).format(fmt=a.format,
+                                       where=where), token=[v * scale for v in a.quantized_input], scale=scale)
+    return fig, hist, _anatomy_markdown(a, lang)
+
+
 def build(tr: Translator) -> dict:
     """Lay out the Quantization-error tab inside the current gr.Tab; returns its components by name."""
     c: dict = {}
@@ -122,10 +195,29 @@ def build(tr: Translator) -> dict:
         c["layers_fig"] = gr.Plot(plots.empty_figure(), label="per-layer relative error", show_label=False)
     c["gran"] = gr.Plot(plots.empty_figure(), label="scale granularities", show_label=False)
     c["summary"] = gr.Markdown(elem_id="errors-summary", label="summary")
+    c["anatomy_box"] = tr(gr.Accordion(t("anatomy_title"), open=False, elem_id=f"{TAB}-anatomy"),
+                          label="anatomy_title")
+    with c["anatomy_box"]:
+        tr(gr.Markdown(t("anatomy_intro")), value="anatomy_intro")
+        with gr.Row():
+            c["anatomy_format"] = tr(gr.Dropdown(ANATOMY_CHOICES, value="int4", allow_custom_value=True,
+                                                 label=t("anatomy_format"), elem_classes=["kv-anatomy-format"]),
+                                     label="anatomy_format")
+            c["anatomy_side"] = tr(gr.Radio(list(SIDES), value="K", label=t("anatomy_side")), label="anatomy_side")
+            c["anatomy_token"] = tr(gr.Number(5, precision=0, minimum=0, label=t("anatomy_token")),
+                                    label="anatomy_token")
+            c["anatomy_run"] = tr(gr.Button(t("anatomy_run"), elem_id=f"{TAB}-anatomy-run"), value="anatomy_run")
+        c["anatomy_fig"] = gr.Plot(plots.empty_figure(), label="format anatomy", show_label=False)
+        c["anatomy_hist"] = gr.Plot(plots.empty_figure(), label="rotated coordinates", show_label=False)
+        c["anatomy_md"] = gr.Markdown(elem_id=f"{TAB}-anatomy-summary", label="anatomy")
     follow_model(c["model"], c["layer"], c["head"])
+    lang = tr.language_input()
     c["inputs"] = [c["prompt"], c["format"], c["formats"], c["custom"], c["which"], c["layer"], c["head"], c["model"],
-                   tr.language_input()]
+                   lang]
     c["outputs"] = [c["heat"], c["layers_fig"], c["gran"], c["summary"]]
-    c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model")}
+    anatomy_io = ([c["anatomy_format"], c["anatomy_side"], c["layer"], c["head"], c["anatomy_token"], c["prompt"],
+                   c["model"], lang], [c["anatomy_fig"], c["anatomy_hist"], c["anatomy_md"]])
+    c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model"), "anatomy": (anatomy, *anatomy_io, "model")}
     on_click(c["run"], run, c["inputs"], c["outputs"], "error_map")
+    on_click(c["anatomy_run"], anatomy, *anatomy_io, "anatomy")
     return c

@@ -30,16 +30,18 @@ EN: dict[str, str] = {
     "lesson2": "2 · Per-tensor scales fail, per-token/channel don't",
     "lesson3": "3 · K is sensitive, V tolerant (k8v4 vs k4v8)",
     "lesson4": "4 · E4M3 beats E5M2 for KV",
-    "lesson5": "5 · int4 loses the middle of a long context",
+    "lesson5": "5 · Coarse scales lose the needle; per-token int4 keeps it",
     "lesson6": "6 · Scales eat into the savings",
-    "lesson7": "7 · Fused dequantization is faster",
+    "lesson7": "7 · Fused dequantization beats unfused",
     "lesson8": "8 · A few layers carry the damage: keep them precise",
     "lesson_note1": ("**Lesson 1.** Read the *K beside V* chart: a few post-RoPE K channels (marked ▼) reach several "
                      "times the others, while V's channels stay level. The heatmap shows the same channels lit up "
                      "layer after layer."),
     "lesson_note2": ("**Lesson 2.** Compare the four maps at the bottom, on one colour scale: with one scale per tensor "
                      "the outlier channels stretch the scale and the error spreads everywhere; one scale per channel "
-                     "or per token confines it; a Hadamard rotation first brings per-tensor back down."),
+                     "or per token confines it; a Hadamard rotation first brings per-tensor back down. The *format "
+                     "anatomy* below follows one token through int4/tensor: the outlier channels (▼, listed first) "
+                     "set the one scale, and the other channels' codes crowd into a few levels around zero."),
     "lesson_note3": ("**Lesson 3.** k8v4 and k4v8 hold the same bytes. Compare their KL and top-1: 4-bit K hurts far "
                      "more than 4-bit V, because K's errors move the attention weights while V's average out."),
     "lesson_note4": ("**Lesson 4.** In the per-layer chart fp8_e4m3 sits below fp8_e5m2: K and V span a modest range, "
@@ -203,6 +205,29 @@ EN: dict[str, str] = {
     "error_format": "Format for the heatmaps",
     "error_formats": "Formats for the per-layer chart",
     "which": "Tensor",
+    "anatomy_title": "Format anatomy: one token through the quantizer",
+    "anatomy_intro": (
+        "**What you see:** one token of one KV head of the real K (post-RoPE) or V, element by element: the input, "
+        "the value the codes quantize (its rotation for rotated formats), each element's stored code and bits, the "
+        "scale or norm as stored, the reconstruction and its error. Hover an element for its arithmetic. Layer, "
+        "head and prompt are the tab's; ▼ marks the head's outlier channels."),
+    "anatomy_format": "Format (any spec, pair or engine dtype)",
+    "anatomy_side": "K or V",
+    "anatomy_token": "Token (index in the prompt)",
+    "anatomy_run": "Show the anatomy",
+    "f_anatomy": "{fmt} on {side} of token {token} ('{text}'), {where}",
+    "f_rotated_hist": "{fmt}: rotated coordinates of every token against the codebook's Gaussian ({where})",
+    "r_anatomy_head": ("**`{fmt}`** on {side}, layer {layer}, KV head {head}, token {token} (`{text}`): "
+                       "{bpv:g} bits per value; this token's relative error {err:.2%}. The codes quantize the "
+                       "{domain}."),
+    "r_anatomy_rotation": "**Rotation:** {rotation}.",
+    "r_anatomy_codebook": "**Codebook** ({n} centroids, unit-vector coordinates): {codebook}. **Norm** {norm:.5g}.",
+    "r_anatomy_scales": "**Stored beside the codes**\n\n| number | value | dtype | stored bits | elements |",
+    "r_anatomy_more": "…and {n} more.",
+    "r_anatomy_no_scale": "**No scale:** each code is the value itself, cast to the format's bits.",
+    "r_anatomy_steps": ("**Step by step** (outlier channels first)\n\n| element | input | quantized value | code "
+                        "(bits) | arithmetic | read back | error |"),
+    "r_anatomy_no_codebook": "This format has no codebook: the histogram is for TurboQuant formats.",
     # Memory
     "memory_intro": (
         "**What you see:** KV-cache memory against context length for a real model's shape, one line per format, "
@@ -245,6 +270,7 @@ EN: dict[str, str] = {
     # Results (callbacks fill the {fields})
     "r_baseline": "exact (baseline)",
     "r_none": "none",
+    "r_outlier_count": "the strongest {shown} of {total}",
     "r_skipped": "**Skipped** (this model's shape cannot hold them):",
     "r_metrics_later": "Metrics appear when generation ends.",
     "r_prefill": "Prefilling {n} prompt tokens on `{model}`, then decoding {formats} formats + baseline as one batch…",
@@ -298,6 +324,7 @@ EN: dict[str, str] = {
                    "Over all layers and heads: K post-RoPE has {n_k} outlier channels, V has {n_v}."),
     "r_where_short": "layer {layer}, KV head {head}, {model}",
     "f_error_heat": "|{side} − {side}̂| for {fmt} ({which}, {where})",
+    "f_quality_map": "Quality against bytes: mean KL vs bits per value, Pareto frontier dashed ({model})",
     "f_layer_errors": "Relative error per layer on {model} (K post-RoPE solid, V dashed)",
     "f_rel_error": "relative error (‖x - x̂‖ / ‖x‖)",
     "r_no_scales": "({base} has no scales; showing int4)",
@@ -391,15 +418,17 @@ KO: dict[str, str] = {
     "lesson2": "2 · 텐서 단위 스케일은 실패, 토큰/채널 단위는 성공",
     "lesson3": "3 · K는 민감하고 V는 관대하다 (k8v4 vs k4v8)",
     "lesson4": "4 · KV에는 E4M3가 E5M2보다 낫다",
-    "lesson5": "5 · int4는 긴 문맥의 중간을 놓친다",
+    "lesson5": "5 · 거친 스케일은 바늘을 놓치고, 토큰 단위 int4는 찾는다",
     "lesson6": "6 · 스케일 저장이 절감분을 갉아먹는다",
-    "lesson7": "7 · 역양자화를 커널에 융합하면 빨라진다",
+    "lesson7": "7 · 융합 역양자화가 비융합보다 빠르다",
     "lesson8": "8 · 소수의 레이어가 손상을 짊어진다: 그 레이어는 정밀하게",
     "lesson_note1": ("**레슨 1.** *K beside V* 그래프를 보세요: RoPE 이후 몇몇 K 채널(▼ 표시)은 다른 채널의 몇 배에 "
                      "이르지만 V의 채널은 고르게 유지됩니다. 히트맵에서는 같은 채널이 여러 레이어에 걸쳐 밝게 빛납니다."),
     "lesson_note2": ("**레슨 2.** 아래쪽 네 맵을 같은 색 척도로 비교하세요: 텐서 전체에 스케일 하나를 쓰면 이상치 채널이 "
                      "스케일을 늘려 오차가 곳곳에 퍼지고, 채널이나 토큰마다 스케일을 두면 오차가 갇힙니다. 먼저 아다마르 "
-                     "회전을 하면 텐서 단위 스케일도 다시 좋아집니다."),
+                     "회전을 하면 텐서 단위 스케일도 다시 좋아집니다. 아래의 *포맷 해부*는 토큰 하나가 int4/tensor를 "
+                     "지나는 과정을 보여 줍니다: 이상치 채널(▼, 먼저 나열)이 하나뿐인 스케일을 정하고, 나머지 채널의 "
+                     "코드는 0 근처의 몇 단계에 몰립니다."),
     "lesson_note3": ("**레슨 3.** k8v4와 k4v8은 같은 바이트를 씁니다. KL과 top-1을 비교하세요: 4비트 K가 4비트 V보다 "
                      "훨씬 해롭습니다. K의 오차는 어텐션 가중치를 바꾸지만 V의 오차는 평균 속에서 상쇄되기 때문입니다."),
     "lesson_note4": ("**레슨 4.** 레이어별 그래프에서 fp8_e4m3가 fp8_e5m2보다 아래에 있습니다: K와 V의 값 범위는 크지 "
@@ -553,6 +582,28 @@ KO: dict[str, str] = {
     "error_format": "히트맵에 쓸 포맷",
     "error_formats": "레이어별 그래프에 쓸 포맷",
     "which": "텐서",
+    "anatomy_title": "포맷 해부: 토큰 하나가 양자화기를 지나는 과정",
+    "anatomy_intro": (
+        "**보이는 것:** 실제 K(RoPE 이후)나 V에서 KV 헤드 하나의 토큰 하나를 원소별로 보여 줍니다: 입력, 코드가 "
+        "양자화하는 값(회전 포맷이면 회전된 값), 원소마다 저장된 코드와 비트, 저장된 스케일이나 노름, 복원값과 오차. "
+        "원소에 마우스를 올리면 계산식이 보입니다. 레이어, 헤드, 프롬프트는 이 탭의 것이고, ▼는 헤드의 이상치 "
+        "채널입니다."),
+    "anatomy_format": "포맷 (스펙, K/V 쌍, 엔진 dtype 모두 가능)",
+    "anatomy_side": "K 또는 V",
+    "anatomy_token": "토큰 (프롬프트 안의 위치)",
+    "anatomy_run": "해부 보기",
+    "f_anatomy": "{side}의 토큰 {token} ('{text}')에 적용한 {fmt}, {where}",
+    "f_rotated_hist": "{fmt}: 모든 토큰의 회전된 좌표와 코드북의 가우스 분포 ({where})",
+    "r_anatomy_head": ("**`{fmt}`**, {side}, 레이어 {layer}, KV 헤드 {head}, 토큰 {token} (`{text}`): 값당 "
+                       "{bpv:g}비트; 이 토큰의 상대 오차 {err:.2%}. 코드가 양자화하는 것: {domain}."),
+    "r_anatomy_rotation": "**회전:** {rotation}.",
+    "r_anatomy_codebook": "**코드북** (중심점 {n}개, 단위 벡터 좌표): {codebook}. **노름** {norm:.5g}.",
+    "r_anatomy_scales": "**코드와 함께 저장되는 수**\n\n| 수 | 값 | dtype | 저장 비트 | 원소 |",
+    "r_anatomy_more": "…그리고 {n}개 더.",
+    "r_anatomy_no_scale": "**스케일 없음:** 각 코드는 값 자체를 포맷의 비트로 변환한 것입니다.",
+    "r_anatomy_steps": ("**단계별** (이상치 채널 먼저)\n\n| 원소 | 입력 | 양자화되는 값 | 코드 (비트) | 계산 | 읽은 값 | "
+                        "오차 |"),
+    "r_anatomy_no_codebook": "이 포맷에는 코드북이 없습니다: 히스토그램은 TurboQuant 포맷용입니다.",
     "memory_intro": (
         "**보고 있는 것:** 실제 모델 형태에서 문맥 길이에 따른 KV 캐시 메모리, 포맷마다 선 하나, 그리고 가중치를 뺀 뒤 각 "
         "GPU에 남는 용량을 점선으로 보여줍니다. 스케일 저장도 계산에 넣습니다: head_dim 64에 그룹이 짧으면 절감분이 "
@@ -591,6 +642,7 @@ KO: dict[str, str] = {
     "model_info_any": "목록의 모델을 고르거나 Hugging Face 허브 id(owner/name)를 직접 입력하세요; 크기를 먼저 확인합니다",
     "r_baseline": "원본 (기준)",
     "r_none": "없음",
+    "r_outlier_count": "{total}개 중 가장 큰 {shown}개",
     "r_skipped": "**건너뜀** (이 모델의 형태로는 담을 수 없음):",
     "r_metrics_later": "생성이 끝나면 지표가 나타납니다.",
     "r_prefill": "`{model}`에서 프롬프트 토큰 {n}개를 프리필한 뒤, 포맷 {formats}개와 기준을 한 배치로 디코딩합니다…",
@@ -644,6 +696,7 @@ KO: dict[str, str] = {
                    "모든 레이어와 헤드에서: RoPE 이후 K의 이상치 채널 {n_k}개, V는 {n_v}개."),
     "r_where_short": "레이어 {layer}, KV 헤드 {head}, {model}",
     "f_error_heat": "{fmt}의 |{side} − {side}̂| ({which}, {where})",
+    "f_quality_map": "품질 대 바이트: 값당 비트에 따른 평균 KL, 점선은 파레토 경계 ({model})",
     "f_layer_errors": "{model}의 레이어별 상대 오차 (RoPE 이후 K 실선, V 점선)",
     "f_rel_error": "상대 오차 (‖x - x̂‖ / ‖x‖)",
     "r_no_scales": "({base}에는 스케일이 없어 int4를 보여줍니다)",

@@ -38,7 +38,11 @@ LESSONS: tuple[Lesson, ...] = (
     # On Gemma 3 270M the full-attention layers hold them (layer 11: ~30x the median channel, 256 WikiText-2 tokens).
     Lesson("outliers", {"head": 0}, by_model={"gemma-3-270m": {"layer": 11}}),
     # 2. Per-tensor scales are ruined by those outliers; per-token / per-channel are not; rotation spreads them.
-    Lesson("errors", {"format": "int4", "which": "K (post-RoPE)", "head": 0}, by_model={"gemma-3-270m": {"layer": 11}}),
+    # The anatomy then follows one token through int4/tensor: the outlier channels (listed first) set the one
+    # scale, and the other channels' codes crowd around zero.
+    Lesson("errors", {"format": "int4", "which": "K (post-RoPE)", "head": 0, "anatomy_format": "int4/tensor",
+                      "anatomy_side": "K", "anatomy_box": OPEN},
+           action=("run", "anatomy"), by_model={"gemma-3-270m": {"layer": 11}}),
     # 3. K is sensitive, V tolerant: k8v4 beats k4v8 at the same bytes.
     Lesson("compare", {"specs": ["k8v4", "k4v8"], "custom": ""}),
     # 4. E4M3 more precise, E5M2 more range: for KV, E4M3 wins.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gradio as gr
 
 from kvviz import plots
-from kvviz.analysis.stats import OUTLIER_FACTOR, capture_stats, rotation_view
+from kvviz.analysis.stats import OUTLIER_FACTOR, capture_stats, rotation_view, strongest_outliers
 
 from .common import (capture, check_language, check_layer_head, check_model, follow_model, layer_head_inputs,
                      model_input, on_click, prompt_input, user_errors)
@@ -21,13 +21,14 @@ TAB = "outliers"  # the tab id in app.py; prefixes elem_ids the browser test fin
 
 
 def _channels(stats: dict, layer: int, head: int, lang: str = "en") -> str:
-    """'3 (12.1), 17 (9.8)': a head's outlier channels with their |x| max, largest first, or 'none'."""
-    chans = stats["outliers"].get((layer, head), [])
+    """'3 (12.1), 17 (9.8) · 2 in all': a head's strongest outlier channels with their |x| max, largest first, and
+    how many it has; or 'none'."""
+    chans, total = strongest_outliers(stats, layer, head)
     if not chans:
         return t("r_none", lang)
     amax = stats["amax"][layer, head]
-    chans = sorted(chans, key=lambda c: -amax[c])
-    return ", ".join(f"{c} ({amax[c]:.3g})" for c in chans)
+    listed = ", ".join(f"{c} ({amax[c]:.3g})" for c in chans)
+    return listed + " · " + t("r_outlier_count", lang).format(shown=len(chans), total=total)
 
 
 @user_errors
@@ -42,7 +43,7 @@ def run(prompt, layer, head, model=None, lang="en", progress=gr.Progress()):
     where = t("r_where", lang).format(layer=layer, head=head, n=len(cap.tokens), model=name)
 
     amax = {w: stats[w]["amax"][layer, head] for w in stats}  # each [head_dim]
-    post_outliers = stats["keys_post"]["outliers"].get((layer, head), [])
+    post_outliers = strongest_outliers(stats["keys_post"], layer, head)[0]
     k_max, x_max = t("f_k_max", lang), t("f_x_max", lang)
     fig_rope = plots.channel_profile({"K pre-RoPE": amax["keys_pre"], "K post-RoPE": amax["keys_post"]},
                                      t("f_rope", lang).format(where=where), y_title=k_max, outliers=post_outliers)

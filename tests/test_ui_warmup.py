@@ -1,0 +1,37 @@
+"""The launch warm-up (kvviz.ui.common.warm_up): it loads the model and runs the default formats' decode once; the
+header says it is warming, then loaded; a model that fails to warm is a message and the app keeps serving."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvviz.ui import common
+
+
+def test_warm_up_loads_the_model_and_the_header_follows(monkeypatch):
+    monkeypatch.setenv("KVVIZ_MODEL", "tiny-llama")
+    monkeypatch.setattr(common, "MODELS", common.registry.ModelRegistry())
+    seen = []
+    real_compare = common.quality.compare
+
+    def compare(*args, **kwargs):  # the header while the warm-up runs
+        seen.append(common.header_markdown("tiny-llama"))
+        assert common.warming()
+        return real_compare(*args, **kwargs)
+
+    monkeypatch.setattr(common.quality, "compare", compare)
+    seconds = common.warm_up("tiny-llama", ["int4", "k8v4"])
+    assert seconds > 0 and "warming up in the background" in seen[0]
+    assert common.MODELS.resident() == ["tiny-llama"] and not common.warming()
+    assert common.header_markdown("tiny-llama").startswith("**Model** `tiny-llama` (loaded)")
+
+
+def test_a_model_that_fails_to_warm_is_a_message(monkeypatch):
+    monkeypatch.setenv("KVVIZ_MODELS", "tiny-no-such-arch")
+    monkeypatch.setattr(common, "MODELS", common.registry.ModelRegistry())
+    with pytest.raises(ValueError, match="Warming up 'tiny-no-such-arch' failed"):
+        common.warm_up("tiny-no-such-arch")
+    assert "warm-up failed" in common.header_markdown("tiny-no-such-arch") and not common.warming()
+    thread = common.start_warm_up("tiny-no-such-arch")  # in the background: logged, nothing raised
+    thread.join(timeout=60)
+    assert not thread.is_alive()
