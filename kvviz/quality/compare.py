@@ -126,7 +126,8 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
         results.append(FormatResult(
             name=names[j], spec=spec, text=decode(free_ids[j]), token_ids=free_ids[j], first_divergence=diverge,
             kl=kl_arr[j], top1=top1_arr[j], cache_bytes=nbytes, bits_per_value=bits,
-            bytes_vs_exact=nbytes / baseline_bytes, bytes_vs_16bit=nbytes / bytes_16bit, tokens_per_s=speeds.get(j)))
+            bytes_vs_exact=nbytes / baseline_bytes, bytes_vs_16bit=nbytes / bytes_16bit, tokens_per_s=speeds.get(j),
+            plan=kvs[j]))
     report = QualityReport(prompt=prompt if isinstance(prompt, str) else "", prompt_tokens=ids.shape[1],
                            baseline_text=decode(base_ids), baseline_ids=base_ids, baseline_bytes=baseline_bytes,
                            baseline_bytes_16bit=bytes_16bit, dtype=str(model.dtype).removeprefix("torch."),

@@ -17,6 +17,7 @@ import torch
 
 from kvviz.attention import active_backend
 from kvviz.export import ENGINES, export_commands
+from kvviz.formats import Plan
 from kvviz.metrics import percentile
 
 METRICS_BACKEND = "torch reference, batched (dequantized K/V + SDPA)"
@@ -39,6 +40,7 @@ class FormatResult:
     bytes_vs_exact: float  # cache_bytes over the exact cache's, in the model's dtype (QualityReport.baseline_bytes)
     bytes_vs_16bit: float  # cache_bytes over the exact cache's at 16 bits, what engines store (k8v4: 0.39)
     tokens_per_s: float | None = None  # its own cache and attention backend, when measured (speed_tokens > 0)
+    plan: Plan | None = None  # what was run, as parsed at the boundary
 
     @property
     def mean_kl(self) -> float:
@@ -79,6 +81,7 @@ class CompareRow:
     tokens_per_s: float | None
     perplexity: float | None
     text: str
+    plan: Plan | None = None  # what the row ran (None for the baseline)
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,8 @@ class QualityReport:
             name=f.name, baseline=False, spec=f.spec, bits_per_value=f.bits_per_value, kl_mean=f.mean_kl,
             kl_median=f.kl_percentile(0.5), kl_p99=f.kl_percentile(0.99), top1=f.top1_rate,
             first_divergence=f.first_divergence, cache_bytes=f.cache_bytes, bytes_vs_16bit=f.bytes_vs_16bit,
-            bytes_vs_exact=f.bytes_vs_exact, tokens_per_s=f.tokens_per_s, perplexity=ppl(f.name), text=f.text)
+            bytes_vs_exact=f.bytes_vs_exact, tokens_per_s=f.tokens_per_s, perplexity=ppl(f.name), text=f.text,
+            plan=f.plan)
             for f in self.formats]
 
     def table(self) -> list[dict]:
@@ -146,13 +150,12 @@ class MapPoint:
     engine_flag: str | None  # "vllm --kv-cache-dtype fp8_e4m3" where an engine stores exactly this; else None
 
 
-def engine_flag(spec: str) -> str | None:
-    """The first engine (vLLM, SGLang, llama.cpp) that stores `spec` exactly, with its KV flags; None for none (and
-    for a per-layer plan, which no engine takes)."""
-    try:
-        rows = export_commands(spec)
-    except ValueError:
+def engine_flag(plan: Plan | None) -> str | None:
+    """The first engine (vLLM, SGLang, llama.cpp) that stores `plan` exactly, with its KV flags; None for none (and
+    for a per-layer plan, which no engine takes as one flag)."""
+    if plan is None or not plan.is_uniform:
         return None
+    rows = export_commands(plan.default)
     hit = next((e for e in ENGINES if rows[e]["supported"] and rows[e]["flags"]), None)
     return None if hit is None else f"{hit} {rows[hit]['flags']}"
 
@@ -166,5 +169,5 @@ def quality_map(rows: list[CompareRow]) -> list[MapPoint]:
         return any(o.bits_per_value <= r.bits_per_value and o.kl_mean <= r.kl_mean
                    and (o.bits_per_value < r.bits_per_value or o.kl_mean < r.kl_mean) for o in runs)
 
-    return [MapPoint(r.name, r.spec, r.bits_per_value, r.kl_mean, not dominated(r), engine_flag(r.spec))
+    return [MapPoint(r.name, r.spec, r.bits_per_value, r.kl_mean, not dominated(r), engine_flag(r.plan))
             for r in runs]
