@@ -261,7 +261,8 @@ def test_quality_map_marks_the_pareto_frontier_and_engine_flags():
     from kvviz.quality.report import CompareRow, quality_map
 
     def row(name, bits, kl, baseline=False):
-        return CompareRow(name, baseline, name, bits, kl, kl, kl, 1.0, None, 1, 1.0, 1.0, None, None, "")
+        return CompareRow(name, baseline, name, bits, kl, kl, kl, 1.0, None, 1, 1.0, 1.0, None, None, "",
+                          None if baseline else as_plan(name))
 
     points = quality_map([row("exact (baseline)", 32, 0.0, True), row("fp8_e4m3", 8, 0.002), row("int8", 8.25, 0.003),
                           row("int4", 4.25, 0.05), row("int4; 0=fp16", 4.6, 0.01), row("q4_0", 4.5, 0.06)])
