@@ -171,9 +171,9 @@ def memory_table(model, formats, context: int, gpu=None, batch: int = 1, gpus: i
     for spec in formats:
         cache = CacheModel(m, spec, None, layout)
         nbytes = cache.bytes(context, batch)
-        if spec.is_uniform:
-            k_bits, v_bits = _bits(cache, spec.default.k, spec.default.v)
-        else:  # a per-layer plan: each side's bits averaged over every value the layers hold
+        if cache.uniform:
+            k_bits, v_bits = _bits(cache, *cache.formats[0][:2])
+        else:  # a per-layer plan (or an engine's 16-bit layers): each side's bits averaged over the values held
             k_bits, v_bits = _plan_bits(cache)
         row = {
             "format": spec.name,
