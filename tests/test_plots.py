@@ -67,6 +67,8 @@ def _figures():
     yield P.sensitivity_heatmap([0.03, 0.001, math.nan], [0.002, 0.0005, math.nan], "sensitivity")
     yield P.sensitivity_ranking([("k", 0, 0.03), ("v", 0, 0.002), ("k", 1, 0.001)], "ranking")
     yield P.plan_tradeoff([1.0, 1.5, 2.0], [0.2, 0.05, 1e-6], ["int4", "int4; 0=fp16", "fp16"], 0.1, 1, "plans")
+    yield P.coordinate_histogram(np.linspace(-0.5, 0.5, 11), {"before": rng.random(10), "after": rng.random(10)},
+                                 np.linspace(-0.5, 0.5, 21), rng.random(21), "coordinates")
 
 
 @pytest.mark.parametrize("fig", list(_figures()), ids=lambda f: f.layout.title.text[:30] or "untitled")
