@@ -291,3 +291,16 @@ def test_export_plan_of_engine_values():
     out = export_plan("vllm:int4_per_token_head; 0,29=fp16", 30, "M")
     assert out["vllm"]["flags"] == "--kv-cache-dtype int4_per_token_head --kv-cache-dtype-skip-layers 0 29"
     assert not export_plan("vllm:fp8; 3=vllm:turboquant_3bit_nc", 30)["vllm"]["supported"]
+
+
+def test_kld_applies_the_engine_rule_as_the_cache_does():
+    """quality.kld (the prefix-tree rows) stores what QuantizedKVCache stores: a TurboQuant value is its plan with
+    the boundary layers written out, and differs from TurboQuant in every layer."""
+    from kvviz.quality import kld
+
+    model, tok = _tiny_with("llama", 6)
+    text = "the engine keeps its boundary layers in sixteen bits, and the middle ones in four " * 2
+    specs = ["vllm:turboquant_4bit_nc", "vllm:turboquant_4bit_nc; 0-1,4-5=vllm:auto", "vllm:auto"]
+    out = kld(model, tok, specs, text=text, windows=1, window_tokens=64)
+    means = [out[s]["mean"] for s in specs]
+    assert means[0] == pytest.approx(means[1], rel=1e-6) and means[0] > 2 * means[2] > 0
