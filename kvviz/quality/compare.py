@@ -26,7 +26,7 @@ import torch
 
 from kvviz.cache import model_layer_types
 from kvviz.cache.rows import RowStackCache
-from kvviz.formats import Plan, as_plans
+from kvviz.formats import Plan, as_plans, parse_kv
 from kvviz.memory import kv_cache_bytes_for
 from kvviz.metrics import kl_top1
 from kvviz.quality.decode import decode_speed, prefill
@@ -39,6 +39,9 @@ def _encode(tokenizer, prompt) -> torch.Tensor:
     if not isinstance(prompt, str) or not prompt:
         raise ValueError("The prompt must be a non-empty string.")
     return tokenizer(prompt, return_tensors="pt")["input_ids"][:, :]
+
+
+_FP16 = parse_kv("fp16")  # what engines store unquantized: the 16-bit reference of every byte ratio
 
 
 def _spec_and_bits(plan: Plan, layer_types: list[str], head_dim: int) -> tuple[str, float]:
@@ -117,7 +120,7 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
     tokens = ids.shape[1] + max_new_tokens - 1  # tokens held after the last step
     # what a DynamicCache holds for them (sliding layers their window, no state layers): at 16 bits (what engines
     # store), and in the model dtype
-    bytes_16bit = kv_cache_bytes_for(model.config, tokens, k="fp16", layout="transformers")
+    bytes_16bit = kv_cache_bytes_for(model.config, tokens, k=_FP16, layout="transformers")
     baseline_bytes = bytes_16bit * keys.element_size() // 2
     results = []
     for j, kv in enumerate(kvs):
