@@ -237,6 +237,8 @@ def test_turboquant_keeps_a_dense_models_boundary_layers_in_16_bits():
     # only the layers that hold the TurboQuant value; other engine values keep every layer
     assert _texts(parse_plan("fp16; 2-5=vllm:turboquant_3bit_nc", 8))[1:3] == ["fp16", "vllm:turboquant_3bit_nc"]
     assert _texts(as_plan("vllm:int4_per_token_head").resolve(8)) == ["vllm:int4_per_token_head"] * 8
+    with pytest.raises(ValueError, match="layer_types lists 2 layers for a model of 8"):
+        plan.resolve(8, ["full_attention"] * 2)
 
 
 def _tiny_with(arch, layers, **overrides):

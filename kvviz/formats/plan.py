@@ -141,8 +141,9 @@ class Plan:
         is not num_layers."""
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"num_layers must be a positive integer, got {num_layers!r}.")
-        assert layer_types is None or len(layer_types) == num_layers, \
-            f"{len(layer_types)} layer types for {num_layers} layers"
+        if layer_types is not None and len(layer_types) != num_layers:
+            raise ValueError(f"layer_types lists {len(layer_types)} layers for a model of {num_layers}: give one "
+                             f"type per layer (e.g. the config's layer_types), or None for a dense model.")
         if self.num_layers is not None and self.num_layers != num_layers:
             raise ValueError(f"The plan has {self.num_layers} entries for a model with {num_layers} layers: give "
                              f"one spec per layer, or a string such as 'int4; 0,{num_layers - 1}=fp16'.")
