@@ -1,7 +1,7 @@
 """kvviz app: the Gradio playground for KV-cache quantization.
 
 `build_demo()` returns the page as a `gr.Blocks` (no side effects at import; the model loads on first use). The
-tabs live in `kvviz/ui/` (one module per tab); the eight lessons of docs/DESIGN.md are one-click buttons
+tabs live in `kvviz/ui/` (one module per tab); the nine lessons of docs/DESIGN.md are one-click buttons
 (`kvviz/ui/lessons.py`); figures come from `kvviz/plots.py`.
 
 Run: `make run` (or `python app.py`) serves http://127.0.0.1:7860; GRADIO_SERVER_NAME and GRADIO_SERVER_PORT
@@ -64,7 +64,7 @@ def build_demo() -> gr.Blocks:
         tr(gr.Markdown(t("lessons")), value="lessons")
         with gr.Row(elem_id="kv-lessons"):
             lesson_buttons = [tr(gr.Button(t(f"lesson{i}"), size="sm", elem_id=f"lesson-{i}"), value=f"lesson{i}")
-                              for i in range(1, 9)]
+                              for i in range(1, len(lessons.LESSONS) + 1)]
         lesson_note = gr.Markdown(visible=False, elem_id="kv-lesson-note")
         with gr.Tabs() as tabs:
             parts = {}

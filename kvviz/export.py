@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import warnings
 
-from kvviz.formats import LLAMA_CPP_TYPES, Format, KVSpec, as_plan, parse_kv, spec_text
+from kvviz.formats import LLAMA_CPP_TYPES, Format, KVSpec, as_plan, engine_skip_layers, parse_kv, spec_text
 
 ENGINES = ("vllm", "sglang", "llama.cpp")
 _SCALES_FILE = "scales.json"
@@ -354,9 +354,10 @@ def _llama_cpp_type(fmt: Format) -> tuple[str | None, str | None]:
 # ---- per-layer plans ------------------------------------------------------------------------------------------
 
 
-def export_plan(plan, num_layers: int, model: str = "MODEL") -> dict:
+def export_plan(plan, num_layers: int, model: str = "MODEL", layer_types=None) -> dict:
     """Engine flags for a per-layer plan (a kvviz.Plan, or what kvviz.as_plan takes: "int4; 0,27=fp16", one spec
-    per layer).
+    per layer) on a model of `num_layers` layers (`layer_types`: one per layer, as Plan.resolve takes them; None: a
+    dense model).
 
     A uniform plan exports as its one spec (export_commands). Otherwise only vLLM can express a plan, and only
     "one format, some layers left unquantized": `--kv-cache-dtype X --kv-cache-dtype-skip-layers i j ...`
@@ -365,15 +366,23 @@ def export_plan(plan, num_layers: int, model: str = "MODEL") -> dict:
     bf16 for K and V, and the one format must be a vLLM dtype. SGLang and llama.cpp take one KV dtype (llama.cpp
     one per side) for every layer. Returns {"vllm" | "sglang" | "llama.cpp": {"supported", "kv_cache_dtype",
     "flags", "cli", "python", "note"}} as export_commands does, notes saying plainly why a plan cannot be
-    expressed. Raises ValueError on a bad plan.
+    expressed. Layers the engine keeps in 16 bits by its own rule (vLLM's TurboQuant boundary layers,
+    kvviz.formats.engine_skip_layers) are not written: the dtype alone says them, and a plan whose only 16-bit
+    layers are those exports as that one flag. Raises ValueError on a bad plan.
     """
-    fitted = as_plan(plan).fitted(num_layers)  # the shortest form for this model's layers
+    fitted = as_plan(plan).fitted(num_layers, layer_types)  # the shortest form for this model's layers
     if fitted.is_uniform:
         return export_commands(fitted.default, model)
-    layers, text = fitted.resolve(num_layers), fitted.text
+    layers, text = fitted.resolve(num_layers, layer_types), fitted.text
     sixteen = [i for i, kv in enumerate(layers) if kv.k.base in ("fp16", "bf16") and kv.v.base in ("fp16", "bf16")]
     quantized = {spec_text(kv) for i, kv in enumerate(layers) if i not in sixteen}
-    rows = {"vllm": _vllm_plan(layers, sixteen, quantized, text, model)}
+    one = next(kv for i, kv in enumerate(layers) if i not in sixteen) if quantized else None
+    if len(quantized) == 1:
+        own = engine_skip_layers(one, num_layers, layer_types)
+        sixteen = [i for i in sixteen if i not in own]
+        if not sixteen:  # only the engine's own rule keeps layers in 16 bits: exactly its dtype
+            return export_commands(one, model)
+    rows = {"vllm": _vllm_plan(one, sixteen, quantized, text, model)}
     for engine, name, how in (("sglang", "SGLang", "one --kv-cache-dtype for every layer"),
                               ("llama.cpp", "llama.cpp", "one -ctk and one -ctv type for every layer")):
         rows[engine] = _result(False, None, "", "", f"{name} takes {how}; it cannot express the per-layer plan "
@@ -381,14 +390,14 @@ def export_plan(plan, num_layers: int, model: str = "MODEL") -> dict:
     return rows
 
 
-def _vllm_plan(layers: list, sixteen: list[int], quantized: set, text: str, model: str) -> dict:
+def _vllm_plan(kv: KVSpec | None, sixteen: list[int], quantized: set, text: str, model: str) -> dict:
     if len(quantized) != 1:
         return _result(False, None, "", "", f"vLLM expresses one KV format with some layers left in 16 bits "
                                              f"(--kv-cache-dtype-skip-layers); the plan {text!r} uses "
                                              f"{len(quantized)} quantized formats ({', '.join(sorted(quantized))}). "
                                              "No engine can express it.")
     (spec,) = quantized
-    one = _vllm(next(kv for i, kv in enumerate(layers) if i not in sixteen), model)
+    one = _vllm(kv, model)
     if not one["supported"]:
         return _result(False, None, "", "", f"The plan's quantized layers use {spec}, which vLLM cannot store: "
                                              f"{one['note']}")

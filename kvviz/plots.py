@@ -474,3 +474,32 @@ def quality_map(names: Sequence[str], bits: Sequence[float], kl: Sequence[float]
     fig.update_xaxes(title_text="stored bits per value (bits, scales included)")
     fig.update_yaxes(title_text="mean KL against the exact cache (nats/token, log)", type="log")
     return _layout(fig, title, height=440, showlegend=False)
+
+
+# --- lesson 9: rotate, then quantize ------------------------------------------------------------------------
+
+
+def coordinate_histogram(edges: Sequence[float], densities: Mapping[str, Sequence[float]],
+                         curve_x: Sequence[float], curve_pdf: Sequence[float], title: str,
+                         curve_name: str = "N(0, 1/d): the codebook's density",
+                         axis_titles: tuple[str, str] = ("coordinate of the unit vector k/‖k‖ (unitless)",
+                                                         "density (1 / coordinate unit)")) -> go.Figure:
+    """Histograms of one head's unit-vector coordinates (e.g. before and after the rotation) against the density
+    a codebook is built for (kvviz.analysis.coordinate_histogram gives every argument).
+
+    edges: [bins + 1] bin edges; densities: {label: [bins] densities}; curve_x, curve_pdf: the reference density.
+    """
+    centers = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
+    widths = [b - a for a, b in zip(edges[:-1], edges[1:])]
+    fig = go.Figure()
+    colors = format_colors(list(densities))
+    for name, dens in densities.items():
+        assert len(dens) == len(centers), f"{name}: {len(dens)} densities for {len(centers)} bins"
+        fig.add_trace(go.Bar(x=centers, y=_finite(dens), width=widths, name=name, marker_color=colors[name],
+                             opacity=0.55))
+    fig.add_trace(go.Scatter(x=list(curve_x), y=list(curve_pdf), mode="lines", name=curve_name,
+                             line=dict(color="black", width=2, dash="dash")))
+    fig.update_layout(barmode="overlay")
+    fig.update_xaxes(title_text=axis_titles[0])
+    fig.update_yaxes(title_text=axis_titles[1])
+    return _layout(fig, title)

@@ -99,6 +99,24 @@ def test_rotation_spreads_the_outlier():
         analysis.rotation_view(cap, layer=2, head=0)
 
 
+def test_coordinate_histogram_against_the_codebooks_density():
+    """Lesson 9's data: one huge channel makes a unit vector's coordinates heavy-tailed; after the rotation they
+    follow N(0, 1/d). The densities integrate to the share inside the plotted span; the curve integrates to ~1."""
+    cap = _planted(size=1.0)
+    cap.keys_post[1, 0, :, 5] *= 40.0  # one head stands out: the auto pick finds it
+    h = analysis.coordinate_histogram(cap)
+    assert (h["layer"], h["head"], h["layer_id"], h["head_dim"], h["tokens"]) == (1, 0, 1, 32, 64)
+    assert h["kurtosis_before"] > 10 > 4 > h["kurtosis_after"]  # N(0, 1/d): 3; a bare basis vector rotated: 1
+    assert h["max_before"] > 0.9 > 0.5 > h["max_after"]
+    width = np.diff(h["edges"])
+    for side in ("before", "after"):
+        assert (h[side] * width).sum() == pytest.approx(1 - h[f"outside_{side}"], abs=1e-9)
+    assert np.trapezoid(h["curve_pdf"], h["curve_x"]) == pytest.approx(1, abs=1e-3)  # +-5 sigma
+    assert analysis.coordinate_histogram(cap, layer=0, head=1)["head"] == 1
+    with pytest.raises(ValueError, match="layer must be in 0..1"):
+        analysis.coordinate_histogram(cap, layer=2)
+
+
 def test_per_tensor_scale_is_ruined_by_outliers():
     cap = _planted()
     cmp = analysis.scale_comparison(cap, "int4", layer=0, head=0)

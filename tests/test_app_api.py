@@ -21,7 +21,7 @@ from gradio_client import Client, handle_file
 from app_server import serve_app
 
 API_NAMES = ("compare", "needle", "fused_speed", "outliers", "error_map", "sensitivity", "plan_search", "memory",
-             "export", "check_scales")
+             "export", "check_scales", "rotation")
 PROMPT = "The capital of France is Paris, and the capital of Korea is"
 MEMORY_OK = ("llama-3.1-8b", 32, 8, 128, 8.0, 1, 1024, 131072, ["fp16", "k8v4"], "", ["l4", "h100-80gb"], None, "",
              "engine")
@@ -342,6 +342,84 @@ def test_a_plan_with_each_tabs_options(client):
     assert "is a per-layer plan" in _error(client, [], "int4; 1=fp16", 128, 2, api_name="fused_speed")
 
 
+# --- engine dtypes in every tab; lesson 9 --------------------------------------------------------------------
+
+
+def test_engine_names_in_compare_and_sensitivity(client):
+    """vLLM's and llama.cpp's own names, picked and typed. On the 2-layer tiny model vLLM's TurboQuant keeps both
+    layers in 16 bits (its boundary rule: at most half the layers each side), and llama.cpp's blocks of 32 do not
+    fit its head_dim of 16: skipped with a note."""
+    _, table, _, status = client.predict(PROMPT, ["vllm:int4_per_token_head"],
+                                         "llama.cpp:k=q8_0,v=q4_0\nvllm:turboquant_4bit_nc", 4, False,
+                                         api_name="/compare")
+    rows = {r[0]: r for r in table["data"]}
+    assert list(rows) == ["exact (baseline)", "vllm:int4_per_token_head", "vllm:turboquant_4bit_nc"]
+    assert rows["vllm:int4_per_token_head"][1] == "vllm:int4_per_token_head"
+    assert rows["vllm:turboquant_4bit_nc"][1] == "vllm:auto" and rows["vllm:turboquant_4bit_nc"][2] == 16
+    assert "`llama.cpp:k=q8_0,v=q4_0`" in status and "q8_0" in status
+    _, _, _, summary = client.predict("prompt", PROMPT, "vllm:int4_per_token_head", 32, "tiny-llama", "English",
+                                      api_name="/sensitivity")
+    assert "tiny-llama, vllm:int4_per_token_head, 32 tokens" in summary
+    _, plan, summary, _ = client.predict("prompt", PROMPT, ["vllm:fp8", "fp16"], "vllm:int4_per_token_head", 10.0, 32,
+                                         "tiny-llama", "English", api_name="/plan_search")
+    assert plan == "vllm:int4_per_token_head"  # the cheapest rung, within a 10-nat budget
+    assert "--kv-cache-dtype int4_per_token_head`" in summary
+
+
+def test_engine_names_in_memory_and_export(client):
+    """Memory counts vLLM's page size (TurboQuant 4-bit: 66 + 68 bytes per token and head at d = 128) and its 16-bit
+    boundary layers; Export writes exactly the engine's flag."""
+    args = (*MEMORY_OK[:8], ["fp16"], "vllm:turboquant_4bit_nc\nllama.cpp:q4_0", [], None, "", "engine")
+    _, fit, formula, _ = client.predict(*args, api_name="/memory")
+    gb = {r[0]: r[2] for r in fit["data"]}
+    tokens, heads = 131072, 8  # Llama 3.1 8B: 32 layers, 8 KV heads of 128
+    assert gb["vllm:turboquant_4bit_nc"] == pytest.approx(tokens * heads * (28 * 134 + 4 * 512) / 1e9, abs=1e-3)
+    assert gb["llama.cpp:q4_0"] == pytest.approx(gb["fp16"] * 18 / 64, abs=1e-3)  # 18 bytes per 32 values
+    assert "`vllm:turboquant_4bit_nc`: each layer in its own format (the engine keeps some layers in 16 bits)" in formula
+    md, _, _, _, _ = client.predict("vllm:turboquant_4bit_nc", "m", "", api_name="/export")
+    assert "`--kv-cache-dtype turboquant_4bit_nc`" in md and "skip-layers" not in md
+    md, _, _, _, _ = client.predict("llama.cpp:k=q8_0,v=q4_0", "m", "", api_name="/export")
+    assert "-ctk q8_0 -ctv q4_0" in md
+
+
+@pytest.mark.parametrize("api, args, message", [
+    ("compare", (PROMPT, [], "tensorrt:fp8", 4, False), "Unknown engine 'tensorrt'"),
+    ("compare", (PROMPT, [], "vllm:int3", 4, False), "vllm has no KV cache dtype 'int3'"),
+    ("compare", (PROMPT, ["vllm:int4_per_token_head"], "int4; 1=vllm:int3", 4, False), "vllm's values: auto"),
+    ("sensitivity", ("prompt", PROMPT, "sglang:int4", 32, "tiny-llama"), "sglang has no KV cache dtype 'int4'"),
+    ("plan_search", ("prompt", PROMPT, ["fp16"], "llama.cpp:q3_k", 0.1, 32, "tiny-llama"),
+     "llama.cpp has no KV cache dtype 'q3_k'"),
+    ("memory", ("custom", 32, 8, 96, *MEMORY_OK[4:8], [], "vllm:turboquant_4bit_nc", [], None, "", "engine"),
+     "needs a head_dim that is a power of two"),
+    ("export", ("vllm:fp8_inc", "m", ""), "kvviz does not model vllm's fp8_inc"),
+])
+def test_bad_engine_names_are_a_message(client, api, args, message):
+    assert message in _error(client, *args, api_name=api)
+    client.predict(*GOOD_ARGS["export"], api_name="/export")  # and the app keeps serving
+
+
+def test_lesson_9_rotation_kl_and_histogram(client):
+    table, kl_fig, hist_fig, status = client.predict(64, "tiny-llama", "English", api_name="/rotation")
+    rows = {r[0]: r for r in table["data"]}
+    assert list(rows) == ["int4", "int4/rot", "vllm:int4_per_token_head", "vllm:turboquant_4bit_nc", "tq_mse4",
+                          "tq_prod4"]
+    assert all(isinstance(r[2], float) and r[2] >= 0 for r in rows.values())  # each format's KL
+    assert rows["int4"][2] > 0 and rows["tq_prod4"][2] > 0
+    assert rows["int4"][1] == 5  # head_dim 16: 4 bits and a 16-bit scale per 16 values
+    assert rows["vllm:turboquant_4bit_nc"][1] == 16  # 2 layers: vLLM keeps both in 16 bits
+    kl_bars = _traces(kl_fig)
+    assert kl_bars[0]["y"] == pytest.approx([r[2] for r in rows.values()], abs=1e-5)
+    before, after, curve = _traces(hist_fig)
+    assert before["name"] == "before the rotation" and after["name"] == "after the Hadamard rotation"
+    assert sum(before["y"]) > 0 and sum(after["y"]) > 0 and max(curve["y"]) > 0
+    layout = json.loads(hist_fig["plot"])["layout"]
+    assert layout["xaxis"]["title"]["text"].endswith("(unitless)") and "per unit" in layout["yaxis"]["title"]["text"]
+    assert "TQ-prod 4-bit: KL" in status and "kurtosis" in status
+    table, _, _, status = client.predict(64, "tiny-llama", "한국어", api_name="/rotation")
+    assert table["headers"][0] == "포맷" and "첨도" in status
+    assert "Tokens must be a whole number from 32 to 512" in _error(client, 8, "tiny-llama", api_name="rotation")
+
+
 # --- memory --------------------------------------------------------------------------------------------------
 
 
@@ -575,6 +653,7 @@ GOOD_ARGS = {  # one valid call per endpoint, with its `model` and `language`; c
     "memory": ("custom", *MEMORY_OK[1:]),  # a custom shape: every field is read
     "export": ("fp8_e4m3", "m", "", "tiny-llama", "English"),
     "check_scales": (None, "tiny-llama"),
+    "rotation": (64, "tiny-llama", "English"),
 }
 _HUGE = 10**30
 

@@ -335,4 +335,18 @@ def test_format_anatomy_shows_one_token_through_a_format(page, server, shots):
     _wait_for_text(page, "#errors-anatomy-summary", "코드북")
     page.get_by_label("English").check()
     page.get_by_role("tab", name="Memory").wait_for(timeout=10_000)
+
+
+def test_rotation_lesson_compares_six_formats_and_draws_the_histogram(page, server):
+    """Lesson 9 opens the Compare tab's rotate-then-quantize view and runs it: the six formats' KL in the table, both
+    figures drawn (the histogram: coordinates before and after the rotation, and the N(0, 1/d) curve)."""
+    page.locator("#lesson-9").click()
+    page.locator("#compare-rotation-run").wait_for(state="visible", timeout=10_000)  # the accordion opened
+    _wait_for_text(page, "#kv-lesson-note", "Lesson 9")
+    _wait_for_text(page, "#compare-rotation-status", "TQ-prod 4-bit: KL")
+    cells = page.locator("#compare-rotation-table").inner_text()
+    for name in ("int4/rot", "vllm:int4_per_token_head", "vllm:turboquant_4bit_nc", "tq_mse4", "tq_prod4"):
+        assert name in cells, cells
+    marks = page.locator("#compare-rotation").evaluate(_COUNT_MARKS)
+    assert len(marks) == 2 and all(n > 0 for n in marks), marks
     assert not _error_toasts(page)

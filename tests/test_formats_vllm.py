@@ -13,11 +13,12 @@ import math
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 import kvviz
 from kvviz.cache import QuantizedKVCache
 from kvviz.formats import engine_skip_layers
-from kvviz.tiny import tiny_model
+from kvviz.tiny import ByteTokenizer, tiny_config, tiny_model
 
 HEAD_DIMS = (64, 128)
 
@@ -453,20 +454,30 @@ def test_turboquant_keeps_the_boundary_layers_of_dense_models():
 
 # ------------------------------------------------------------------------------------------ in the cache
 
+def _tiny_dense(layers: int = 6):
+    """A tiny Llama with enough layers that vLLM's TurboQuant boundary rule leaves middle layers quantized."""
+    config = tiny_config("llama", num_hidden_layers=layers)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="kvviz").eval()
+    return model, ByteTokenizer()
+
+
 @pytest.mark.parametrize("spec", ["vllm:turboquant_k3v4_nc", "vllm:int4_per_token_head", "vllm:nvfp4_4over6",
                                   "vllm:int8_per_token_head", "tq_prod3"])
 def test_tiny_model_generates_through_the_reference_attention(spec):
     """The cache stores these formats through their own quantize (no kernel branch) and attention reads them with
-    the torch reference; what it holds is the formats' byte count."""
-    model, tok = tiny_model("llama", dtype=torch.bfloat16)
+    the torch reference; what it holds is the formats' byte count (TurboQuant's boundary layers in 16 bits)."""
+    model, tok = _tiny_dense()
     enc = tok(["the cache stores what vLLM stores"])
     cache = QuantizedKVCache(model.config, spec)
     out = model.generate(**enc, max_new_tokens=4, do_sample=False, cache=cache)
     tokens = out.shape[1] - 1
     kv = kvviz.parse_kv(spec)
     heads, head_dim, layers = model.config.num_key_value_heads, model.config.head_dim, model.config.num_hidden_layers
+    skipped = engine_skip_layers(kv, layers)
+    assert skipped == (frozenset({0, 1, 4, 5}) if "turboquant" in spec else frozenset())
     per_layer = sum(f.nbytes_for((1, heads, tokens, head_dim)) for f in (kv.k, kv.v))
-    assert cache.nbytes() == layers * per_layer
+    assert cache.nbytes() == (layers - len(skipped)) * per_layer + len(skipped) * 2 * heads * tokens * head_dim * 2
     assert out.shape == (1, enc["input_ids"].shape[1] + 4)
 
 
@@ -475,13 +486,14 @@ def test_tiny_model_generates_through_the_reference_attention(spec):
 def test_cache_stores_what_the_format_stores(spec):
     """No fused packer has a branch for these kinds: the cache falls back to the format's own quantize, token by
     token, and hands attention the same bytes as one quantize of every token."""
-    model, _ = tiny_model("llama", dtype=torch.bfloat16)
+    model, _ = _tiny_dense()
     g = torch.Generator().manual_seed(0)
     k, v = (torch.randn(1, 2, 7, 16, generator=g).to(torch.bfloat16) for _ in range(2))  # [batch, kv_heads, T, D]
     cache = QuantizedKVCache(model.config, spec)
-    cache.update(k[:, :, :5], v[:, :, :5], 0)  # the prefill
-    cache.update(k[:, :, 5:6], v[:, :, 5:6], 0)
-    qk, qv = cache.update(k[:, :, 6:], v[:, :, 6:], 0)  # QTensors over all 7 tokens
+    layer = 2  # not one of the boundary layers vLLM keeps in 16 bits under TurboQuant
+    cache.update(k[:, :, :5], v[:, :, :5], layer)  # the prefill
+    cache.update(k[:, :, 5:6], v[:, :, 5:6], layer)
+    qk, qv = cache.update(k[:, :, 6:], v[:, :, 6:], layer)  # QTensors over all 7 tokens
     kv = kvviz.parse_kv(spec)
     for q, fmt, x in ((qk, kv.k, k), (qv, kv.v, v)):
         want = fmt.quantize(x)

@@ -179,6 +179,8 @@ def test_memory_table_at_a_batch():
 
 def test_split_formats_keeps_pairs_whole():
     assert memory.split_formats(" fp16, k=int8 , v=int4,kivi2,") == ["fp16", "k=int8,v=int4", "kivi2"]
+    assert memory.split_formats("vllm:fp8,llama.cpp:k=q8_0,v=q4_0/norot,q4_0") == [
+        "vllm:fp8", "llama.cpp:k=q8_0,v=q4_0/norot", "q4_0"]  # an engine's pair name stays whole
 
 
 @pytest.mark.parametrize("call, match", [

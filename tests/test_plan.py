@@ -3,9 +3,12 @@ to the memory model), bad plans, and export_plan."""
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 import kvviz
+from kvviz.cache.rows import RowStackCache
 from kvviz.formats import Plan, as_plan, assigns_layers, format_plan, parse_kv, parse_plan
+from kvviz.tiny import ByteTokenizer, tiny_config
 
 
 def _texts(plan):
@@ -192,3 +195,114 @@ def test_export_uniform_plan_is_the_spec():
     from kvviz.export import export_commands, export_plan
 
     assert export_plan("fp8_e4m3; 0-3=fp8_e4m3", 4) == export_commands("fp8_e4m3")
+
+
+# ------------------------------------------------------------------------------------------ engine dtypes in plans
+
+@pytest.mark.parametrize("text, assigns", [
+    ("llama.cpp:k=q8_0,v=q4_0", False),           # an engine's pair name: its `=` opens no layers
+    ("llama.cpp:k=q8_0,v=q4_0/norot", False),
+    ("vllm:turboquant_4bit_nc; 0-1=fp16", True),
+    ("int4; 5=llama.cpp:k=q8_0,v=q4_0", True),
+])
+def test_engine_names_inside_plans(text, assigns):
+    assert assigns_layers(text) is assigns
+    plan = as_plan(text)
+    assert as_plan(plan.text) == plan
+
+
+def test_engine_names_resolve_in_plans():
+    assert as_plan("llama.cpp:k=q8_0,v=q4_0").is_uniform
+    assert as_plan("llama.cpp:k=q8_0,v=q4_0").default == parse_kv("llama.cpp:k=q8_0,v=q4_0")
+    layers = parse_plan("int4; 5=llama.cpp:k=q8_0,v=q4_0", 8)
+    assert layers[5].spec == "llama.cpp:k=q8_0,v=q4_0" and layers[4].spec == "int4"
+    with pytest.raises(ValueError, match="vllm has no KV cache dtype 'int3'.*vllm's values: auto"):
+        as_plan("int4; 2=vllm:int3")
+    with pytest.raises(ValueError, match="Unknown engine 'tensorrt'"):
+        as_plan("tensorrt:fp8")
+
+
+def test_turboquant_keeps_a_dense_models_boundary_layers_in_16_bits():
+    """vLLM's get_boundary_skip_layers(n=2): the first and last 2 layers of a dense model, at most half of them;
+    none on a hybrid (a layer with a recurrent state)."""
+    plan = as_plan("vllm:turboquant_4bit_nc")
+    specs = _texts(plan.resolve(8))
+    assert specs == ["vllm:auto"] * 2 + ["vllm:turboquant_4bit_nc"] * 4 + ["vllm:auto"] * 2
+    assert _texts(plan.resolve(8, ["sliding_attention", "full_attention"] * 4)) == specs  # sliding is attention
+    assert _texts(plan.resolve(3)) == ["vllm:auto", "vllm:turboquant_4bit_nc", "vllm:auto"]  # min(2, 3 // 2)
+    hybrid = ["linear_attention", "full_attention"] * 4
+    assert _texts(plan.resolve(8, hybrid)) == ["vllm:turboquant_4bit_nc"] * 8
+    assert plan.fitted(30).text == "vllm:turboquant_4bit_nc; 0-1,28-29=vllm:auto"
+    assert plan.fitted(30) == as_plan("vllm:turboquant_4bit_nc; 0-1,28-29=vllm:auto").fitted(30)
+    # only the layers that hold the TurboQuant value; other engine values keep every layer
+    assert _texts(parse_plan("fp16; 2-5=vllm:turboquant_3bit_nc", 8))[1:3] == ["fp16", "vllm:turboquant_3bit_nc"]
+    assert _texts(as_plan("vllm:int4_per_token_head").resolve(8)) == ["vllm:int4_per_token_head"] * 8
+    with pytest.raises(ValueError, match="layer_types lists 2 layers for a model of 8"):
+        plan.resolve(8, ["full_attention"] * 2)
+
+
+def _tiny_with(arch, layers, **overrides):
+    config = tiny_config(arch, num_hidden_layers=layers, **overrides)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="kvviz").eval()
+    return model, ByteTokenizer()
+
+
+@pytest.mark.parametrize("arch, overrides, skipped", [
+    ("llama", {}, [0, 1, 4, 5]),
+    ("gemma3", {"layer_types": ["sliding_attention", "full_attention"] * 3}, [0, 1, 4, 5]),
+    ("qwen3_next", {"layer_types": ["linear_attention", "full_attention"] * 3}, []),  # hybrid: none
+])
+def test_turboquant_cache_and_memory_model_agree(arch, overrides, skipped):
+    model, tok = _tiny_with(arch, 6, **overrides)
+    ids = tok("the engine keeps its boundary layers in sixteen bits", return_tensors="pt")["input_ids"]
+    cache = kvviz.QuantizedKVCache(model.config, "vllm:turboquant_4bit_nc")
+    kv_layers = [i for i, kv in enumerate(cache.plan) if kv is not None and cache.layers[i].__class__.__name__
+                 .startswith("Quantized")]
+    sixteen = [i for i in kv_layers if cache.plan[i].spec == "vllm:auto"]
+    assert sixteen == skipped and len(kv_layers) > len(sixteen)
+    _fill(model, cache, ids)
+    expect = kvviz.kv_cache_bytes_for(model.config, ids.shape[1], k="vllm:turboquant_4bit_nc", layout="transformers")
+    assert cache.nbytes() == expect
+    every_layer = kvviz.kv_cache_bytes_for(model.config, ids.shape[1], k=["vllm:turboquant_4bit_nc"] * 6,
+                                           layout="transformers")
+    assert expect == every_layer  # a list of engine values obeys the same rule
+    # rows of the plan written out, and of the value, share one cache (equal as this model stores them)
+    written = "vllm:turboquant_4bit_nc" + (f"; {','.join(map(str, skipped))}=vllm:auto" if skipped else "")
+    stack = RowStackCache(model.config, [as_plan("vllm:turboquant_4bit_nc"), as_plan(written)])
+    assert stack.row_caches[0] is stack.row_caches[1]
+
+
+def test_memory_table_counts_turboquant_boundary_layers():
+    """A 30-layer dense model: 26 TurboQuant layers and 4 in 16 bits, each as vLLM's page size counts it."""
+    row, = kvviz.memory.memory_table("smollm2-135m", ["vllm:turboquant_4bit_nc"], 1024)
+    kv = parse_kv("vllm:turboquant_4bit_nc")
+    heads, dim = 3, 64  # SmolLM2-135M: 3 KV heads of 64
+    tq = 26 * 1024 * heads * sum(f.nbytes_for((1, 1, 1, dim)) for f in (kv.k, kv.v))
+    assert row["bytes"] == tq + 4 * 1024 * heads * 2 * dim * 2
+    assert row["k_bits"] > kv.k.bits_per_value(dim)  # the 16-bit layers raise the mean
+
+
+def test_export_plan_of_engine_values():
+    from kvviz.export import export_plan
+
+    out = export_plan("vllm:turboquant_4bit_nc", 30, "M")  # the engine's own rule: exactly its flag
+    assert out["vllm"]["supported"] and out["vllm"]["flags"] == "--kv-cache-dtype turboquant_4bit_nc"
+    out = export_plan(as_plan("vllm:turboquant_4bit_nc; 7=fp16").fitted(30), 30, "M")
+    assert out["vllm"]["flags"] == "--kv-cache-dtype turboquant_4bit_nc --kv-cache-dtype-skip-layers 7"
+    out = export_plan("vllm:int4_per_token_head; 0,29=fp16", 30, "M")
+    assert out["vllm"]["flags"] == "--kv-cache-dtype int4_per_token_head --kv-cache-dtype-skip-layers 0 29"
+    assert not export_plan("vllm:fp8; 3=vllm:turboquant_3bit_nc", 30)["vllm"]["supported"]
+
+
+def test_kld_applies_the_engine_rule_as_the_cache_does():
+    """quality.kld (the prefix-tree rows) stores what QuantizedKVCache stores: a TurboQuant value is its plan with
+    the boundary layers written out, and differs from TurboQuant in every layer."""
+    from kvviz.quality import kld
+
+    model, tok = _tiny_with("llama", 6)
+    text = "the engine keeps its boundary layers in sixteen bits, and the middle ones in four " * 2
+    specs = ["vllm:turboquant_4bit_nc", "vllm:turboquant_4bit_nc; 0-1,4-5=vllm:auto", "vllm:auto"]
+    out = kld(model, tok, specs, text=text, windows=1, window_tokens=64)
+    means = [out[s]["mean"] for s in specs]
+    assert means[0] == pytest.approx(means[1], rel=1e-6) and means[0] > 2 * means[2] > 0

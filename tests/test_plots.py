@@ -77,6 +77,8 @@ def _figures():
                         [True, True, False], ["vllm --kv-cache-dtype int4_per_token_head", None, None], "map")
     yield P.rotated_histogram(rng.standard_normal(256).tolist(), [-0.2, -0.05, 0.05, 0.2], "rotated", token=x,
                               scale=4.0)
+    yield P.coordinate_histogram(np.linspace(-0.5, 0.5, 11), {"before": rng.random(10), "after": rng.random(10)},
+                                 np.linspace(-0.5, 0.5, 21), rng.random(21), "coordinates")
 
 
 @pytest.mark.parametrize("fig", list(_figures()), ids=lambda f: f.layout.title.text[:30] or "untitled")

@@ -248,3 +248,31 @@ def test_cli_sensitivity_and_plan(outlier_model, monkeypatch, capsys, tmp_path):
     assert "cannot go in it" in capsys.readouterr().err
     assert cli.main(["sensitivity", "--spec", "bogus"]) == 2
     assert "Unknown KV format" in capsys.readouterr().err
+
+
+def test_search_takes_engine_dtypes_and_ends_in_a_plan_vllm_serves():
+    """Engine dtypes as candidates: the search sees what the engine stores (vLLM's TurboQuant keeps layers 0, 1, 4
+    and 5 of this 6-layer model in 16 bits), and a plan of one vLLM dtype and 16-bit layers is what vLLM serves
+    with --kv-cache-dtype-skip-layers."""
+    from kvviz.export import export_plan
+
+    torch.manual_seed(0)
+    config = tiny_config("llama", num_hidden_layers=6)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="kvviz").eval()
+    tok = ByteTokenizer()
+    three = search(model, tok, TEXT, ["vllm:turboquant_3bit_nc", "vllm:fp8", "fp16"], kl_budget=1e9, max_tokens=32)
+    # on 6 layers of head_dim 16, TurboQuant's four 16-bit layers make it dearer than fp8 everywhere
+    assert three.ladder == ("vllm:fp8", "vllm:turboquant_3bit_nc", "fp16")
+    tq = three.sensitivity["vllm:turboquant_3bit_nc"]
+    assert max(tq[i] for i in (0, 1, 4, 5)) < min(tq[i] for i in (2, 3))  # 16 bits against 3
+    two = search(model, tok, TEXT, ["vllm:turboquant_3bit_nc", "fp16"], kl_budget=1e9, max_tokens=32,
+                 sensitivity={"vllm:turboquant_3bit_nc": tq})
+    start = two.steps[0].plan
+    assert start == as_plan("vllm:turboquant_3bit_nc; 0-1,4-5=vllm:auto").fitted(6)
+    out = export_plan(start, 6, "M")  # only the engine's own rule: exactly its flag
+    assert out["vllm"]["supported"] and out["vllm"]["flags"] == "--kv-cache-dtype turboquant_3bit_nc"
+    for step in two.steps:  # every plan on the path is one vLLM dtype and layers in 16 bits
+        out = export_plan(step.plan, 6, "M")["vllm"]
+        assert out["supported"], (step.plan.text, out["note"])
+    flags = [export_plan(s.plan, 6)["vllm"]["flags"] for s in two.steps]
+    assert any(f.startswith("--kv-cache-dtype turboquant_3bit_nc --kv-cache-dtype-skip-layers ") for f in flags)

@@ -192,3 +192,23 @@ def test_export_shows_the_calibration_warning(client):
     md, *_ = client.predict("fp8_e4m3", "m", " ".join(["The KV cache stores keys and values."] * 12),
                             api_name="/export")
     assert "**Warnings**" not in md  # enough tokens: nothing to warn about
+
+
+@pytest.mark.parametrize("pairs, rotate, expected", [
+    (["llama.cpp:q8_0", "q8_0"], True, ["q8_0"]),  # llama.cpp's own name is the bare pair, once
+    (["llama.cpp:k=q8_0,v=q4_0/norot", "q4_0"], False, ["k=q8_0,v=q4_0", "q4_0"]),
+    (["llama.cpp:q4_0"], None, ["q4_0"]),
+])
+def test_check_pairs_takes_llama_cpp_names(pairs, rotate, expected):
+    assert engines.check_pairs(pairs, rotate) == expected
+
+
+@pytest.mark.parametrize("pairs, rotate, message", [
+    (["llama.cpp:q4_0"], False, "tick 'Rotate K/V in llama.cpp'"),
+    (["llama.cpp:q4_0/norot"], True, "untick 'Rotate K/V in llama.cpp'"),
+    (["vllm:int4_per_token_head"], True, "another engine's dtype"),
+    (["llama.cpp:q3_k"], True, "llama.cpp has no KV cache dtype 'q3_k'"),
+])
+def test_check_pairs_refuses_other_engine_names(pairs, rotate, message):
+    with pytest.raises(ValueError, match=message):
+        engines.check_pairs(pairs, rotate)

@@ -8,6 +8,7 @@
     attn = analysis.attention_errors(cap, ["k8v4", "k4v8"])        # {spec: [L]}
     cmp = analysis.scale_comparison(cap, "int8", layer=3, head=0)  # token / channel / head / tensor (+ /rot)
     rot = analysis.rotation_view(cap, layer=3, head=0)             # stats before and after the Hadamard rotation
+    hist = analysis.coordinate_histogram(cap, layer=3, head=0)     # unit-vector coordinates against N(0, 1/d)
     sens = analysis.layer_sensitivity(model, tok, prompt, "int4")  # {"k": [L], "v": [L]}: KL, one layer at a time
     res = analysis.search(model, tok, prompt, ["int4", "fp16"], kl_budget=0.01)   # SearchResult: the cheapest plan
 
@@ -19,8 +20,8 @@ from kvviz.analysis.errors import (ErrorSummary, attention_errors, error_map, er
                                    layer_errors, relative_error, scale_comparison)
 from kvviz.analysis.search import SearchResult, SearchStep, search
 from kvviz.analysis.sensitivity import layer_norms, layer_sensitivity, ranking
-from kvviz.analysis.stats import (OUTLIER_FACTOR, capture_stats, channel_stats, kv_outlier_summary, outlier_mask,
-                                  rotation_view)
+from kvviz.analysis.stats import (OUTLIER_FACTOR, capture_stats, channel_stats, coordinate_histogram,
+                                  kv_outlier_summary, outlier_mask, rotation_view)
 
 __all__ = [
     "ErrorSummary",
@@ -34,6 +35,7 @@ __all__ = [
     "capture_kv",
     "capture_stats",
     "channel_stats",
+    "coordinate_histogram",
     "error_map",
     "error_maps",
     "error_summary",

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from kvviz.cache import model_layer_types
 from kvviz.cache.rows import RowStackCache
 from kvviz.formats import spec_key
 from kvviz.metrics import Baseline, log_probs
@@ -123,7 +124,8 @@ def row_hidden(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk
     if not 1 <= first_chunk < t:
         raise ValueError(f"first_chunk must be in 1..{t - 1} for a window of {t} tokens; got {first_chunk}.")
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
-    plans = [(None,) * n_layers if r is None else r.resolve(n_layers) for r in rows]
+    types = model_layer_types(model.config)  # the engine's layer rules apply as the model's caches apply them
+    plans = [(None,) * n_layers if r is None else r.resolve(n_layers, types) for r in rows]
     specs = [None if all(kv is None for kv in p) else r for r, p in zip(rows, plans)]
     layers = _forkable_layers(model)
     step = chunk or t

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from kvviz.analysis.sensitivity import _prompt_ids, kv_layers, plans_kl
-from kvviz.cache import QuantizedKVCache
+from kvviz.cache import QuantizedKVCache, model_layer_types
 from kvviz.formats import Plan, as_plan, spec_text
 from kvviz.memory import kv_cache_bytes_for
 
@@ -111,7 +111,9 @@ def search(model, tokenizer, prompts, candidates: list[str], kl_budget: float, m
     Both runs go through kvviz.analysis.rows as prefix trees: plans that agree on their first layers share them.
 
     prompts: one text or a list (each cut to max_tokens tokens; the KL averages over all their positions).
-    candidates: single specs or presets (a KVSpec or its text), not plans.
+    candidates: single specs or presets (a KVSpec or its text), not plans; engine dtypes too ("vllm:fp8",
+    "vllm:turboquant_3bit_nc"): a plan of one vLLM dtype and fp16 layers is what vLLM serves with
+    --kv-cache-dtype-skip-layers (kvviz.export.export_plan).
     Returns a SearchResult; when no plan on the path meets the budget, its within_budget is False and the chosen
     step is the all-top one.
     sensitivity: a previous result's `sensitivity` for the same model, prompts, max_tokens and candidates, to
@@ -143,8 +145,11 @@ def search(model, tokenizer, prompts, candidates: list[str], kl_budget: float, m
     def plan_bytes(plan: Plan) -> int:
         return kv_cache_bytes_for(config, context, k=plan, layout="engine")
 
+    types = model_layer_types(config)
+
     def per_layer(names_by_layer: list) -> Plan:
-        return as_plan([None if c is None else kvs[c] for c in names_by_layer])
+        # as the model stores it: an engine dtype's layer rules applied (vLLM's TurboQuant boundary layers in 16 bits)
+        return as_plan([None if c is None else kvs[c] for c in names_by_layer]).fitted(n_layers, types)
 
     uniform = {c: plan_bytes(as_plan(kvs[c])) for c in names}
     ladder = sorted(names, key=lambda c: uniform[c])  # stable: ties keep the given order

@@ -102,6 +102,59 @@ def rotation_view(cap: KVCapture, layer: int, head: int, which: str = "keys_post
             "x": x.numpy(), "x_rot": x_rot.numpy()}
 
 
+def coordinate_histogram(cap: KVCapture, layer: int | None = None, head: int | None = None, bins: int = 61,
+                         which: str = "keys_post") -> dict:
+    """The coordinates of one head's unit vectors before and after the normalized Hadamard rotation, as histograms
+    against N(0, 1/d): the density TurboQuant's Lloyd-Max codebook is built for (a coordinate of a random unit vector
+    in d dimensions, arXiv 2504.19874; vLLM's turboquant/centroids.py). A rotation maps an outlier channel's share
+    of the norm onto every coordinate, so the rotated coordinates follow the curve and the raw ones do not.
+
+    Each token's vector is divided by its norm (what TurboQuant quantizes: the norm is stored apart). layer, head:
+    a captured layer (by position) and a KV head; None: the pair whose raw coordinates are the most heavy-tailed
+    (largest kurtosis), where the rotation has most to do. Returns plain data: {"layer", "head" (the pair shown;
+    "layer_id": the model's layer number), "edges": [bins + 1] (a coordinate's value), "before", "after": [bins] densities (integrating to 1 over
+    the edges' span; coordinates beyond it are counted in `outside_before` / `outside_after`, fractions),
+    "curve_x", "curve_pdf": the N(0, 1/d) density, "head_dim", "tokens", "kurtosis_before", "kurtosis_after"
+    (Pearson's over every coordinate: 3 for N(0, 1/d)), "max_before", "max_after" (largest |coordinate|)}.
+    """
+    if layer is None or head is None:
+        u_all = _unit(cap.tensor(which).double())  # [layers, heads, T, D]
+        kurt = (u_all**4).mean(dim=(-2, -1)) / (u_all**2).mean(dim=(-2, -1)) ** 2  # [layers, heads]
+        keep = torch.ones_like(kurt, dtype=torch.bool)
+        if layer is not None:
+            _head(cap, which, layer, 0)  # checks the layer
+            keep[torch.arange(kurt.shape[0]) != layer] = False
+        if head is not None:
+            _head(cap, which, 0, head)  # checks the head
+            keep[:, torch.arange(kurt.shape[1]) != head] = False
+        best = int(kurt.masked_fill(~keep, float("-inf")).flatten().argmax())
+        layer, head = divmod(best, kurt.shape[1])
+    x = _head(cap, which, layer, head).double()  # [T, D]
+    d = x.shape[-1]
+    u = _unit(x)  # [T, D] unit vectors
+    rotated = rotate(u)  # [T, D]
+    sigma = 1.0 / np.sqrt(d)
+    span = 5.0 * sigma  # the curve's bulk; outliers beyond it are counted apart
+    edges = np.linspace(-span, span, bins + 1)
+    out = {"layer": layer, "head": head, "layer_id": cap.layer_ids[layer], "edges": edges, "head_dim": d,
+           "tokens": x.shape[0]}
+    for name, v in (("before", u), ("after", rotated)):
+        flat = v.flatten().numpy()
+        counts, _ = np.histogram(flat, edges)
+        out[name] = counts / (flat.size * np.diff(edges))
+        out[f"outside_{name}"] = float(np.mean(np.abs(flat) > span))
+        out[f"kurtosis_{name}"] = float(np.mean(flat**4) / np.mean(flat**2) ** 2)
+        out[f"max_{name}"] = float(np.abs(flat).max())
+    out["curve_x"] = np.linspace(-span, span, 201)
+    out["curve_pdf"] = np.exp(-0.5 * (out["curve_x"] / sigma) ** 2) / (sigma * np.sqrt(2 * np.pi))
+    return out
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    """Each vector along the last axis divided by its norm."""
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+
+
 def _head(cap: KVCapture, which: str, layer: int, head: int) -> torch.Tensor:
     x = cap.tensor(which)
     if not (0 <= layer < x.shape[0] and 0 <= head < x.shape[1]):

@@ -46,8 +46,8 @@ Speed, bytes and quality against DynamicCache and transformers' QuantizedCache: 
 """
 
 from .layers import QuantizedHybridLayer, QuantizedHybridSlidingLayer, QuantizedKVLayer, QuantizedSlidingLayer
-from .quantized import SUPPORTED_TYPES, QuantizedKVCache, layer_head_dims
+from .quantized import SUPPORTED_TYPES, QuantizedKVCache, layer_head_dims, model_layer_types
 from .sides import ScaleWarning, held_tokens
 
 __all__ = ["ScaleWarning", "QuantizedKVCache", "QuantizedKVLayer", "QuantizedSlidingLayer", "QuantizedHybridLayer",
-           "QuantizedHybridSlidingLayer", "SUPPORTED_TYPES", "held_tokens", "layer_head_dims"]
+           "QuantizedHybridSlidingLayer", "SUPPORTED_TYPES", "held_tokens", "layer_head_dims", "model_layer_types"]

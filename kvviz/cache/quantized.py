@@ -37,10 +37,10 @@ class QuantizedKVCache(Cache):
     def __init__(self, config, spec, residual: int | None = None, scales: dict | None = None):
         text = _decoder_config(config)
         layer_types, layer_kwargs = get_layer_types_and_kwargs(text)
-        # self.plan: one KVSpec per layer (None: kept exact, as DynamicCache holds it); self.spec: the spec when
-        # uniform
+        # self.plan: one KVSpec per layer (None: kept exact, as DynamicCache holds it), the engine's layer rules
+        # applied (vLLM's TurboQuant keeps boundary layers in 16 bits); self.spec: the spec when uniform
         self.kv_plan: Plan = as_plan(spec)
-        self.plan = self.kv_plan.resolve(text.num_hidden_layers)
+        self.plan = self.kv_plan.resolve(text.num_hidden_layers, layer_types)
         self.spec = self.kv_plan.default if self.kv_plan.is_uniform else None
         if residual is not None and int(residual) < 0:
             raise ValueError(f"residual is a number of recent tokens kept in full precision (>= 0), got {residual}.")
@@ -94,6 +94,12 @@ class QuantizedKVCache(Cache):
 
     def __repr__(self) -> str:
         return f"QuantizedKVCache({self._name()!r}, residual={self.residual}, layers={len(self.layers)})"
+
+
+def model_layer_types(config) -> list[str]:
+    """One transformers layer type per decoder layer of a model config ("full_attention", "sliding_attention",
+    "linear_attention", ...): what Plan.resolve takes to apply an engine's layer rules to this model."""
+    return list(get_layer_types_and_kwargs(_decoder_config(config))[0])
 
 
 def _decoder_config(config):

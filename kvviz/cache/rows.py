@@ -175,8 +175,10 @@ class RowStackCache(Cache):
     def __init__(self, config, specs: list, scales: dict | None = None, layer_rows: list[list[int]] | None = None):
         n_layers = config.get_text_config(decoder=True).num_hidden_layers
         assert all(s is None or isinstance(s, Plan) for s in specs), "RowStackCache rows are kvviz.Plans or None"
+        kinds, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
         if layer_rows is None:  # rows of one spec share one cache, batched (see the module docstring)
-            keys = [None if s is None else s.fitted(n_layers) for s in specs]  # equal plans: one cache
+            # equal plans (as this model stores them, the engine's layer rules applied): one cache
+            keys = [None if s is None else s.fitted(n_layers, kinds) for s in specs]
             caches = {k: QuantizedKVCache(config, specs[keys.index(k)], scales=_scales_for(s, scales))
                       for k, s in zip(keys, specs) if k is not None}
             self.row_caches = [None if k is None else caches[k] for k in keys]
@@ -188,7 +190,6 @@ class RowStackCache(Cache):
             layer_rows = [list(range(len(specs)))] * n_layers
         assert len(layer_rows) == n_layers, f"layer_rows has {len(layer_rows)} layers, the model {n_layers}"
         assert all(len(set(r)) == len(r) for r in layer_rows), "a plan's layer serves one row per layer at most"
-        kinds, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
         self.batch = [len(rows) for rows in layer_rows]  # rows per layer
         layers = []
         for i, (rows, kind, kw) in enumerate(zip(layer_rows, kinds, kwargs)):

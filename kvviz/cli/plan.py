@@ -13,6 +13,7 @@ import argparse
 from kvviz.cli.common import Clock, add_text_arguments, kl_text, load_text_model, print_table
 from kvviz.analysis.search import search
 from kvviz.formats import as_plan
+from kvviz.memory import split_formats
 
 HELP = "the cheapest per-layer plan within a KL budget (greedy, sensitivity-ordered search)"
 
@@ -27,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    candidates = [c.strip() for c in args.candidates.split(",") if c.strip()]
+    candidates = split_formats(args.candidates)
     if any("=" in c for c in candidates):
         raise ValueError("--candidates is comma-separated, so a K/V pair cannot go in it; name a preset "
                          "(k8v4, k4v8) or a single format per candidate.")

@@ -154,23 +154,36 @@ def check_head_dim(ref: EngineRef, head_dim: int) -> None:
 # ------------------------------------------------------------------------------------------ layer rules
 
 TURBOQUANT_BOUNDARY = 2  # vLLM's get_boundary_skip_layers(n=2)
-_ATTENTION_TYPES = ("full_attention", "attention", "sliding_attention", "chunked_attention")
+# Layer types that hold no recurrent state (transformers' names, kvviz.memory's kinds): a model of only these is
+# dense for vLLM (ModelConfig.is_hybrid is False); a Mamba / linear-attention / conv layer makes it hybrid.
+_STATELESS_TYPES = ("full_attention", "attention", "sliding_attention", "chunked_attention", "shared", "dummy", "mlp",
+                    "moe")
+# The dtype a skipped layer stores: vLLM's kv_cache_dtype_skip_layers keep "auto", the model's own dtype.
+_SKIP_DTYPE = {"vllm": "auto"}
 
 
 def engine_skip_layers(kv, num_layers: int, layer_types=None) -> frozenset[int]:
     """Layers the engine keeps in 16 bits for this KV spec (a kvviz KVSpec or anything with .k and .v formats).
 
     vLLM's TurboQuant presets (turboquant/config.py `get_boundary_skip_layers`): on a dense model the first and last
-    2 layers (at most half the layers); on a hybrid model (any layer that is not attention: Mamba, linear
-    attention) none. layer_types: one string per layer, as transformers' config.layer_types (None: all attention).
-    Every other engine value keeps no layer back.
+    2 layers (at most half the layers); on a hybrid model (a layer with a recurrent state: Mamba, linear
+    attention, a Falcon-H1 "hybrid" layer) none. layer_types: one string per layer, as transformers'
+    config.layer_types or kvviz.memory's layer kinds (None: all attention). Every other engine value keeps no
+    layer back.
     """
     refs = [f.parts.engine for f in (kv.k, kv.v) if f.parts.engine is not None]
     if not any(r.engine == "vllm" and r.dtype in TURBOQUANT_DTYPES for r in refs):
         return frozenset()
-    if layer_types is not None and any(t not in _ATTENTION_TYPES for t in layer_types):
+    if layer_types is not None and any(t not in _STATELESS_TYPES for t in layer_types):
         return frozenset()
     n = min(TURBOQUANT_BOUNDARY, num_layers // 2)
     if n <= 0:
         return frozenset()
     return frozenset(range(n)) | frozenset(range(num_layers - n, num_layers))
+
+
+def skip_layer_spec(kv) -> str:
+    """The engine dtype a layer that engine_skip_layers names stores instead: vLLM keeps it in "auto"."""
+    engines = {f.parts.engine.engine for f in (kv.k, kv.v) if f.parts.engine is not None}
+    (engine,) = engines
+    return f"{engine}:{_SKIP_DTYPE[engine]}"

@@ -9,18 +9,27 @@ by the UI, the CLI and the exporter, is the default followed by `;`-separated `L
     k8v4; 0-3=fp16; 29=k=int8,v=int4   ranges with `-`; a K/V pair may be assigned to a layer
     0-14=int8; 15-29=int4        no default: every layer must then be named
 
-What text is a plan with layer assignments (`assigns_layers`), one rule: a `;`-part that holds `=` and whose left
-side is not `k` or `v` (those open a K/V pair spec, `k=int8,v=int4`) names layers. So `int4; 0,27=fp16` assigns
-layers, `k=int8,v=int4` and `int4; int8` (two specs, as the app's typed lists read it) do not, and a typo such as
-`int4; O=fp16` is reported as a bad layer index rather than an unknown format.
+    vllm:turboquant_4bit_nc; 5=fp16    an engine's dtype as the default (kvviz.formats.engines' names)
+    int4; 5=llama.cpp:k=q8_0,v=q4_0    ... or assigned to layers
 
-The layer indices meet the model in `resolve(num_layers)`: an index the model lacks, or layers left without a spec
-when there is no default, raise ValueError there. A plan built from a per-layer list may hold None entries: those
-layers are kept exact (as DynamicCache holds them); only code builds such plans, and their text writes `exact`.
+What text is a plan with layer assignments (`assigns_layers`), one rule: a `;`-part that holds `=` and whose left
+side is neither `k` or `v` (those open a K/V pair spec, `k=int8,v=int4`) nor holds a `:` (an engine's name,
+`llama.cpp:k=q8_0,v=q4_0`) names layers. So `int4; 0,27=fp16` assigns layers, `k=int8,v=int4`,
+`llama.cpp:k=q8_0,v=q4_0` and `int4; int8` (two specs, as the app's typed lists read it) do not, and a typo such
+as `int4; O=fp16` is reported as a bad layer index rather than an unknown format.
+
+The layer indices meet the model in `resolve(num_layers, layer_types)`: an index the model lacks, or layers left
+without a spec when there is no default, raise ValueError there. The engine's layer rules apply there too: a layer
+given an engine dtype that the engine keeps in 16 bits on this model (vLLM's TurboQuant presets: the first and last
+2 layers of a dense model, none on a hybrid; kvviz.formats.engines.engine_skip_layers) stores the engine's 16-bit
+dtype instead (`vllm:auto`), so every cache and memory figure built from a resolved plan holds what the engine
+holds. A plan built from a per-layer list may hold None entries: those layers are kept exact (as DynamicCache holds
+them); only code builds such plans, and their text writes `exact`.
 
     plan = as_plan("int4; 0,27=fp16")      # parsed here, once; everything below takes the Plan
     plan.resolve(28)                        # (KVSpec x 28), checked against the model's layers
     plan.text                               # 'int4; 0,27=fp16' (the shortest form)
+    as_plan("vllm:turboquant_4bit_nc").fitted(30).text   # 'vllm:turboquant_4bit_nc; 0-1,28-29=vllm:auto'
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from .engines import engine_skip_layers, skip_layer_spec
 from .kv import KVSpec, parse_kv
 from .spec import PRESETS
 
@@ -54,7 +64,7 @@ def assigns_layers(text: str) -> bool:
 
 def _names_layers(part: str) -> bool:
     lhs, sep, _ = part.partition("=")
-    return bool(sep) and lhs.strip().lower() not in ("k", "v")
+    return bool(sep) and lhs.strip().lower() not in ("k", "v") and ":" not in lhs
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,12 +132,18 @@ class Plan:
                              f"e.g. 'int4; {self.name}'.")
         return self.default
 
-    def resolve(self, num_layers: int) -> tuple[KVSpec | None, ...]:
-        """One spec per layer of a model with `num_layers` layers (None: kept exact). ValueError, with what to
+    def resolve(self, num_layers: int, layer_types=None) -> tuple[KVSpec | None, ...]:
+        """One spec per layer of a model with `num_layers` layers (None: kept exact), as the model stores it: a
+        layer whose engine dtype the engine keeps in 16 bits on this model stores the engine's 16-bit dtype
+        (the module docstring). layer_types: one string per layer (transformers' config.layer_types or
+        kvviz.memory's layer kinds); None means every layer is attention (a dense model). ValueError, with what to
         write instead, for a layer the model lacks, layers left without a spec, or a per-layer list whose length
         is not num_layers."""
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"num_layers must be a positive integer, got {num_layers!r}.")
+        if layer_types is not None and len(layer_types) != num_layers:
+            raise ValueError(f"layer_types lists {len(layer_types)} layers for a model of {num_layers}: give one "
+                             f"type per layer (e.g. the config's layer_types), or None for a dense model.")
         if self.num_layers is not None and self.num_layers != num_layers:
             raise ValueError(f"The plan has {self.num_layers} entries for a model with {num_layers} layers: give "
                              f"one spec per layer, or a string such as 'int4; 0,{num_layers - 1}=fp16'.")
@@ -140,13 +156,25 @@ class Plan:
         if missing and self.default is None:
             raise ValueError(f"Plan {self.name!r} gives no spec for layers {_ranges(missing)}; start it with a "
                              f"default spec, e.g. 'int4; {self.name}'.")
-        return tuple(assigned.get(i, self.default) for i in range(num_layers))
+        return _engine_rules([assigned.get(i, self.default) for i in range(num_layers)], layer_types)
 
-    def fitted(self, num_layers: int) -> Plan:
-        """The plan as a model with `num_layers` layers stores it, written the shortest way: plans that store the
-        same thing in every layer of that model come out equal (a default and assignments, most common spec as
-        the default)."""
-        return _from_layers(self.resolve(num_layers))
+    def fitted(self, num_layers: int, layer_types=None) -> Plan:
+        """The plan as a model with `num_layers` layers (of `layer_types`, as resolve takes them) stores it, written
+        the shortest way: plans that store the same thing in every layer of that model come out equal (a default
+        and assignments, most common spec as the default)."""
+        return _from_layers(self.resolve(num_layers, layer_types))
+
+
+def _engine_rules(kvs: list, layer_types) -> tuple[KVSpec | None, ...]:
+    """kvs with the engine's layer rules applied: each layer given an engine dtype that the engine keeps in 16 bits
+    at that layer (engine_skip_layers) stores the engine's 16-bit dtype instead."""
+    out = list(kvs)
+    for kv in {spec_key(kv): kv for kv in kvs if kv is not None}.values():
+        skip = engine_skip_layers(kv, len(kvs), layer_types)
+        for i in skip:
+            if out[i] is not None and spec_key(out[i]) == spec_key(kv):
+                out[i] = parse_kv(skip_layer_spec(kv))
+    return tuple(out)
 
 
 def as_plan(value) -> Plan:

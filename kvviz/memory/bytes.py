@@ -87,22 +87,24 @@ def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, seq_len: int, batc
     return layers * per_layer
 
 
-def _layer_formats(k, v, residual, n_layers: int) -> list[tuple[Format, Format, int]]:
-    """(K format, V format, residual) per layer: one spec for all, or a plan (a kvviz.Plan, or a list of one spec
-    per layer, which kvviz.as_plan turns into one)."""
-    if isinstance(k, (Plan, list, tuple)):
-        if v is not None:
+def _layer_formats(k, v, residual, kinds: list[str]) -> list[tuple[Format, Format, int]]:
+    """(K format, V format, residual) per layer of a model whose layers are `kinds` (LayerShape.kind): one spec for
+    all, or a plan (a kvviz.Plan, plan text, or a list of one spec per layer, which kvviz.as_plan turns into one).
+    A spec or plan (not a K and a V Format) is resolved as the cache resolves it: the engine's layer rules apply
+    (vLLM's TurboQuant keeps a dense model's boundary layers in 16 bits)."""
+    if residual is not None:
+        _check_count(residual, "residual (full-precision tokens)")
+    if v is not None or isinstance(k, Format):
+        if isinstance(k, (Plan, list, tuple)):
             raise ValueError("With a per-layer plan in `k`, leave `v` out: each entry names its K and V.")
-        plan = as_plan(k)
-        kvs = plan.resolve(n_layers)
-        if None in kvs:
-            raise ValueError(f"The plan {plan.name!r} keeps some layers exact; the memory model counts formats: "
-                             f"give every layer a spec (fp16 for the model's own 16-bit values).")
-        return [(kv.k, kv.v, kv.residual if residual is None else residual) for kv in kvs]
-    k_fmt, v_fmt = _kv_formats(k, v)
-    res = _preset_residual(k, v) if residual is None else residual
-    _check_count(res, "residual (full-precision tokens)")
-    return [(k_fmt, v_fmt, res)] * n_layers
+        k_fmt, v_fmt = _kv_formats(k, v)
+        return [(k_fmt, v_fmt, 0 if residual is None else residual)] * len(kinds)
+    plan = as_plan(k)
+    kvs = plan.resolve(len(kinds), kinds)
+    if None in kvs:
+        raise ValueError(f"The plan {plan.name!r} keeps some layers exact; the memory model counts formats: "
+                         f"give every layer a spec (fp16 for the model's own 16-bit values).")
+    return [(kv.k, kv.v, kv.residual if residual is None else residual) for kv in kvs]
 
 
 def _layer_bytes(shape: LayerShape, seq_len: int, batch: int, k_fmt, v_fmt, residual: int, layout: str) -> int:
@@ -122,7 +124,8 @@ class CacheModel:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}.")
         self.layout = layout
         self.shapes = layer_shapes(config, "transformers" if layout == "transformers" else layout)
-        formats = _layer_formats(k, v, residual, len(self.shapes))
+        self.formats = formats = _layer_formats(k, v, residual, [s.kind for s in self.shapes])  # per layer
+        self.uniform = len(set(formats)) == 1  # False also where an engine's layer rules keep layers in 16 bits
         # layers with equal shape and formats hold equal bytes: count them once
         self.groups = Counter((s.kind, s.window, s.k_heads, s.k_dim, s.v_heads, s.v_dim, f)
                               for s, f in zip(self.shapes, formats))

@@ -110,14 +110,15 @@ def max_batch(model, gpu, context: int, k="fp16", v=None, gpus: int = 1, weight_
 
 
 def split_formats(text: str) -> list[str]:
-    """Split a comma-separated list of KV specs, keeping pair specs whole.
+    """Split a comma-separated list of KV specs, keeping pair specs whole (an engine's pair name too).
 
-    >>> split_formats("fp16,k=int8,v=int4,mxfp4")
-    ['fp16', 'k=int8,v=int4', 'mxfp4']
+    >>> split_formats("fp16,k=int8,v=int4,mxfp4,llama.cpp:k=q8_0,v=q4_0")
+    ['fp16', 'k=int8,v=int4', 'mxfp4', 'llama.cpp:k=q8_0,v=q4_0']
     """
     items: list[str] = []
     for part in (p.strip() for p in text.split(",")):
-        if part.lower().startswith("v=") and items and items[-1].lower().startswith("k=") and "," not in items[-1]:
+        opens = items and (items[-1].lower().startswith("k=") or ":k=" in items[-1].lower())
+        if part.lower().startswith("v=") and opens and "," not in items[-1]:
             items[-1] = f"{items[-1]},{part}"
         elif part:
             items.append(part)
@@ -171,9 +172,9 @@ def memory_table(model, formats, context: int, gpu=None, batch: int = 1, gpus: i
     for spec in formats:
         cache = CacheModel(m, spec, None, layout)
         nbytes = cache.bytes(context, batch)
-        if spec.is_uniform:
-            k_bits, v_bits = _bits(cache, spec.default.k, spec.default.v)
-        else:  # a per-layer plan: each side's bits averaged over every value the layers hold
+        if cache.uniform:
+            k_bits, v_bits = _bits(cache, *cache.formats[0][:2])
+        else:  # a per-layer plan (or an engine's 16-bit layers): each side's bits averaged over the values held
             k_bits, v_bits = _plan_bits(cache)
         row = {
             "format": spec.name,

@@ -24,8 +24,9 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from kvviz.cache import model_layer_types
 from kvviz.cache.rows import RowStackCache
-from kvviz.formats import Plan, as_plans
+from kvviz.formats import Plan, as_plans, parse_kv
 from kvviz.memory import kv_cache_bytes_for
 from kvviz.metrics import kl_top1
 from kvviz.quality.decode import decode_speed, prefill
@@ -40,12 +41,17 @@ def _encode(tokenizer, prompt) -> torch.Tensor:
     return tokenizer(prompt, return_tensors="pt")["input_ids"][:, :]
 
 
-def _spec_and_bits(plan: Plan, n_layers: int, head_dim: int) -> tuple[str, float]:
-    """(canonical spec or plan text, bits per value: a plan's mean over its layers)."""
-    if plan.is_uniform:
-        return plan.default.spec, plan.default.bits_per_value(head_dim)
-    fitted = plan.fitted(n_layers)
-    return fitted.text, float(np.mean([kv.bits_per_value(head_dim) for kv in fitted.resolve(n_layers)]))
+_FP16 = parse_kv("fp16")  # what engines store unquantized: the 16-bit reference of every byte ratio
+
+
+def _spec_and_bits(plan: Plan, layer_types: list[str], head_dim: int) -> tuple[str, float]:
+    """(canonical spec or plan text, bits per value: a plan's mean over its layers), as a model of `layer_types`
+    stores it (the engine's layer rules applied: vLLM's TurboQuant keeps boundary layers in 16 bits)."""
+    fitted = plan.fitted(len(layer_types), layer_types)
+    if fitted.is_uniform:
+        return fitted.default.spec, fitted.default.bits_per_value(head_dim)
+    kvs = fitted.resolve(len(layer_types), layer_types)
+    return fitted.text, float(np.mean([kv.bits_per_value(head_dim) for kv in kvs]))
 
 
 @torch.no_grad()
@@ -105,6 +111,7 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
     top1_arr = torch.stack(top1_steps, dim=1).numpy()
     keys = stack.attention_layers()[0].keys  # [rows, kv_heads, T, head_dim] of the first layer that holds K/V
     head_dim = keys.shape[-1]
+    layer_types = model_layer_types(model.config)
     speeds = {}
     base_speed = None
     if speed_tokens > 0:
@@ -113,11 +120,11 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
     tokens = ids.shape[1] + max_new_tokens - 1  # tokens held after the last step
     # what a DynamicCache holds for them (sliding layers their window, no state layers): at 16 bits (what engines
     # store), and in the model dtype
-    bytes_16bit = kv_cache_bytes_for(model.config, tokens, k="fp16", layout="transformers")
+    bytes_16bit = kv_cache_bytes_for(model.config, tokens, k=_FP16, layout="transformers")
     baseline_bytes = bytes_16bit * keys.element_size() // 2
     results = []
     for j, kv in enumerate(kvs):
-        spec, bits = _spec_and_bits(kv, n_layers, head_dim)
+        spec, bits = _spec_and_bits(kv, layer_types, head_dim)
         if free_running:
             diverge = next((i for i, (a, b) in enumerate(zip(base_ids, free_ids[j])) if a != b), None)
         else:

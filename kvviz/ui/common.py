@@ -33,7 +33,7 @@ import torch
 
 from kvviz import attention, memory, models, quality, tiny
 from kvviz.analysis.capture import capture_kv
-from kvviz.cache import notes
+from kvviz.cache import model_layer_types, notes
 from kvviz.formats import Plan
 
 from . import registry, zerogpu
@@ -117,6 +117,20 @@ def model_shape(model: str | None = None) -> tuple[int, int] | None:
             return p.layers, p.kv_heads
         except ValueError:
             return None
+    return None
+
+
+def model_layer_kinds(model: str) -> list[str] | None:
+    """One layer type per decoder layer of `model` without loading its weights, when cheaply known (as model_shape
+    knows it), else None: what Plan.resolve takes to apply an engine's layer rules (vLLM's TurboQuant keeps a dense
+    model's first and last 2 layers in 16 bits, a hybrid's none)."""
+    loaded = MODELS.peek(model)
+    if loaded is not None:
+        return model_layer_types(loaded[0].config)
+    if model.startswith("tiny-"):
+        return model_layer_types(tiny.tiny_config(model.removeprefix("tiny-")))
+    if model in memory.MODEL_PRESETS:
+        return [s.kind for s in memory.layer_shapes(memory.MODEL_PRESETS[model])]
     return None
 
 

@@ -10,8 +10,8 @@ api_names:
       point labelled with its engine flag where an engine stores it; a generator: the columns update once per
       generated token; perplexity on WikiText-2 when asked)
     needle(specs, custom_specs, context_tokens, model) -> (needle figure, status)
-The accordions under the table hold their own endpoints: fused_speed (kvviz/ui/fused.py, lesson 7) and
-engine_compare (kvviz/ui/engines.py).
+The accordions under the table hold their own endpoints: fused_speed (kvviz/ui/fused.py, lesson 7),
+engine_compare (kvviz/ui/engines.py) and rotation (kvviz/ui/rotation.py, lesson 9).
 Cache bytes are given against the exact cache the model runs with (float32 on the CPU) and against a 16-bit cache,
 which is what engines store (fp16/bf16: k8v4 is 0.39x of it); the chart shows the 16-bit ratio. Results follow the
 page's language (the session's language state, English through the API).
@@ -25,7 +25,7 @@ import gradio as gr
 
 from kvviz import plots, quality
 
-from . import engines, fused
+from . import engines, fused, rotation
 from .common import (MAX_FORMATS, ScaleNotes, check_bool, check_int, check_language, check_model, check_prompt,
                      fitting_specs, get_model, model_input, on_click, prompt_input, prompt_token_ids, spec_list, table,
                      user_errors)
@@ -34,7 +34,7 @@ from .i18n import Translator, t
 TAB = "compare"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 SPEC_CHOICES = ["fp8_e4m3", "fp8_e5m2", "int8", "k8v4", "k4v8", "int4", "kivi4", "kivi2", "mxfp4", "nvfp4",
-                "k=q8_0,v=q4_0"]
+                "k=q8_0,v=q4_0", "vllm:int4_per_token_head", "vllm:turboquant_4bit_nc", "llama.cpp:q8_0"]
 DEFAULT_SPECS = ["fp8_e4m3", "k8v4", "k4v8", "int4"]
 BASELINE = "exact (baseline)"  # the unquantized cache, in the model's dtype
 MAX_NEW_TOKENS = 128
@@ -252,4 +252,5 @@ def build(tr: Translator) -> dict:
     on_click(c["needle_run"], needle, *needle_io, "needle")
     c |= fused.build(tr, c["actions"], c["model"], lang)  # fused against unfused decode, lesson 7 (fused_speed)
     c |= engines.build(tr, c["actions"], c["model"])  # kvviz beside llama.cpp on the tab's model (engine_compare)
+    c |= rotation.build(tr, c["actions"], c["model"], lang)  # rotate, then quantize: lesson 9 (rotation)
     return c

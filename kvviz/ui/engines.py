@@ -35,18 +35,32 @@ HEADERS = ["format", "kvviz mean KLD", "kvviz p99 KLD", "kvviz same top (%)", "l
            "llama.cpp p99 KLD", "llama.cpp same top (%)"]
 
 
-def check_pairs(value) -> list[str]:
-    """The chosen llama.cpp type pairs: each one of PAIR_TYPES or `k=A,v=B` of two of them, deduplicated;
-    ValueError naming the types for anything else, and for none or more than MAX_PAIRS."""
+def check_pairs(value, rotate: bool | None = None) -> list[str]:
+    """The chosen llama.cpp type pairs: each one of PAIR_TYPES or `k=A,v=B` of two of them, or llama.cpp's own name
+    for one (`llama.cpp:q4_0`, `llama.cpp:k=q8_0,v=q4_0/norot`: given as the bare pair), deduplicated; ValueError
+    naming the types for anything else, for another engine's name, for a llama.cpp name whose rotation is not the
+    view's `rotate` (when given), and for none or more than MAX_PAIRS."""
     out, seen = [], set()
     for name in check_names(value, "llama.cpp cache types"):
+        kv = parse_kv(name) if ":" in name else None  # an engine's name: its own message when malformed
+        if kv is not None and kv.engine != "llama.cpp":
+            raise ValueError(f"The engine view runs llama.cpp; {name!r} is another engine's dtype. Compare it with "
+                             "kvviz's formats in the table above, or pick llama.cpp types here.")
+        if kv is not None and rotate is not None and kv.k.engine_rot != rotate and (kv.k.base, kv.v.base) != (
+                "fp16", "fp16"):
+            flip = "untick" if rotate else "tick"
+            raise ValueError(f"{name} {'keeps K/V unrotated' if rotate else 'rotates K/V (llama.cpp default)'}: "
+                             f"{flip} 'Rotate K/V in llama.cpp' to run it, or write it "
+                             f"{'without' if rotate else 'with'} /norot.")
+        if kv is not None:
+            name = kv.k.base if kv.k.base == kv.v.base else f"k={kv.k.base},v={kv.v.base}"
         try:
             kv = parse_kv(name)
         except ValueError:
             kv = None
         if kv is None or kv.k.spec not in PAIR_TYPES or kv.v.spec not in PAIR_TYPES:
             raise ValueError(f"llama.cpp cache types must be one of {', '.join(PAIR_TYPES)}, or a pair of them such "
-                             f"as k=q8_0,v=q4_0; got {name!r}.")
+                             f"as k=q8_0,v=q4_0 (or written llama.cpp:q4_0); got {name!r}.")
         if kv.spec not in seen:
             seen.add(kv.spec)
             out.append(name)
@@ -77,9 +91,9 @@ def run(pairs, tokens, rotate, model=None, progress=gr.Progress()):
     """llama.cpp's KLD of each pair beside kvviz's simulation of it on `model` (the Compare tab's picker): table,
     grouped bars, what was run (in English)."""
     model = check_model(model)
-    pairs = check_pairs(pairs)
     tokens = check_int(tokens, "Tokens", MIN_TOKENS, MAX_TOKENS)
     rotate = check_bool(rotate, "Rotate K/V in llama.cpp")
+    pairs = check_pairs(pairs, rotate)
     try:
         llamacpp.import_llama_cpp()
     except ValueError as err:

@@ -21,16 +21,18 @@ import gradio as gr
 
 from kvviz import calibrate, plots
 from kvviz import export as kv_export
+from kvviz.cache import model_layer_types
 from kvviz.formats import as_plan
 
 from .common import (ScaleNotes, UploadFile, check_language, check_model, check_text, get_model, model_input,
-                     model_shape, on_click, table, upload_path, user_errors)
+                     model_layer_kinds, model_shape, on_click, table, upload_path, user_errors)
 from .i18n import Translator, t
 
 TAB = "export"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 FORMAT_CHOICES = ["fp8_e4m3", "fp8_e5m2", "fp16", "bf16", "int8", "fp8_e4m3/token", "k8v4", "kivi4", "mxfp4",
-                  "fp4_mx_block16", "nvfp4", "q8_0", "k=q8_0,v=q4_0"]
+                  "fp4_mx_block16", "nvfp4", "q8_0", "k=q8_0,v=q4_0", "vllm:turboquant_4bit_nc",
+                  "vllm:int4_per_token_head", "llama.cpp:k=q8_0,v=q4_0"]
 SUPPORT_FORMATS = ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3/token", "int8", "int4", "k8v4", "kivi2",
                    "mxfp4", "fp4_mx_block16", "nvfp4", "q8_0", "q4_0", "k=q8_0,v=q4_0"]
 ENGINE_TITLES = (("vllm", "vLLM"), ("sglang", "SGLang"), ("llama.cpp", "llama.cpp"))
@@ -78,11 +80,9 @@ def run(spec, model_id, calib_prompts, model=None, lang="en", progress=gr.Progre
         kv, title = plan.default, plan.default.spec
         out = kv_export.export_commands(kv, model_id, scales_path="scales.json")
     else:  # a per-layer plan: its layers are the picked model's
-        shape = model_shape(name)
-        n_layers = shape[0] if shape else get_model(progress, name)[0].config.get_text_config(
-            decoder=True).num_hidden_layers
-        kv, title = None, plan.fitted(n_layers).text
-        out = kv_export.export_plan(plan, n_layers, model_id)
+        kinds = model_layer_kinds(name) or model_layer_types(get_model(progress, name)[0].config)
+        kv, title = None, plan.fitted(len(kinds), kinds).text
+        out = kv_export.export_plan(plan, len(kinds), model_id, kinds)
     prompts = [p.strip() for p in calib_prompts.splitlines() if p.strip()]
     if len(prompts) > MAX_PROMPTS:
         raise ValueError(f"{len(prompts)} calibration prompts given; use at most {MAX_PROMPTS}.")

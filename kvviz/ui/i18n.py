@@ -25,7 +25,7 @@ EN: dict[str, str] = {
     "subtitle": ("Quantize a real language model's KV cache and see what it does: to the keys and values themselves, "
                  "to memory, and to the text the model writes. Pick a lesson below or open a tab."),
     "language": "Language",
-    "lessons": "### Eight lessons, one click each",
+    "lessons": "### Nine lessons, one click each",
     "lesson1": "1 · K has outlier channels, V doesn't",
     "lesson2": "2 · Per-tensor scales fail, per-token/channel don't",
     "lesson3": "3 · K is sensitive, V tolerant (k8v4 vs k4v8)",
@@ -406,6 +406,54 @@ EN: dict[str, str] = {
     "plan_col2": "plan",
     "plan_col3": "KV cache (MiB)",
     "plan_col4": "KL (nats/token)",
+    # lesson 9: rotate, then quantize (kvviz/ui/rotation.py, the Compare tab's accordion)
+    "lesson9": "9 · Rotate, then quantize",
+    "lesson_note9": ("**Lesson 9.** Rotate, then quantize. Six formats at 4 to 6 bits per value, their KL on 256 WikiText-2 "
+                     "tokens. On SmolLM2: int4 per token 0.29 nats/token; the same int4 after a Hadamard rotation "
+                     "(`int4/rot`) 0.057, 5× less at the same 4.25 bits; vLLM's `int4_per_token_head` 0.040 (4.5 bits); "
+                     "TQ-mse 4-bit 0.044 (4.25 bits); vLLM's `turboquant_4bit_nc` 0.037 (5.9 bits: vLLM keeps the "
+                     "first and last 2 of the 30 layers in 16 bits). The histogram says why the rotation works: in "
+                     "layer 19's head 0 a few channels carry most of K's norm (kurtosis 25.6, largest coordinate 0.87 "
+                     "of the unit vector); after the rotation the coordinates follow the N(0, 1/d) curve the codebook "
+                     "is built for (kurtosis 2.3, largest 0.37). TQ-prod 4-bit is the exception: 0.36, 8× TQ-mse's "
+                     "and worse than unrotated int4. Its score q·k is unbiased, but it pays for the 1-bit QJL sketch "
+                     "with a 3-bit codebook, so each score carries far more random error; softmax exponentiates the "
+                     "scores, so that error multiplies the attention weights instead of averaging out. That is why "
+                     "vLLM's TurboQuant keeps TQ-mse's codebook and dropped QJL (its config.py: QJL \"hurts attention "
+                     "quality by amplifying variance through softmax\")."),
+    "lesson_models9": ("On Gemma 3 270M (head_dim 256) the same order: int4 1.68, `int4/rot` 0.25, vLLM's "
+                       "`int4_per_token_head` 0.23, TQ-mse 4-bit 0.18, `turboquant_4bit_nc` 0.18 (6.7 bits: 4 of 18 "
+                       "layers in 16 bits), TQ-prod 4-bit 1.23, 7× TQ-mse's; layer 6's head 0 goes from kurtosis 72 "
+                       "to 2.4."),
+    "rot_title": "Rotate, then quantize: six 4-bit formats, one head's K before and after the rotation (lesson 9)",
+    "rot_intro": ("Six formats at nearly the same bytes: kvviz's int4 per token, the same after a Hadamard rotation "
+                  "(`int4/rot`), vLLM's `int4_per_token_head` and `turboquant_4bit_nc` (vLLM keeps a dense model's "
+                  "first and last 2 layers in 16 bits), and the TurboQuant paper's TQ-mse and TQ-prod at 4 bits "
+                  "(TQ-prod: TQ-mse at 3 bits plus a 1-bit QJL sketch of the residual, an unbiased inner product). "
+                  "Teacher-forced KL on WikiText-2 (the window's second half is scored); the histogram shows the "
+                  "coordinates of one head's unit K vectors, before and after the rotation, against the N(0, 1/d) "
+                  "curve TurboQuant's codebook is built for."),
+    "rot_tokens": "WikiText-2 tokens",
+    "rot_run": "Run the six formats",
+    "rot_table": "KL and bits per format",
+    "rot_h_bits": "bits per value (K and V, all layers)",
+    "rot_h_se": "± standard error",
+    "rot_c_bits": "bits per value (bits)",
+    "rot_kl_title": "Six 4-bit formats on {model}: KL and bits ({n} WikiText-2 tokens)",
+    "rot_hist_title": "{model}: layer {layer}, KV head {head}, K/‖K‖ coordinates (d = {d})",
+    "rot_before": "before the rotation",
+    "rot_after": "after the Hadamard rotation",
+    "rot_curve": "N(0, 1/d): the codebook's density",
+    "rot_hist_x": "coordinate of the unit vector K/‖K‖ (unitless)",
+    "rot_hist_y": "density (per unit of coordinate)",
+    "rot_done": "Measured on {model}, {n} WikiText-2 tokens, in {s:.1f} s.",
+    "rot_hist_note": ("Layer {layer}, head {head} (the most heavy-tailed head, d = {d}): kurtosis of the coordinates "
+                      "{kb:.1f} before the rotation, {ka:.1f} after (3 for N(0, 1/d)); the largest |coordinate| "
+                      "{mb:.3f} before, {ma:.3f} after."),
+    "rot_prod_worse": ("TQ-prod 4-bit: KL {prod:.5f}, {ratio:.2f}× TQ-mse 4-bit's {mse:.5f} at the same bytes: its "
+                       "unbiased score costs more than the bias it removes."),
+    "rot_prod_better": ("TQ-prod 4-bit: KL {prod:.5f}, {ratio:.2f}× TQ-mse 4-bit's {mse:.5f}: here the unbiased score "
+                        "did better."),
 }
 
 KO: dict[str, str] = {
@@ -413,7 +461,7 @@ KO: dict[str, str] = {
     "subtitle": ("실제 언어 모델의 KV 캐시를 양자화하고, 그 결과가 키와 값, 메모리, 그리고 모델이 쓰는 글에 어떤 영향을 "
                  "주는지 직접 확인하세요. 아래 레슨을 고르거나 탭을 여세요."),
     "language": "언어",
-    "lessons": "### 여덟 가지 레슨, 각각 한 번의 클릭",
+    "lessons": "### 아홉 가지 레슨, 각각 한 번의 클릭",
     "lesson1": "1 · K에는 이상치 채널이 있고 V에는 없다",
     "lesson2": "2 · 텐서 단위 스케일은 실패, 토큰/채널 단위는 성공",
     "lesson3": "3 · K는 민감하고 V는 관대하다 (k8v4 vs k4v8)",
@@ -773,6 +821,49 @@ KO: dict[str, str] = {
     "plan_col2": "계획",
     "plan_col3": "KV 캐시 (MiB)",
     "plan_col4": "KL (nats/토큰)",
+    # 레슨 9: 회전한 다음 양자화 (kvviz/ui/rotation.py, Compare 탭의 아코디언)
+    "lesson9": "9 · 회전한 다음 양자화",
+    "lesson_note9": ("**레슨 9.** 회전한 다음 양자화. 값당 4~6비트의 포맷 여섯 개를 WikiText-2 256토큰에서 KL로 비교합니다. "
+                     "SmolLM2에서: 토큰별 int4는 0.29 nats/토큰; 같은 int4를 하다마드 회전 후에(`int4/rot`) 0.057, 같은 "
+                     "4.25비트에서 5분의 1; vLLM의 `int4_per_token_head` 0.040 (4.5비트); TQ-mse 4비트 0.044 (4.25비트); "
+                     "vLLM의 `turboquant_4bit_nc` 0.037 (5.9비트: vLLM은 30개 레이어 중 처음과 마지막 2개를 16비트로 "
+                     "둡니다). 히스토그램이 회전이 통하는 이유를 보여 줍니다: 레이어 19의 헤드 0에서는 몇몇 채널이 K 노름의 "
+                     "대부분을 가집니다(첨도 25.6, 단위 벡터의 가장 큰 좌표 0.87). 회전 후에는 좌표가 코드북이 가정하는 "
+                     "N(0, 1/d) 곡선을 따릅니다(첨도 2.3, 가장 큰 좌표 0.37). 예외는 TQ-prod 4비트입니다: 0.36으로 "
+                     "TQ-mse의 8배, 회전하지 않은 int4보다도 나쁩니다. 점수 q·k는 불편추정이지만 1비트 QJL 스케치를 위해 "
+                     "코드북을 3비트로 줄이므로 점수마다 무작위 오차가 훨씬 큽니다. softmax는 점수를 지수로 올리므로 그 "
+                     "오차는 평균으로 사라지지 않고 어텐션 가중치에 곱해집니다. 그래서 vLLM의 TurboQuant는 K에 TQ-mse의 "
+                     "코드북을 쓰고 QJL을 뺐습니다(config.py: QJL은 \"softmax를 통해 분산을 키워 어텐션 품질을 해친다\")."),
+    "lesson_models9": ("Gemma 3 270M(head_dim 256)에서도 순서는 같습니다: int4 1.68, `int4/rot` 0.25, vLLM의 "
+                       "`int4_per_token_head` 0.23, TQ-mse 4비트 0.18, `turboquant_4bit_nc` 0.18 (6.7비트: 18개 레이어 중 "
+                       "4개가 16비트), TQ-prod 4비트 1.23으로 TQ-mse의 7배; 레이어 6의 헤드 0은 첨도 72에서 2.4로."),
+    "rot_title": "회전한 다음 양자화: 4비트 포맷 여섯 개, 회전 전후 한 헤드의 K (레슨 9)",
+    "rot_intro": ("거의 같은 바이트의 포맷 여섯 개: kvviz의 토큰별 int4, 같은 것을 하다마드 회전 후에(`int4/rot`), vLLM의 "
+                  "`int4_per_token_head`와 `turboquant_4bit_nc`(vLLM은 dense 모델의 처음과 마지막 2개 레이어를 16비트로 "
+                  "둡니다), 그리고 TurboQuant 논문의 4비트 TQ-mse와 TQ-prod(TQ-prod: 3비트 TQ-mse에 잔차의 1비트 QJL "
+                  "스케치를 더한 것, 내적이 불편추정). WikiText-2에서 teacher-forced KL을 잽니다(윈도의 뒤쪽 절반을 "
+                  "채점). 히스토그램은 한 헤드의 단위 K 벡터 좌표를 회전 전후로, TurboQuant 코드북이 가정하는 "
+                  "N(0, 1/d) 곡선과 함께 보여 줍니다."),
+    "rot_tokens": "WikiText-2 토큰 수",
+    "rot_run": "여섯 포맷 실행",
+    "rot_table": "포맷별 KL과 비트",
+    "rot_h_bits": "값당 비트 (K와 V, 모든 레이어)",
+    "rot_h_se": "± 표준오차",
+    "rot_c_bits": "값당 비트 (비트)",
+    "rot_kl_title": "{model}의 4비트 포맷 여섯 개: KL과 비트 (WikiText-2 {n}토큰)",
+    "rot_hist_title": "{model}: 레이어 {layer}, KV 헤드 {head}, K/‖K‖ 좌표 (d = {d})",
+    "rot_before": "회전 전",
+    "rot_after": "하다마드 회전 후",
+    "rot_curve": "N(0, 1/d): 코드북이 가정하는 분포",
+    "rot_hist_x": "단위 벡터 K/‖K‖의 좌표 (단위 없음)",
+    "rot_hist_y": "밀도 (좌표 단위당)",
+    "rot_done": "{model}, WikiText-2 {n}토큰에서 측정, {s:.1f}초.",
+    "rot_hist_note": ("레이어 {layer}, 헤드 {head} (좌표 꼬리가 가장 두꺼운 헤드, d = {d}): 좌표의 첨도는 회전 전 {kb:.1f}, "
+                      "회전 후 {ka:.1f} (N(0, 1/d)는 3); 가장 큰 |좌표|는 회전 전 {mb:.3f}, 회전 후 {ma:.3f}."),
+    "rot_prod_worse": ("TQ-prod 4비트: KL {prod:.5f}, 같은 바이트의 TQ-mse 4비트 {mse:.5f}의 {ratio:.2f}배: 불편추정 "
+                       "점수가 없애는 편향보다 더 큰 값을 치릅니다."),
+    "rot_prod_better": ("TQ-prod 4비트: KL {prod:.5f}, TQ-mse 4비트 {mse:.5f}의 {ratio:.2f}배: 여기서는 불편추정 점수가 "
+                        "더 나았습니다."),
 }
 
 STRINGS = {"en": EN, "ko": KO}

@@ -1,4 +1,4 @@
-"""kvviz.ui.lessons: the eight lessons of docs/DESIGN.md ("What the app teaches"), one button each.
+"""kvviz.ui.lessons: the nine lessons of docs/DESIGN.md ("What the app teaches"), one button each.
 
 A lesson button opens its tab, fills the inputs that show the lesson, and runs the tab's action: one click, then
 the student reads the tab's opening sentence and the figure. Each tab's `build()` returns its components by name
@@ -61,6 +61,9 @@ LESSONS: tuple[Lesson, ...] = (
     # On SmolLM2 at 128 WikiText-2 tokens, layer 19's K tops the int4 map; budget 0.16 keeps it alone in fp16.
     Lesson("sensitivity", {"source": "WikiText-2", "spec": "int4", "tokens": 128, "candidates": ["int4", "fp16"],
                            "custom_candidates": "", "budget": 0.16}, action=("run", "search")),
+    # 9. Rotate, then quantize: int4, int4/rot, vLLM's int4_per_token_head and turboquant_4bit_nc, TQ-mse and TQ-prod
+    # at 4 bits (kvviz/ui/rotation.py), and one head's K coordinates before and after the rotation against N(0, 1/d).
+    Lesson("compare", {"rot_tokens": 256, "rot_box": OPEN}, action="rotation"),
 )
 
 

@@ -25,7 +25,8 @@ TAB = "memory"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 CUSTOM = "custom"
 MODEL_CHOICES = [*mem.MODEL_PRESETS, CUSTOM]
-FORMAT_CHOICES = ["fp16", "fp8_e4m3", "k8v4", "int4", "kivi2", "mxfp4", "nvfp4", "int4/g16", "int2", "q8_0", "q4_0"]
+FORMAT_CHOICES = ["fp16", "fp8_e4m3", "k8v4", "int4", "kivi2", "mxfp4", "nvfp4", "int4/g16", "int2", "q8_0", "q4_0",
+                  "vllm:turboquant_4bit_nc", "vllm:int4_per_token_head", "llama.cpp:q4_0"]
 DEFAULT_FORMATS = ["fp16", "fp8_e4m3", "k8v4", "int4", "mxfp4"]
 GPU_CHOICES = list(mem.GPU_PRESETS)
 DEFAULT_GPUS = ["l4", "a100-40gb", "h100-80gb", "h200"]  # four capacities, four distinct lines
@@ -137,10 +138,12 @@ def _formula(m: mem.ModelPreset, batch: int, tokens: int, plans: dict, budgets: 
            " (+ per-layer static scales; bits per value include per-group scales and zero points; tokens held: the "
            f"context for full attention, the window for sliding and chunked layers; {layout} layout)\n"]
     for s, plan in plans.items():
-        rows = mem.layer_breakdown(m, tokens, batch, plan, layout=layout)
+        cache = mem.CacheModel(m, plan, None, layout)
+        rows = cache.breakdown(tokens, batch)
         exact = sum(r["bytes"] for r in rows)
-        if not plan.is_uniform:  # a per-layer plan: each layer's own bits per value
-            out.append(f"- `{s}`: each layer in its own format, summed over {m.layers} layers × {batch} = "
+        if not cache.uniform:  # a per-layer plan, or an engine's rule (16-bit layers): each layer's own bits
+            own = "" if not plan.is_uniform else " (the engine keeps some layers in 16 bits)"
+            out.append(f"- `{s}`: each layer in its own format{own}, summed over {m.layers} layers × {batch} = "
                        f"**{exact / mem.GB:.4g} GB** ({exact:,} bytes)")
             continue
         bits = plan.default.bits_per_value(m.head_dim)

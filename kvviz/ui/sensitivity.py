@@ -25,6 +25,7 @@ from kvviz import models, plots
 from kvviz.analysis import layer_norms, layer_sensitivity, ranking
 from kvviz.analysis.search import search as plan_search
 from kvviz.analysis.sensitivity import kv_layers
+from kvviz.cache import model_layer_types
 from kvviz.export import export_plan
 from kvviz.formats import Plan
 from kvviz.memory import kv_cache_bytes_for
@@ -39,8 +40,8 @@ TAB = "sensitivity"  # the tab id in app.py; prefixes elem_ids the browser test 
 
 SOURCES = ("prompt", "WikiText-2")
 SPEC_CHOICES = ["int4", "int2", "int4/tensor", "int8", "fp8_e4m3", "fp8_e5m2", "k8v4", "kivi2", "mxfp4", "nvfp4",
-                "q4_0", "int4/rot"]
-CANDIDATE_CHOICES = ["int2", "int4", "k8v4", "int8", "fp8_e4m3", "fp16"]
+                "q4_0", "int4/rot", "vllm:int4_per_token_head", "vllm:turboquant_4bit_nc"]
+CANDIDATE_CHOICES = ["int2", "int4", "k8v4", "int8", "fp8_e4m3", "fp16", "vllm:turboquant_3bit_nc", "vllm:fp8"]
 DEFAULT_CANDIDATES = ["int4", "fp16"]
 MAX_CANDIDATES = 4  # each rung below the top costs one batched pass of L rows, and the path grows by L per rung
 MIN_TOKENS, MAX_TOKENS, DEFAULT_TOKENS = 16, 512, 256  # on a 2-core CPU, 256 SmolLM2 tokens x 60 rows take minutes
@@ -117,9 +118,9 @@ def _candidates(chosen, custom) -> list[Plan]:
     return names
 
 
-def _export_line(plan: Plan, n_layers: int, model: str, lang: str) -> str:
+def _export_line(plan: Plan, layer_types: list[str], model: str, lang: str) -> str:
     """vLLM's flags for the plan (--kv-cache-dtype and --kv-cache-dtype-skip-layers), or why no engine takes it."""
-    out = export_plan(plan, n_layers, model)
+    out = export_plan(plan, len(layer_types), model, layer_types)
     engines = [e for e, r in out.items() if r["supported"]]
     if not engines:
         return t("plan_export_none", lang).format(note=out["vllm"]["note"])
@@ -138,7 +139,6 @@ def search(source, prompt, candidates, custom_candidates, kl_budget, tokens, mod
     tokens = check_int(tokens, "Tokens", MIN_TOKENS, MAX_TOKENS)
     lang = check_language(lang)
     llm, tok = get_model(progress, model=name)
-    n_layers = llm.config.get_text_config(decoder=True).num_hidden_layers
     progress(0.1, desc=f"Ranking layers for {', '.join(p.name for p in names)}, then measuring every plan on the "
                        f"path (up to {tokens} tokens)…")
     res = plan_search(llm, tok, text, names, budget, max_tokens=tokens, context=PLAN_CONTEXT)
@@ -154,7 +154,7 @@ def search(source, prompt, candidates, custom_candidates, kl_budget, tokens, mod
         where=where, verdict=verdict, plan=best.plan.text, kl=best.kl, mib=best.bytes / _MIB,
         context=PLAN_CONTEXT, fp16=best.bytes / res.bytes_fp16, cheapest=res.ladder[0],
         uniform=best.bytes / uniform, seconds=res.seconds)
-    md += "\n\n" + t("plan_export", lang) + "\n\n" + _export_line(best.plan, n_layers, name, lang)
+    md += "\n\n" + t("plan_export", lang) + "\n\n" + _export_line(best.plan, model_layer_types(llm.config), name, lang)
     headers = [t(f"plan_col{i}", lang) for i in range(5)]
     rows = [[s.step, s.move, s.plan.text, round(s.bytes / _MIB, 3), round(s.kl, 6)] for s in steps]
     return fig, best.plan.text, md, table(rows, headers)
