@@ -63,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contexts", default=None, help="comma-separated contexts, e.g. 1024,4096,8192: decode speed only, "
                    "per context, with the byte ceiling and the time per layer in update and attention (default "
                    "formats: int4, k8v4, mxfp4, nvfp4, q4_0, q8_0)")
+    p.add_argument("--llama-cpp", action="store_true", help="with --contexts: llama.cpp as the peer, its tokens/s "
+                   "with q4_0 and q8_0 K/V against f16 K/V on the bundled GGUF, same context and threads "
+                   "(llama-cpp-python)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,6 +111,9 @@ def _run_contexts(args: argparse.Namespace, formats: list[str] | None) -> int:
     print(f"Backend `{active_backend()}`, {args.model or 'SmolLM2-135M-Instruct'}, greedy decode, best of "
           f"{args.rounds} interleaved rounds of {args.decode_tokens} tokens, {torch.get_num_threads()} torch threads.")
     print(bench_contexts.markdown(result, _machine()))
+    if args.llama_cpp:
+        print(bench_contexts.llama_cpp_markdown(bench_contexts.llama_cpp_speed(
+            contexts, args.decode_tokens, args.rounds, torch.get_num_threads(), args.model)))
     for line in notes.lines():
         print(f"Warning: {line.replace('`', '')}")
     return 0

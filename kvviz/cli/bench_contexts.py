@@ -23,6 +23,9 @@ from transformers.cache_utils import DynamicLayer
 from kvviz import attention, quality
 from kvviz.cache import QuantizedKVLayer
 from kvviz.cache.layers import QuantizedSlidingLayer
+from kvviz.engines import llamacpp
+
+LLAMA_CPP_TYPES = (("f16", "f16"), ("q4_0", "q4_0"), ("q8_0", "q8_0"))  # the peer: f16 K/V against two KV types
 
 
 class _Timer:
@@ -129,4 +132,22 @@ def markdown(result: dict, machine: str) -> str:
         for name, r in rows.items():
             lines.append(f"| {name} | {r['tokens_per_s']:.2f} | {r['ratio']:.2f}x | {r['bytes'] / 1e6:.1f} MB | "
                          f"{r['ceiling']:.2f}x | {r['share']:.0%} | {r['update_ms']:.3f} | {r['attention_ms']:.3f} |")
+    return "\n".join(lines)
+
+
+def llama_cpp_speed(contexts: list[int], decode_tokens: int, rounds: int, threads: int, model=None) -> dict:
+    """{context: {(k_type, v_type): tokens/s}} of llama.cpp (kvviz.engines.llamacpp.decode_speed) on the GGUF of
+    `model` (None: the bundled SmolLM2), with the same context, steps and threads as kvviz's run."""
+    return {c: llamacpp.decode_speed(list(LLAMA_CPP_TYPES), context=c, tokens=decode_tokens, rounds=rounds,
+                                     model=model, threads=threads) for c in contexts}
+
+
+def llama_cpp_markdown(result: dict) -> str:
+    """llama.cpp's tokens/s per context and KV type, and each type's ratio to its f16 K/V."""
+    lines = ["", "llama.cpp (llama-cpp-python, flash attention, the same GGUF, context and threads):", "",
+             "| context | K/V | tokens/s | vs f16 K/V |", "|---:|---|---:|---:|"]
+    for context, speeds in result.items():
+        base = speeds[LLAMA_CPP_TYPES[0]]
+        for (k, v), tps in speeds.items():
+            lines.append(f"| {context} | {k}/{v} | {tps:.2f} | {tps / base:.2f}x |")
     return "\n".join(lines)
