@@ -8,7 +8,9 @@ dispatches on:
 
 - backend "torch" (the reference, and the CPU path): `QTensor.dequantize()` both, then SDPA;
 - backend "triton": for single-token decode, `_triton_decode(...)`, the fused kernel from `kernels/` that reads the
-  packed buffers in place; a multi-token query (teacher forcing, chunked prefill) uses the reference.
+  packed buffers in place; a multi-token query (teacher forcing, chunked prefill) uses the reference;
+- backend "cpu": a single-token step whose token the cache staged (`StagedStep`, one handle for K and V) appends
+  and attends in one numba call (kernels/cpu/step.py); other packed steps read QTensors as the triton backend does.
 
 `KVVIZ_BACKEND=auto|torch|triton|cpu` picks the backend (auto: triton when CUDA is available and triton imports,
 else "cpu", the numba decode of kernels/cpu/decode.py that reads the packed buffers in place, when numba runs, else torch;

@@ -11,7 +11,8 @@
 Every layer's update(key_states, value_states) takes [batch, kv_heads, q_len, head_dim] (K and V head dims may
 differ) and returns the raw states on the first call (the prompt attends to its own unquantized states), else one
 `QTensor` per side (kvviz/formats/qtensor.py) over the tokens attention may see (kvviz/attention.py reads
-them).
+them). On the cpu backend a single decode token is staged instead (`_Staged`, an attention.StagedStep): the
+attention function stores it and attends in one numba call (kernels/cpu/step.py); any other read stores it first.
 """
 
 from __future__ import annotations
