@@ -2,7 +2,7 @@
 
 Unit: a step writes the token's bytes exactly as kvviz.formats quantizes it (codes, scales, zero points; the
 history rows untouched) and attends like the float64 reference within the kernels' 1e-3, with GQA, masks, sinks
-and softcapping. End to end: a tiny Llama (left-padded batch) generates the same greedy tokens through the fused
+and softcapping, on the calling thread and on numba's pool. End to end: a tiny Llama (left-padded batch) generates the same greedy tokens through the fused
 step as through the torch reference, stores the very bytes of the two-call path and counts the same nbytes; with a
 sliding window (Mistral), sinks (gpt-oss) and softcapping (Gemma 2) too. A staged token the attention function never
 took is stored once by the next read of the cache.
@@ -29,6 +29,8 @@ pytestmark = pytest.mark.skipif(not cpu_step.step_usable(), reason="numba is not
 
 SPECS = ("int4", "int8/asym", "int4/g16/asym", "fp8_e4m3/token", "fp8_e4m3", "int4/head", "mxfp4", "nvfp4",
          "int4/rot", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q4_0/rot")
+
+ON_THE_POOL = ("int4", "fp8_e4m3", "mxfp4", "q4_0", "q5_1")  # the rest run on the calling thread
 
 
 def _buffers(fmt, q: F.QTensor, cap: int):
@@ -61,7 +63,7 @@ def test_step_stores_the_formats_bytes_and_attends_like_the_reference(spec):
     step = cpu_step.DecodeStep(fmt, fmt)
     step.bind(bufs["k"], bufs["v"], want_k.tensor_scale, want_v.tensor_scale, hq)
     out, _, _ = step.run(k[:, :, n:], v[:, :, n:], q, 0, n, kv_mask=mask, sm_scale=0.125, sinks=sinks,
-                         softcap=softcap)
+                         softcap=softcap, parallel=spec in ON_THE_POOL)
     for name, want in (("k", want_k), ("v", want_v)):
         for buf, field in zip(bufs[name], (want.data, want.scale, want.zero)):
             if buf is not None:

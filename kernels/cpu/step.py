@@ -171,11 +171,12 @@ class DecodeStep:
 
     def run(self, k_new: torch.Tensor, v_new: torch.Tensor, q: torch.Tensor, start: int, pos: int,
             kv_mask: torch.Tensor | None = None, sm_scale: float | None = None, sinks: torch.Tensor | None = None,
-            softcap: float | None = None) -> tuple[torch.Tensor, int, int]:
+            softcap: float | None = None, parallel: bool | None = None) -> tuple[torch.Tensor, int, int]:
         """Write the new token at row `pos` and attend over rows start..pos.
 
         k_new, v_new: [B, Hkv, 1, D_k / D_v] (model dtype); q: [B, Hq, D_k]; kv_mask: None or bool
-        [B, >= pos + 1 - start], True = attend; sinks: [Hq] or None; softcap: float or None.
+        [B, >= pos + 1 - start], True = attend; sinks: [Hq] or None; softcap: float or None; parallel: numba's
+        pool for the work items (None: from KVVIZ_CPU_PARALLEL_ROWS batch x KV-head x token rows up, as the decode).
         Returns (out [B, Hq, D_v] in q's dtype, and the token's K and V values saturated under a static fp8
         scale)."""
         jit, dtype = _jit(), q.dtype
@@ -189,7 +190,8 @@ class DecodeStep:
         if not qn.flags.c_contiguous:
             qn = np.ascontiguousarray(qn)
         length = pos + 1 - start
-        parallel = self.batch * self.heads * length >= cpu_decode._PARALLEL_ROWS
+        if parallel is None:
+            parallel = self.batch * self.heads * length >= cpu_decode._PARALLEL_ROWS
         splits, per_split = split_tokens(length, self.batch * self.heads, self.threads if parallel else 1,
                                          contract.BLOCK)
         if self.batch * self.heads * splits > self.units:
@@ -236,12 +238,7 @@ def _smoke() -> None:
         step = DecodeStep(_Int4(), _Int4())
         step.bind(bufs, bufs, None, None, 1)
         for pos in range(2):
-            rows = cpu_decode._PARALLEL_ROWS
-            cpu_decode._PARALLEL_ROWS = 0 if parallel else 1 << 30
-            try:
-                out, _, _ = step.run(keys[pos][None], keys[pos][None], q, 0, pos, sm_scale=1.0)
-            finally:
-                cpu_decode._PARALLEL_ROWS = rows
+            out, _, _ = step.run(keys[pos][None], keys[pos][None], q, 0, pos, sm_scale=1.0, parallel=parallel)
         want = torch.softmax(keys[:, 0, 0] @ q[0, 0], 0) @ keys[:, 0, 0]
         assert torch.allclose(out[0, 0], want, atol=1e-5), f"CPU decode step smoke test: {out} != {want}"
 
