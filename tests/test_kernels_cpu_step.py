@@ -2,10 +2,10 @@
 
 Unit: a step writes the token's bytes exactly as kvviz.formats quantizes it (codes, scales, zero points; the
 history rows untouched) and attends like the float64 reference within the kernels' 1e-3, with GQA, masks, sinks
-and softcapping, on the calling thread and on numba's pool. End to end: a tiny Llama (left-padded batch) generates the same greedy tokens through the fused
-step as through the torch reference, stores the very bytes of the two-call path and counts the same nbytes; with a
-sliding window (Mistral), sinks (gpt-oss) and softcapping (Gemma 2) too. A staged token the attention function never
-took is stored once by the next read of the cache.
+and softcapping, on the calling thread and on numba's pool. End to end: a tiny Llama (left-padded batch) generates
+the same greedy tokens through the fused step as through the torch reference, stores the very bytes of the
+two-call path and counts the same nbytes; with a sliding window (Mistral), sinks (gpt-oss) and softcapping
+(Gemma 2) too. A staged token the attention function never took is stored once by the next read of the cache.
 
     python -m pytest tests/test_kernels_cpu_step.py -q
 """

@@ -260,7 +260,8 @@ class Side:
 
     def reserve_row(self) -> tuple:
         """Room for one more token; returns the whole buffers (data, scale, zero), None where the format has none."""
-        return tuple(self.fields[name].reserve(1) if name in self.fields else None for name in ("data", "scale", "zero"))
+        f = self.fields
+        return tuple(f[name].reserve(1) if name in f else None for name in ("data", "scale", "zero"))
 
     def commit_row(self, x: torch.Tensor, over: int) -> None:
         """Count the token x [B, H, 1, D] the fused step wrote at the buffers' end (`over`: values it found

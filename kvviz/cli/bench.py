@@ -94,7 +94,8 @@ def _run_contexts(args: argparse.Namespace, formats: list[str] | None) -> int:
     try:
         contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
     except ValueError:
-        raise ValueError(f"--contexts takes comma-separated token counts such as 1024,4096; got {args.contexts!r}.")
+        raise ValueError(f"--contexts takes comma-separated token counts such as 1024,4096; "
+                         f"got {args.contexts!r}.") from None
     if not contexts or min(contexts) < 16:
         raise ValueError(f"--contexts takes token counts of at least 16, e.g. 1024,4096; got {args.contexts!r}.")
     formats = formats or list(CONTEXT_FORMATS)
