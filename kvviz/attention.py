@@ -8,7 +8,9 @@ dispatches on:
 
 - backend "torch" (the reference, and the CPU path): `QTensor.dequantize()` both, then SDPA;
 - backend "triton": for single-token decode, `_triton_decode(...)`, the fused kernel from `kernels/` that reads the
-  packed buffers in place; a multi-token query (teacher forcing, chunked prefill) uses the reference.
+  packed buffers in place; a multi-token query (teacher forcing, chunked prefill) uses the reference;
+- backend "cpu": a single-token step whose token the cache staged (`StagedStep`, one handle for K and V) appends
+  and attends in one numba call (kernels/cpu/step.py); other packed steps read QTensors as the triton backend does.
 
 `KVVIZ_BACKEND=auto|torch|triton|cpu` picks the backend (auto: triton when CUDA is available and triton imports,
 else "cpu", the numba decode of kernels/cpu/decode.py that reads the packed buffers in place, when numba runs, else torch;
@@ -117,10 +119,7 @@ def _triton_decode(module, query: torch.Tensor, key: QTensor, value: QTensor,
     fused = cpu_decode.decode_attention_cpu if query.device.type == "cpu" and active_backend() == "cpu" else (
         decode_attention)
     k_side, v_side = side_of(key), side_of(value)
-    kv_mask = None
-    if attention_mask is not None:
-        mask = attention_mask[:, 0, -1, :]  # [B, seq_len]: the one query row
-        kv_mask = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    kv_mask = _query_row_mask(attention_mask)
     if key.skip:  # stored positions before the window (a channel group kept whole): never attended
         visible = kv_mask if kv_mask is not None else torch.ones(
             (query.shape[0], key.seq_len - key.skip), dtype=torch.bool, device=query.device)
@@ -131,6 +130,34 @@ def _triton_decode(module, query: torch.Tensor, key: QTensor, value: QTensor,
     out = fused(query[:, :, 0], k_side, v_side, key.seq_len, sm_scale=scaling, kv_mask=kv_mask,
                            sinks=sinks, softcap=kwargs.get("softcap"))
     return out.unsqueeze(1)  # [B, Hq, D_v] -> [B, 1, Hq, D_v]
+
+
+def _query_row_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The one query row of a decode step's mask [B, 1, 1, seq_len] as bool [B, seq_len] (True = attend)."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, 0, -1, :]
+    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+
+
+class StagedStep:
+    """What a cache layer's `update` returns, for K and V alike, when it staged a decode token instead of storing
+    it: the attention function calls `attend`, which appends the token to the packed cache and attends over it in
+    one fused call (kvviz.cache on the cpu backend: kernels/cpu/step.py). Like QTensor it has no `.shape`, so any
+    other attention function fails loudly."""
+
+    def attend(self, query: torch.Tensor, kv_mask: torch.Tensor | None, scaling: float,
+               sinks: torch.Tensor | None, softcap: float | None) -> torch.Tensor:
+        """query: [B, Hq, D_k] (one token); kv_mask: None or bool [B, kv_len] (True = attend); sinks: [Hq] or
+        None; softcap: float or None. Returns [B, Hq, D_v] in query's dtype."""
+        raise NotImplementedError
+
+    def __getattr__(self, name):
+        if name == "shape":
+            raise AttributeError(
+                "A kvviz cache staged this decode token for kvviz's fused attention (attn_implementation='kvviz'); "
+                "this attention function read it as a tensor. Use model.set_attn_implementation('kvviz').")
+        raise AttributeError(name)
 
 
 @functools.cache
@@ -220,6 +247,13 @@ def kvviz_attention_forward(module, query, key, value, attention_mask, dropout: 
     q_len = query.shape[2]
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    if isinstance(key, StagedStep):  # append and attend in one fused call (kvviz.cache on the cpu backend)
+        assert q_len == 1 and value is key, "a cache stages single-token decode steps only, one handle for K and V"
+        sinks = kwargs.get("s_aux")
+        if sinks is None:
+            sinks = getattr(module, "sinks", None)
+        out = key.attend(query[:, :, 0], _query_row_mask(attention_mask), scaling, sinks, kwargs.get("softcap"))
+        return out.unsqueeze(1), None  # [B, Hq, D_v] -> [B, 1, Hq, D_v]
     packed = isinstance(key, QTensor)
     if packed:
         assert isinstance(value, QTensor), "a QuantizedKVCache returns a QTensor for both K and V"

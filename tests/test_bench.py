@@ -98,3 +98,26 @@ def test_run_prints_one_line_per_scale_problem_and_format(monkeypatch, capsys):
     assert len(warned) == 2 and out[-2:] == warned
     assert "fitted on 32 token(s)" in warned[0] and "(60 layer sides)" in warned[0] and "fp8_e4m3" in warned[0]
     assert "at least 3 values saturated" in warned[1] and "`" not in warned[1]
+
+
+def test_contexts_tables_say_what_they_measured():
+    """--contexts: per context tokens/s, ratio, ceiling and its share, ms per layer; the machine and its load."""
+    from kvviz.cli import bench_contexts
+
+    row = dict(tokens_per_s=10.0, ratio=1.0, bytes=200e6, ceiling=1.0, share=1.0, update_ms=0.6, attention_ms=0.5)
+    fused = dict(row, tokens_per_s=12.0, ratio=1.2, bytes=25e6, ceiling=1.3, share=1.2 / 1.3, update_ms=0.01)
+    result = {"contexts": {4096: {"DynamicCache": row, "int4": fused}}, "weights_bytes": 538e6,
+              "load_start": (4.0, 5.0, 6.0), "load_end": (7.0, 8.0, 9.0)}
+    text = bench_contexts.markdown(result, "2 CPU cores")
+    assert "2 CPU cores" in text and "4.00 / 5.00 / 6.00" in text and "7.00 / 8.00 / 9.00" in text
+    assert "Context 4096 tokens" in text and "| int4 | 12.00 | 1.20x | 25.0 MB | 1.30x | 92% | 0.010 | 0.500 |" in text
+    peer = bench_contexts.llama_cpp_markdown({4096: {("f16", "f16"): 20.0, ("q4_0", "q4_0"): 25.0}})
+    assert "| 4096 | q4_0/q4_0 | 25.00 | 1.25x |" in peer
+
+
+@pytest.mark.parametrize("contexts", ["1k", "8", ","])
+def test_contexts_refuses_bad_lists(contexts):
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    with pytest.raises(ValueError, match="--contexts"):
+        bench.run(p.parse_args(["--contexts", contexts]))

@@ -21,6 +21,7 @@ import torch
 import kvviz
 import kvviz.formats as F
 from kernels.cpu import decode as cpu
+from kernels.cpu import step as cpu_step
 from kernels.reference import decode_attention_reference
 from test_kernels import COVERED, FAST, GGML, HEAD_DIM, TOL, kv_data, make_side, rel_err
 
@@ -210,6 +211,15 @@ def test_supports_only_known_families():
 
 # ------------------------------------------------------------------------------------------ the "cpu" backend
 
+def _count_fused(monkeypatch) -> list:
+    """A list that grows by one per fused CPU call: the decode (two-call path) or the one-call step."""
+    calls = []
+    fused, run = cpu.decode_attention_cpu, cpu_step.DecodeStep.run
+    monkeypatch.setattr(cpu, "decode_attention_cpu", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
+    monkeypatch.setattr(cpu_step.DecodeStep, "run", lambda *a, **kw: calls.append(1) or run(*a, **kw))
+    return calls
+
+
 @pytest.mark.parametrize("spec", ("int4", "k8v4", "mxfp4", "kivi2", "fp8_e4m3", "nvfp4", "k=q8_0,v=q4_0",
                                   "k=q5_1,v=iq4_nl"))
 def test_cpu_and_torch_backends_agree(spec, monkeypatch):
@@ -220,9 +230,7 @@ def test_cpu_and_torch_backends_agree(spec, monkeypatch):
     kv = F.parse_kv(spec)
     wide = any(f.granularity == "token" and (f.group or 0) > 16 for f in (kv.k, kv.v))
     model, tok = _model(32 if wide else 16)
-    calls = []
-    fused = cpu.decode_attention_cpu
-    monkeypatch.setattr(cpu, "decode_attention_cpu", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
+    calls = _count_fused(monkeypatch)
     with torch.no_grad():
         ref = _decode_logits(model, tok, spec, "torch", monkeypatch)
         assert not calls
@@ -240,9 +248,7 @@ def test_llama_cpp_types_generate_the_same_tokens(spec, monkeypatch):
 
     model, tok = _model(32)
     enc = tok(["The quick brown fox jumps over the lazy dog", "Hello"], return_tensors="pt")
-    calls = []
-    fused = cpu.decode_attention_cpu
-    monkeypatch.setattr(cpu, "decode_attention_cpu", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
+    calls = _count_fused(monkeypatch)
     tokens = {}
     for backend in ("torch", "cpu"):
         monkeypatch.setenv("KVVIZ_BACKEND", backend)

@@ -11,7 +11,8 @@
 Every layer's update(key_states, value_states) takes [batch, kv_heads, q_len, head_dim] (K and V head dims may
 differ) and returns the raw states on the first call (the prompt attends to its own unquantized states), else one
 `QTensor` per side (kvviz/formats/qtensor.py) over the tokens attention may see (kvviz/attention.py reads
-them).
+them). On the cpu backend a single decode token is staged instead (`_Staged`, an attention.StagedStep): the
+attention function stores it and attends in one numba call (kernels/cpu/step.py); any other read stores it first.
 """
 
 from __future__ import annotations
@@ -19,9 +20,22 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionLayer
 
+from kernels.cpu.step import DecodeStep
+from kvviz import attention
 from kvviz.formats import Format, QTensor
 
 from .sides import Side
+
+
+class _Staged(attention.StagedStep):
+    """A decode token staged by `QuantizedKVLayer.update`: K and V [B, H, 1, D] not yet stored, and where a
+    sliding layer evicts to once they are (None: a full-attention layer keeps everything)."""
+
+    def __init__(self, layer, key_states: torch.Tensor, value_states: torch.Tensor, keep_from: int | None):
+        self.layer, self.k, self.v, self.keep_from = layer, key_states, value_states, keep_from
+
+    def attend(self, query, kv_mask, scaling, sinks, softcap):
+        return self.layer._append_attend(self, query, kv_mask, scaling, sinks, softcap)
 
 
 class QuantizedKVLayer(CacheLayerMixin):
@@ -45,9 +59,51 @@ class QuantizedKVLayer(CacheLayerMixin):
         self._scales = scales if scales is not None else (None, None)
         self._new_sides(k_fmt, v_fmt, residual)
 
+    # Whether update() may stage a decode token for the fused CPU step (see _stages); QuantizedKVCache turns it on
+    # where nothing else reads what update returned (no shared-KV layers, no latent caches)
+    stages = False
+
     def _new_sides(self, k_fmt: Format, v_fmt: Format, residual: int) -> None:
         self.k = Side(k_fmt, residual, self._scales[0], f"{self.name} K")
         self.v = Side(v_fmt, residual, self._scales[1], f"{self.name} V")
+        self._pending: _Staged | None = None
+        self._step: DecodeStep | None = None
+
+    # -- the fused CPU decode step ------------------------------------------------------------------------------
+    def _stages(self, key_states: torch.Tensor) -> bool:
+        """Whether this update's single token goes to the fused CPU step (append and attend in one numba call,
+        kernels/cpu/step.py) instead of being stored now: the cpu backend, CPU states, both sides fusable."""
+        return (self.stages and key_states.shape[2] == 1 and key_states.device.type == "cpu"
+                and self.k.fuses() and self.v.fuses() and attention.active_backend() == "cpu")
+
+    def _append_attend(self, staged: _Staged, query, kv_mask, scaling, sinks, softcap) -> torch.Tensor:
+        """Store the staged token and attend over the layer's tokens in one call; see attention.StagedStep."""
+        assert self._pending is staged, f"{self.name}: a staged token is attended once, right after its update"
+        self._pending = None
+        k_bufs, v_bufs = self.k.reserve_row(), self.v.reserve_row()  # buffers grow here, never inside the step
+        start, pos = self.k.fields["data"].start, self.k.fields["data"].n
+        assert (self.v.fields["data"].start, self.v.fields["data"].n) == (start, pos), "K and V hold the same rows"
+        if self._step is None:
+            self._step = DecodeStep(self.k.fmt, self.v.fmt)
+        if not self._step.bound(k_bufs, v_bufs, query.shape[1]):
+            self._step.bind(k_bufs, v_bufs, self.k.static, self.v.static, query.shape[1])
+        out, over_k, over_v = self._step.run(staged.k, staged.v, query, start, pos, kv_mask, scaling, sinks, softcap)
+        self.k.commit_row(staged.k, over_k)
+        self.v.commit_row(staged.v, over_v)
+        if staged.keep_from is not None:
+            self.k.evict(staged.keep_from)
+            self.v.evict(staged.keep_from)
+        return out
+
+    def _flush(self) -> None:
+        """Store a staged token the attention function never took (the cache read in between): as update would."""
+        staged, self._pending = self._pending, None
+        if staged is not None:
+            self.k.append(staged.k)
+            self.v.append(staged.v)
+            if staged.keep_from is not None:
+                self.k.evict(staged.keep_from)
+                self.v.evict(staged.keep_from)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -61,9 +117,13 @@ class QuantizedKVLayer(CacheLayerMixin):
         Returns (key_states, value_states) unchanged on the first call (the prompt attends to its raw states),
         else (QTensor, QTensor) over every cached token, this call's included.
         """
+        self._flush()
         first = not self.is_initialized or self.get_seq_length() == 0
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if not first and self._stages(key_states):
+            self._pending = _Staged(self, key_states, value_states, None)
+            return self._pending, self._pending
         self.k.append(key_states)
         self.v.append(value_states)
         if first:
@@ -75,7 +135,7 @@ class QuantizedKVLayer(CacheLayerMixin):
         return (k.dequantize(), v.dequantize()) if self.materialize else (k, v)
 
     def get_seq_length(self) -> int:
-        return self.k.seen if self.is_initialized else 0
+        return self.k.seen + (self._pending is not None) if self.is_initialized else 0
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """(kv_length, kv_offset) for the mask of a query of query_length new tokens, as DynamicLayer's."""
@@ -86,10 +146,12 @@ class QuantizedKVLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         """Forget every token (static scales too: the next prefill computes them again, unless given)."""
+        self._pending = None
         self._new_sides(self.k.fmt, self.v.fmt, self.k.residual)
         self.is_initialized = False
 
     def _map_batch(self, fn) -> None:
+        self._flush()
         if self.is_initialized:
             self.k.map_batch(fn)
             self.v.map_batch(fn)
@@ -108,6 +170,7 @@ class QuantizedKVLayer(CacheLayerMixin):
         """Drop the last -tokens_to_remove tokens (a negative count, as DynamicLayer takes)."""
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative number of tokens to remove, as transformers' DynamicLayer.")
+        self._flush()
         if tokens_to_remove and self.is_initialized:
             self.k.crop(-tokens_to_remove)
             self.v.crop(-tokens_to_remove)
@@ -121,6 +184,7 @@ class QuantizedKVLayer(CacheLayerMixin):
     def nbytes(self, one_row: bool = False) -> int:
         """Bytes held: packed data, scales, zero points, 16-bit tails and static scales of K and V (one_row: one
         batch row's, static scales counted once)."""
+        self._flush()
         return self.k.nbytes(one_row) + self.v.nbytes(one_row) if self.is_initialized else 0
 
 
@@ -139,6 +203,7 @@ class QuantizedSlidingLayer(QuantizedKVLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """As QuantizedKVLayer.update; the handles cover what transformers' layer returns: the window - 1 tokens
         held before this call plus this call's tokens. Afterwards only the last window - 1 tokens stay."""
+        self._flush()
         first = not self.is_initialized or self.cumulative_length == 0
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -146,6 +211,9 @@ class QuantizedSlidingLayer(QuantizedKVLayer):
         visible_from = max(self.cumulative_length - keep, 0)
         self.cumulative_length += key_states.shape[-2]
         keep_from = max(self.cumulative_length - keep, 0)
+        if not first and self._stages(key_states):  # visible_from is the side's base: token formats keep no skip
+            self._pending = _Staged(self, key_states, value_states, keep_from)
+            return self._pending, self._pending
         if first:
             self.k.append(key_states, keep_from=keep_from)
             self.v.append(value_states, keep_from=keep_from)

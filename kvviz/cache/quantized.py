@@ -76,6 +76,10 @@ class QuantizedKVCache(Cache):
                                  f"QuantizedKVCache supports the layer types {', '.join(SUPPORTED_TYPES)}; use "
                                  f"transformers' DynamicCache for this model.")
         super().__init__(layers=layers)
+        if not materialize and not any(isinstance(layer, DummyLayer) for layer in layers):
+            for layer in layers:  # nothing reads update's return but the attention function: decode steps may stage
+                if isinstance(layer, QuantizedKVLayer):
+                    layer.stages = True
 
     def _name(self) -> str:
         """The spec, or the plan string, for messages."""

@@ -14,12 +14,14 @@ kvviz.memory counts it (see `held_tokens`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 
 import torch
 
 from kernels import pack, triton_usable
 from kernels.cpu import pack as cpu_pack
+from kernels.cpu import step as cpu_step
 from kvviz import attention
 from kvviz.formats import Format, QTensor, max_value
 
@@ -249,6 +251,27 @@ class Side:
         for buf in self.fields.values():
             buf.n += t
 
+    # -- the fused decode step (kernels/cpu/step.py) -------------------------------------------------------------
+    def fuses(self) -> bool:
+        """Whether the one-call CPU step can append to this side now: token scales, no residual window, the CPU
+        packer chosen (so the cpu backend on CPU states) and a decode branch for the format."""
+        return (self._packer is cpu_pack.quant_pack_cpu and self.residual == 0 and self.tail.shape[2] == 0
+                and _step_fuses(self.fmt, self.tail.shape[3]))
+
+    def reserve_row(self) -> tuple:
+        """Room for one more token; returns the whole buffers (data, scale, zero), None where the format has none."""
+        f = self.fields
+        return tuple(f[name].reserve(1) if name in f else None for name in ("data", "scale", "zero"))
+
+    def commit_row(self, x: torch.Tensor, over: int) -> None:
+        """Count the token x [B, H, 1, D] the fused step wrote at the buffers' end (`over`: values it found
+        saturated under a static FP8 scale)."""
+        for buf in self.fields.values():
+            buf.n += 1
+        self.tokens_quantized += 1
+        if over:
+            self._note_saturated(over, x)
+
     # -- evict / read ------------------------------------------------------------------------------------------
     def evict(self, position: int) -> None:
         """Drop every stored token before `position` (channel formats: before the start of its group)."""
@@ -330,6 +353,11 @@ def _fused_packer(fmt: Format, x: torch.Tensor):
     if not (triton_usable(x.device) and pack.quant_pack_supported(fmt, x.shape[3])):
         return None
     return pack.quant_pack
+
+
+@functools.lru_cache(maxsize=256)
+def _step_fuses(fmt: Format, head_dim: int) -> bool:
+    return cpu_step.fuses(fmt, head_dim)
 
 
 def check_fits(fmt: Format, head_dim: int, where: str) -> None:

@@ -39,11 +39,13 @@ from transformers.cache_utils import QuantizedCache
 from kvviz import quality
 from kvviz.attention import active_backend
 from kvviz.cache.notes import ScaleNotes
+from kvviz.cli import bench_contexts
 from kvviz.formats import FORMAT_NAMES, PRESETS, parse_kv
 from kvviz.memory import kv_cache_bytes
 from kvviz.models import load_model
 
 HELP = "decode speed, cache bytes and KL of every KV format vs DynamicCache and transformers' QuantizedCache"
+CONTEXT_FORMATS = ("int4", "k8v4", "mxfp4", "nvfp4", "q4_0", "q8_0")  # issue 23's targets at 4K
 SIDE_BY_SIDE = ["fp8_e4m3", "fp8_e5m2", "int8", "int4", "k8v4", "k4v8", "kivi2", "nvfp4"]
 
 
@@ -58,6 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tf-tokens", type=int, default=32, help="teacher-forced decode steps per prompt (default 32)")
     p.add_argument("--formats", default=None, help="comma-separated kvviz specs (default: every base format + presets)")
     p.add_argument("--quick", action="store_true", help="smoke run: context 256, 4 decode tokens, 1 prompt x 16 steps")
+    p.add_argument("--contexts", default=None, help="comma-separated contexts, e.g. 1024,4096,8192: decode speed only, "
+                   "per context, with the byte ceiling and the time per layer in update and attention (default "
+                   "formats: int4, k8v4, mxfp4, nvfp4, q4_0, q8_0)")
+    p.add_argument("--llama-cpp", action="store_true", help="with --contexts: llama.cpp as the peer, its tokens/s "
+                   "with q4_0 and q8_0 K/V against f16 K/V on the bundled GGUF, same context and threads "
+                   "(llama-cpp-python)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,11 +77,44 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer.")
     formats = None if args.formats is None else [f.strip() for f in args.formats.split(",") if f.strip()]
+    if args.contexts:
+        return _run_contexts(args, formats)
     notes = ScaleNotes()  # the caches' static-scale warnings (one per layer side), merged: a line per format
     with notes.catching():
         result = run_bench(args.model, formats, args.context, args.decode_tokens, args.rounds, args.prompts,
                            args.prompt_tokens, args.tf_tokens, progress=True)
     print(markdown(result))
+    for line in notes.lines():
+        print(f"Warning: {line.replace('`', '')}")
+    return 0
+
+
+def _run_contexts(args: argparse.Namespace, formats: list[str] | None) -> int:
+    """--contexts: speed per context (kvviz/cli/bench_contexts.py), printed as one table per context."""
+    try:
+        contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
+    except ValueError:
+        raise ValueError(f"--contexts takes comma-separated token counts such as 1024,4096; "
+                         f"got {args.contexts!r}.") from None
+    if not contexts or min(contexts) < 16:
+        raise ValueError(f"--contexts takes token counts of at least 16, e.g. 1024,4096; got {args.contexts!r}.")
+    formats = formats or list(CONTEXT_FORMATS)
+    for f in formats:
+        parse_kv(f)  # ValueError early on a bad spec
+    model, tok = load_model(args.model)
+    text_ids = tok(quality.wikitext(), return_tensors="pt")["input_ids"]
+    while text_ids.shape[1] < max(contexts):  # a long context repeats the slice
+        text_ids = torch.cat([text_ids, text_ids], dim=1)
+    notes = ScaleNotes()
+    with notes.catching():
+        result = bench_contexts.speed_by_context(model, text_ids, formats, contexts, args.decode_tokens, args.rounds,
+                                                 log=lambda msg: _log(True, msg))
+    print(f"Backend `{active_backend()}`, {args.model or 'SmolLM2-135M-Instruct'}, greedy decode, best of "
+          f"{args.rounds} interleaved rounds of {args.decode_tokens} tokens, {torch.get_num_threads()} torch threads.")
+    print(bench_contexts.markdown(result, _machine()))
+    if args.llama_cpp:
+        print(bench_contexts.llama_cpp_markdown(bench_contexts.llama_cpp_speed(
+            contexts, args.decode_tokens, args.rounds, torch.get_num_threads(), args.model)))
     for line in notes.lines():
         print(f"Warning: {line.replace('`', '')}")
     return 0

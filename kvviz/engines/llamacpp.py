@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -236,3 +237,33 @@ def run(specs: list[str], *, model=None, text: str | None = None, tokens: int = 
                      estimate="full vocabulary", model=path.name)
         out[spec] = stats
     return ids, out
+
+
+def decode_speed(types: list[tuple[str, str]], *, context: int, tokens: int = 8, rounds: int = 2, model=None,
+                 threads: int | None = None, text: str | None = None) -> dict[tuple[str, str], float]:
+    """{(k_type, v_type): tokens/s} of llama.cpp's single-token decode after a `context`-token prompt, one GGUF
+    load per pair (flash attention, llama.cpp's default rotation), in interleaved rounds (best kept): the peer of
+    `python -m kvviz bench --contexts`. types: llama.cpp cache types, e.g. [("f16", "f16"), ("q4_0", "q4_0")];
+    threads: llama.cpp's threads (None: its default). The prompt is `text` (default WikiText-2) repeated."""
+    llama_cpp = import_llama_cpp()
+    path = resolve_gguf(model)
+    llms = {pair: _load(llama_cpp, path, context + tokens + 8, *pair, True, True, threads) for pair in types}
+    try:
+        first = next(iter(llms.values()))
+        ids = first.tokenize((text or wikitext()).encode(), add_bos=False)
+        while len(ids) < context + tokens:
+            ids = ids + ids
+        best = dict.fromkeys(llms, 0.0)
+        for llm in llms.values():  # logits_all keeps every position's logits: prefill once, then rewind
+            llm.eval(ids[:context])
+        for _ in range(rounds):
+            for pair, llm in llms.items():
+                llm.n_tokens = context  # rewind: eval() drops the cache past n_tokens
+                start = time.perf_counter()
+                for t in range(tokens):
+                    llm.eval([ids[context + t]])
+                best[pair] = max(best[pair], tokens / (time.perf_counter() - start))
+        return best
+    finally:
+        for llm in llms.values():
+            llm.close()

@@ -1,3 +1,3 @@
-"""numba jit code only; the launchers are kernels/cpu/decode.py and kernels/cpu/pack.py. Importing these modules
+"""numba jit code only; the launchers are kernels/cpu/decode.py, kernels/cpu/pack.py and kernels/cpu/step.py. Importing these modules
 needs numba (contract.py excepted); nothing else in `kernels` does.
 """

@@ -1,0 +1,249 @@
+"""One decode step of one cache layer on the CPU in one numba call: append the new token's K and V to the packed
+buffers (quantize, pack, write: kernels/cpu/jit/pack.py's loops) and attend over them, that token included
+(kernels/cpu/jit/decode.py's loops); the jit code is kernels/cpu/jit/step.py.
+
+The two launchers it fuses (kernels/cpu/pack.py, kernels/cpu/decode.py) derive their arguments on every call; a
+`DecodeStep` derives them once per buffer set (`bind`: the numpy views over the buffers, the decode tables and
+meta vectors, the packing plans, scratch for the splits), so a step costs the glue of one call: new K/V and q as
+numpy views (no copy for fp32 CPU tensors), the mask if any, and the call. Buffers grow by doubling outside the
+step (the cache side reserves a row first); `bind` runs again only when they moved.
+
+Formats: what both launchers cover, token-granular (int, fp8, MX / NV FP4, llama.cpp's six types, /rot); no tail
+(residual window) and no channel scales (KIVI): those keep the two-call path. /rot rotates K, V and q with a torch
+matmul before the call and the output after it, as both launchers do (the same fp32 matmul kvviz.formats
+quantizes with, so the stored bytes match).
+
+    step = DecodeStep(k_fmt, v_fmt)
+    step.bind(k_bufs, v_bufs, k_scale, v_scale, q_heads)      # (data, scale, zero) [B, Hkv, cap, n] each
+    out, over_k, over_v = step.run(k_new, v_new, q, start, pos, kv_mask=None, sm_scale=None, sinks=None, softcap=None)
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+
+import numpy as np
+import torch
+
+from kernels.cpu import decode as cpu_decode
+from kernels.cpu import pack as cpu_pack
+from kernels.cpu.jit import contract
+from kernels.packed import per_head, side_from_format
+from kernels.splits import split_tokens
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _jit():
+    """The jit module (imported once; numba's threads sized by kernels/cpu/decode.py), or None without numba."""
+    if cpu_decode._jit() is None or cpu_pack._jit() is None:
+        return None
+    from kernels.cpu.jit import step as jit
+
+    return jit
+
+
+@functools.cache
+def step_usable() -> bool:
+    """True when the fused step runs here: both launchers and the step compile (or load from numba's cache) and
+    pass their smoke tests. Timed and logged once."""
+    if not (cpu_decode.cpu_usable() and cpu_pack.cpu_pack_usable()) or _jit() is None:
+        return False
+    start = time.perf_counter()
+    try:
+        _smoke()
+    except Exception as err:  # noqa: BLE001 - any compile or LLVM failure means: the two-call path
+        log.warning("kvviz: the fused CPU decode step failed to compile (%s: %s); appending and attending in two "
+                    "calls.", type(err).__name__, err)
+        return False
+    log.info("kvviz: fused CPU decode step ready in %.1f s (numba compile or cache load)", time.perf_counter() - start)
+    return True
+
+
+def warm_up() -> bool:
+    """Compile (or load from numba's disk cache) every CPU kernel now, so that no generation pays for it: the
+    decode, the packers and the fused step. Returns whether the fused step runs here."""
+    return step_usable()
+
+
+def fuses(fmt, head_dim: int) -> bool:
+    """Whether a side of `fmt` at head_dim can take the one-call step: both launchers cover it (token scales, a
+    CPU packer, a decode branch; not the lossless casts, which keep DynamicCache's exact read)."""
+    if getattr(fmt, "granularity", None) in (None, "channel") or not cpu_decode.supports(fmt):
+        return False
+    return step_usable() and cpu_pack.quant_pack_cpu_supported(fmt, head_dim)
+
+
+def _as_bytes(t: torch.Tensor | None) -> np.ndarray:
+    """A buffer [B, Hkv, cap, n] as the uint8 numpy array [B, Hkv, cap, n * element_size] over its memory."""
+    return cpu_pack._bytes(t)
+
+
+class _Side:
+    """What one side's step arguments hold: the packing plan, the pack views and decode.py's side arguments."""
+
+    def __init__(self, fmt, bufs, tensor_scale, batch: int, heads: int, head_dim: int):
+        data, scale, zero = bufs
+        plan = cpu_pack._plan(fmt, head_dim)
+        jit_pack = cpu_pack._jit()
+        if not plan.takes_scale:
+            ts = np.ones(1, np.float32)
+        else:
+            ts = torch.as_tensor(tensor_scale, dtype=torch.float32).detach().reshape(-1).contiguous().numpy()
+        static = plan.static
+        self.plan, self.rotation = plan, None
+        self.pk = (ts, int(plan.kind), int(plan.bits), int(plan.exp), int(plan.group), bool(static), False,
+                   bool(plan.count and not plan.rot), int(plan.ggml))
+        self.half_div_pk = self.pk[:6] + (True,) + self.pk[7:]  # an fp16 model's int sym: torch divides in fp16
+        self.half_div_ok = plan.kind == jit_pack.KIND_INT_SYM and not static
+        self.bufs = (_as_bytes(data), _as_bytes(None if static else scale), _as_bytes(zero))
+        side = side_from_format(fmt, data, scale, zero, tensor_scale, head_dim=head_dim)
+        self.rotation = side.rotation
+        self.static_limit = None
+        if plan.count and plan.rot:  # the count is of the input, before the rotation (as quant_pack_cpu)
+            self.static_limit = (per_head(tensor_scale, batch, heads, "cpu") * plan.fmax * (1 + 1e-6)
+                                 ).reshape(batch, heads, 1, 1)
+        meta, flat, lut, scale_np, zero_np, slut, ts_d, tz_d = cpu_decode._buffer_args(side, batch, heads, head_dim)
+        self.decode = (meta, flat, lut, scale_np, zero_np, slut, ts_d, tz_d, cpu_decode._NONE_NP)
+        self.per_byte, self.ggml_nibbles = cpu_decode._per_byte(side), cpu_decode._ggml_nibbles(side)
+
+    def new_token(self, x: torch.Tensor) -> tuple[np.ndarray, int]:
+        """x [B, Hkv, 1, D] -> (fp32 numpy array to pack, values beyond a static fp8 scale counted before /rot)."""
+        x = x.detach()
+        over = 0
+        if self.rotation is not None:
+            if self.static_limit is not None:
+                over = int((x.float().abs() > self.static_limit).sum())
+            x = x.float() @ self.rotation  # as kvviz.formats rotates: fp32
+        if x.dtype != torch.float32:
+            x = x.float()  # exact for fp16 / bf16
+        arr = x.numpy()
+        return (arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)), over
+
+
+class DecodeStep:
+    """One cache layer's fused append-and-attend (see the module docstring). Build once per layer; `bind` when
+    the buffers are new; `run` per decode step."""
+
+    def __init__(self, k_fmt, v_fmt):
+        self.k_fmt, self.v_fmt = k_fmt, v_fmt
+        self.key = None  # what bind() was built from: (buffer data pointers and shapes, q heads)
+
+    def bound(self, k_bufs, v_bufs, q_heads: int) -> bool:
+        return self.key == self._key(k_bufs, v_bufs, q_heads)
+
+    @staticmethod
+    def _key(k_bufs, v_bufs, q_heads: int):
+        return q_heads, tuple(None if t is None else (t.data_ptr(), t.shape) for t in (*k_bufs, *v_bufs))
+
+    def bind(self, k_bufs, v_bufs, k_scale, v_scale, q_heads: int) -> None:
+        """Derive every argument fixed by the buffers. k_bufs / v_bufs: (data, scale, zero) tensors [B, Hkv, cap,
+        n] (scale / zero None where the format has none); k_scale / v_scale: static or global scales or None."""
+        batch, heads = k_bufs[0].shape[:2]
+        dk = k_bufs[0].shape[3] * 8 // int(self.k_fmt.bits)
+        dv = v_bufs[0].shape[3] * 8 // int(self.v_fmt.bits)
+        self.k = _Side(self.k_fmt, k_bufs, k_scale, batch, heads, dk)
+        self.v = _Side(self.v_fmt, v_bufs, v_scale, batch, heads, dv)
+        self.batch, self.heads, self.q_heads, self.dk, self.dv = batch, heads, q_heads, dk, dv
+        self.q_order = (cpu_decode._planar_np(dk, self.k.per_byte, self.k.ggml_nibbles) if self.k.per_byte > 1
+                        else np.arange(dk)).astype(np.int64)
+        self.out_order = (cpu_decode._unplanar_np(dv, self.v.per_byte, self.v.ggml_nibbles) if self.v.per_byte > 1
+                          else np.arange(dv)).astype(np.int64)
+        self.qp = np.empty((batch, q_heads, dk), np.float32)
+        self.outp = np.empty((batch, q_heads, dv), np.float32)
+        self.lengths = np.zeros(batch, np.int64)
+        self.threads = _jit().nb.get_num_threads()
+        self.units = 0
+        self._scratch(1)
+        self.key = self._key(k_bufs, v_bufs, q_heads)
+
+    def _scratch(self, units: int) -> None:
+        """mid_m, mid_l, mid_acc for `units` work items (grown by doubling, never per step)."""
+        gqa = self.q_heads // self.heads
+        self.units = max(units, 2 * self.units)
+        self.mid_m = np.empty((self.units, gqa), np.float32)
+        self.mid_l = np.empty((self.units, gqa), np.float32)
+        self.mid_acc = np.empty((self.units, gqa, self.dv), np.float32)
+
+    def run(self, k_new: torch.Tensor, v_new: torch.Tensor, q: torch.Tensor, start: int, pos: int,
+            kv_mask: torch.Tensor | None = None, sm_scale: float | None = None, sinks: torch.Tensor | None = None,
+            softcap: float | None = None, parallel: bool | None = None) -> tuple[torch.Tensor, int, int]:
+        """Write the new token at row `pos` and attend over rows start..pos.
+
+        k_new, v_new: [B, Hkv, 1, D_k / D_v] (model dtype); q: [B, Hq, D_k]; kv_mask: None or bool
+        [B, >= pos + 1 - start], True = attend; sinks: [Hq] or None; softcap: float or None; parallel: numba's
+        pool for the work items (None: from KVVIZ_CPU_PARALLEL_ROWS batch x KV-head x token rows up, as the decode).
+        Returns (out [B, Hq, D_v] in q's dtype, and the token's K and V values saturated under a static fp8
+        scale)."""
+        jit, dtype = _jit(), q.dtype
+        xk, over_k = self.k.new_token(k_new)
+        xv, over_v = self.v.new_token(v_new)
+        if q.dtype != torch.float32 or self.k.rotation is not None:
+            q = q.detach().float()
+            if self.k.rotation is not None:
+                q = q @ self.k.rotation
+        qn = q.detach().numpy()
+        if not qn.flags.c_contiguous:
+            qn = np.ascontiguousarray(qn)
+        length = pos + 1 - start
+        if parallel is None:
+            parallel = self.batch * self.heads * length >= cpu_decode._PARALLEL_ROWS
+        splits, per_split = split_tokens(length, self.batch * self.heads, self.threads if parallel else 1,
+                                         contract.BLOCK)
+        if self.batch * self.heads * splits > self.units:
+            self._scratch(self.batch * self.heads * splits)
+        if kv_mask is None:
+            mask, has_mask = cpu_decode._NO_MASK, False
+        else:
+            mask, has_mask = np.ascontiguousarray(kv_mask.detach().numpy()).view(np.uint8), True
+        if sinks is None:
+            sink, has_sinks = cpu_decode._NO_SINKS, False
+        else:
+            sink, has_sinks = sinks.detach().float().reshape(-1).contiguous().numpy(), True
+            if sink.size != self.q_heads:
+                raise ValueError(f"sinks holds {sink.size} values; pass one logit per query head ({self.q_heads}).")
+        k, v = self.k, self.v
+        k_pk = k.half_div_pk if k.half_div_ok and k_new.dtype == torch.float16 else k.pk
+        v_pk = v.half_div_pk if v.half_div_ok and v_new.dtype == torch.float16 else v.pk
+        sm = 1.0 / math.sqrt(self.dk) if sm_scale is None else float(sm_scale)
+        out = np.empty((self.batch, self.q_heads, self.dv), np.float32)
+        fn = jit.step_parallel if parallel else jit.step_serial
+        with cpu_decode._LOCK:
+            over = fn(xk, xv, qn, self.q_order, self.qp, start, pos, self.lengths, mask, has_mask, sm,
+                      float(softcap or 0.0), self.heads, splits, per_split,
+                      k_pk, k.bufs, *k.decode, v_pk, v.bufs, *v.decode,
+                      self.mid_m, self.mid_l, self.mid_acc, sink, has_sinks, self.outp, self.out_order, out)
+        result = torch.from_numpy(out)
+        if v.rotation is not None:
+            result = result @ v.rotation
+        out = result.to(dtype) if dtype != torch.float32 else result
+        return out, int(over[0]) + over_k, int(over[1]) + over_v
+
+
+def _smoke() -> None:
+    """Two int4 tokens appended one step at a time (both entry points), checked against a direct computation."""
+
+    class _Int4:  # the duck-typed format: int4 per token
+        base, kind, bits, granularity, group, asym, rot, static_scale, takes_scale, spec = (
+            "int4", "int", 4, "token", None, False, False, False, False, "int4")
+
+    keys = torch.tensor([[[[7.0, 0.0, 0.0, 0.0]]], [[[0.0, 7.0, 0.0, 0.0]]]])  # [2 steps, 1, 1, D]: int4 exact
+    q = torch.tensor([[[1.0, 0.0, 0.0, 0.0]]])
+    bufs = (torch.zeros(1, 1, 2, 2, dtype=torch.uint8), torch.zeros(1, 1, 2, 1, dtype=torch.float16), None)
+    for parallel in (False, True):
+        step = DecodeStep(_Int4(), _Int4())
+        step.bind(bufs, bufs, None, None, 1)
+        for pos in range(2):
+            out, _, _ = step.run(keys[pos][None], keys[pos][None], q, 0, pos, sm_scale=1.0, parallel=parallel)
+        want = torch.softmax(keys[:, 0, 0] @ q[0, 0], 0) @ keys[:, 0, 0]
+        assert torch.allclose(out[0, 0], want, atol=1e-5), f"CPU decode step smoke test: {out} != {want}"
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    t0 = time.perf_counter()
+    print(f"step_usable: {step_usable()}  ({time.perf_counter() - t0:.1f} s incl. compile or cache load)")

@@ -1,0 +1,153 @@
+"""`python -m kvviz bench --contexts 1024,4096,8192`: decode speed per context, against DynamicCache, with the byte
+ceiling each format could reach and the time a decode step spends per layer in the cache's update and in attention.
+
+A decode step reads the weights and the cache, so a cache that costs nothing beyond its bytes speeds a step up by
+at most (weights + DynamicCache's K/V bytes) / (weights + the format's bytes): the ceiling. `share` is the ratio
+reached over that ceiling. On the cpu backend the fused formats append their token inside the attention call (one
+numba call per layer, kernels/cpu/step.py), so their `update` column is the staging alone and `attention` holds the
+append; on the two-call path (torch backend, channel formats) `update` is the append.
+
+Ratios are taken in one process, in interleaved rounds (best round kept), so that a busy machine slows every cache
+alike; the machine's cores and load average at the start and the end are printed with them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+from transformers import AttentionInterface
+from transformers.cache_utils import DynamicLayer
+
+from kvviz import attention, quality
+from kvviz.cache import QuantizedKVLayer
+from kvviz.cache.layers import QuantizedSlidingLayer
+from kvviz.engines import llamacpp
+
+LLAMA_CPP_TYPES = (("f16", "f16"), ("q4_0", "q4_0"), ("q8_0", "q8_0"))  # the peer: f16 K/V against two KV types
+
+
+class _Timer:
+    """Seconds spent in the cache layers' update and in the attention function, summed over the calls."""
+
+    def __init__(self):
+        self.update = self.attention = 0.0
+        self.calls = 0
+
+    @contextlib.contextmanager
+    def patched(self):
+        """While the block runs, time every layer update and every "kvviz" attention call (restored after)."""
+        saved = {cls: cls.update for cls in (DynamicLayer, QuantizedKVLayer, QuantizedSlidingLayer)}
+        fn = attention.kvviz_attention_forward
+
+        def timed_update(original):
+            def update(layer, key_states, *args, **kwargs):
+                if key_states.shape[-2] != 1:  # a prefill loaded into the cache: not a decode step's append
+                    return original(layer, key_states, *args, **kwargs)
+                t0 = time.perf_counter()
+                try:
+                    return original(layer, key_states, *args, **kwargs)
+                finally:
+                    self.update += time.perf_counter() - t0
+            return update
+
+        def timed_attention(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.attention += time.perf_counter() - t0
+                self.calls += 1
+
+        for cls, original in saved.items():
+            cls.update = timed_update(original)
+        AttentionInterface.register(attention.ATTN_NAME, timed_attention)
+        try:
+            yield self
+        finally:
+            for cls, original in saved.items():
+                cls.update = original
+            AttentionInterface.register(attention.ATTN_NAME, fn)
+
+
+def load() -> tuple[float, float, float]:
+    return os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+
+
+def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], decode_tokens: int, rounds: int,
+                     log=lambda msg: None) -> dict:
+    """{"contexts": {context: {name: row}}, "weights_bytes", "load_start", "load_end"}; a row holds tokens_per_s,
+    ratio (to DynamicCache), bytes (K/V held), ceiling, share, update_ms / attention_ms (per layer and step).
+
+    text_ids: [1, >= max(contexts)] token ids of the prompt; model: decoding through the "kvviz" attention."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    start_load = load()
+    out = {}
+    for context in contexts:
+        ids = text_ids[:, :context]
+        if ids.shape[1] < context:
+            raise ValueError(f"The prompt text holds {ids.shape[1]} tokens, fewer than --contexts' {context}; "
+                             "pick smaller contexts.")
+        dyn, logits0 = quality.prefill(model, ids)
+        first = int(logits0.argmax())
+        rows = {name: {} for name in ("DynamicCache", *formats)}
+        for r in range(rounds):
+            for name in rows:
+                timer = _Timer()
+                with timer.patched():
+                    tps, cache, _ = quality.timed_decode(model, dyn, None if name == "DynamicCache" else name,
+                                                         first, decode_tokens)
+                row = rows[name]
+                if tps > row.get("tokens_per_s", 0.0):
+                    per_call = 1e3 / max(timer.calls, 1)
+                    row.update(tokens_per_s=tps, update_ms=timer.update * per_call,
+                               attention_ms=timer.attention * per_call)
+                if name == "DynamicCache":
+                    row["bytes"] = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+                else:
+                    row["bytes"] = cache.nbytes()
+                del cache
+            log(f"context {context}: round {r + 1}/{rounds} done")
+        base = rows["DynamicCache"]
+        for row in rows.values():
+            row["ratio"] = row["tokens_per_s"] / base["tokens_per_s"]
+            row["ceiling"] = (weights + base["bytes"]) / (weights + row["bytes"])
+            row["share"] = row["ratio"] / row["ceiling"]
+        out[context] = rows
+        del dyn
+    return {"contexts": out, "weights_bytes": weights, "load_start": start_load, "load_end": load()}
+
+
+def markdown(result: dict, machine: str) -> str:
+    """One table per context: tokens/s, ratio, bytes, ceiling and share, update and attention ms per layer."""
+    ls, le = result["load_start"], result["load_end"]
+    lines = [f"Machine: {machine}; load average {ls[0]:.2f} / {ls[1]:.2f} / {ls[2]:.2f} at the start, "
+             f"{le[0]:.2f} / {le[1]:.2f} / {le[2]:.2f} at the end. Weights {result['weights_bytes'] / 1e6:.0f} MB."]
+    for context, rows in result["contexts"].items():
+        lines += ["", f"Context {context} tokens:", "",
+                  "| cache | tokens/s | vs DynamicCache | K/V bytes | ceiling | share of ceiling | update ms/layer "
+                  "| attention ms/layer |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for name, r in rows.items():
+            lines.append(f"| {name} | {r['tokens_per_s']:.2f} | {r['ratio']:.2f}x | {r['bytes'] / 1e6:.1f} MB | "
+                         f"{r['ceiling']:.2f}x | {r['share']:.0%} | {r['update_ms']:.3f} | {r['attention_ms']:.3f} |")
+    return "\n".join(lines)
+
+
+def llama_cpp_speed(contexts: list[int], decode_tokens: int, rounds: int, threads: int, model=None) -> dict:
+    """{context: {(k_type, v_type): tokens/s}} of llama.cpp (kvviz.engines.llamacpp.decode_speed) on the GGUF of
+    `model` (None: the bundled SmolLM2), with the same context, steps and threads as kvviz's run."""
+    return {c: llamacpp.decode_speed(list(LLAMA_CPP_TYPES), context=c, tokens=decode_tokens, rounds=rounds,
+                                     model=model, threads=threads) for c in contexts}
+
+
+def llama_cpp_markdown(result: dict) -> str:
+    """llama.cpp's tokens/s per context and KV type, and each type's ratio to its f16 K/V."""
+    lines = ["", "llama.cpp (llama-cpp-python, flash attention, the same GGUF, context and threads):", "",
+             "| context | K/V | tokens/s | vs f16 K/V |", "|---:|---|---:|---:|"]
+    for context, speeds in result.items():
+        base = speeds[LLAMA_CPP_TYPES[0]]
+        for (k, v), tps in speeds.items():
+            lines.append(f"| {context} | {k}/{v} | {tps:.2f} | {tps / base:.2f}x |")
+    return "\n".join(lines)

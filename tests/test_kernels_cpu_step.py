@@ -1,0 +1,142 @@
+"""The one-call CPU decode step (kernels/cpu/step.py: append the new token and attend, one numba call per layer).
+
+Unit: a step writes the token's bytes exactly as kvviz.formats quantizes it (codes, scales, zero points; the
+history rows untouched) and attends like the float64 reference within the kernels' 1e-3, with GQA, masks, sinks
+and softcapping, on the calling thread and on numba's pool. End to end: a tiny Llama (left-padded batch) generates
+the same greedy tokens through the fused step as through the torch reference, stores the very bytes of the
+two-call path and counts the same nbytes; with a sliding window (Mistral), sinks (gpt-oss) and softcapping
+(Gemma 2) too. A staged token the attention function never took is stored once by the next read of the cache.
+
+    python -m pytest tests/test_kernels_cpu_step.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kvviz
+import kvviz.formats as F
+from kernels.cpu import step as cpu_step
+from kernels.cpu.pack import quant_pack_cpu
+from kernels.packed import side_from_format
+from kernels.reference import decode_attention_reference
+from kvviz.cache.layers import QuantizedKVLayer
+from test_kernels import TOL, rel_err
+from test_kernels_e2e import _model
+
+pytestmark = pytest.mark.skipif(not cpu_step.step_usable(), reason="numba is not installed: no fused step")
+
+SPECS = ("int4", "int8/asym", "int4/g16/asym", "fp8_e4m3/token", "fp8_e4m3", "int4/head", "mxfp4", "nvfp4",
+         "int4/rot", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q4_0/rot")
+
+ON_THE_POOL = ("int4", "fp8_e4m3", "mxfp4", "q4_0", "q5_1")  # the rest run on the calling thread
+
+
+def _buffers(fmt, q: F.QTensor, cap: int):
+    """Empty buffers [B, H, cap, n] shaped like q's fields (None where q has none)."""
+    def one(a):
+        if a is None or a.dim() < 4:
+            return None
+        return torch.full((*a.shape[:2], cap, a.shape[-1] * a.element_size()), 7, dtype=torch.uint8).view(a.dtype)
+
+    return one(q.data), one(q.scale), one(q.zero)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_step_stores_the_formats_bytes_and_attends_like_the_reference(spec):
+    """History of 70 tokens packed, then one step: row 70 equals fmt.quantize's, the output the reference's."""
+    fmt = F.get_format(spec)
+    b, hkv, hq, d, n = 2, 2, 6, 64, 70
+    g = torch.Generator().manual_seed(1)
+    k, v = torch.randn(2, b, hkv, n + 1, d, generator=g) * 2
+    q = torch.randn(b, hq, d, generator=g)
+    want_k, want_v = fmt.quantize(k), fmt.quantize(v)  # the whole history, the new token included
+    cap = n + 9
+    bufs = {}
+    for name, x, want in (("k", k, want_k), ("v", v, want_v)):
+        bufs[name] = _buffers(fmt, want, cap)
+        quant_pack_cpu(fmt, x[:, :, :n], *bufs[name], pos=0, tensor_scale=want.tensor_scale)
+    mask = torch.ones(b, n + 1, dtype=torch.bool)
+    mask[1, :5] = False  # left padding of row 1
+    sinks, softcap = torch.randn(hq, generator=g), 30.0
+    step = cpu_step.DecodeStep(fmt, fmt)
+    step.bind(bufs["k"], bufs["v"], want_k.tensor_scale, want_v.tensor_scale, hq)
+    out, _, _ = step.run(k[:, :, n:], v[:, :, n:], q, 0, n, kv_mask=mask, sm_scale=0.125, sinks=sinks,
+                         softcap=softcap, parallel=spec in ON_THE_POOL)
+    for name, want in (("k", want_k), ("v", want_v)):
+        for buf, field in zip(bufs[name], (want.data, want.scale, want.zero)):
+            if buf is not None:
+                assert torch.equal(buf[:, :, : n + 1].view(torch.uint8), field.contiguous().view(torch.uint8)), (
+                    f"{spec} {name}: stored bytes differ from kvviz.formats")
+                assert bool((buf[:, :, n + 1 :].view(torch.uint8) == 7).all()), f"{spec}: wrote past the token"
+    sides = [side_from_format(fmt, *bufs[name], w.tensor_scale, head_dim=d, n_packed=n + 1)
+             for name, w in (("k", want_k), ("v", want_v))]
+    ref = decode_attention_reference(q, *sides, n + 1, 0.125, mask, sinks=sinks, softcap=softcap)
+    assert rel_err(out, ref) <= TOL, f"{spec}: step output differs from the float64 reference"
+
+
+def _generate(model, ids, mask, spec, backend, stages, steps):
+    """Greedy tokens, the step's call count, nbytes and every side's stored bytes."""
+    calls = []
+    run = cpu_step.DecodeStep.run
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return run(self, *args, **kwargs)
+
+    cpu_step.DecodeStep.run = counted
+    try:
+        with kvviz.attention.use_backend(backend), torch.no_grad():
+            cache = kvviz.QuantizedKVCache(model.config, spec)
+            for layer in cache.layers:
+                layer.stages = layer.stages and stages
+            tokens = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, do_sample=False,
+                                    cache=cache)
+    finally:
+        cpu_step.DecodeStep.run = run
+    stored = [buf.view().contiguous().view(torch.uint8) for layer in cache.layers if isinstance(layer, QuantizedKVLayer)
+              for side in (layer.k, layer.v) for buf in side.fields.values()]
+    return tokens, len(calls), cache.nbytes(), stored
+
+
+@pytest.mark.parametrize("arch, spec", [("llama", s) for s in ("int4", "k8v4", "mxfp4", "nvfp4", "fp8_e4m3",
+                                                                 "k=q8_0,v=q4_0", "k=q5_1,v=iq4_nl", "int4/rot")]
+                         + [("mistral", "int4"), ("gpt_oss", "k8v4"), ("gemma2", "int4")])
+def test_one_call_generates_as_the_reference_and_stores_the_same_bytes(arch, spec):
+    """Greedy tokens equal the torch reference's; bytes and nbytes equal the two-call path's (one call per layer
+    and step)."""
+    model = _model(32)[0] if arch == "llama" else kvviz.tiny_model(arch)[0]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 256, (2, 14), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding
+    steps = 10
+    fused = _generate(model, ids, mask, spec, "cpu", True, steps)
+    two_calls = _generate(model, ids, mask, spec, "cpu", False, steps)
+    reference = _generate(model, ids, mask, spec, "torch", True, steps)
+    layers = model.config.num_hidden_layers
+    assert fused[1] == (steps - 1) * layers and two_calls[1] == 0 == reference[1], "one fused call per layer and step"
+    assert torch.equal(fused[0], reference[0]), f"{arch} {spec}: greedy tokens differ from the torch reference"
+    assert torch.equal(fused[0], two_calls[0]) and fused[2] == two_calls[2] == reference[2]
+    assert all(torch.equal(a, b) for a, b in zip(fused[3], two_calls[3], strict=True)), "stored bytes differ"
+
+
+def test_a_staged_token_is_stored_once_when_the_cache_is_read_first():
+    """update() stages a decode token; reading the cache before attention stores it, once, as update would."""
+    model, _ = _model(16)
+    ids = torch.randint(1, 256, (1, 9))
+    with kvviz.attention.use_backend("cpu"), torch.no_grad():
+        cache = kvviz.QuantizedKVCache(model.config, "int4")
+        model(input_ids=ids, cache=cache, use_cache=True)
+        layer = cache.layers[0]
+        before = cache.nbytes()
+        k = torch.randn(1, model.config.num_key_value_heads, 1, 16)
+        staged, same = layer.update(k, k.clone())
+        assert staged is same and isinstance(staged, kvviz.attention.StagedStep)
+        assert layer.get_seq_length() == 10 and layer.k.n_quantized == 9  # counted, not yet stored
+        assert cache.nbytes() > before and layer.k.n_quantized == 10 and layer.k.tokens_quantized == 10
+        with pytest.raises(AssertionError, match="attended once"):
+            staged.attend(torch.randn(1, 4, 16), None, 0.25, None, None)
+        with pytest.raises(AttributeError, match="set_attn_implementation"):
+            staged.shape  # noqa: B018 - another attention function reading it as a tensor
