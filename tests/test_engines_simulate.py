@@ -32,8 +32,10 @@ def test_side_by_side_names_each_sides_figures():
     ids = [(7 * i) % 250 + 3 for i in range(40)]
     ours = simulate.kld(["int8", "int4"], ids, model)
     theirs = {s: dict(ours[s], mean=2 * ours[s]["mean"], engine="llama.cpp (test)", rotation="off") for s in ours}
-    rows = side_by_side(["int4", "int8"], ours, theirs)
+    sim = {s: dict(ours[s], mean=3 * ours[s]["mean"]) for s in ours}
+    rows = side_by_side(["int4", "int8"], ours, theirs, sim)
     assert [r.format for r in rows] == ["int4", "int8"]
     assert rows[0].kvviz_mean == ours["int4"]["mean"] and rows[0].engine_mean == 2 * ours["int4"]["mean"]
     assert rows[1].kvviz_p99 == ours["int8"]["p99"] and rows[1].engine_same_top == ours["int8"]["same_top_p"]
     assert rows[0].engine == "llama.cpp (test)" and rows[0].rotation == "off"
+    assert rows[0].sim_mean == 3 * ours["int4"]["mean"] and rows[0].sim_ratio == pytest.approx(1.5)

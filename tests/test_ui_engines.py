@@ -11,6 +11,7 @@ Run: python -m pytest tests/test_ui_engines.py -q
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import warnings
@@ -140,11 +141,15 @@ def test_engine_compare_puts_kvviz_beside_llama_cpp(client):
     assert [r[0] for r in rows] == ["q8_0", "k=q8_0,v=q4_0"]
     for r in rows:
         assert all(v >= 0 for v in r[1:3] + r[4:6]) and 0 <= r[3] <= 100 and 0 <= r[6] <= 100, r
-    # 4-bit V costs more than 8-bit V, in both engines
-    assert rows[1][1] > rows[0][1] and rows[1][4] > rows[0][4], rows
+    # 4-bit V costs more than 8-bit V, in both engines and in kvviz's simulation of llama.cpp
+    assert rows[1][1] > rows[0][1] and rows[1][4] > rows[0][4] and rows[1][7] > rows[0][7], rows
+    for r in rows:  # the simulation's ratio to llama.cpp: a finite number, the two means' quotient
+        assert isinstance(r[8], float) and math.isfinite(r[8]) and r[8] == pytest.approx(r[7] / r[4], rel=0.05), r
     traces = _traces(fig)
-    assert [t["name"] for t in traces] == ["kvviz (simulated)", "llama.cpp (unrotated K/V)"]
+    assert [t["name"] for t in traces] == ["kvviz (simulated)", "llama.cpp (unrotated K/V)",
+                                           "kvviz's llama.cpp simulation"]
     assert traces[0]["y"] == [r[1] for r in rows] and traces[1]["y"] == [r[4] for r in rows]
+    assert traces[2]["y"] == [r[7] for r in rows]
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in status and "LLAMA_ATTN_ROT_DISABLE=1" in status
     assert "positions 0 to 30" in status and "positions 1 to 30" in status
 
@@ -154,6 +159,7 @@ def test_engine_compare_rotation_changes_llama_cpp_only(client):
     plain = client.predict(["q4_0"], 32, False, "smollm2-135m", api_name="/engine_compare")
     assert rotated[0]["data"][0][1] == plain[0]["data"][0][1]  # kvviz's simulation does not rotate
     assert rotated[0]["data"][0][4] != plain[0]["data"][0][4]
+    assert rotated[0]["data"][0][7] != plain[0]["data"][0][7]  # the simulation of llama.cpp follows its rotation
     assert "llama.cpp's default" in rotated[2] and _traces(rotated[1])[1]["name"] == "llama.cpp (rotated K/V)"
 
 

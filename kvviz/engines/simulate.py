@@ -17,6 +17,9 @@ every matmul input rounded to the GGUF weight type's 8-bit partner, llama.cpp's 
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import gguf
 import torch
 from transformers import AttentionInterface
@@ -53,10 +56,23 @@ def _architecture(reader) -> str:
     return bytes(field.parts[field.data[0]]).decode()
 
 
+def _gguf_types(gguf_path) -> tuple[str, dict[str, str]]:
+    """(architecture, {tensor name without ".weight": ggml type name}) of the GGUF at gguf_path, read once per
+    file version (parsing the tokenizer's metadata takes seconds)."""
+    path = Path(gguf_path)
+    return _read_gguf_types(str(path), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_gguf_types(path: str, mtime_ns: int) -> tuple[str, dict[str, str]]:
+    reader = gguf.GGUFReader(path)
+    return _architecture(reader), {t.name.removesuffix(".weight"): t.tensor_type.name for t in reader.tensors}
+
+
 def interleaved_rope(gguf_path) -> bool:
     """Whether llama.cpp holds this GGUF's Q/K channels RoPE-interleaved (its "norm" RoPE: Llama's converter
     permutes q/k weights, transformers un-permutes them): a different head_dim order for the cache's blocks."""
-    return _architecture(gguf.GGUFReader(str(gguf_path))) in _NORM_ROPE
+    return _gguf_types(gguf_path)[0] in _NORM_ROPE
 
 
 _NORM_ROPE = ("llama",)  # llama_model_rope_type() == LLAMA_ROPE_TYPE_NORM among the bundled models' archs
@@ -66,9 +82,9 @@ def weight_vec_dot(gguf_path, model) -> dict[str, str]:
     """{module name: vec_dot_type} for each nn.Linear of `model` whose weight the GGUF at gguf_path stores: what
     ggml's CPU matmul converts that layer's input to (kvviz.ggml_attention.WEIGHT_VEC_DOT of the tensor's type). A
     tied LM head reads the token embedding's type, as llama.cpp does when the GGUF has no `output.weight`."""
-    reader = gguf.GGUFReader(str(gguf_path))
-    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[_architecture(reader)]
-    types = {t.name.removesuffix(".weight"): t.tensor_type.name for t in reader.tensors}
+    architecture, types = _gguf_types(gguf_path)
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[architecture]
+    types = dict(types)
     types.setdefault("output", types.get("token_embd"))
     names = gguf.get_tensor_name_map(arch, model.config.get_text_config(decoder=True).num_hidden_layers)
     out = {}

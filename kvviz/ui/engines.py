@@ -1,10 +1,12 @@
-"""kvviz.ui.engines: the Compare tab's engine view: kvviz's simulation beside llama.cpp's own KLD, for the same
+"""kvviz.ui.engines: the Compare tab's engine view: kvviz's formats beside llama.cpp's own KLD, for the same
 llama.cpp cache types on the same model and the same tokens.
 
 llama.cpp runs in-process (kvviz.engines.llamacpp, llama-cpp-python) on the model's GGUF file; kvviz runs the
-same GGUF's weights, dequantized (kvviz.engines.simulate), on the token ids llama.cpp scored. Each side is measured
-against its own engine's unquantized baseline, with llama.cpp's `--kl-divergence` statistics (kvviz.metrics).
-Why the figures differ is the static note under the chart (i18n "engine_why"); it states only what was measured.
+same GGUF's weights, dequantized (kvviz.engines.simulate), on the token ids llama.cpp scored, twice: its bare
+format (simulate.kld) and its simulation of llama.cpp's arithmetic (simulate.llamacpp_kld, with the llama.cpp
+run's rotation setting), whose ratio to llama.cpp's mean KLD the table shows. Each is measured against its own
+unquantized baseline, with llama.cpp's `--kl-divergence` statistics (kvviz.metrics). Why the bare format differs
+is the static note under the chart (i18n "engine_why", after docs/engines.md).
 api_name:
     engine_compare(pairs, tokens, rotate, model) -> (table, figure, status markdown, in English)
       pairs: list of specs made of PAIR_TYPES (["q8_0", "k=q8_0,v=q4_0"]); tokens: MIN_TOKENS..MAX_TOKENS of
@@ -32,7 +34,8 @@ DEFAULT_PAIRS = ["q8_0", "k=q8_0,v=q4_0", "q4_0"]
 MAX_PAIRS = 6  # each pair loads the GGUF once and adds a row to kvviz's batch
 MIN_TOKENS, MAX_TOKENS, DEFAULT_TOKENS = 32, 512, 128  # 256 tokens of three pairs: minutes on a busy 2-core CPU
 HEADERS = ["format", "kvviz mean KLD", "kvviz p99 KLD", "kvviz same top (%)", "llama.cpp mean KLD",
-           "llama.cpp p99 KLD", "llama.cpp same top (%)"]
+           "llama.cpp p99 KLD", "llama.cpp same top (%)", "kvviz's llama.cpp simulation mean KLD",
+           "simulation / llama.cpp"]  # English: engine_compare has no language input
 
 
 def check_pairs(value, rotate: bool | None = None) -> list[str]:
@@ -83,7 +86,8 @@ def _gguf(model: str):
 def _cells(row) -> list:
     """A kvviz.engines.side_by_side.EngineRow as the table's cells (HEADERS)."""
     return [row.format, round(row.kvviz_mean, 5), round(row.kvviz_p99, 4), round(100 * row.kvviz_same_top, 1),
-            round(row.engine_mean, 5), round(row.engine_p99, 4), round(100 * row.engine_same_top, 1)]
+            round(row.engine_mean, 5), round(row.engine_p99, 4), round(100 * row.engine_same_top, 1),
+            round(row.sim_mean, 5), round(row.sim_ratio, 2)]
 
 
 @user_errors
@@ -109,15 +113,20 @@ def run(pairs, tokens, rotate, model=None, progress=gr.Progress()):
     ids, theirs = llamacpp.run(pairs, model=str(gguf), tokens=tokens, rotate=rotate, on_pair=on_pair)
     lm, _ = get_model(progress, model=model)
     progress(0.5, desc=f"kvviz: the same {len(ids)} tokens, {len(pairs)} formats and the exact model as one batch…")
-    rows = side_by_side(pairs, simulate.kld(pairs, ids, lm), theirs)
+    ours = simulate.kld(pairs, ids, lm)
+    progress(0.75, desc=f"kvviz: the same tokens with llama.cpp's arithmetic, {len(pairs) + 1} runs…")
+    rows = side_by_side(pairs, ours, theirs, simulate.llamacpp_kld(pairs, ids, lm, gguf, rotate=rotate))
     engine = f"llama.cpp ({'rotated' if rotate else 'unrotated'} K/V)"
     fig = plots.engine_bars(pairs, {"kvviz (simulated)": [round(r.kvviz_mean, 5) for r in rows],
-                                    engine: [round(r.engine_mean, 5) for r in rows]})
+                                    engine: [round(r.engine_mean, 5) for r in rows],
+                                    "kvviz's llama.cpp simulation": [round(r.sim_mean, 5) for r in rows]})
     status = (f"Done in {time.perf_counter() - start:.0f} s. `{model}`: {rows[0].engine} runs `{gguf.name}` as "
               f"is, f16-cache baseline, positions 0 to {len(ids) - 2} scored, K/V rotation: "
               f"{rows[0].rotation}; kvviz runs the same weights dequantized to fp32, exact baseline, positions 1 to "
-              f"{len(ids) - 2}. The first {len(ids)} tokens of the WikiText-2 slice. KLD in nats per token; same top: "
-              "positions whose top token agrees with the engine's own baseline.")
+              f"{len(ids) - 2}; kvviz's llama.cpp simulation rounds every matmul input to 8 bits and runs llama.cpp's "
+              f"flash attention{', rotation' if rotate else ''} and channel order on the same weights, against itself "
+              f"with an f16 cache, positions 0 to {len(ids) - 2}. The first {len(ids)} tokens of the WikiText-2 slice. "
+              "KLD in nats per token; same top: positions whose top token agrees with the engine's own baseline.")
     return table([_cells(r) for r in rows], HEADERS), fig, status
 
 

@@ -128,16 +128,19 @@ EN: dict[str, str] = {
     "engine_tokens": "Tokens of WikiText-2 (more: slower, steadier figures)",
     "engine_rotate": "Rotate K/V in llama.cpp (Hadamard, its default; kvviz's formats are unrotated)",
     "engine_run": "Run kvviz and llama.cpp",
-    "engine_table": "Mean KLD (nats/token), 99th percentile, and top-token agreement, per format",
+    "engine_table": ("Mean KLD (nats/token), 99th percentile, and top-token agreement, per format; then kvviz's "
+                     "simulation of llama.cpp and its ratio to llama.cpp's mean KLD"),
     "engine_why": (
-        "**Why the two columns differ** (measured on SmolLM2, 256 tokens, 2026-11-30). *Baselines:* each side is "
-        "compared with its own engine: llama.cpp runs the GGUF's quantized weights (Q4_1) with quantized "
-        "activations and an f16 cache, kvviz the same weights dequantized to fp32 with an exact cache. *Rotation:* "
-        "llama.cpp rotates a quantized K and V by a Hadamard transform unless told not to; that cut q4_0's mean KLD "
-        "from 0.100 to 0.037, so compare kvviz with rotation off. *q8_0's floor:* llama.cpp's q8_0 measures 0.0042 "
-        "against kvviz's 0.00025. Quantizing Q to q8_0 for the dot product, as llama.cpp's CPU code does, is not "
-        "the cause: doing the same in kvviz only moves it to 0.00043, and llama.cpp with V alone in q8_0 (K in f16, "
-        "so Q is not quantized) already measures 0.0032. Where llama.cpp's floor comes from is not pinned down yet."),
+        "**Why kvviz's bare format differs from llama.cpp** (see docs/engines.md). kvviz's `q4_0` or "
+        "`k=q8_0,v=q4_0` stores exactly llama.cpp's blocks, but llama.cpp does more around the storage: *8-bit "
+        "matmul inputs:* every quantized weight multiplies its input rounded to 8 bits (q8_1 for the GGUF's Q4_1), "
+        "so a small KV error flips some roundings in every later layer; that is q8_0's floor (on SmolLM2 at 512 "
+        "tokens kvviz's bare q8_0 reads 0.00026, llama.cpp 0.0034). *Rotation:* unless told not to, llama.cpp "
+        "multiplies a quantized K and V by a Hadamard matrix, which lowers q4_0's KLD. *Channel order:* for "
+        "Llama-family GGUFs its cache blocks of 32 group other K channels than transformers' order. The column "
+        "\"kvviz's llama.cpp simulation\" does all three (and llama.cpp's flash attention) on the same weights and "
+        "tokens, with the rotation setting above; it is not bit-exact, so the ratio scatters around 1 (within 20% "
+        "on the bundled models at 512 tokens; fewer tokens scatter more)."),
     # Compare: fused against unfused decode (kvviz/ui/fused.py)
     "fused_title": "Fused against unfused decode: tokens/s and bytes read per step (lesson 7)",
     "fused_intro": ("**What you see:** the same greedy decode after a WikiText-2 prompt, through the exact cache "
@@ -558,15 +561,18 @@ KO: dict[str, str] = {
     "engine_tokens": "WikiText-2 토큰 수 (많을수록 느리지만 수치가 안정적)",
     "engine_rotate": "llama.cpp에서 K/V 회전 (하다마드, 기본값; kvviz 포맷은 회전하지 않음)",
     "engine_run": "kvviz와 llama.cpp 실행",
-    "engine_table": "포맷별 평균 KLD (nats/토큰), 99번째 백분위수, 최상위 토큰 일치율",
+    "engine_table": ("포맷별 평균 KLD (nats/토큰), 99번째 백분위수, 최상위 토큰 일치율; 이어서 kvviz의 llama.cpp "
+                     "시뮬레이션과 그것의 llama.cpp 평균 KLD에 대한 비율"),
     "engine_why": (
-        "**두 열이 다른 이유** (SmolLM2, 256 토큰, 2026-11-30 측정). *기준선:* 각각 자기 엔진과 비교합니다. llama.cpp는 "
-        "GGUF의 양자화된 가중치(Q4_1)와 양자화된 활성값, f16 캐시로 돌고, kvviz는 같은 가중치를 fp32로 풀어 정확한 "
-        "캐시로 돕니다. *회전:* llama.cpp는 끄지 않으면 양자화된 K와 V를 하다마드 변환으로 회전합니다. 그 덕에 q4_0의 "
-        "평균 KLD가 0.100에서 0.037로 내려갔으니, kvviz와는 회전을 끄고 비교하세요. *q8_0의 바닥:* llama.cpp의 q8_0은 "
-        "0.0042, kvviz는 0.00025입니다. llama.cpp의 CPU 코드처럼 내적을 위해 Q를 q8_0으로 양자화하는 것은 원인이 "
-        "아닙니다. kvviz에서 똑같이 하면 0.00043으로 움직일 뿐이고, llama.cpp에서 V만 q8_0(K는 f16이라 Q는 양자화되지 "
-        "않음)으로 해도 이미 0.0032가 나옵니다. llama.cpp의 바닥이 어디서 오는지는 아직 밝히지 못했습니다."),
+        "**kvviz의 기본 포맷이 llama.cpp와 다른 이유** (docs/engines.md 참고). kvviz의 `q4_0`이나 `k=q8_0,v=q4_0`은 "
+        "llama.cpp와 똑같은 블록을 저장하지만, llama.cpp는 저장 말고도 더 하는 일이 있습니다. *8비트 행렬곱 입력:* "
+        "양자화된 가중치마다 입력을 8비트로 반올림해 곱하므로(GGUF의 Q4_1에는 q8_1), 작은 KV 오차도 이후 모든 층에서 "
+        "반올림 몇 개를 뒤집습니다. 이것이 q8_0의 바닥입니다(SmolLM2, 512 토큰에서 kvviz의 기본 q8_0은 0.00026, "
+        "llama.cpp는 0.0034). *회전:* 끄지 않으면 llama.cpp는 양자화된 K와 V에 하다마드 행렬을 곱하고, 그러면 q4_0의 "
+        "KLD가 내려갑니다. *채널 순서:* Llama 계열 GGUF에서는 캐시의 32개짜리 블록이 transformers의 순서와 다른 K "
+        "채널을 묶습니다. \"kvviz's llama.cpp simulation\" 열은 이 셋(과 llama.cpp의 flash attention)을 같은 가중치와 "
+        "토큰에 위의 회전 설정으로 적용합니다. 비트 단위로 같지는 않아서 비율은 1 근처에 흩어집니다(번들 모델, 512 "
+        "토큰에서 20% 이내; 토큰이 적으면 더 흩어짐)."),
     # Compare: 융합 대 비융합 디코딩 (kvviz/ui/fused.py)
     "fused_title": "융합 대 비융합 디코딩: tokens/s와 단계당 읽는 바이트 (레슨 7)",
     "fused_intro": ("**보고 있는 것:** WikiText-2 프롬프트 뒤의 같은 greedy 디코딩을 원본 캐시(DynamicCache)로, 그리고 "
