@@ -276,3 +276,17 @@ def test_search_takes_engine_dtypes_and_ends_in_a_plan_vllm_serves():
         assert out["supported"], (step.plan.text, out["note"])
     flags = [export_plan(s.plan, 6)["vllm"]["flags"] for s in two.steps]
     assert any(f.startswith("--kv-cache-dtype turboquant_3bit_nc --kv-cache-dtype-skip-layers ") for f in flags)
+
+
+def test_peaks_name_the_worst_pairs_against_the_median():
+    """The Sensitivity tab's peak lines come from kvviz.analysis: KL over the median pair's, and the layer's channel
+    ratio beside the median layer's."""
+    from kvviz.analysis.sensitivity import peaks
+
+    sens = {"k": [0.1, 0.5, 0.2], "v": [0.05, 0.01, float("nan")]}
+    norms = {"k_channel_ratio": [2.0, 7.0, 3.0], "v_channel_ratio": [1.0, 1.5, float("nan")],
+             "k_max": [1.0, 9.0, 2.0], "v_max": [1.0, 1.0, 1.0]}
+    top = peaks(sens, norms, top=2)
+    assert [(p.side, p.layer) for p in top] == [("k", 1), ("k", 2)]
+    assert top[0].times_median == pytest.approx(0.5 / 0.1)  # median of 0.5, 0.2, 0.1, 0.05, 0.01 (NaN left out)
+    assert top[0].channel_ratio == 7.0 and top[0].median_channel_ratio == 3.0 and top[0].peak == 9.0

@@ -21,7 +21,9 @@ ranking at 3-4 bits, and `layer_norms` shows why (max |K| and the largest channe
 from __future__ import annotations
 
 import math
+import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -128,6 +130,35 @@ def ranking(sens: dict) -> list[tuple[str, int, float]]:
     """[(side, layer, kl)] from layer_sensitivity's result, most damaging first (NaN layers left out)."""
     rows = [(side, i, kl) for side in ("k", "v") for i, kl in enumerate(sens[side]) if not math.isnan(kl)]
     return sorted(rows, key=lambda r: -r[2])
+
+
+@dataclass(frozen=True)
+class Peak:
+    """One of the most damaging (side, layer) pairs, beside the magnitudes that explain it (or do not).
+
+    kl: its mean KL (nats) when only it is quantized; times_median: kl over the median pair's KL; channel_ratio:
+    the layer's largest channel over its median channel (layer_norms' *_channel_ratio); median_channel_ratio: that
+    ratio's median over the layers; peak: the layer's max |x|."""
+
+    side: str
+    layer: int
+    kl: float
+    times_median: float
+    channel_ratio: float
+    median_channel_ratio: float
+    peak: float
+
+
+def peaks(sens: dict, norms: dict, top: int = 3) -> list[Peak]:
+    """The `top` worst (side, layer) pairs of layer_sensitivity's result, with layer_norms' magnitudes."""
+    ranked = ranking(sens)
+    median_kl = statistics.median(kl for _, _, kl in ranked)
+    out = []
+    for side, layer, kl in ranked[:top]:
+        ratios = [x for x in norms[f"{side}_channel_ratio"] if math.isfinite(x)]
+        out.append(Peak(side, layer, kl, kl / max(median_kl, 1e-30), norms[f"{side}_channel_ratio"][layer],
+                        statistics.median(ratios), norms[f"{side}_max"][layer]))
+    return out
 
 
 @torch.no_grad()

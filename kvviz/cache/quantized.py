@@ -29,12 +29,14 @@ class QuantizedKVCache(Cache):
     DynamicCache would); anything but a Plan goes through kvviz.as_plan once. residual: full-precision recent tokens (None: the
     preset's, e.g. 32 for kivi2; else 0). scales: {layer: (k_scale, v_scale)} static scales for per-tensor /
     per-head formats (and NVFP4's global scale), e.g. calibrated or loaded from an SGLang scale file: one entry
-    per layer that holds K/V.
+    per layer that holds K/V. stage: on the CPU's fused backend, a decode step's update only stages the token and
+    the attention function appends and attends in one call (False: every update stores at once, for callers that
+    read what update returns, as RowStackCache does).
     Raises ValueError for a layer type kvviz does not cache, a spec some layer's head_dim cannot hold (naming the
     layer), or a plan whose length is not num_hidden_layers.
     """
 
-    def __init__(self, config, spec, residual: int | None = None, scales: dict | None = None):
+    def __init__(self, config, spec, residual: int | None = None, scales: dict | None = None, stage: bool = True):
         text = _decoder_config(config)
         layer_types, layer_kwargs = get_layer_types_and_kwargs(text)
         # self.plan: one KVSpec per layer (None: kept exact, as DynamicCache holds it), the engine's layer rules
@@ -76,7 +78,7 @@ class QuantizedKVCache(Cache):
                                  f"QuantizedKVCache supports the layer types {', '.join(SUPPORTED_TYPES)}; use "
                                  f"transformers' DynamicCache for this model.")
         super().__init__(layers=layers)
-        if not materialize and not any(isinstance(layer, DummyLayer) for layer in layers):
+        if stage and not materialize and not any(isinstance(layer, DummyLayer) for layer in layers):
             for layer in layers:  # nothing reads update's return but the attention function: decode steps may stage
                 if isinstance(layer, QuantizedKVLayer):
                     layer.stages = True

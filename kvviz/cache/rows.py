@@ -37,6 +37,7 @@ from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLa
 
 from kvviz.cache.layers import _HybridMixin, copy_states
 from kvviz.cache.quantized import STATE_TYPES, QuantizedKVCache
+from kvviz.cache.sides import grown
 from kvviz.formats import Plan
 
 _MIN_CAPACITY = 64
@@ -96,11 +97,8 @@ class _RowStackLayer(CacheLayerMixin):
         if need <= self.keys.shape[2]:
             return
         cap = max(need, 2 * self.keys.shape[2])
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            new = old.new_zeros((*old.shape[:2], cap, old.shape[3]))
-            new[:, :, : self.n] = old[:, :, : self.n]
-            setattr(self, name, new)
+        self.keys = grown(self.keys[:, :, : self.n], cap, zeros=True)
+        self.values = grown(self.values[:, :, : self.n], cap, zeros=True)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """key_states, value_states: [rows, kv_heads, t, head_dim] -> the mirror views [rows, kv_heads, n + t, D]."""
@@ -179,12 +177,13 @@ class RowStackCache(Cache):
         if layer_rows is None:  # rows of one spec share one cache, batched (see the module docstring)
             # equal plans (as this model stores them, the engine's layer rules applied): one cache
             keys = [None if s is None else s.fitted(n_layers, kinds) for s in specs]
-            caches = {k: QuantizedKVCache(config, specs[keys.index(k)], scales=_scales_for(s, scales))
+            # stage=False: the rows read each update's return (their mirrors), so nothing may be left staged
+            caches = {k: QuantizedKVCache(config, specs[keys.index(k)], scales=_scales_for(s, scales), stage=False)
                       for k, s in zip(keys, specs) if k is not None}
             self.row_caches = [None if k is None else caches[k] for k in keys]
         else:  # a layer's rows are distinct plans (kvviz.analysis.rows' prefix tree): one cache per plan
-            self.row_caches = [None if s is None else QuantizedKVCache(config, s, scales=_scales_for(s, scales))
-                               for s in specs]
+            self.row_caches = [None if s is None else
+                               QuantizedKVCache(config, s, scales=_scales_for(s, scales), stage=False) for s in specs]
         self.uniform = layer_rows is None  # every layer holds every row, in the same order
         if layer_rows is None:
             layer_rows = [list(range(len(specs)))] * n_layers

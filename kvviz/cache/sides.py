@@ -55,6 +55,15 @@ def held_tokens(fmt: Format, seen: int, window: int | None) -> int:
     return seen - aligned(fmt, seen - min(seen, window - 1))
 
 
+def grown(rows: torch.Tensor, capacity: int, zeros: bool = False) -> torch.Tensor:
+    """A new tensor [batch, heads, capacity, *rest] holding `rows` [batch, heads, n, *rest] at the front (the rest
+    uninitialized, or zero with zeros=True): how every buffer of the caches grows."""
+    make = rows.new_zeros if zeros else rows.new_empty
+    new = make((*rows.shape[:2], capacity, *rows.shape[3:]))
+    new[:, :, : rows.shape[2]] = rows
+    return new
+
+
 class _Buffer:
     """A tensor [batch, heads, capacity, *rest] whose rows start..n-1 are live; appends at n, evicts at start.
 
@@ -82,8 +91,7 @@ class _Buffer:
             new = self.buf  # compact in place: the live rows move to the front
             new[:, :, :keep] = self.buf[:, :, self.start : self.n].clone()
         else:
-            new = self.buf.new_empty((*self.buf.shape[:2], max(keep + t, 2 * cap, _MIN_CAPACITY), *self.buf.shape[3:]))
-            new[:, :, :keep] = self.buf[:, :, self.start : self.n]
+            new = grown(self.buf[:, :, self.start : self.n], max(keep + t, 2 * cap, _MIN_CAPACITY))
         self.buf, self.start, self.n = new, 0, keep
         return self.buf
 

@@ -18,13 +18,12 @@ from __future__ import annotations
 import math
 
 import gradio as gr
-import numpy as np
 
 from kvviz import memory as mem
 from kvviz import models, plots
 from kvviz.analysis import layer_norms, layer_sensitivity, ranking
 from kvviz.analysis.search import search as plan_search
-from kvviz.analysis.sensitivity import kv_layers
+from kvviz.analysis.sensitivity import kv_layers, peaks
 from kvviz.cache import model_layer_types
 from kvviz.export import export_plan
 from kvviz.formats import Plan
@@ -74,16 +73,9 @@ def _norm_rows(sens: dict, norms: dict) -> list[list]:
 def _peaks(sens: dict, norms: dict, lang: str, top: int = 3) -> str:
     """Markdown lines naming the `top` worst (side, layer) pairs, their KL against the median pair's, and the
     layer's channel ratio against the median layer's: the magnitude that explains the peak (or does not)."""
-    ranked = ranking(sens)
-    median_kl = float(np.median([kl for _, _, kl in ranked]))
-    lines = []
-    for side, layer, kl in ranked[:top]:
-        ratios = [x for x in norms[f"{side}_channel_ratio"] if math.isfinite(x)]
-        lines.append(t("sens_peak_line", lang).format(
-            side=side.upper(), layer=layer, kl=kl, times=kl / max(median_kl, 1e-30),
-            ratio=norms[f"{side}_channel_ratio"][layer], median_ratio=float(np.median(ratios)),
-            peak=norms[f"{side}_max"][layer]))
-    return "\n".join(lines)
+    return "\n".join(t("sens_peak_line", lang).format(
+        side=p.side.upper(), layer=p.layer, kl=p.kl, times=p.times_median, ratio=p.channel_ratio,
+        median_ratio=p.median_channel_ratio, peak=p.peak) for p in peaks(sens, norms, top))
 
 
 @user_errors
