@@ -349,7 +349,7 @@ def test_engine_names_in_compare_and_sensitivity(client):
     """vLLM's and llama.cpp's own names, picked and typed. On the 2-layer tiny model vLLM's TurboQuant keeps both
     layers in 16 bits (its boundary rule: at most half the layers each side), and llama.cpp's blocks of 32 do not
     fit its head_dim of 16: skipped with a note."""
-    _, table, _, status = client.predict(PROMPT, ["vllm:int4_per_token_head"],
+    _, table, _, status, _ = client.predict(PROMPT, ["vllm:int4_per_token_head"],
                                          "llama.cpp:k=q8_0,v=q4_0\nvllm:turboquant_4bit_nc", 4, False,
                                          api_name="/compare")
     rows = {r[0]: r for r in table["data"]}
@@ -584,7 +584,7 @@ def test_app_serves_after_errors_and_keeps_users_apart(server):
 
 def test_every_model_endpoint_runs_on_the_picked_model(client, tmp_path):
     """compare, needle, outliers, error_map and export's calibration on a second tiny model: each result names it."""
-    *_, status = client.predict(PROMPT[:12], ["k8v4"], "", 3, False, "tiny-qwen3", api_name="/compare")
+    _, _, _, status, _ = client.predict(PROMPT[:12], ["k8v4"], "", 3, False, "tiny-qwen3", api_name="/compare")
     assert "`tiny-qwen3`" in status and "Done in" in status
     fig, status = client.predict(["int4"], "", 256, "tiny-qwen3", api_name="/needle")
     assert "`tiny-qwen3`" in status and "tiny-qwen3" in json.loads(fig["plot"])["layout"]["title"]["text"]
