@@ -9,7 +9,7 @@ dispatches on:
 - backend "torch" (the reference, and the CPU path): `QTensor.dequantize()` both, then SDPA;
 - backend "triton": for single-token decode, `_triton_decode(...)`, the fused kernel from `kernels/` that reads the
   packed buffers in place; a multi-token query (teacher forcing, chunked prefill) uses the reference;
-- backend "cpu": a single-token step whose token the cache staged (`StagedStep`, one handle for K and V) appends
+- backend "cpu": a single-token step whose token the cache staged (`StagedStep`, a handle for K and one for V) appends
   and attends in one numba call (kernels/cpu/step.py); other packed steps read QTensors as the triton backend does.
 
 `KVVIZ_BACKEND=auto|torch|triton|cpu` picks the backend (auto: triton when CUDA is available and triton imports,
@@ -248,7 +248,7 @@ def kvviz_attention_forward(module, query, key, value, attention_mask, dropout: 
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     if isinstance(key, StagedStep):  # append and attend in one fused call (kvviz.cache on the cpu backend)
-        assert q_len == 1 and value is key, "a cache stages single-token decode steps only, one handle for K and V"
+        assert q_len == 1 and isinstance(value, StagedStep), "a cache stages single-token decode steps only, K and V"
         sinks = kwargs.get("s_aux")
         if sinks is None:
             sinks = getattr(module, "sinks", None)

@@ -132,11 +132,29 @@ def test_a_staged_token_is_stored_once_when_the_cache_is_read_first():
         layer = cache.layers[0]
         before = cache.nbytes()
         k = torch.randn(1, model.config.num_key_value_heads, 1, 16)
-        staged, same = layer.update(k, k.clone())
-        assert staged is same and isinstance(staged, kvviz.attention.StagedStep)
+        staged, staged_v = layer.update(k, k.clone())
+        assert isinstance(staged, kvviz.attention.StagedStep) and isinstance(staged_v, kvviz.attention.StagedStep)
         assert layer.get_seq_length() == 10 and layer.k.n_quantized == 9  # counted, not yet stored
         assert cache.nbytes() > before and layer.k.n_quantized == 10 and layer.k.tokens_quantized == 10
         with pytest.raises(AssertionError, match="attended once"):
             staged.attend(torch.randn(1, 4, 16), None, 0.25, None, None)
         with pytest.raises(AttributeError, match="set_attn_implementation"):
             staged.shape  # noqa: B018 - another attention function reading it as a tensor
+
+
+def test_a_staged_handle_read_as_a_qtensor_is_the_qtensor_update_would_have_returned():
+    """A caller of update() that reads what it returned (static scales, the packed data) gets K's and V's QTensors
+    as without staging: the token is stored first, once."""
+    model, _ = _model(16)
+    ids = torch.randint(1, 256, (1, 9))
+    k = torch.randn(1, model.config.num_key_value_heads, 1, 16)
+    with kvviz.attention.use_backend("cpu"), torch.no_grad():
+        got = []
+        for stage in (True, False):
+            cache = kvviz.QuantizedKVCache(model.config, "k8v4", stage=stage)
+            model(input_ids=ids, cache=cache, use_cache=True)
+            got.append(cache.layers[0].update(k, 2 * k))
+    (staged_k, staged_v), (qk, qv) = got
+    assert isinstance(staged_k, kvviz.attention.StagedStep) and not isinstance(qk, kvviz.attention.StagedStep)
+    assert torch.equal(staged_k.data, qk.data) and torch.equal(staged_v.data, qv.data)
+    assert torch.equal(staged_k.dequantize(), qk.dequantize()) and torch.equal(staged_v.dequantize(), qv.dequantize())

@@ -29,13 +29,30 @@ from .sides import Side
 
 class _Staged(attention.StagedStep):
     """A decode token staged by `QuantizedKVLayer.update`: K and V [B, H, 1, D] not yet stored, and where a
-    sliding layer evicts to once they are (None: a full-attention layer keeps everything)."""
+    sliding layer evicts to once they are (None: a full-attention layer keeps everything).
 
-    def __init__(self, layer, key_states: torch.Tensor, value_states: torch.Tensor, keep_from: int | None):
+    update returns it for K and its `v_side` for V. Read as a QTensor (any attribute but `shape`), each stores the
+    token as update would have and answers for its side: a caller of update that reads what it returned sees
+    exactly the QTensors it would have got without staging."""
+
+    def __init__(self, layer, key_states: torch.Tensor, value_states: torch.Tensor, keep_from: int | None,
+                 visible_from: int | None = None, side: str = "k"):
         self.layer, self.k, self.v, self.keep_from = layer, key_states, value_states, keep_from
+        self.visible_from, self.side = visible_from, side
+
+    @property
+    def v_side(self) -> "_Staged":
+        return _Staged(self.layer, self.k, self.v, self.keep_from, self.visible_from, side="v")
 
     def attend(self, query, kv_mask, scaling, sinks, softcap):
         return self.layer._append_attend(self, query, kv_mask, scaling, sinks, softcap)
+
+    def __getattr__(self, name):
+        if name == "shape" or name.startswith("__") or name in ("layer", "k", "v", "side", "visible_from"):
+            return super().__getattr__(name)
+        self.layer._flush()  # stored as update would have stored it (nothing, when attend already did)
+        k, v = self.layer._read(self.layer.k.packed(self.visible_from), self.layer.v.packed(self.visible_from))
+        return getattr(k if self.side == "k" else v, name)
 
 
 class QuantizedKVLayer(CacheLayerMixin):
@@ -123,7 +140,7 @@ class QuantizedKVLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         if not first and self._stages(key_states):
             self._pending = _Staged(self, key_states, value_states, None)
-            return self._pending, self._pending
+            return self._pending, self._pending.v_side
         self.k.append(key_states)
         self.v.append(value_states)
         if first:
@@ -212,8 +229,8 @@ class QuantizedSlidingLayer(QuantizedKVLayer):
         self.cumulative_length += key_states.shape[-2]
         keep_from = max(self.cumulative_length - keep, 0)
         if not first and self._stages(key_states):  # visible_from is the side's base: token formats keep no skip
-            self._pending = _Staged(self, key_states, value_states, keep_from)
-            return self._pending, self._pending
+            self._pending = _Staged(self, key_states, value_states, keep_from, visible_from)
+            return self._pending, self._pending.v_side
         if first:
             self.k.append(key_states, keep_from=keep_from)
             self.v.append(value_states, keep_from=keep_from)
