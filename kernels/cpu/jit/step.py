@@ -16,7 +16,7 @@ import numba as nb
 import numpy as np
 
 from kernels.cpu.jit.contract import M_D_OFF, M_D_ST, M_S_OFF, M_S_ST, M_Z_OFF, M_Z_ST
-from kernels.cpu.jit.decode import _unit, combine
+from kernels.cpu.jit.decode import _unit, combine, decode_partials_serial
 from kernels.cpu.jit.pack import _OPTS, ggml_pack_rows, quant_pack_rows
 
 
@@ -75,12 +75,9 @@ def step_serial(xk, xv, q, q_order, qp, start, pos, lengths, mask, has_mask, sm_
     arguments over the same storage; lengths [B] int64 (written: pos + 1 - start), also each side's packed count.
     Writes out [B, Hq, D_v] (fp32, channel order); returns the static fp8 values saturated (K, V)."""
     over = _prepare(xk, xv, q, q_order, qp, start, pos, lengths, kpk, kbuf, km, vpk, vbuf, vm)
-    sm = np.float32(sm_scale)
-    cap = np.float32(softcap)
-    for u in range(qp.shape[0] * n_kv * splits):
-        _unit(u, qp, lengths, mask, has_mask, sm, cap, n_kv, splits, per_split,
-              km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, lengths,
-              vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, lengths, mid_m, mid_l, mid_acc)
+    decode_partials_serial(qp, lengths, mask, has_mask, sm_scale, softcap, n_kv, splits, per_split,
+                           km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, lengths,
+                           vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, lengths, mid_m, mid_l, mid_acc)
     _finish(mid_m, mid_l, mid_acc, sinks, has_sinks, n_kv, splits, outp, out_order, out)
     return over
 
