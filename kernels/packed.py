@@ -20,6 +20,21 @@ in one place: `side_of(q)` takes anything shaped like a QTensor (`fmt`, `data`, 
 Dequantized value of token t, channel d (packed tokens t < n_packed):
     x = (decode(code) [* scale] [* tensor_scale] [+ zero]) @ rotation   (scale, zero per group; absent = 1, 0)
 
+The engines' stores (kvviz kinds "vllm", "turboquant", "tq": vLLM's per-token-head, NVFP4 and TurboQuant caches, the
+TurboQuant paper's TQ-mse) are described by the same fields plus three, taken from the format's own
+`kernel_fields(head_dim)` (kvviz/formats/vllm.py, turboquant.py, tq_paper.py):
+
+    elem "table"  value = values[code]: a codebook (fp32 [2**bits]; TurboQuant's Lloyd-Max centroids)
+    renorm        each token's decoded codebook vector is divided by sqrt(sum(v^2) + 1e-16) before its scale (vLLM
+                  TurboQuant's norm correction, the "nc" presets): x = norm * v / |v|, the scale holding the norm
+    zp_bits       the low zp_bits of each fp32 token scale hold an unsigned zero point: value = (code - zp) *
+                  (scale with those bits cleared) (vLLM's int4_per_token_head)
+    bits 3, 1     packed as 4 and 2 are: element e at bit e * bits of the token's little-endian bit stream (3 bits:
+                  8 elements in 3 bytes; 1 bit: 8 a byte, element e at bit e % 8 of byte e // 8)
+
+A rotated store's kernels rotate the query once per step (score = (q @ rotation^T) . stored) and the output once
+(out = softmax @ stored values, then @ rotation); the cache is never rotated back.
+
 llama.cpp's KV types (kvviz kind "ggml": q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; kvviz/formats/ggml.py) use the same
 fields with token scales in blocks of 32 (group 32): scale fp16 d [B, Hkv, cap, D // 32], zero fp16 m (q4_1, q5_1),
 and `layout="ggml"`. data is q8_0: int8 [B, Hkv, cap, D] (elem "float", read natively); else uint8
@@ -38,11 +53,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-ELEMS = ("float", "int", "fp8_e4m3", "fp8_e5m2", "e2m1", "iq4_nl")
+ELEMS = ("float", "int", "fp8_e4m3", "fp8_e5m2", "e2m1", "iq4_nl", "table")
 LAYOUTS = ("kvviz", "ggml")
 IQ4NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
 SCALE_KINDS = (None, "token", "channel")
 FUSED_KINDS = ("float", "int", "fp4", "ggml")  # kvviz format families the kernels read
+ENGINE_KINDS = ("vllm", "turboquant", "tq")  # engines' stores, described by fmt.kernel_fields(head_dim)
 GGML_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # llama.cpp's KV types, by their packers' TYPE code
 FP8_EXP = {"fp8_e4m3": 4, "fp8_e5m2": 5}  # exponent bits of each fp8 element, as the packers take them
 _GGML_OFFSETS = {"q4_0": 8, "q5_0": 16}  # value = code - offset; q4_1 / q5_1 add m instead
@@ -53,6 +69,14 @@ def reads_format(fmt) -> bool:
     return fmt.kind in FUSED_KINDS
 
 
+def describes_format(fmt) -> bool:
+    """True when a PackedSide can describe `fmt`'s packed buffers: kvviz's fused families, and the engines' stores
+    whose `kernel_fields` name them (every one but TQ-prod)."""
+    if fmt.kind in ENGINE_KINDS:
+        return not fmt.base.startswith("tq_prod")
+    return reads_format(fmt)
+
+
 @dataclass(frozen=True)
 class PackedSide:
     """One packed side of a KV cache; see the module docstring for every tensor's layout."""
@@ -60,8 +84,8 @@ class PackedSide:
     data: torch.Tensor
     head_dim: int
     elem: str = "float"  # how a stored element decodes: float (native cast) | int | fp8_e4m3 | fp8_e5m2 | e2m1 |
-    #                      iq4_nl (IQ4NL_VALUES[code])
-    bits: int = 16  # bits per stored element: 16, 8, 4, 2 (ggml layout: 8, 5, 4)
+    #                      iq4_nl (IQ4NL_VALUES[code]) | table (values[code])
+    bits: int = 16  # bits per stored element: 16, 8, 4, 3, 2, 1 (ggml layout: 8, 5, 4)
     offset: int = 0  # int codes: value = u - offset (2**(bits-1) for int4/int2 sym, else 0)
     scale: torch.Tensor | None = None
     scale_kind: str | None = None  # None | "token" | "channel" (tensor / head scales live in tensor_scale)
@@ -72,6 +96,9 @@ class PackedSide:
     tail: torch.Tensor | None = None
     rotation: torch.Tensor | None = None
     layout: str = "kvviz"  # "kvviz": element order above; "ggml": llama.cpp's 32-value blocks (qh, then qs)
+    values: torch.Tensor | None = None  # elem "table": fp32 [2**bits], value = values[code]
+    renorm: bool = False  # divide each token's decoded vector by sqrt(sum(v^2) + 1e-16) before the scale
+    zp_bits: int = 0  # the low zp_bits of each fp32 token scale are a zero point: (code - zp) * cleared scale
     # A dict its producer keeps from call to call (a cache side: one per side), where a kernel launcher may keep
     # what it derived from the buffers (kernels/cpu/decode.py: numpy views, decode tables); the launcher checks that
     # the buffers are still the ones it saw. None: derive everything on every call.
@@ -92,11 +119,19 @@ class PackedSide:
             )
         else:
             assert self.elem != "iq4_nl", "iq4_nl codes are stored in the ggml layout"
-            assert self.bits in (16, 8, 4, 2) or (self.bits == 32 and self.elem == "float"), f"bits={self.bits}"
-            per_byte = 8 // self.bits if self.bits < 8 else 1
-            assert self.head_dim % per_byte == 0 and self.data.shape[-1] == self.head_dim // per_byte, (
-                f"data's last dim {self.data.shape[-1]} does not hold head_dim {self.head_dim} at {self.bits} bits"
-            )
+            assert self.bits in (16, 8, 4, 3, 2, 1) or (self.bits == 32 and self.elem == "float"), f"bits={self.bits}"
+            if self.bits < 8:
+                whole = self.head_dim % 8 == 0 if self.bits in (3, 1) else self.head_dim * self.bits % 8 == 0
+                assert whole and self.data.shape[-1] == self.head_dim * self.bits // 8, (
+                    f"data's last dim {self.data.shape[-1]} does not hold head_dim {self.head_dim} at {self.bits} bits"
+                )
+            else:
+                assert self.data.shape[-1] == self.head_dim, (
+                    f"data's last dim {self.data.shape[-1]} does not hold head_dim {self.head_dim}")
+        if self.elem == "table":
+            assert self.values is not None and self.values.numel() == 2**self.bits, "a table elem needs 2**bits values"
+        assert self.zp_bits == 0 or (self.scale_kind == "token" and self.scale.dtype == torch.float32), (
+            "a zero point in the scale's low bits needs fp32 token scales")
         if self.scale_kind in ("token", "channel"):
             assert self.scale is not None and self.scale.dim() == 4, "token/channel scales are [B, Hkv, rows, cols]"
         if self.zero is not None and self.scale_kind in ("token", "channel"):
@@ -158,9 +193,11 @@ def side_from_format(
     """Describe packed buffers of a kvviz-like format `fmt` (duck-typed: base, kind, bits, granularity, group,
     asym, rot). data/scale/zero/tensor_scale are laid out as kvviz's QTensor fields with [B, Hkv] in front.
     A rot format without `rotation` gets the normalized Sylvester Hadamard matrix."""
-    if not reads_format(fmt):
+    if not describes_format(fmt):
         raise ValueError(f"The fused kernels do not read {fmt.spec} (kind {fmt.kind!r}); "
                          "set KVVIZ_BACKEND=torch to read it through the reference.")
+    if fmt.kind in ENGINE_KINDS:
+        return _engine_side(fmt, data, scale, zero, head_dim=head_dim, n_packed=n_packed, tail=tail, memo=memo)
     bits = int(fmt.bits)
     if fmt.kind == "ggml":
         return _ggml_side(fmt, data, scale, zero, head_dim=head_dim, n_packed=n_packed, tail=tail, rotation=rotation,
@@ -191,6 +228,18 @@ def side_of(q) -> PackedSide:
     [B, Hkv, T, D]) as the kernels' PackedSide: tokens 0..n_quantized-1 packed, the tail after them."""
     return side_from_format(q.fmt, q.data, q.scale, q.zero, q.tensor_scale, head_dim=q.head_dim,
                             n_packed=q.data.shape[2], tail=q.tail, memo=getattr(q, "memo", None))
+
+
+def _engine_side(fmt, data, scale, zero, *, head_dim, n_packed, tail, memo) -> PackedSide:
+    """An engine's store (vLLM per-token-head / NVFP4 / TurboQuant, TQ-mse) as a PackedSide, from the format's own
+    `kernel_fields(head_dim)`: token scales of `group` channels (or one per token), a zero beside them for the
+    asymmetric value caches."""
+    bits = int(fmt.bits)
+    head_dim = head_dim or data.shape[-1] * 8 // bits
+    fields = fmt.kernel_fields(head_dim)
+    rotation = fields.pop("rotation", None)
+    return PackedSide(data=data, head_dim=head_dim, scale=scale, zero=zero, n_packed=n_packed, tail=tail,
+                      rotation=None if rotation is None else rotation.to(data.device), memo=memo, **fields)
 
 
 def _ggml_side(fmt, data, scale, zero, *, head_dim, n_packed, tail, rotation, memo) -> PackedSide:

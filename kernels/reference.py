@@ -47,12 +47,18 @@ def decode_elements(side: PackedSide) -> torch.Tensor:
     if side.elem in ("fp8_e4m3", "fp8_e5m2"):
         dtype = torch.float8_e4m3fn if side.elem == "fp8_e4m3" else torch.float8_e5m2
         return data.view(torch.uint8).view(dtype).to(torch.float64)
-    per_byte = 8 // side.bits
-    shifts = torch.arange(per_byte, dtype=torch.int64) * side.bits
-    codes = (data.to(torch.int64).unsqueeze(-1) >> shifts) & ((1 << side.bits) - 1)  # [B, Hkv, cap, D/pb, pb]
-    codes = codes.flatten(-2)  # [B, Hkv, cap, D]: element pb*i + j from byte i, bits j*bits..
+    bit = torch.arange(8, dtype=torch.int64)
+    stream = ((data.to(torch.int64).unsqueeze(-1) >> bit) & 1).flatten(-2)  # [B, Hkv, cap, 8 * bytes], LSB first
+    stream = stream[..., : side.head_dim * side.bits].reshape(*data.shape[:-1], side.head_dim, side.bits)
+    codes = (stream << torch.arange(side.bits, dtype=torch.int64)).sum(-1)  # [B, Hkv, cap, D]: element e from
+    #                                                                          bits e * bits .. of the row's stream
     if side.elem == "int":
         return (codes - side.offset).to(torch.float64)
+    if side.elem == "table":
+        values = side.values.detach().cpu().to(torch.float64)[codes]
+        if side.renorm:
+            values = values / torch.sqrt((values * values).sum(-1, keepdim=True) + 1e-16)
+        return values
     table = torch.tensor(E2M1_VALUES, dtype=torch.float64)
     mag = table[codes & 7]
     return torch.where((codes & 8) != 0, -mag, mag)
@@ -93,7 +99,12 @@ def dequantize_side(side: PackedSide, lengths) -> torch.Tensor:
     t_max = int(lengths.max()) if b else 0
     x = decode_elements(side)  # [B, Hkv, cap, D]
     d = side.head_dim
-    if side.scale_kind == "token":
+    if side.zp_bits:  # the zero point in the scale's low bits: (code - zp) * the scale with them cleared
+        raw = side.scale.detach().cpu().view(torch.int32)
+        zp = (raw & ((1 << side.zp_bits) - 1)).to(torch.float64)
+        x = (x - zp.repeat_interleave(side.group_size, dim=-1)[..., :d]) * (raw & -(1 << side.zp_bits)).view(
+            torch.float32).to(torch.float64).repeat_interleave(side.group_size, dim=-1)[..., :d]
+    elif side.scale_kind == "token":
         s = decode_scale(side.scale).repeat_interleave(side.group_size, dim=-1)[..., :d]  # [B, Hkv, cap, D]
         x = x * s[..., :cap, :]
     elif side.scale_kind == "channel":

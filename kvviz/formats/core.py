@@ -91,6 +91,13 @@ class Format:
             x = x @ hadamard(x.shape[-1], x.device)  # H is its own inverse
         return x.to(q.dtype)
 
+    def kernel_fields(self, head_dim: int) -> dict | None:
+        """For the engines' stores (kinds vllm, turboquant, tq): how the fused kernels read the packed buffers
+        (kernels.packed.PackedSide's element, codebook, rotation and scale fields); None where no kernel reads them
+        (TQ-prod) or for kvviz's own families, which kernels.packed describes from the spec itself."""
+        own = getattr(_CODECS[self.kind], "kernel_fields", None)
+        return None if own is None else own(self, head_dim)
+
     def roundtrip(self, x: torch.Tensor, scale: float | torch.Tensor | None = None) -> torch.Tensor:
         """dequantize(quantize(x)): what attention would read back."""
         return self.dequantize(self.quantize(x, scale))

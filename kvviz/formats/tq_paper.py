@@ -42,6 +42,21 @@ def _is_prod(fmt) -> bool:
     return fmt.base.startswith("tq_prod")
 
 
+def kernel_fields(fmt, head_dim: int) -> dict | None:
+    """How the fused kernels read TQ-mse (kernels.packed.PackedSide's fields beyond data / scale): centroid times
+    the fp16 norm, in the rotated domain (x = stored @ R^T). None for TQ-prod: its QJL sketch has no kernel field,
+    the torch reference reads it."""
+    if _is_prod(fmt):
+        return None
+    return dict(elem="table", bits=fmt.bits, values=centroids(head_dim, fmt.bits).float(), scale_kind="token",
+                group=head_dim, rotation=_rotation_t(head_dim))
+
+
+@functools.lru_cache(maxsize=16)
+def _rotation_t(d: int) -> torch.Tensor:
+    return _rotation(d, FORMAT_SEED).T.contiguous()
+
+
 @functools.lru_cache(maxsize=32)
 def centroids(d: int, bits: int) -> torch.Tensor:
     """Lloyd-Max centroids (float64 [2**bits], ascending) for one coordinate of a uniform unit vector in R^d."""

@@ -51,6 +51,16 @@ def _is_value(fmt) -> bool:
     return fmt.base.startswith("vllm.tq_v")
 
 
+def kernel_fields(fmt, head_dim: int) -> dict:
+    """How the fused kernels read this store (kernels.packed.PackedSide's fields beyond data / scale / zero). Keys:
+    codebook entries times the fp16 norm, each token's centroid vector renormalized first ("nc"), in the rotated
+    domain (x = stored @ H); the kernels rotate the query once instead. Values: code * scale + zero."""
+    if _is_value(fmt):
+        return dict(elem="int", bits=fmt.bits, scale_kind="token", group=head_dim)
+    return dict(elem="table", bits=fmt.bits, values=vllm_centroids(head_dim, fmt.bits), renorm=fmt.base.endswith("_nc"),
+                scale_kind="token", group=head_dim, rotation=vllm_hadamard(head_dim))
+
+
 # ------------------------------------------------------------------------------------------ shared pieces
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:

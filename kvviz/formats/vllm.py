@@ -59,6 +59,24 @@ def check_head_dim(fmt, head_dim: int) -> None:
         raise ValueError(f"vllm:{fmt.base[5:]} needs head_dim to be a multiple of 16, got {head_dim}.")
 
 
+def kernel_fields(fmt, head_dim: int) -> dict:
+    """How the fused kernels read this store (kernels.packed.PackedSide's fields beyond data / scale / zero): the
+    rotation is the matrix R with x = stored @ R."""
+    if fmt.base == "vllm.int8_per_token_head":
+        return dict(elem="float", bits=8, scale_kind="token", group=head_dim)  # int8 codes load natively
+    if fmt.base == "vllm.fp8_per_token_head":
+        return dict(elem="fp8_e4m3", bits=8, scale_kind="token", group=head_dim)
+    if fmt.base == "vllm.int4_per_token_head":
+        return dict(elem="int", bits=4, scale_kind="token", group=head_dim, zp_bits=4, rotation=rht_matrix(head_dim))
+    return dict(elem="e2m1", bits=4, scale_kind="token", group=NVFP4_BLOCK)
+
+
+@functools.lru_cache(maxsize=16)
+def rht_matrix(d: int) -> torch.Tensor:
+    """R [d, d] fp32 with `decode`'s un-rotation as one matrix: walsh_hadamard(r) * signs / d == r @ R."""
+    return walsh_hadamard(torch.eye(d)) * rht_signs(d) / d
+
+
 # ------------------------------------------------------------------------------------------ encode
 
 def encode(fmt, x: torch.Tensor, scale) -> dict:
