@@ -111,10 +111,15 @@ if __name__ == "__main__":
         sys.exit(0)
     if zerogpu.active():  # the documented ZeroGPU pattern: load in the main process and move to "cuda" there
         common.get_model()[0].to("cuda")
-    elif os.environ.get("KVVIZ_WARMUP", "1") != "0":  # the page is served at once; the first click waits less
-        common.start_warm_up(specs=compare.DEFAULT_SPECS)
+    demo = build_demo()
     launch(
-        build_demo(),
+        demo,
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+        prevent_thread_lock=True,
     )
+    # Warm up once the page is served: started earlier, the conversion and the kernels' compile hold the GIL
+    # while the page is being built, and the page itself comes late.
+    if not zerogpu.active() and os.environ.get("KVVIZ_WARMUP", "1") != "0":
+        common.start_warm_up(specs=compare.DEFAULT_SPECS)
+    demo.block_thread()

@@ -102,6 +102,18 @@ def active_backend() -> str:
     return wanted
 
 
+def settled_backend() -> str | None:
+    """active_backend() when answering it compiles nothing; None while the fused CPU path's first compile (or
+    numba's cache load, minutes on a cold 2-core machine) is still to come. A page header asks this, not
+    active_backend(), so that serving the page never waits for a compile."""
+    wanted = getattr(_chosen, "name", None) or _backend_name(os.environ.get("KVVIZ_BACKEND", "auto"), "KVVIZ_BACKEND")
+    probe = _probe()
+    cpu_path = wanted == "cpu" or (wanted == "auto" and not (probe["cuda"] and probe["triton"]))
+    if cpu_path and _cpu_fused.cache_info().currsize == 0:
+        return None
+    return active_backend()
+
+
 # ------------------------------------------------------------------------------------------ attention
 
 def _triton_decode(module, query: torch.Tensor, key: QTensor, value: QTensor,

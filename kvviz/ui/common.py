@@ -190,10 +190,10 @@ def device_name() -> str:
 
 def backend_name() -> str:
     """The attention backend that decodes from the quantized cache: "triton", "cpu" or "torch" (on ZeroGPU:
-    triton, which each call's lent GPU runs)."""
+    triton, which each call's lent GPU runs). Never compiles: before the CPU kernels have loaded, it says so."""
     if zerogpu.active():
         return "triton"
-    return attention.active_backend()
+    return attention.settled_backend() or "cpu (its fused kernels load on first use)"
 
 
 # --- the launch warm-up ------------------------------------------------------------------------------------------
@@ -228,6 +228,14 @@ def start_warm_up(model: str | None = None, specs: list[str] | tuple[str, ...] =
     """warm_up in a daemon thread, so the page is served at once; a failure is logged and shown in the header, and
     the app keeps serving. A click that needs the model meanwhile waits only for what is left (the registry's
     per-model lock; numba's compile lock)."""
+    try:
+        name = check_model(model)
+    except ValueError:
+        name = None  # warm_up says why, from the thread
+    if name is not None:
+        with _WARMUP_LOCK:  # the header says so from this call on, not from when the thread first runs
+            _WARMUP[name] = "warming"
+
     def run():
         try:
             logging.getLogger("kvviz").warning("kvviz: warmed up in %.1f s", warm_up(model, specs))
