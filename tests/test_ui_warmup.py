@@ -35,3 +35,17 @@ def test_a_model_that_fails_to_warm_is_a_message(monkeypatch):
     thread = common.start_warm_up("tiny-no-such-arch")  # in the background: logged, nothing raised
     thread.join(timeout=60)
     assert not thread.is_alive()
+
+
+def test_the_header_never_waits_for_the_cpu_kernels(monkeypatch):
+    """Serving the page must not compile: before the fused CPU path has been probed the header says its kernels
+    load on first use; once probed, it names the backend."""
+    from kvviz import attention
+
+    monkeypatch.setenv("KVVIZ_BACKEND", "auto")
+    monkeypatch.setattr(attention, "_probe", lambda: {"cuda": False, "triton": False, "usable": False})
+    attention._cpu_fused.cache_clear()
+    assert "load on first use" in common.header_markdown()
+    assert attention._cpu_fused.cache_info().currsize == 0  # nothing compiled or loaded
+    backend = attention.active_backend()  # the first click's probe
+    assert common.header_markdown().endswith(f"**attention backend** `{backend}`")
