@@ -55,6 +55,20 @@ def _cpu_fused() -> bool:
 
 
 _chosen = threading.local()  # .name: this thread's use_backend() choice, or absent
+_compiler: dict[str, int | None] = {"thread": None}  # the thread inside compiling_cpu_kernels(), if any
+
+
+@contextlib.contextmanager
+def compiling_cpu_kernels():
+    """While this block runs (the app's launch warm-up, which compiles the fused CPU kernels: minutes on a cold
+    2-core machine), other threads on the auto backend decode through the torch reference instead of waiting for
+    the compile; this thread takes the CPU path, and so compiles it. A visitor's first click answers at once, its
+    tokens/s labelled "torch"; the clicks after the block use the fused kernels."""
+    _compiler["thread"] = threading.get_ident()
+    try:
+        yield
+    finally:
+        _compiler["thread"] = None
 
 
 def _backend_name(name, where: str) -> str:
@@ -84,14 +98,17 @@ def use_backend(name: str):
 
 def active_backend() -> str:
     """"triton", "cpu" or "torch", from this thread's use_backend() if inside one, else KVVIZ_BACKEND (default
-    auto: triton on CUDA, else the fused CPU path when numba runs, else torch; "cpu" without numba falls back to
-    torch). Raises ValueError on a bad or impossible choice."""
+    auto: triton on CUDA, else the fused CPU path when numba runs, else torch; torch too while another thread
+    compiles the CPU kernels, see compiling_cpu_kernels; "cpu" without numba falls back to torch). Raises
+    ValueError on a bad or impossible choice."""
     wanted = getattr(_chosen, "name", None)
     if wanted is None:
         wanted = _backend_name(os.environ.get("KVVIZ_BACKEND", "auto"), "KVVIZ_BACKEND")
     probe = _probe()
     if wanted == "auto" and probe["cuda"] and probe["triton"]:
         return "triton"
+    if wanted == "auto" and _compiler["thread"] not in (None, threading.get_ident()):
+        return "torch"  # another thread is compiling the CPU kernels (compiling_cpu_kernels)
     if wanted in ("auto", "cpu"):
         return "cpu" if _cpu_fused() else "torch"
     if wanted == "triton" and not probe["usable"]:
@@ -104,12 +121,13 @@ def active_backend() -> str:
 
 def settled_backend() -> str | None:
     """active_backend() when answering it compiles nothing; None while the fused CPU path's first compile (or
-    numba's cache load, minutes on a cold 2-core machine) is still to come. A page header asks this, not
+    numba's cache load, minutes on a cold 2-core machine) is still to come or under way. A page header asks this, not
     active_backend(), so that serving the page never waits for a compile."""
     wanted = getattr(_chosen, "name", None) or _backend_name(os.environ.get("KVVIZ_BACKEND", "auto"), "KVVIZ_BACKEND")
     probe = _probe()
     cpu_path = wanted == "cpu" or (wanted == "auto" and not (probe["cuda"] and probe["triton"]))
-    if cpu_path and _cpu_fused.cache_info().currsize == 0:
+    compiling = _compiler["thread"] not in (None, threading.get_ident())
+    if cpu_path and (_cpu_fused.cache_info().currsize == 0 or compiling):
         return None
     return active_backend()
 

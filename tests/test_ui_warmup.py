@@ -45,7 +45,36 @@ def test_the_header_never_waits_for_the_cpu_kernels(monkeypatch):
     monkeypatch.setenv("KVVIZ_BACKEND", "auto")
     monkeypatch.setattr(attention, "_probe", lambda: {"cuda": False, "triton": False, "usable": False})
     attention._cpu_fused.cache_clear()
-    assert "load on first use" in common.header_markdown()
+    assert "fused kernels load on first use" in common.header_markdown()
     assert attention._cpu_fused.cache_info().currsize == 0  # nothing compiled or loaded
     backend = attention.active_backend()  # the first click's probe
     assert common.header_markdown().endswith(f"**attention backend** `{backend}`")
+
+
+def test_clicks_during_the_kernels_compile_take_the_reference(monkeypatch):
+    """While the warm-up compiles the CPU kernels, another thread on the auto backend decodes through torch instead
+    of waiting; the warm-up's own thread takes the CPU path."""
+    import threading
+
+    from kvviz import attention
+
+    monkeypatch.setenv("KVVIZ_BACKEND", "auto")
+    monkeypatch.setattr(attention, "_probe", lambda: {"cuda": False, "triton": False, "usable": False})
+    seen = {}
+    inside, release = threading.Event(), threading.Event()
+
+    def warm():
+        with attention.compiling_cpu_kernels():
+            seen["warm-up"] = attention.active_backend()
+            inside.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=warm)
+    thread.start()
+    inside.wait(30)
+    seen["click"] = attention.active_backend()
+    seen["header"] = attention.settled_backend()
+    release.set()
+    thread.join()
+    assert seen == {"warm-up": "cpu", "click": "torch", "header": None}
+    assert attention.active_backend() == "cpu"  # after the block
