@@ -373,7 +373,7 @@ def test_reference_dequantize_matches_formats(spec):
 if kernels.triton_usable():
     import triton
     import triton.language as tl
-    from kernels.jit.decode import _e2m1_to_f32, _e8m0_to_f32, _fp8_to_f32
+    from kernels.jit.elements import _e2m1_to_f32, _e8m0_to_f32, _fp8_to_f32
     from kernels.jit.pack import _e2m1_encode, _f32_to_fp8
 
     @triton.jit
