@@ -84,3 +84,18 @@ def _ggml_codes(data, stride_dt, offs_n, in_packed, BITS: tl.constexpr, BLOCK_N:
         bit = half[:, None] * 16 + j[None, :]  # [2, 16]
         codes = codes | (((qh[:, :, None, None] >> bit[None, None, :, :]) & 1) << 4)
     return tl.reshape(codes, [BLOCK_N, BLOCK_D])
+
+
+@triton.jit
+def _codes3(data, stride_dt, offs_n, in_packed, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            HEAD_DIM: tl.constexpr):
+    """3-bit codes (int32 [BLOCK_N, BLOCK_D], 0..7): each 8 elements a little-endian 3-byte word, element 8w + j at
+    bits 3j of word w (vLLM TurboQuant's layout). Reads each of the BLOCK_N * HEAD_DIM * 3 / 8 bytes once."""
+    offs_w = tl.arange(0, BLOCK_D // 8)
+    mask = in_packed[:, None] & (offs_w < HEAD_DIM // 8)[None, :]
+    ptrs = data + offs_n[:, None] * stride_dt + offs_w[None, :] * 3  # [BLOCK_N, BLOCK_D / 8]: byte 0 of word w
+    word = tl.load(ptrs, mask=mask, other=0).to(tl.int32)
+    word |= tl.load(ptrs + 1, mask=mask, other=0).to(tl.int32) << 8
+    word |= tl.load(ptrs + 2, mask=mask, other=0).to(tl.int32) << 16
+    codes = (word[:, :, None] >> (tl.arange(0, 8) * 3)[None, None, :]) & 7  # [BLOCK_N, BLOCK_D / 8, 8]
+    return tl.reshape(codes, [BLOCK_N, BLOCK_D])
