@@ -109,11 +109,14 @@ def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, 
 
 def _codebook(side: PackedSide, device: torch.device) -> torch.Tensor:
     """A table side's codebook as contiguous fp32 [2**bits] on `device`: copied once per side's memo (a cache side
-    keeps one), so a decode step does no host-to-device copy."""
+    keeps one), so a decode step does no host-to-device copy. Formats may build the table anew on each call
+    (TQ-mse's), so a held copy serves while its values are equal."""
     memo = side.memo if side.memo is not None else {}
     held = memo.get("triton_codebook")
-    if held is None or held[0] is not side.values or held[1].device != device:
-        held = (side.values, side.values.detach().to(device=device, dtype=torch.float32).contiguous())
+    values = side.values
+    if held is None or held[1].device != device or not (held[0] is values or (
+            held[0].device == values.device and held[0].shape == values.shape and torch.equal(held[0], values))):
+        held = (values, values.detach().to(device=device, dtype=torch.float32).contiguous())
         memo["triton_codebook"] = held
     return held[1]
 
