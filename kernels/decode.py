@@ -1,11 +1,13 @@
 """Launcher for the split-K quantized decode attention in `kernels/jit/decode.py`.
 
 `decode_attention` checks shapes, picks block sizes and the split count, turns each side's optional tensors into
-constexpr flags, applies Hadamard rotations outside the kernel (q . (k' H) = (q H) . k'; out = (P V') H), and
-launches the two stages. Attention sinks (gpt-oss) and logit softcapping (Gemma 2) are optional; K and V may have
-different head dims (DeepSeek-V3: K 192, V 128). llama.cpp's KV types (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl: sides
-with layout "ggml") are read in ggml's block order. Without a usable Triton (no CUDA, no TRITON_INTERPRET=1, or triton
-not installed) it runs the float64 reference instead, so the CPU path always works.
+constexpr flags, applies rotations outside the kernel (stored K and V are x @ R^T: q . x = (q @ R^T) . stored;
+out = (P stored) @ R), and launches the two stages. Attention sinks (gpt-oss) and logit softcapping (Gemma 2) are
+optional; K and V may have different head dims (DeepSeek-V3: K 192, V 128). llama.cpp's KV types (q8_0, q4_0, q4_1,
+q5_0, q5_1, iq4_nl: sides with layout "ggml") are read in ggml's block order; the engines' stores (vLLM's int8 /
+fp8 / int4 per-token-head, NVFP4 and TurboQuant caches, TQ-mse) through their codebooks, norm corrections and zero
+points (`supports` says which formats). Without a usable Triton (no CUDA, no TRITON_INTERPRET=1, or triton not
+installed) it runs the float64 reference instead, so the CPU path always works.
 
     out = decode_attention(q, k, v, lengths)   # q: [B, Hq, D_k] -> out: [B, Hq, D_v], q's dtype
 """
@@ -18,11 +20,18 @@ import math
 import torch
 
 from kernels._triton import triton_usable
-from kernels.packed import PackedSide, per_head
+from kernels.packed import PackedSide, describes_format, per_head
 from kernels.reference import decode_attention_reference
 from kernels.splits import next_pow2, split_tokens
 
 _MAX_SPLITS = 64  # stage 2 holds every split of one row in registers
+
+
+def supports(fmt) -> bool:
+    """Whether this kernel decodes a kvviz-like format (duck-typed `kind`, `base`): kvviz's own families and the
+    engines' stores a PackedSide describes (vLLM's per-token-head, NVFP4 and TurboQuant caches, TQ-mse; TQ-prod
+    takes the reference). Which formats the Triton packer writes is kernels.pack.quant_pack_supported's answer."""
+    return describes_format(fmt)
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,7 +54,9 @@ def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, 
     scale, zero, sfmt = side.scale, None, 0  # SFMT_NATIVE
     if side.scale_kind is not None:
         assert scale.stride(-1) == 1, "scales must be contiguous along their last dim"
-        if scale.dtype == torch.uint8:
+        if side.zp_bits:
+            scale = scale.view(torch.int32)  # the kernel splits the fp32 bits: zero point low, scale above
+        elif scale.dtype == torch.uint8:
             sfmt = 1  # SFMT_E8M0
         elif scale.dtype == torch.float8_e4m3fn:
             scale, sfmt = scale.view(torch.uint8), 2  # SFMT_E4M3: NV FP4 block scales
@@ -59,6 +70,8 @@ def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, 
     )
     group = side.group_size
     fold = side.scale_kind is None or (side.scale_kind == "token" and group >= head_dim)
+    assert not side.zp_bits or (fold and zero is None and tensor_scale is None), (
+        "a zero point in the scale's low bits is read for one scale per token, without zeros or tensor scales")
     n_packed = lengths if side.n_packed is None else torch.as_tensor(side.n_packed, device=data.device)
     n_packed = n_packed.to(device=data.device, dtype=torch.int32).expand(batch).contiguous()
     tail = side.tail
@@ -78,19 +91,34 @@ def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, 
         tensor_scale if tensor_scale is not None else n_packed,
         tensor_zero if tensor_zero is not None else n_packed,
         n_packed,
+        _codebook(side, data.device) if side.elem == "table" else n_packed,
     ]
     from kernels.jit import decode as jit
 
     elem = {"float": jit.ELEM_NATIVE, "int": jit.ELEM_UINT, "fp8_e4m3": jit.ELEM_E4M3, "fp8_e5m2": jit.ELEM_E5M2,
-            "e2m1": jit.ELEM_E2M1, "iq4_nl": jit.ELEM_IQ4NL}[side.elem]
+            "e2m1": jit.ELEM_E2M1, "iq4_nl": jit.ELEM_IQ4NL, "table": jit.ELEM_TABLE}[side.elem]
     scale_code = {None: jit.SCALE_NONE, "token": jit.SCALE_TOKEN, "channel": jit.SCALE_CHANNEL}[side.scale_kind]
     flags = dict(
         ELEM=elem, BITS=min(side.bits, 16), OFFSET=side.offset,
         SCALE=scale_code, SFMT=sfmt, GROUP=max(group, 1), FOLD=fold,
         ZERO=zero is not None, TENSOR=tensor_scale is not None, TZERO=tensor_zero is not None, TAIL=tail is not None,
-        GGML=side.layout == "ggml",
+        GGML=side.layout == "ggml", RENORM=side.renorm, ZP=side.zp_bits,
     )
     return args, flags
+
+
+def _codebook(side: PackedSide, device: torch.device) -> torch.Tensor:
+    """A table side's codebook as contiguous fp32 [2**bits] on `device`: copied once per side's memo (a cache side
+    keeps one), so a decode step does no host-to-device copy. Formats may build the table anew on each call
+    (TQ-mse's), so a held copy serves while its values are equal."""
+    memo = side.memo if side.memo is not None else {}
+    held = memo.get("triton_codebook")
+    values = side.values
+    if held is None or held[1].device != device or not (held[0] is values or (
+            held[0].device == values.device and held[0].shape == values.shape and torch.equal(held[0], values))):
+        held = (values, values.detach().to(device=device, dtype=torch.float32).contiguous())
+        memo["triton_codebook"] = held
+    return held[1]
 
 
 def decode_attention(
@@ -153,7 +181,8 @@ def decode_attention(
 
     from kernels.jit.decode import LOG2E, _decode_stage1, _decode_stage2
 
-    qk = q if k.rotation is None else (q.float() @ k.rotation.to(q.device, torch.float32))  # [B, Hq, D]
+    # score = q . (stored @ R) = (q @ R^T) . stored: the query turns, the cache is read as stored.
+    qk = q if k.rotation is None else (q.float() @ k.rotation.to(q.device, torch.float32).T)  # [B, Hq, D]
     assert qk.stride(-1) == 1, "q must be contiguous along head_dim"
     gqa = hq // hkv
     block_dk, block_dv = max(16, next_pow2(head_dim)), max(16, next_pow2(head_dim_v))

@@ -65,7 +65,9 @@ _GGML_OFFSETS = {"q4_0": 8, "q5_0": 16}  # value = code - offset; q4_1 / q5_1 ad
 
 
 def reads_format(fmt) -> bool:
-    """True when the kernels read `fmt`'s packed buffers (duck-typed kvviz Format: its `kind`)."""
+    """True for kvviz's own format families (duck-typed kvviz Format: its `kind` in FUSED_KINDS): what the packers
+    write (kernels.pack.quant_pack_supported) and every decode path reads. The engines' stores are `describes_format`'s;
+    which formats a decode path reads is its own `supports`."""
     return fmt.kind in FUSED_KINDS
 
 

@@ -32,7 +32,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from kernels import decode_attention, reads_format, side_of, triton_installed, triton_usable
+from kernels import decode_attention, side_of, triton_installed, triton_usable
+from kernels import decode as triton_decode
 from kernels.cpu import decode as cpu_decode
 from kvviz.formats import QTensor
 
@@ -197,13 +198,14 @@ def _triton_runs_on(device: torch.device) -> bool:
 
 
 def _fused_reads(*sides: QTensor) -> bool:
-    """False when the Triton kernels have no decode branch for a side's format: the reference reads it then."""
+    """False when the Triton kernel has no decode branch for a side's format (kernels.decode.supports: kvviz's
+    families and the engines' stores but TQ-prod): the reference reads it then."""
     return all(_triton_reads_format(p.fmt) for p in sides)
 
 
 @functools.lru_cache(maxsize=256)
 def _triton_reads_format(fmt) -> bool:
-    return reads_format(fmt)
+    return triton_decode.supports(fmt)
 
 
 def _cpu_reads(*sides: QTensor) -> bool:

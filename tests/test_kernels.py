@@ -373,7 +373,7 @@ def test_reference_dequantize_matches_formats(spec):
 if kernels.triton_usable():
     import triton
     import triton.language as tl
-    from kernels.jit.decode import _e2m1_to_f32, _e8m0_to_f32, _fp8_to_f32
+    from kernels.jit.elements import _e2m1_to_f32, _e8m0_to_f32, _fp8_to_f32
     from kernels.jit.pack import _e2m1_encode, _f32_to_fp8
 
     @triton.jit
@@ -531,10 +531,10 @@ def build(fn, ptrs, consts, **options):
 
 def side(p, **kw):
     flags = dict(ELEM=0, BITS=16, OFFSET=0, SCALE=0, SFMT=0, GROUP=128, FOLD=True, ZERO=False, TENSOR=False,
-                 TZERO=False, TAIL=False, GGML=False)
+                 TZERO=False, TAIL=False, GGML=False, RENORM=False, ZP=0)
     return {f"{p}_{k}": v for k, v in {**flags, **kw}.items()}
 
-ptrs = {n: "*fp32" for n in ("K_TS", "K_TZ", "V_TS", "V_TZ", "MID_O", "MID_ML", "SINKS")}
+ptrs = {n: "*fp32" for n in ("K_TS", "K_TZ", "V_TS", "V_TZ", "K_VALS", "V_VALS", "MID_O", "MID_ML", "SINKS")}
 ptrs.update(Q="*bf16", OUT="*bf16", K="*u8", V="*u8", KS="*fp16", KZ="*fp16", VS="*u8", VZ="*fp16", KT="*bf16",
             VT="*bf16", K_NP="*i32", V_NP="*i32", LENGTHS="*i32", MASK="*u8")
 # KIVI-2 K (channel scales, zeros, tail) with an NVFP4 V (E4M3 block scales, tensor scale), masked, split.
@@ -564,6 +564,13 @@ build(_decode_stage1, ptrs, dict(
     PRECISION="ieee", HAS_MASK=True, HAS_SINKS=False, SOFTCAP=False, SINGLE_SPLIT=False,
     **side("K", ELEM=1, BITS=5, SCALE=1, GROUP=32, FOLD=False, ZERO=True, TAIL=True, GGML=True),
     **side("V", ELEM=5, BITS=4, SCALE=1, GROUP=32, FOLD=False, TAIL=True, GGML=True)))
+# The engines' stores: vLLM's int4_per_token_head K (a zero point in the fp32 scale's low bits) with a TurboQuant
+# k3 "nc" V read as a value store would be (3-bit codebook, norm correction, fp16 norm), split and masked.
+ptrs.update(K="*u8", KS="*i32", V="*u8", VS="*fp16")
+build(_decode_stage1, ptrs, dict(
+    H_KV=8, GQA=4, HEAD_DIM_K=128, HEAD_DIM_V=128, BLOCK_G=16, BLOCK_N=32, BLOCK_DK=128, BLOCK_DV=128,
+    PRECISION="ieee", HAS_MASK=True, HAS_SINKS=False, SOFTCAP=False, SINGLE_SPLIT=False,
+    **side("K", ELEM=1, BITS=4, SCALE=1, ZP=4), **side("V", ELEM=6, BITS=3, SCALE=1, RENORM=True)))
 for sinks in (False, True):
     build(_decode_stage2, {"MID_O": "*fp32", "MID_ML": "*fp32", "SINKS": "*fp32", "OUT": "*bf16"},
           dict(H_KV=8, GQA=4, HEAD_DIM_V=128, BLOCK_G=16, BLOCK_S=16, BLOCK_DV=128, HAS_SINKS=sinks))

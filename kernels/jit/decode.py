@@ -28,97 +28,30 @@ q4_1 / q5_1 minimums) per 32 channels: q8_0 loads its int8 codes natively; the 4
 order (qh bits, then qs nibbles j and j + 16 of byte j) and iq4_nl maps its codes through kvalues_iq4nl, held in
 four int32 words of constants.
 
-Element decoders use integer bit arithmetic (fp8, E2M1, E8M0, iq4_nl) so results are bit-exact on every backend,
-including the CPU interpreter.
+The engines' stores (vLLM's per-token-head, NVFP4 and TurboQuant caches, the TurboQuant paper's TQ-mse) add three
+decodes, all per token and so folded like any per-token scale: a codebook (ELEM 6: value = VALS[code], a 2**BITS
+fp32 table gathered with tl.load), TurboQuant's norm correction (RENORM: the token's decoded vector over
+sqrt(sum v^2 + 1e-16), summed in the same pass that decodes it, before the scale), and int4_per_token_head's zero
+point in the low ZP_BITS of its fp32 scale: value = (code - zp) * cleared scale, i.e. row scale s and row zero
+-zp * s. 3-bit codes (8 a 3-byte little-endian word, element e at bit 3e) unpack in words; 1, 2 and 4 bits in bytes.
+Their rotations stay outside the kernel (the launcher rotates q and the output).
+
+The element decoders (fp8, E2M1, E8M0, iq4_nl, ggml's blocks, 3-bit words) live in `kernels/jit/elements.py`.
 """
 
 import triton
 import triton.language as tl
 
+from kernels.jit.elements import _codes3, _e2m1_to_f32, _e8m0_to_f32, _fp8_to_f32, _ggml_codes, _iq4nl_to_f32
+
 # ELEM codes (constexpr): how one stored element becomes fp32.
-ELEM_NATIVE, ELEM_UINT, ELEM_E4M3, ELEM_E5M2, ELEM_E2M1, ELEM_IQ4NL = 0, 1, 2, 3, 4, 5
-# ggml's kvalues_iq4nl as int8 bytes, four codes per little-endian int32 word (codes 4w .. 4w + 3 in word w);
-# the first two words are negative as int32.
-_IQ4NL_W0 = tl.constexpr(0xBFAD9881 - (1 << 32))  # -127, -104, -83, -65
-_IQ4NL_W1 = tl.constexpr(0xF6EADDCF - (1 << 32))  # -49, -35, -22, -10
-_IQ4NL_W2 = tl.constexpr(0x26190D01)  # 1, 13, 25, 38
-_IQ4NL_W3 = tl.constexpr(0x71594535)  # 53, 69, 89, 113
+ELEM_NATIVE, ELEM_UINT, ELEM_E4M3, ELEM_E5M2, ELEM_E2M1, ELEM_IQ4NL, ELEM_TABLE = 0, 1, 2, 3, 4, 5, 6
 # SCALE codes (constexpr): which per-group scale tensor a side carries.
 SCALE_NONE, SCALE_TOKEN, SCALE_CHANNEL = 0, 1, 2
 # SCALE_FMT codes (constexpr): how a scale element becomes fp32.
 SFMT_NATIVE, SFMT_E8M0, SFMT_E4M3 = 0, 1, 2
 
 LOG2E = 1.4426950408889634  # 1/ln(2): softmax runs on exp2 (the launcher scales q, sinks and softcap by it)
-
-
-@triton.jit
-def _fp8_to_f32(b, EXP: tl.constexpr):
-    """OCP fp8 bytes (int32 0..255) to fp32. EXP=4: E4M3FN (no inf; S.1111.111 is NaN); EXP=5: E5M2."""
-    MAN: tl.constexpr = 7 - EXP
-    e = (b >> MAN) & ((1 << EXP) - 1)
-    m = b & ((1 << MAN) - 1)
-    # Normal numbers: rebuild the fp32 bit pattern, exponent rebased from bias 2^(EXP-1)-1 to 127.
-    normal = (((e + (128 - (1 << (EXP - 1)))) << 23) | (m << (23 - MAN))).to(tl.float32, bitcast=True)
-    if EXP == 4:
-        sub = m.to(tl.float32) * 0.001953125  # subnormal: m * 2^-9
-        mag = tl.where(e == 0, sub, normal)
-        mag = tl.where((b & 0x7F) == 0x7F, float("nan"), mag)
-    else:
-        sub = m.to(tl.float32) * 1.52587890625e-05  # subnormal: m * 2^-16
-        mag = tl.where(e == 0, sub, normal)
-        mag = tl.where(e == 31, tl.where(m == 0, float("inf"), float("nan")), mag)
-    return tl.where((b & 0x80) != 0, -mag, mag)
-
-
-@triton.jit
-def _e2m1_to_f32(c):
-    """FP4 E2M1 codes (int32 0..15: sign, 2 exponent bits, 1 mantissa bit) to fp32: +-{0,.5,1,1.5,2,3,4,6}."""
-    e = (c >> 1) & 3
-    m = c & 1
-    normal = (((e + 126) << 23) | (m << 22)).to(tl.float32, bitcast=True)  # (1 + m/2) * 2^(e-1)
-    mag = tl.where(e == 0, m.to(tl.float32) * 0.5, normal)
-    return tl.where((c & 8) != 0, -mag, mag)
-
-
-@triton.jit
-def _e8m0_to_f32(b):
-    """E8M0 scale bytes (int32) to fp32: 2^(b-127); 0xFF is NaN; b = 0 is the fp32 subnormal 2^-127."""
-    x = (b << 23).to(tl.float32, bitcast=True)
-    x = tl.where(b == 0, 5.877471754111438e-39, x)
-    return tl.where(b == 255, float("nan"), x)
-
-
-@triton.jit
-def _iq4nl_to_f32(c):
-    """iq4_nl codes (int32 0..15) to fp32 kvalues_iq4nl[c]: pick the table word, shift its byte down, sign-extend
-    (three selects and no memory lookup)."""
-    word = tl.where(c < 8, tl.where(c < 4, _IQ4NL_W0, _IQ4NL_W1), tl.where(c < 12, _IQ4NL_W2, _IQ4NL_W3))
-    byte = (word.to(tl.int32) >> ((c & 3) * 8)) & 0xFF
-    return (byte - ((byte & 0x80) << 1)).to(tl.float32)
-
-
-@triton.jit
-def _ggml_codes(data, stride_dt, offs_n, in_packed, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Codes (int32 [BLOCK_N, BLOCK_D], 0 .. 2**BITS - 1) of llama.cpp's 4 / 5-bit blocks: per 32 channels,
-    (BITS 5: qh, 4 bytes, bit j = bit 4 of code j, then) qs, 16 bytes, byte j = code j | code j + 16 << 4.
-    Reads each of the BLOCK_N * HEAD_DIM * BITS / 8 bytes once."""
-    NB: tl.constexpr = BLOCK_D // 32  # blocks per row (lanes past HEAD_DIM are masked off)
-    BB: tl.constexpr = 4 * BITS  # bytes per block
-    blk = tl.arange(0, NB)
-    j = tl.arange(0, 16)
-    row = data + offs_n[:, None, None] * stride_dt + blk[None, :, None] * BB  # [BLOCK_N, NB, 1]
-    live = in_packed[:, None, None] & (blk < HEAD_DIM // 32)[None, :, None]
-    qs = tl.load(row + (BB - 16) + j[None, None, :], mask=live, other=0).to(tl.int32)  # [BLOCK_N, NB, 16]
-    half = tl.arange(0, 2)
-    codes = (qs[:, :, None, :] >> (half * 4)[None, None, :, None]) & 15  # [BLOCK_N, NB, 2, 16]: code 16h + j
-    if BITS == 5:
-        k = tl.arange(0, 4)
-        qh_b = tl.load(row + k[None, None, :], mask=live, other=0).to(tl.int32)  # [BLOCK_N, NB, 4]
-        qh = tl.sum(qh_b << (k * 8)[None, None, :], axis=2)  # [BLOCK_N, NB]: the little-endian uint32
-        bit = half[:, None] * 16 + j[None, :]  # [2, 16]
-        codes = codes | (((qh[:, :, None, None] >> bit[None, None, :, :]) & 1) << 4)
-    return tl.reshape(codes, [BLOCK_N, BLOCK_D])
 
 
 @triton.jit
@@ -142,12 +75,12 @@ def _load_scale(ptrs, mask, SFMT: tl.constexpr):
 
 @triton.jit
 def _load_side(
-    data, stride_dt, scale, stride_st, zero, stride_zt, tail, stride_tt, ts, tz,
+    data, stride_dt, scale, stride_st, zero, stride_zt, tail, stride_tt, ts, tz, vals,
     offs_n, offs_d, n_packed, n_valid,
     ELEM: tl.constexpr, BITS: tl.constexpr, OFFSET: tl.constexpr,
     SCALE: tl.constexpr, SFMT: tl.constexpr, GROUP: tl.constexpr, FOLD: tl.constexpr,
-    HAS_ZERO: tl.constexpr, HAS_TAIL: tl.constexpr, GGML: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HAS_ZERO: tl.constexpr, HAS_TAIL: tl.constexpr, GGML: tl.constexpr, RENORM: tl.constexpr,
+    ZP_BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
     """One [BLOCK_N, BLOCK_D] tile of one side, as (x, row_scale, row_zero) with value = x * row_scale + row_zero.
 
@@ -157,26 +90,31 @@ def _load_side(
     row_scale 1, row_zero 0; rows past n_valid are 0.
     GGML: llama.cpp's block layout (BITS 4 or 5; BITS 8 is plain int8); codes decode as code - OFFSET, or through
     the iq4_nl table (ELEM 5), and the caller's GROUP-32 token scales and zeros apply as for any group format.
+    ELEM 6: codes index `vals` (fp32 [2**BITS]); RENORM divides each token's decoded vector by its norm (folded
+    into row_scale); ZP_BITS > 0: `scale` holds the fp32 token scales as int32, their low ZP_BITS a zero point.
     Bytes read: BLOCK_N * HEAD_DIM * BITS / 8 of data, plus BLOCK_N * HEAD_DIM / GROUP scales (and zeros).
     """
     in_packed = offs_n < n_packed  # [BLOCK_N]
     d_mask = offs_d < HEAD_DIM  # [BLOCK_D]
-    if GGML and BITS < 8:
-        codes = _ggml_codes(data, stride_dt, offs_n, in_packed, BITS, BLOCK_N, BLOCK_D, HEAD_DIM)
-        if ELEM == 5:
-            x = _iq4nl_to_f32(codes)
+    if BITS < 8:
+        if GGML:
+            codes = _ggml_codes(data, stride_dt, offs_n, in_packed, BITS, BLOCK_N, BLOCK_D, HEAD_DIM)
+        elif BITS == 3:
+            codes = _codes3(data, stride_dt, offs_n, in_packed, BLOCK_N, BLOCK_D, HEAD_DIM)
         else:
-            x = (codes - OFFSET).to(tl.float32)
-    elif BITS < 8:
-        PER_BYTE: tl.constexpr = 8 // BITS
-        offs_b = tl.arange(0, BLOCK_D // PER_BYTE)
-        mask_b = in_packed[:, None] & (offs_b < HEAD_DIM // PER_BYTE)[None, :]
-        raw = tl.load(data + offs_n[:, None] * stride_dt + offs_b[None, :], mask=mask_b, other=0).to(tl.int32)
-        shifts = tl.arange(0, PER_BYTE) * BITS
-        codes = (raw[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)  # [BLOCK_N, BLOCK_D/PB, PB]
-        codes = tl.reshape(codes, [BLOCK_N, BLOCK_D])  # element PB*i + j: byte i, bits j*BITS..
+            PER_BYTE: tl.constexpr = 8 // BITS
+            offs_b = tl.arange(0, BLOCK_D // PER_BYTE)
+            mask_b = in_packed[:, None] & (offs_b < HEAD_DIM // PER_BYTE)[None, :]
+            raw = tl.load(data + offs_n[:, None] * stride_dt + offs_b[None, :], mask=mask_b, other=0).to(tl.int32)
+            shifts = tl.arange(0, PER_BYTE) * BITS
+            codes = (raw[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)  # [BLOCK_N, BLOCK_D/PB, PB]
+            codes = tl.reshape(codes, [BLOCK_N, BLOCK_D])  # element PB*i + j: byte i, bits j*BITS..
         if ELEM == 4:
             x = _e2m1_to_f32(codes)
+        elif ELEM == 5:
+            x = _iq4nl_to_f32(codes)
+        elif ELEM == 6:  # a codebook of 2**BITS fp32 values; lanes past head_dim or n_packed: 0
+            x = tl.load(vals + codes, mask=in_packed[:, None] & d_mask[None, :], other=0.0)
         else:
             x = (codes - OFFSET).to(tl.float32)
     else:
@@ -188,11 +126,20 @@ def _load_side(
             x = (tl.load(ptrs, mask=mask, other=0).to(tl.int32) - OFFSET).to(tl.float32)
         else:
             x = _fp8_to_f32(tl.load(ptrs, mask=mask, other=0).to(tl.int32), ELEM + 2)
+    if RENORM:  # vLLM TurboQuant's "nc": v / sqrt(sum v^2 + 1e-16), the sum taken from the tile just decoded
+        inv_norm = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) + 1e-16)  # [BLOCK_N]
+        if not FOLD:
+            x = x * inv_norm[:, None]
 
     row_scale = tl.zeros([BLOCK_N], dtype=tl.float32) + ts
     row_zero = tl.zeros([BLOCK_N], dtype=tl.float32) + tz
     if SCALE == 1:
-        if FOLD:
+        if FOLD and ZP_BITS > 0:  # (code - zp) * s: s the fp32 scale with its low ZP_BITS cleared
+            raw_s = tl.load(scale + offs_n * stride_st, mask=in_packed, other=0)  # int32 bits of the fp32 scale
+            zp = raw_s & ((1 << ZP_BITS) - 1)
+            row_scale = row_scale * (raw_s - zp).to(tl.float32, bitcast=True)
+            row_zero = -zp.to(tl.float32) * row_scale
+        elif FOLD:
             if SFMT == 0:  # a plain float scale per token: no decode helper (cheap in the interpreter too)
                 row_scale = row_scale * tl.load(scale + offs_n * stride_st, mask=in_packed, other=0.0).to(tl.float32)
             else:
@@ -217,6 +164,9 @@ def _load_side(
         if HAS_ZERO:
             x = x + tl.load(zero + rows[:, None] * stride_zt + offs_d[None, :], mask=s_mask, other=0.0).to(tl.float32)
 
+    if RENORM and FOLD:
+        row_scale = row_scale * inv_norm
+
     if HAS_TAIL:
         in_tail = (offs_n >= n_packed) & (offs_n < n_valid)
         t_rows = tl.maximum(offs_n - n_packed, 0)
@@ -234,9 +184,9 @@ def _load_side(
 def _decode_stage1(
     Q, stride_qb, stride_qh,
     K, stride_kb, stride_kh, stride_kt, KS, stride_ksb, stride_ksh, stride_kst, KZ, stride_kzb, stride_kzh,
-    stride_kzt, KT, stride_ktb, stride_kth, stride_ktt, K_TS, K_TZ, K_NP,
+    stride_kzt, KT, stride_ktb, stride_kth, stride_ktt, K_TS, K_TZ, K_NP, K_VALS,
     V, stride_vb, stride_vh, stride_vt, VS, stride_vsb, stride_vsh, stride_vst, VZ, stride_vzb, stride_vzh,
-    stride_vzt, VT, stride_vtb, stride_vth, stride_vtt, V_TS, V_TZ, V_NP,
+    stride_vzt, VT, stride_vtb, stride_vth, stride_vtt, V_TS, V_TZ, V_NP, V_VALS,
     LENGTHS, MASK, stride_mb, SINKS, MID_O, MID_ML, OUT, qk_scale, softcap, tokens_per_split, num_splits,
     H_KV: tl.constexpr, GQA: tl.constexpr, HEAD_DIM_K: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -245,9 +195,11 @@ def _decode_stage1(
     K_ELEM: tl.constexpr, K_BITS: tl.constexpr, K_OFFSET: tl.constexpr, K_SCALE: tl.constexpr,
     K_SFMT: tl.constexpr, K_GROUP: tl.constexpr, K_FOLD: tl.constexpr, K_ZERO: tl.constexpr,
     K_TENSOR: tl.constexpr, K_TZERO: tl.constexpr, K_TAIL: tl.constexpr, K_GGML: tl.constexpr,
+    K_RENORM: tl.constexpr, K_ZP: tl.constexpr,
     V_ELEM: tl.constexpr, V_BITS: tl.constexpr, V_OFFSET: tl.constexpr, V_SCALE: tl.constexpr,
     V_SFMT: tl.constexpr, V_GROUP: tl.constexpr, V_FOLD: tl.constexpr, V_ZERO: tl.constexpr,
     V_TENSOR: tl.constexpr, V_TZERO: tl.constexpr, V_TAIL: tl.constexpr, V_GGML: tl.constexpr,
+    V_RENORM: tl.constexpr, V_ZP: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -301,9 +253,9 @@ def _decode_stage1(
         if tl.max(valid.to(tl.int32), axis=0) > 0:  # a block with no live token reads no K/V bytes
             k, k_rs, k_rz = _load_side(
                 k_base, stride_kt, ks_base, stride_kst, kz_base, stride_kzt, kt_base, stride_ktt, k_ts, k_tz,
-                offs_n, offs_dk, k_np, length,
-                K_ELEM, K_BITS, K_OFFSET, K_SCALE, K_SFMT, K_GROUP, K_FOLD, K_ZERO, K_TAIL, K_GGML, BLOCK_N,
-                BLOCK_DK, HEAD_DIM_K,
+                K_VALS, offs_n, offs_dk, k_np, length,
+                K_ELEM, K_BITS, K_OFFSET, K_SCALE, K_SFMT, K_GROUP, K_FOLD, K_ZERO, K_TAIL, K_GGML, K_RENORM, K_ZP,
+                BLOCK_N, BLOCK_DK, HEAD_DIM_K,
             )  # k: [BLOCK_N, BLOCK_DK]
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N], log2 units
             s = s * k_rs[None, :] + q_sum[:, None] * k_rz[None, :]
@@ -319,9 +271,9 @@ def _decode_stage1(
 
             v, v_rs, v_rz = _load_side(
                 v_base, stride_vt, vs_base, stride_vst, vz_base, stride_vzt, vt_base, stride_vtt, v_ts, v_tz,
-                offs_n, offs_dv, v_np, length,
-                V_ELEM, V_BITS, V_OFFSET, V_SCALE, V_SFMT, V_GROUP, V_FOLD, V_ZERO, V_TAIL, V_GGML, BLOCK_N,
-                BLOCK_DV, HEAD_DIM_V,
+                V_VALS, offs_n, offs_dv, v_np, length,
+                V_ELEM, V_BITS, V_OFFSET, V_SCALE, V_SFMT, V_GROUP, V_FOLD, V_ZERO, V_TAIL, V_GGML, V_RENORM, V_ZP,
+                BLOCK_N, BLOCK_DV, HEAD_DIM_V,
             )  # v: [BLOCK_N, BLOCK_DV]
             acc = acc * alpha[:, None] + tl.dot(p * v_rs[None, :], v, input_precision=PRECISION)
             acc += tl.sum(p * v_rz[None, :], axis=1)[:, None]

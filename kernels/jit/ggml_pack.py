@@ -21,7 +21,7 @@ Bytes moved per token and head: read D * x.element_size(); write D * bits / 8 co
 import triton
 import triton.language as tl
 
-from kernels.jit.decode import _iq4nl_to_f32
+from kernels.jit.elements import _iq4nl_to_f32
 
 # TYPE codes (constexpr)
 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL = 0, 1, 2, 3, 4, 5

@@ -19,7 +19,7 @@ A group holding Inf or NaN stores a NaN scale (E8M0 0xFF, E4M3 0x7F), as kvviz.f
 import triton
 import triton.language as tl
 
-from kernels.jit.decode import _fp8_to_f32
+from kernels.jit.elements import _fp8_to_f32
 
 # KIND codes (constexpr)
 KIND_INT_SYM, KIND_INT_ASYM, KIND_FP8, KIND_MX, KIND_NV = 0, 1, 2, 3, 4
