@@ -241,7 +241,13 @@ def _engine_side(fmt, data, scale, zero, *, head_dim, n_packed, tail, memo) -> P
     fields = fmt.kernel_fields(head_dim)
     rotation = fields.pop("rotation", None)
     return PackedSide(data=data, head_dim=head_dim, scale=scale, zero=zero, n_packed=n_packed, tail=tail,
-                      rotation=None if rotation is None else rotation.to(data.device), memo=memo, **fields)
+                      rotation=None if rotation is None else _on_device(rotation, data.device), memo=memo, **fields)
+
+
+@functools.lru_cache(maxsize=64)
+def _on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A codec's cached matrix on `device`, copied once per (matrix, device), not on every read."""
+    return t.to(device)
 
 
 def _ggml_side(fmt, data, scale, zero, *, head_dim, n_packed, tail, rotation, memo) -> PackedSide:

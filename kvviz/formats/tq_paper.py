@@ -48,8 +48,13 @@ def kernel_fields(fmt, head_dim: int) -> dict | None:
     the torch reference reads it."""
     if _is_prod(fmt):
         return None
-    return dict(elem="table", bits=fmt.bits, values=centroids(head_dim, fmt.bits).float(), scale_kind="token",
+    return dict(elem="table", bits=fmt.bits, values=_centroids32(head_dim, fmt.bits), scale_kind="token",
                 group=head_dim, rotation=_rotation_t(head_dim))
+
+
+@functools.lru_cache(maxsize=32)
+def _centroids32(d: int, bits: int) -> torch.Tensor:
+    return centroids(d, bits).float()
 
 
 @functools.lru_cache(maxsize=16)
