@@ -73,3 +73,75 @@ def test_engine_stores_decode_like_the_reference(spec, head_dim):
 
 def test_tq_prod_stays_on_the_reference():
     assert not cpu.supports(parse_kv("tq_prod3").k)
+
+
+# ------------------------------------------------------------------------------------------ the one-call step
+
+STEP_SPECS = ENGINE_SPECS[:9]  # vLLM's stores; TQ-mse has no CPU packer and keeps the two-call path
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("spec", STEP_SPECS)
+def test_step_stores_the_formats_bytes_and_attends_like_the_reference(spec, dtype):
+    """History packed by quant_pack_cpu, then one step: every stored byte equals fmt.quantize's, the output the
+    reference's."""
+    from kernels.cpu import step as cpu_step
+    from kernels.cpu.pack import quant_pack_cpu
+
+    kv = parse_kv(spec)
+    b, hkv, hq, d, n = 2, 2, 6, 64, 40
+    g = torch.Generator().manual_seed(3)
+    k, v = (torch.randn(2, b, hkv, n + 1, d, generator=g) * torch.exp(torch.randn(2, b, hkv, n + 1, 1, generator=g))
+            ).to(dtype)
+    k[0, 0, n, :] = torch.arange(d) % 16  # the new token: ties on the codes' and scales' rounding
+    q = torch.randn(b, hq, d, generator=g)
+    bufs, wants = {}, {}
+    for name, fmt, x in (("k", kv.k, k), ("v", kv.v, v)):
+        assert cpu_step.fuses(fmt, d), f"{spec} {name}: no one-call step"
+        want = wants[name] = fmt.quantize(x)  # the whole history, the new token included
+        bufs[name] = tuple(None if a is None or a.dim() < 4 else
+                           torch.full((b, hkv, n + 4, a.shape[-1] * a.element_size()), 7, dtype=torch.uint8).view(a.dtype)
+                           for a in (want.data, want.scale, want.zero))
+        quant_pack_cpu(fmt, x[:, :, :n], *bufs[name], pos=0, tensor_scale=want.tensor_scale)
+    step = cpu_step.DecodeStep(kv.k, kv.v)
+    step.bind(bufs["k"], bufs["v"], wants["k"].tensor_scale, wants["v"].tensor_scale, hq)
+    out, _, _ = step.run(k[:, :, n:], v[:, :, n:], q, 0, n)
+    for name in ("k", "v"):
+        for buf, field in zip(bufs[name], (wants[name].data, wants[name].scale, wants[name].zero)):
+            if buf is not None:
+                assert torch.equal(buf[:, :, : n + 1].view(torch.uint8), field.contiguous().view(torch.uint8)), (
+                    f"{spec} {name}: stored bytes differ from kvviz.formats")
+                assert bool((buf[:, :, n + 1:].view(torch.uint8) == 7).all()), f"{spec}: wrote past the token"
+    sides = [side_from_format(fmt, *bufs[name], wants[name].tensor_scale, head_dim=d, n_packed=n + 1)
+             for name, fmt in (("k", kv.k), ("v", kv.v))]
+    assert rel_err(out, decode_attention_reference(q, *sides, n + 1)) <= TOL, spec
+
+
+@pytest.mark.parametrize("spec", ("vllm:turboquant_4bit_nc", "vllm:int4_per_token_head"))
+def test_a_tiny_model_generates_through_the_one_call_step_as_the_reference(spec):
+    """Greedy tokens through the cpu backend's fused step (one call per quantized layer and step) equal the torch
+    reference's. Six layers, head_dim 32: TurboQuant keeps the first and last two in 16 bits."""
+    from transformers import AutoModelForCausalLM
+
+    import kvviz
+    from kernels.cpu import step as cpu_step
+    from kvviz.formats import engine_skip_layers
+    from test_kernels_cpu_step import _generate
+
+    config = kvviz.tiny_model("llama")[0].config
+    config.head_dim, config.num_hidden_layers = 32, 6
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=kvviz.attention.ATTN_NAME).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 256, (2, 10), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    steps = 6
+    kv = parse_kv(spec)
+    assert cpu_step.fuses(kv.k, 32) and cpu_step.fuses(kv.v, 32)
+    quantized = 6 - len(engine_skip_layers(kv, 6))
+    fused = _generate(model, ids, mask, spec, "cpu", True, steps)
+    reference = _generate(model, ids, mask, spec, "torch", True, steps)
+    assert fused[1] == (steps - 1) * quantized > 0, "one fused call per quantized layer and step"
+    assert torch.equal(fused[0], reference[0]), f"{spec}: greedy tokens differ from the torch reference"
+    assert fused[2] == reference[2], f"{spec}: nbytes differ"

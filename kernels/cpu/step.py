@@ -8,10 +8,13 @@ meta vectors, the packing plans, scratch for the splits), so a step costs the gl
 numpy views (no copy for fp32 CPU tensors), the mask if any, and the call. Buffers grow by doubling outside the
 step (the cache side reserves a row first); `bind` runs again only when they moved.
 
-Formats: what both launchers cover, token-granular (int, fp8, MX / NV FP4, llama.cpp's six types, /rot); no tail
-(residual window) and no channel scales (KIVI): those keep the two-call path. /rot rotates K, V and q with a torch
-matmul before the call and the output after it, as both launchers do (the same fp32 matmul kvviz.formats
-quantizes with, so the stored bytes match).
+Formats: what both launchers cover, token-granular (int, fp8, MX / NV FP4, llama.cpp's six types, /rot, and the
+engines' stores: vLLM's int8 / fp8 / int4 per-token-head, NVFP4 and 4over6, TurboQuant's keys and values); no tail
+(residual window) and no channel scales (KIVI): those keep the two-call path, as do TQ-mse and TQ-prod (no CPU
+packer). /rot rotates K, V and q with a torch matmul before the call and the output after it, as both launchers do
+(the same fp32 matmul kvviz.formats quantizes with, so the stored bytes match). The engines' rotations are the
+packer's own (int4's RHT butterfly in numba; a TurboQuant key's norm and Hadamard matmul in torch before the call,
+the format's own code, kernels/cpu/pack.py's engine_inputs); q takes rotation^T, the output the rotation.
 
     step = DecodeStep(k_fmt, v_fmt)
     step.bind(k_bufs, v_bufs, k_scale, v_scale, q_heads)      # (data, scale, zero) [B, Hkv, cap, n] each
@@ -95,14 +98,17 @@ class _Side:
         else:
             ts = torch.as_tensor(tensor_scale, dtype=torch.float32).detach().reshape(-1).contiguous().numpy()
         static = plan.static
-        self.plan, self.rotation = plan, None
+        self.fmt, self.plan = fmt, plan
+        self.engine = plan.engine >= 0  # an engine's store: quantized by kernels/cpu/jit/pack_engines.py
+        aux = plan.aux if self.engine else np.ones(1, np.float32)
         self.pk = (ts, int(plan.kind), int(plan.bits), int(plan.exp), int(plan.group), bool(static), False,
-                   bool(plan.count and not plan.rot), int(plan.ggml))
+                   bool(plan.count and not plan.rot), int(plan.ggml), int(plan.engine), aux, 0)
         self.half_div_pk = self.pk[:6] + (True,) + self.pk[7:]  # an fp16 model's int sym: torch divides in fp16
         self.half_div_ok = plan.kind == jit_pack.KIND_INT_SYM and not static
         self.bufs = (_as_bytes(data), _as_bytes(None if static else scale), _as_bytes(zero))
         side = side_from_format(fmt, data, scale, zero, tensor_scale, head_dim=head_dim)
-        self.rotation = side.rotation
+        self.rotation = side.rotation  # x = stored @ rotation: q takes rotation^T, the output rotation
+        self.x_rotation = side.rotation if plan.rot else None  # /rot: the new token is rotated before it is packed
         self.static_limit = None
         if plan.count and plan.rot:  # the count is of the input, before the rotation (as quant_pack_cpu)
             self.static_limit = (per_head(tensor_scale, batch, heads, "cpu") * plan.fmax * (1 + 1e-6)
@@ -111,18 +117,29 @@ class _Side:
         self.decode = (meta, flat, lut, scale_np, zero_np, slut, ts_d, tz_d, cpu_decode._NONE_NP)
         self.per_byte, self.ggml_nibbles = cpu_decode._per_byte(side), cpu_decode._ggml_nibbles(side)
 
-    def new_token(self, x: torch.Tensor) -> tuple[np.ndarray, int]:
-        """x [B, Hkv, 1, D] -> (fp32 numpy array to pack, values beyond a static fp8 scale counted before /rot)."""
+    def pk_for(self, dtype: torch.dtype) -> tuple:
+        """The packing plan for new tokens of the model's dtype."""
+        if self.half_div_ok and dtype == torch.float16:
+            return self.half_div_pk
+        if self.engine:  # int4_per_token_head rounds its rotated values to the model's dtype
+            return self.pk[:11] + (cpu_pack.DTYPE_CODES.get(dtype, 0),)
+        return self.pk
+
+    def new_token(self, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray, int]:
+        """x [B, Hkv, 1, D] -> (fp32 numpy array to pack, a TurboQuant key's norms [B, Hkv, 1] (else a stand-in),
+        values beyond a static fp8 scale counted before /rot)."""
         x = x.detach()
+        if self.engine:
+            return (*cpu_pack.engine_inputs(self.fmt, x), 0)
         over = 0
-        if self.rotation is not None:
+        if self.x_rotation is not None:
             if self.static_limit is not None:
                 over = int((x.float().abs() > self.static_limit).sum())
-            x = x.float() @ self.rotation  # as kvviz.formats rotates: fp32
+            x = x.float() @ self.x_rotation  # as kvviz.formats rotates: fp32
         if x.dtype != torch.float32:
             x = x.float()  # exact for fp16 / bf16
         arr = x.numpy()
-        return (arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)), over
+        return (arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)), cpu_pack._NO_NORMS, over
 
 
 class DecodeStep:
@@ -180,12 +197,12 @@ class DecodeStep:
         Returns (out [B, Hq, D_v] in q's dtype, and the token's K and V values saturated under a static fp8
         scale)."""
         jit, dtype = _jit(), q.dtype
-        xk, over_k = self.k.new_token(k_new)
-        xv, over_v = self.v.new_token(v_new)
+        xk, kn, over_k = self.k.new_token(k_new)
+        xv, vn, over_v = self.v.new_token(v_new)
         if q.dtype != torch.float32 or self.k.rotation is not None:
             q = q.detach().float()
             if self.k.rotation is not None:
-                q = q @ self.k.rotation
+                q = q @ self.k.rotation.T  # score = (q @ R^T) . stored
         qn = q.detach().numpy()
         if not qn.flags.c_contiguous:
             qn = np.ascontiguousarray(qn)
@@ -207,8 +224,7 @@ class DecodeStep:
             if sink.size != self.q_heads:
                 raise ValueError(f"sinks holds {sink.size} values; pass one logit per query head ({self.q_heads}).")
         k, v = self.k, self.v
-        k_pk = k.half_div_pk if k.half_div_ok and k_new.dtype == torch.float16 else k.pk
-        v_pk = v.half_div_pk if v.half_div_ok and v_new.dtype == torch.float16 else v.pk
+        k_pk, v_pk = k.pk_for(k_new.dtype), v.pk_for(v_new.dtype)
         sm = 1.0 / math.sqrt(self.dk) if sm_scale is None else float(sm_scale)
         out = np.empty((self.batch, self.q_heads, self.dv), np.float32)
         fn = jit.step_parallel if parallel else jit.step_serial
@@ -216,7 +232,7 @@ class DecodeStep:
             over = fn(xk, xv, qn, self.q_order, self.qp, start, pos, self.lengths, mask, has_mask, sm,
                       float(softcap or 0.0), self.heads, splits, per_split,
                       k_pk, k.bufs, *k.decode, v_pk, v.bufs, *v.decode,
-                      self.mid_m, self.mid_l, self.mid_acc, sink, has_sinks, self.outp, self.out_order, out)
+                      self.mid_m, self.mid_l, self.mid_acc, sink, has_sinks, self.outp, self.out_order, out, kn, vn)
         result = torch.from_numpy(out)
         if v.rotation is not None:
             result = result @ v.rotation

@@ -61,6 +61,11 @@ def kernel_fields(fmt, head_dim: int) -> dict:
                 scale_kind="token", group=head_dim, rotation=vllm_hadamard(head_dim))
 
 
+def pack_table(fmt, head_dim: int) -> torch.Tensor | None:
+    """The table the CPU packer reads (kernels/cpu/jit/pack_engines.py): a key's sorted codebook midpoints."""
+    return None if _is_value(fmt) else _midpoints(head_dim, fmt.bits)
+
+
 # ------------------------------------------------------------------------------------------ shared pieces
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -153,11 +158,28 @@ def encode(fmt, x: torch.Tensor, scale) -> dict:
     return _encode_value(x, fmt.bits) if _is_value(fmt) else _encode_key(x, fmt.bits)
 
 
-def _encode_key(x: torch.Tensor, bits: int) -> dict:
+def key_rotation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A key's first steps, in torch: x [..., T, D] -> (norms fp32 [N, 1], rotated unit rows y fp32 [N, D]), N the
+    rows of x. The CPU packer (kernels/cpu/pack.py, through Format.pack_prelude) runs this same code before it
+    quantizes in numba, so that both store the same bytes: the fp32 matmul's order is the BLAS's own."""
     d = x.shape[-1]
     k = x.float().reshape(-1, d)  # [N, D]: the launcher's k_flat
     norms = k.norm(dim=1, keepdim=True)
-    y = (k / (norms + 1e-8)) @ vllm_hadamard(d).to(x.device)  # [N, D] rotated unit vectors
+    return norms, (k / (norms + 1e-8)) @ vllm_hadamard(d).to(x.device)  # [N, D] rotated unit vectors
+
+
+def pack_prelude(fmt, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """What the CPU packer quantizes for a key (kernels/cpu/jit/pack_engines.py): (y [..., T, D], norms
+    [..., T]) fp32, from `key_rotation`; None for values, which it quantizes from x itself."""
+    if _is_value(fmt):
+        return None
+    norms, y = key_rotation(x)
+    return y.reshape(x.shape), norms.reshape(x.shape[:-1])
+
+
+def _encode_key(x: torch.Tensor, bits: int) -> dict:
+    d = x.shape[-1]
+    norms, y = key_rotation(x)
     idx = _bucketize(y, _midpoints(d, bits).to(x.device), bits)
     data = pack_bits(idx, bits).reshape(*x.shape[:-1], d * bits // 8)
     return {"data": data, "scale": norms.to(torch.float16).reshape(*x.shape[:-1], 1)}
