@@ -91,8 +91,8 @@ def test_step_stores_the_formats_bytes_and_attends_like_the_reference(spec, dtyp
     kv = parse_kv(spec)
     b, hkv, hq, d, n = 2, 2, 6, 64, 40
     g = torch.Generator().manual_seed(3)
-    k, v = (torch.randn(2, b, hkv, n + 1, d, generator=g) * torch.exp(torch.randn(2, b, hkv, n + 1, 1, generator=g))
-            ).to(dtype)
+    spread = torch.exp(torch.randn(2, b, hkv, n + 1, 1, generator=g))  # token norms over a wide range
+    k, v = (torch.randn(2, b, hkv, n + 1, d, generator=g) * spread).to(dtype)
     k[0, 0, n, :] = torch.arange(d) % 16  # the new token: ties on the codes' and scales' rounding
     q = torch.randn(b, hq, d, generator=g)
     bufs, wants = {}, {}
@@ -145,3 +145,28 @@ def test_a_tiny_model_generates_through_the_one_call_step_as_the_reference(spec)
     assert fused[1] == (steps - 1) * quantized > 0, "one fused call per quantized layer and step"
     assert torch.equal(fused[0], reference[0]), f"{spec}: greedy tokens differ from the torch reference"
     assert fused[2] == reference[2], f"{spec}: nbytes differ"
+
+
+def test_tq_mse_decodes_fused_after_the_formats_quantize(monkeypatch):
+    """TQ-mse has no CPU packer: its tokens are stored by the format's quantize and decode runs in the fused CPU
+    kernel (two calls), with the torch reference's greedy tokens."""
+    import kvviz
+    from test_kernels_cpu_step import _generate
+    from test_kernels_e2e import _model
+
+    calls = []
+    fused = cpu.decode_attention_cpu
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(cpu, "decode_attention_cpu", counted)
+    model = _model(32)[0]
+    ids = torch.randint(1, 256, (1, 8), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    got = _generate(model, ids, mask, "tq_mse3", "cpu", True, 4)
+    assert len(calls) == 3 * model.config.num_hidden_layers and got[1] == 0, "two calls, the decode fused"
+    calls.clear()
+    assert torch.equal(got[0], _generate(model, ids, mask, "tq_mse3", "torch", True, 4)[0]) and not calls
+    assert kvviz.QuantizedKVCache

@@ -4,8 +4,9 @@
 Covers the formats whose groups lie inside one token, as `quant_pack` does: int8 / int4 / int2 sym and asym per
 token or per token group, fp8 E4M3 / E5M2 per token or group and with static per-tensor / per-head scales, MX FP4
 (mxfp4, fp4_mx_block16), NVFP4 (its global scale given as tensor_scale), and llama.cpp's KV types (q8_0, q4_0, q4_1,
-q5_0, q5_1, iq4_nl, in kvviz.formats.ggml's block layout), each with /rot (the Hadamard rotation is one torch matmul
-before the loop, as kvviz.formats rotates). Channel formats are left to kvviz.formats. Each buffer is handed over
+q5_0, q5_1, iq4_nl, in kvviz.formats.ggml's block layout), vLLM's stores (int8 / fp8 / int4 per token head, NVFP4
+and 4over6, TurboQuant keys and values: kernels/cpu/jit/pack_engines.py), each kvviz format with /rot (the Hadamard
+rotation is one torch matmul before the loop, as kvviz.formats rotates). Channel formats are left to kvviz.formats. Each buffer is handed over
 as a uint8 numpy view of its memory: nothing is copied. `fmt` is duck-typed (kvviz Format attributes); nothing
 here imports kvviz.
 
@@ -36,7 +37,8 @@ KIND_ENGINE = -1  # a plan's kind for the engines' stores (plan.engine says whic
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 # the engines' stores kernels/cpu/jit/pack_engines.py writes: format base -> its EN_* name
 _ENGINE_NAMES = {"vllm.int8_per_token_head": "EN_INT8", "vllm.fp8_per_token_head": "EN_FP8",
-                 "vllm.int4_per_token_head": "EN_INT4", "vllm.nvfp4": "EN_NVFP4", "vllm.nvfp4_4over6": "EN_NVFP4_4OVER6",
+                 "vllm.int4_per_token_head": "EN_INT4", "vllm.nvfp4": "EN_NVFP4",
+                 "vllm.nvfp4_4over6": "EN_NVFP4_4OVER6",
                  "vllm.tq_k4_nc": "EN_TQ_KEY", "vllm.tq_k3_nc": "EN_TQ_KEY", "vllm.tq_v4": "EN_TQ_VALUE",
                  "vllm.tq_v3": "EN_TQ_VALUE"}
 _ONE = torch.ones(1).numpy()

@@ -14,8 +14,8 @@ import numpy as np
 
 from kernels.cpu.jit.contract import (
     BLOCK, E_E2M1, E_INT8, E_LUT, E_UINT, M_DIM, M_D_OFF, M_D_SB, M_D_SH, M_D_ST, M_ELEM, M_GGML, M_GROUP, M_OFFSET,
-    M_PER_BYTE, M_RENORM, M_SDT, M_SKIND, M_S_OFF, M_S_SB, M_S_SH, M_S_ST, M_UNIT, M_ZERO, M_ZP, M_Z_OFF, M_Z_SB, M_Z_SH, M_Z_ST, S_CHANNEL,
-    S_NONE, S_TOKEN,
+    M_PER_BYTE, M_RENORM, M_SDT, M_SKIND, M_S_OFF, M_S_SB, M_S_SH, M_S_ST, M_UNIT, M_ZERO, M_ZP, M_Z_OFF, M_Z_SB,
+    M_Z_SH, M_Z_ST, S_CHANNEL, S_NONE, S_TOKEN,
 )
 from kernels.cpu.jit.fields import _OPTS, _U, _as_f32, _bits, _channel_row, _e2m1, _floats, _width
 from kernels.cpu.jit.rows import _ggml_block

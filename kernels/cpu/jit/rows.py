@@ -15,8 +15,8 @@ import numpy as np
 
 from kernels.cpu.jit.contract import (
     E_BF16, E_E2M1, E_F16, E_INT8, E_LUT, E_UINT, M_DIM, M_D_OFF, M_D_SB, M_D_SH, M_D_ST, M_ELEM, M_GGML, M_GROUP,
-    M_OFFSET, M_PER_BYTE, M_RENORM, M_SDT, M_SKIND, M_S_OFF, M_S_SB, M_S_SH, M_S_ST, M_TDT, M_T_OFF, M_T_SB, M_T_SH, M_T_ST,
-    M_UNIT, M_ZERO, M_ZP, M_Z_OFF, M_Z_SB, M_Z_SH, M_Z_ST, S_CHANNEL, S_NONE, S_TOKEN,
+    M_OFFSET, M_PER_BYTE, M_RENORM, M_SDT, M_SKIND, M_S_OFF, M_S_SB, M_S_SH, M_S_ST, M_TDT, M_T_OFF, M_T_SB,
+    M_T_SH, M_T_ST, M_UNIT, M_ZERO, M_ZP, M_Z_OFF, M_Z_SB, M_Z_SH, M_Z_ST, S_CHANNEL, S_NONE, S_TOKEN,
 )
 from kernels.cpu.jit.fields import _OPTS, _U, _as_f32, _bits, _channel_row, _e2m1, _half, _read, _u16, _width
 
@@ -179,7 +179,8 @@ def _decode_block(meta, data, lut, scale, zero, slut, tsv, tzv, tail, npk, b, h,
     z_row = tzv if skind == S_NONE else np.float32(0.0)
     ngroups = d // group
     geo = (pb, nb_, d_base, d_st, skind, sdt, sw, gp, ngroups, has_zero, s_base, s_st, z_base, z_st, tdt, tw,
-           t_base, t_st, meta[M_GGML], meta[M_UNIT], meta[M_RENORM], meta[M_ZP])  # fewer than 30 arguments: CPython passes more as *args, which numba cannot inline
+           t_base, t_st, meta[M_GGML], meta[M_UNIT], meta[M_RENORM], meta[M_ZP])
+    # (a tuple: with 30 arguments or more CPython passes them as *args, which numba cannot inline)
     fl = (off, tsv, s_row, z_row)
     # One copy of the row loop per element kind, each with its kind a compile-time constant: with the kind only
     # known at run time LLVM leaves the unpacking loops scalar (measured 4x slower).
