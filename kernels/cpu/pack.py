@@ -31,7 +31,6 @@ from kernels.packed import ENGINE_KINDS, FP8_EXP, GGML_TYPES, hadamard, per_head
 log = logging.getLogger(__name__)
 
 _NONE = torch.zeros(1, 1, 1, 4, dtype=torch.uint8).numpy()  # stands for an absent buffer
-_NO_NORMS = np.zeros((1, 1, 1), np.float32)  # engine_pack_rows' norms where the format has none
 KIND_ENGINE = -1  # a plan's kind for the engines' stores (plan.engine says which)
 # the model's dtype as kernels/cpu/jit/pack_engines.py's DT_* (int4_per_token_head rounds its rotation to it)
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -139,17 +138,6 @@ def _engine_plan(fmt, head_dim: int) -> _Plan | None:
     return _Plan(KIND_ENGINE, fmt.bits, 0, group, False, False, False, False, 0.0, -1, getattr(jit, name), aux)
 
 
-def engine_inputs(fmt, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """x [B, Hkv, T, D] -> (fp32 [B, Hkv, T, D], norms fp32 [B, Hkv, T]) as kernels/cpu/jit/pack_engines.py takes
-    them: a TurboQuant key's rotated unit rows and norms from the format's own torch code (fmt.pack_prelude),
-    else x as fp32 (exact for fp16 / bf16) and no norms."""
-    prelude = fmt.pack_prelude(x)
-    if prelude is None:
-        return x.detach().float().contiguous().numpy(), _NO_NORMS
-    y, norms = prelude
-    return y.detach().contiguous().numpy(), norms.detach().contiguous().numpy()
-
-
 def _bytes(t: torch.Tensor | None):
     """t [B, Hkv, cap, n] as the uint8 numpy array [B, Hkv, cap, n * element_size] over its memory; no copy."""
     if t is None:
@@ -215,9 +203,8 @@ def quant_pack_cpu(
     if plan.engine >= 0:
         from kernels.cpu.jit import pack_engines
 
-        xf, norms = engine_inputs(fmt, x)
-        pack_engines.engine_pack_rows(xf, norms, _bytes(data), _bytes(scale), _bytes(zero), plan.engine, plan.bits,
-                                      pos, plan.aux, DTYPE_CODES.get(x.dtype, 0))
+        pack_engines.engine_pack_rows(x.float().contiguous().numpy(), _bytes(data), _bytes(scale), _bytes(zero),
+                                      plan.engine, plan.bits, pos, plan.aux, DTYPE_CODES.get(x.dtype, 0))
         return 0
     over = 0
     if plan.rot:

@@ -13,8 +13,8 @@ engines' stores: vLLM's int8 / fp8 / int4 per-token-head, NVFP4 and 4over6, Turb
 (residual window) and no channel scales (KIVI): those keep the two-call path, as do TQ-mse and TQ-prod (no CPU
 packer). /rot rotates K, V and q with a torch matmul before the call and the output after it, as both launchers do
 (the same fp32 matmul kvviz.formats quantizes with, so the stored bytes match). The engines' rotations are the
-packer's own (int4's RHT butterfly in numba; a TurboQuant key's norm and Hadamard matmul in torch before the call,
-the format's own code, kernels/cpu/pack.py's engine_inputs); q takes rotation^T, the output the rotation.
+packer's own, in numba (int4's RHT butterfly, a TurboQuant key's Hadamard product in the format's fixed order); q
+takes rotation^T, the output the rotation.
 
     step = DecodeStep(k_fmt, v_fmt)
     step.bind(k_bufs, v_bufs, k_scale, v_scale, q_heads)      # (data, scale, zero) [B, Hkv, cap, n] each
@@ -125,12 +125,9 @@ class _Side:
             return self.pk[:11] + (cpu_pack.DTYPE_CODES.get(dtype, 0),)
         return self.pk
 
-    def new_token(self, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray, int]:
-        """x [B, Hkv, 1, D] -> (fp32 numpy array to pack, a TurboQuant key's norms [B, Hkv, 1] (else a stand-in),
-        values beyond a static fp8 scale counted before /rot)."""
+    def new_token(self, x: torch.Tensor) -> tuple[np.ndarray, int]:
+        """x [B, Hkv, 1, D] -> (fp32 numpy array to pack, values beyond a static fp8 scale counted before /rot)."""
         x = x.detach()
-        if self.engine:
-            return (*cpu_pack.engine_inputs(self.fmt, x), 0)
         over = 0
         if self.x_rotation is not None:
             if self.static_limit is not None:
@@ -139,7 +136,7 @@ class _Side:
         if x.dtype != torch.float32:
             x = x.float()  # exact for fp16 / bf16
         arr = x.numpy()
-        return (arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)), cpu_pack._NO_NORMS, over
+        return (arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)), over
 
 
 class DecodeStep:
@@ -197,8 +194,8 @@ class DecodeStep:
         Returns (out [B, Hq, D_v] in q's dtype, and the token's K and V values saturated under a static fp8
         scale)."""
         jit, dtype = _jit(), q.dtype
-        xk, kn, over_k = self.k.new_token(k_new)
-        xv, vn, over_v = self.v.new_token(v_new)
+        xk, over_k = self.k.new_token(k_new)
+        xv, over_v = self.v.new_token(v_new)
         if q.dtype != torch.float32 or self.k.rotation is not None:
             q = q.detach().float()
             if self.k.rotation is not None:
@@ -232,7 +229,7 @@ class DecodeStep:
             over = fn(xk, xv, qn, self.q_order, self.qp, start, pos, self.lengths, mask, has_mask, sm,
                       float(softcap or 0.0), self.heads, splits, per_split,
                       k_pk, k.bufs, *k.decode, v_pk, v.bufs, *v.decode,
-                      self.mid_m, self.mid_l, self.mid_acc, sink, has_sinks, self.outp, self.out_order, out, kn, vn)
+                      self.mid_m, self.mid_l, self.mid_acc, sink, has_sinks, self.outp, self.out_order, out)
         result = torch.from_numpy(out)
         if v.rotation is not None:
             result = result @ v.rotation

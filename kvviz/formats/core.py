@@ -104,13 +104,6 @@ class Format:
         own = getattr(_CODECS[self.kind], "pack_table", None)
         return None if own is None else own(self, head_dim)
 
-    def pack_prelude(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """For an engine's store whose encode starts with torch arithmetic the CPU packer does not repeat (a
-        TurboQuant key's norm and rotation): (the fp32 values it quantizes [..., T, D], the norms [..., T]), else
-        None."""
-        own = getattr(_CODECS[self.kind], "pack_prelude", None)
-        return None if own is None else own(self, x)
-
     def roundtrip(self, x: torch.Tensor, scale: float | torch.Tensor | None = None) -> torch.Tensor:
         """dequantize(quantize(x)): what attention would read back."""
         return self.dequantize(self.quantize(x, scale))

@@ -20,7 +20,9 @@ Sources, vLLM late 2026:
 
 GPU approximations are taken at their IEEE result: Triton's fp32 division and `1.0 / tl.sqrt(...)`; the sum of
 c^2 is the correctly rounded one (float64, then fp32), where Triton's tree order may differ in the last bit; the
-value read `code * scale + zero` is one rounding, as the GPU's FMA. Bytes per token and head
+value read `code * scale + zero` is one rounding, as the GPU's FMA. The key's norm and `@ H`, which Triton sums in
+an order of its own, are computed in one fixed order (`key_rotation`), that of torch's AVX2 CPU kernels, which the
+CPU packer repeats. Bytes per token and head
 (turboquant/config.py): key ceil(d * b / 8) + 2, value ceil(d * b / 8) + 4.
 """
 
@@ -62,8 +64,11 @@ def kernel_fields(fmt, head_dim: int) -> dict:
 
 
 def pack_table(fmt, head_dim: int) -> torch.Tensor | None:
-    """The table the CPU packer reads (kernels/cpu/jit/pack_engines.py): a key's sorted codebook midpoints."""
-    return None if _is_value(fmt) else _midpoints(head_dim, fmt.bits)
+    """The table the CPU packer reads (kernels/cpu/jit/pack_engines.py): a key's Hadamard matrix, row by row, then
+    its sorted codebook midpoints (fp32 [D * D + 2**bits - 1])."""
+    if _is_value(fmt):
+        return None
+    return torch.cat([vllm_hadamard(head_dim).reshape(-1), _midpoints(head_dim, fmt.bits)])
 
 
 # ------------------------------------------------------------------------------------------ shared pieces
@@ -158,23 +163,33 @@ def encode(fmt, x: torch.Tensor, scale) -> dict:
     return _encode_value(x, fmt.bits) if _is_value(fmt) else _encode_key(x, fmt.bits)
 
 
+_LANES = 8  # the norm's partial sums, as torch's AVX2 reduction keeps them
+
+
 def key_rotation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A key's first steps, in torch: x [..., T, D] -> (norms fp32 [N, 1], rotated unit rows y fp32 [N, D]), N the
-    rows of x. The CPU packer (kernels/cpu/pack.py, through Format.pack_prelude) runs this same code before it
-    quantizes in numba, so that both store the same bytes: the fp32 matmul's order is the BLAS's own."""
+    """A key's norm and rotated unit row: x [..., T, D] -> (norms fp32 [N, 1], y = (k / (norm + 1e-8)) @ H fp32
+    [N, D]), N the rows of x, in a fixed order that the CPU packer (kernels/cpu/jit/pack_engines.py) repeats bit
+    for bit: the squares summed in fp32 in 8 lanes (element i into lane i % 8, in order), the lanes then in order,
+    the square root (correctly rounded); y_j accumulated over i = 0..D-1 in fp32, each step one fused multiply-add (the exact product
+    and sum in float64, rounded once to fp32; a float64 sum that is not exact can round twice, which a GPU's FMA
+    would not). This is the order torch's CPU reduction and BLAS matmul take on AVX2 (the transcription of vLLM's
+    store in tests/test_formats_vllm.py uses them)."""
     d = x.shape[-1]
     k = x.float().reshape(-1, d)  # [N, D]: the launcher's k_flat
-    norms = k.norm(dim=1, keepdim=True)
-    return norms, (k / (norms + 1e-8)) @ vllm_hadamard(d).to(x.device)  # [N, D] rotated unit vectors
-
-
-def pack_prelude(fmt, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """What the CPU packer quantizes for a key (kernels/cpu/jit/pack_engines.py): (y [..., T, D], norms
-    [..., T]) fp32, from `key_rotation`; None for values, which it quantizes from x itself."""
-    if _is_value(fmt):
-        return None
-    norms, y = key_rotation(x)
-    return y.reshape(x.shape), norms.reshape(x.shape[:-1])
+    sq = k * k
+    lanes = sq[:, :_LANES]
+    for m in range(_LANES, d, _LANES):
+        lanes = lanes + sq[:, m : m + _LANES]
+    total = lanes[:, :1]
+    for j in range(1, _LANES):
+        total = total + lanes[:, j : j + 1]
+    norms = torch.sqrt(total.double()).float()  # [N, 1]; correctly rounded (torch's fp32 sqrt can be 1 ulp off)
+    u = (k / (norms + 1e-8)).double()
+    h = vllm_hadamard(d).to(x.device).double()  # its fp32 entries, exactly
+    y = torch.zeros_like(k)
+    for i in range(d):
+        y = (y.double() + u[:, i : i + 1] * h[i]).float()
+    return norms, y
 
 
 def _encode_key(x: torch.Tensor, bits: int) -> dict:

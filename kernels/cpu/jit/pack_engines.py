@@ -12,9 +12,9 @@ multiply-add), roundings to fp16 / bf16 / E4M3 / E2M1 in integer arithmetic (ker
   the multiply-add in float64 (one rounding, as an FMA), zp in the low 4 bits of the fp32 scale.
 - NVFP4 (and 4over6): per 16 values an E4M3 block scale e4m3(min(amax * fp32(1 / 6), 448)), elements e2m1(x / scale)
   with the sign of x * (1 / scale); 4over6 keeps the divisor 4 when its squared error (fp32, pair by pair) is lower.
-- TurboQuant key: the norm and the rotated unit row y = (x / (norm + 1e-8)) @ H come from torch (the launcher runs
-  formats.turboquant.key_rotation, the format's own code: an fp32 matmul's order is the BLAS's); index = the count of
-  codebook midpoints <= y; norm stored as fp16.
+- TurboQuant key: formats.turboquant.key_rotation's fixed order: norm = sqrt of the squares summed in 8 fp32
+  lanes, then the lanes; y = (x / (norm + 1e-8)) @ H accumulated over the rows of H, one fp32 rounding per step
+  (product and sum in float64); index = the count of codebook midpoints <= y; norm stored as fp16.
 - TurboQuant value: s = (max - min) / levels (at least 1e-8), codes trunc((x - min) / s + 0.5) in 0..levels; s and
   min stored as fp16.
 Codes are packed little-endian, element e at bit e * bits of the token's stream (two a byte, or 8 in 3 bytes).
@@ -126,14 +126,16 @@ def _butterfly(w, dim):
 
 
 @nb.njit(**_OPTS)
-def engine_pack_rows(x, norms, data, scale, zero, engine, bits, pos, aux, xdt):
+def engine_pack_rows(x, data, scale, zero, engine, bits, pos, aux, xdt):
     """Quantize x: fp32 [B, Hkv, T, D] as an engine's store and write token t at row pos + t of the buffers, each
-    the uint8 view of its [B, Hkv, cap, n] tensor. A TurboQuant key arrives as its rotated unit rows y, with norms
-    fp32 [B, Hkv, T] (Format.pack_prelude; unread otherwise). aux: fp32, int4's RHT signs [D] or TurboQuant's sorted
-    codebook midpoints [2**bits - 1]; xdt: the model's dtype (DT_*), which int4's rotated values are rounded to."""
+    the uint8 view of its [B, Hkv, cap, n] tensor. aux: fp32, int4's RHT signs [D], or a TurboQuant key's Hadamard
+    matrix row by row then its sorted codebook midpoints [D * D + 2**bits - 1]; xdt: the model's dtype (DT_*), which
+    int4's rotated values are rounded to."""
     n_b, n_h, n_t, dim = x.shape
     codes = np.empty(dim, np.int64)
     w32 = np.empty(dim, np.float32)
+    w64 = np.empty(dim, np.float64)
+    lanes = np.empty(8, np.float32)
     for b in range(n_b):
         for h in range(n_h):
             for t in range(n_t):
@@ -190,14 +192,32 @@ def engine_pack_rows(x, norms, data, scale, zero, engine, bits, pos, aux, xdt):
                         scale[b, h, r, g] = sf
                     for j in range(dim // 2):
                         data[b, h, r, j] = codes[2 * j] | (codes[2 * j + 1] << 4)
-                elif engine == EN_TQ_KEY:  # x holds the rotated unit rows y, norms the rows' norms
-                    for i in range(dim):
+                elif engine == EN_TQ_KEY:  # formats.turboquant.key_rotation's order, then the bucket search
+                    for j in range(8):  # the squares in 8 lanes, then the lanes in order (fp32)
+                        lanes[j] = row[j] * row[j]
+                    for m in range(8, dim, 8):
+                        for j in range(8):
+                            lanes[j] = lanes[j] + row[m + j] * row[m + j]
+                    total = lanes[0]
+                    for j in range(1, 8):
+                        total = total + lanes[j]
+                    norm = _F32(math.sqrt(np.float64(total)))
+                    den = norm + _F32(1e-8)
+                    for j in range(dim):
+                        w64[j] = 0.0
+                    for i in range(dim):  # y_j += u_i * H[i, j], one rounding to fp32 per step (an FMA)
+                        ui = np.float64(row[i] / den)
+                        for j in range(dim):
+                            w64[j] = np.float64(_F32(w64[j] + ui * np.float64(aux[i * dim + j])))
+                    n_mid = aux.size - dim * dim
+                    for j in range(dim):
+                        y = _F32(w64[j])
                         c = 0
-                        for m in range(aux.size):  # midpoints ascending: the count of those <= y (NaN: 0)
-                            c += row[i] >= aux[m]
-                        codes[i] = c
+                        for m in range(n_mid):  # midpoints ascending: the count of those <= y (NaN: 0)
+                            c += y >= aux[dim * dim + m]
+                        codes[j] = c
                     _pack_codes(codes, dim, bits, data, b, h, r)
-                    _put(scale, b, h, r, 0, _f16_bits(_f16_round(norms[b, h, t])), 2)
+                    _put(scale, b, h, r, 0, _f16_bits(_f16_round(norm)), 2)
                 else:  # EN_TQ_VALUE
                     levels = (1 << bits) - 1
                     lo, hi = row[0], row[0]

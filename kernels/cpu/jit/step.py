@@ -22,13 +22,12 @@ from kernels.cpu.jit.pack_engines import engine_pack_rows
 
 
 @nb.njit(**_OPTS)
-def _append(x, xn, pk, data, scale, zero, pos):
-    """Quantize x: fp32 [B, Hkv, 1, D] into row pos of one side's buffers (xn: a TurboQuant key's norms [B, Hkv, 1],
-    x its rotated unit rows). pk: the side's packing plan, (ts, kind, bits, exp, group, static, half_div, count,
+def _append(x, pk, data, scale, zero, pos):
+    """Quantize x: fp32 [B, Hkv, 1, D] into row pos of one side's buffers. pk: the side's packing plan, (ts, kind, bits, exp, group, static, half_div, count,
     ggml, engine, aux, xdt) (kernels/cpu/step.py builds it once per model dtype)."""
     ts, kind, bits, exp, group, static, half_div, count, ggml, engine, aux, xdt = pk
     if engine >= 0:
-        engine_pack_rows(x, xn, data, scale, zero, engine, bits, pos, aux, xdt)
+        engine_pack_rows(x, data, scale, zero, engine, bits, pos, aux, xdt)
         return 0
     if ggml >= 0:
         ggml_pack_rows(x, data, scale, zero, ggml, bits, pos)
@@ -38,11 +37,11 @@ def _append(x, xn, pk, data, scale, zero, pos):
 
 @nb.njit(**_OPTS)
 def _prepare(xk, xv, q, q_order, qp, start, pos, lengths,
-             kpk, kbuf, km, vpk, vbuf, vm, kn, vn):
+             kpk, kbuf, km, vpk, vbuf, vm):
     """Append both sides' token at row pos, point both sides' meta at row `start` (the first live row), set the
     lengths to the live rows and lay q out in K's planar order. Returns the saturated values counted (K, V)."""
-    over_k = _append(xk, kn, kpk, kbuf[0], kbuf[1], kbuf[2], pos)
-    over_v = _append(xv, vn, vpk, vbuf[0], vbuf[1], vbuf[2], pos)
+    over_k = _append(xk, kpk, kbuf[0], kbuf[1], kbuf[2], pos)
+    over_v = _append(xv, vpk, vbuf[0], vbuf[1], vbuf[2], pos)
     for meta in (km, vm):
         meta[M_D_OFF] = start * meta[M_D_ST]
         meta[M_S_OFF] = start * meta[M_S_ST]
@@ -71,16 +70,15 @@ def _finish(mid_m, mid_l, mid_acc, sinks, has_sinks, n_kv, splits, outp, out_ord
 def step_serial(xk, xv, q, q_order, qp, start, pos, lengths, mask, has_mask, sm_scale, softcap, n_kv, splits,
                 per_split, kpk, kbuf, km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail,
                 vpk, vbuf, vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail,
-                mid_m, mid_l, mid_acc, sinks, has_sinks, outp, out_order, out, kn, vn):
+                mid_m, mid_l, mid_acc, sinks, has_sinks, outp, out_order, out):
     """One step on the calling thread (small work: waking the pool costs more).
 
     xk, xv: fp32 [B, Hkv, 1, D_k / D_v], the new token (rotated for /rot); q: fp32 [B, Hq, D_k] (rotated);
     q_order: [D_k] K's planar order; start: first live row of the buffers, pos: the row the token goes to;
     kbuf / vbuf: (data, scale, zero) uint8 views [B, Hkv, cap, n]; km .. ktail, vm .. vtail: decode.py's side
-    arguments over the same storage; lengths [B] int64 (written: pos + 1 - start), also each side's packed count;
-    kn, vn: fp32 [B, Hkv, 1] norms of a TurboQuant key side (its x the rotated unit rows), else unread.
+    arguments over the same storage; lengths [B] int64 (written: pos + 1 - start), also each side's packed count.
     Writes out [B, Hq, D_v] (fp32, channel order); returns the static fp8 values saturated (K, V)."""
-    over = _prepare(xk, xv, q, q_order, qp, start, pos, lengths, kpk, kbuf, km, vpk, vbuf, vm, kn, vn)
+    over = _prepare(xk, xv, q, q_order, qp, start, pos, lengths, kpk, kbuf, km, vpk, vbuf, vm)
     decode_partials_serial(qp, lengths, mask, has_mask, sm_scale, softcap, n_kv, splits, per_split,
                            km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, lengths,
                            vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail, lengths, mid_m, mid_l, mid_acc)
@@ -92,9 +90,9 @@ def step_serial(xk, xv, q, q_order, qp, start, pos, lengths, mask, has_mask, sm_
 def step_parallel(xk, xv, q, q_order, qp, start, pos, lengths, mask, has_mask, sm_scale, softcap, n_kv, splits,
                   per_split, kpk, kbuf, km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail,
                   vpk, vbuf, vm, vdata, vlut, vscale, vzero, vslut, vts, vtz, vtail,
-                  mid_m, mid_l, mid_acc, sinks, has_sinks, outp, out_order, out, kn, vn):
+                  mid_m, mid_l, mid_acc, sinks, has_sinks, outp, out_order, out):
     """step_serial with the (batch, KV head, split) work items on numba's thread pool."""
-    over = _prepare(xk, xv, q, q_order, qp, start, pos, lengths, kpk, kbuf, km, vpk, vbuf, vm, kn, vn)
+    over = _prepare(xk, xv, q, q_order, qp, start, pos, lengths, kpk, kbuf, km, vpk, vbuf, vm)
     sm = np.float32(sm_scale)
     cap = np.float32(softcap)
     for u in nb.prange(qp.shape[0] * n_kv * splits):
