@@ -29,6 +29,8 @@ import numpy as np
 
 from kernels.cpu.jit.pack import _OPTS, _bits, _e4m3_value, _f16_bits, _f16_round, _float, _fp8
 
+_U = np.uint64  # an index known to be >= 0: no wraparound check, so the loop vectorizes
+
 # ENGINE codes (kernels/cpu/pack.py passes them)
 EN_INT8, EN_FP8, EN_INT4, EN_NVFP4, EN_NVFP4_4OVER6, EN_TQ_KEY, EN_TQ_VALUE = range(7)
 # the model's dtype, for int4's rotated values (rounded to it before they are quantized)
@@ -134,8 +136,12 @@ def engine_pack_rows(x, data, scale, zero, engine, bits, pos, aux, xdt):
     n_b, n_h, n_t, dim = x.shape
     codes = np.empty(dim, np.int64)
     w32 = np.empty(dim, np.float32)
-    w64 = np.empty(dim, np.float64)
     lanes = np.empty(8, np.float32)
+    h64 = np.empty((dim, dim) if engine == EN_TQ_KEY else (1, 1), np.float64)  # a TurboQuant key's H, as float64
+    if engine == EN_TQ_KEY:
+        for i in range(dim):
+            for j in range(dim):
+                h64[i, j] = aux[i * dim + j]
     for b in range(n_b):
         for h in range(n_h):
             for t in range(n_t):
@@ -204,14 +210,15 @@ def engine_pack_rows(x, data, scale, zero, engine, bits, pos, aux, xdt):
                     norm = _F32(math.sqrt(np.float64(total)))
                     den = norm + _F32(1e-8)
                     for j in range(dim):
-                        w64[j] = 0.0
+                        w32[j] = 0.0
                     for i in range(dim):  # y_j += u_i * H[i, j], one rounding to fp32 per step (an FMA)
                         ui = np.float64(row[i] / den)
+                        hi = h64[_U(i)]
                         for j in range(dim):
-                            w64[j] = np.float64(_F32(w64[j] + ui * np.float64(aux[i * dim + j])))
+                            w32[_U(j)] = _F32(np.float64(w32[_U(j)]) + ui * hi[_U(j)])
                     n_mid = aux.size - dim * dim
                     for j in range(dim):
-                        y = _F32(w64[j])
+                        y = w32[j]
                         c = 0
                         for m in range(n_mid):  # midpoints ascending: the count of those <= y (NaN: 0)
                             c += y >= aux[dim * dim + m]
