@@ -21,8 +21,8 @@ Sources, vLLM late 2026:
 GPU approximations are taken at their IEEE result: Triton's fp32 division and `1.0 / tl.sqrt(...)`; the sum of
 c^2 is the correctly rounded one (float64, then fp32), where Triton's tree order may differ in the last bit; the
 value read `code * scale + zero` is one rounding, as the GPU's FMA. The key's norm and `@ H`, which Triton sums in
-an order of its own, are computed in one fixed order (`key_rotation`), that of torch's AVX2 CPU kernels, which the
-CPU packer repeats. Bytes per token and head
+an order of its own, are computed on the CPU in one fixed order (`key_rotation`), that of torch's AVX2 CPU kernels,
+which the CPU packer repeats. Bytes per token and head
 (turboquant/config.py): key ceil(d * b / 8) + 2, value ceil(d * b / 8) + 4.
 """
 
@@ -173,9 +173,13 @@ def key_rotation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     the square root (correctly rounded); y_j accumulated over i = 0..D-1 in fp32, each step one fused multiply-add (the exact product
     and sum in float64, rounded once to fp32; a float64 sum that is not exact can round twice, which a GPU's FMA
     would not). This is the order torch's CPU reduction and BLAS matmul take on AVX2 (the transcription of vLLM's
-    store in tests/test_formats_vllm.py uses them)."""
+    store in tests/test_formats_vllm.py uses them). On a GPU: torch's norm and matmul, in the GPU's own order
+    (D sequential steps would cost D kernel launches per append)."""
     d = x.shape[-1]
     k = x.float().reshape(-1, d)  # [N, D]: the launcher's k_flat
+    if k.device.type != "cpu":
+        norms = k.norm(dim=1, keepdim=True)
+        return norms, (k / (norms + 1e-8)) @ vllm_hadamard(d).to(k.device)
     sq = k * k
     lanes = sq[:, :_LANES]
     for m in range(_LANES, d, _LANES):
