@@ -150,7 +150,6 @@ def test_a_tiny_model_generates_through_the_one_call_step_as_the_reference(spec)
 def test_tq_mse_decodes_fused_after_the_formats_quantize(monkeypatch):
     """TQ-mse has no CPU packer: its tokens are stored by the format's quantize and decode runs in the fused CPU
     kernel (two calls), with the torch reference's greedy tokens."""
-    import kvviz
     from test_kernels_cpu_step import _generate
     from test_kernels_e2e import _model
 
@@ -169,4 +168,3 @@ def test_tq_mse_decodes_fused_after_the_formats_quantize(monkeypatch):
     assert len(calls) == 3 * model.config.num_hidden_layers and got[1] == 0, "two calls, the decode fused"
     calls.clear()
     assert torch.equal(got[0], _generate(model, ids, mask, "tq_mse3", "torch", True, 4)[0]) and not calls
-    assert kvviz.QuantizedKVCache
