@@ -210,7 +210,8 @@ def _triton_reads_format(fmt) -> bool:
 
 def _cpu_reads(*sides: QTensor) -> bool:
     """False for formats the fused CPU path has no decode branch for (kernels.cpu.decode.supports: kvviz's float,
-    int and fp4 families and llama.cpp's ggml types have one): the reference reads those. False for plain casts too
+    int and fp4 families, llama.cpp's ggml types and the engines' stores but TQ-prod have one): the reference reads
+    those. False for plain casts too
     (fp16 / bf16, no scale): the reference hands SDPA the very tensors DynamicCache would, so a lossless spec keeps
     DynamicCache's tokens exactly (the kernel's float32 sums can flip a near tie: tiny Falcon-H1 in bf16,
     tests/test_cache.py)."""
@@ -290,8 +291,8 @@ def kvviz_attention_forward(module, query, key, value, attention_mask, dropout: 
     if packed:
         assert isinstance(value, QTensor), "a QuantizedKVCache returns a QTensor for both K and V"
         backend = active_backend()
-        fused = q_len == 1 and key.skip == value.skip and _fused_reads(key, value)  # one kv_mask serves both
-        if fused and (_triton_runs_on(query.device) if backend == "triton" else
+        fused = q_len == 1 and key.skip == value.skip  # one kv_mask serves both
+        if fused and (_fused_reads(key, value) and _triton_runs_on(query.device) if backend == "triton" else
                       backend == "cpu" and query.device.type == "cpu" and _cpu_reads(key, value)):
             return _triton_decode(module, query, key, value, attention_mask, scaling, **kwargs), None
         key, value = key.dequantize(), value.dequantize()  # [B, Hkv, visible kv_len, D]

@@ -2,7 +2,8 @@
 
     decode.py  decode_attention_cpu: fused decode attention over the packed buffers (jit/decode.py, which builds on
                jit/fields.py, jit/rows.py and jit/flat.py; jit/contract.py holds the codes both sides share)
-    pack.py    quant_pack_cpu: quantize new tokens and write them into the packed buffers (jit/pack.py)
+    pack.py    quant_pack_cpu: quantize new tokens and write them into the packed buffers (jit/pack.py; the
+               engines' stores: jit/pack_engines.py)
     step.py    DecodeStep: one cache layer's decode step, the new token's append and the attention, in one call
                (jit/step.py, which strings jit/pack.py and jit/decode.py together); warm_up() compiles them all
 

@@ -10,7 +10,9 @@ q . (k' H) = (q H) . k' and out = (P V') H.
 
 A format is one branch here: `_element_code` says how one stored code decodes (arithmetic, a table of 256, 16 or 4
 floats, or a 16/32-bit float read from its bytes); `kernels.packed.FUSED_KINDS` lists the format families it
-knows. llama.cpp's KV types (layout "ggml") are read in their blocks in place: q8_0 as int8 codes with an fp16 d
+knows, and the engines' stores (`ENGINE_KINDS` but TQ-prod) come through the same branches: a codebook is a table,
+3-bit codes are read 8 at a time from 3-byte words (meta M_UNIT), the "nc" norm correction and the zero point in
+an fp32 scale's low bits are per-row steps (M_RENORM, M_ZP). llama.cpp's KV types (layout "ggml") are read in their blocks in place: q8_0 as int8 codes with an fp16 d
 per 32; q4_0, q4_1 and iq4_nl (through ggml's table) as 4-bit codes with a scale group of 32, in a planar order of
 their own (_planar(..., ggml=True)); q5_0 and q5_1 32 codes at a time (kernels/cpu/jit/rows.py's _ggml_block), in
 ggml's element order. The launcher owns the numba entry points (`_jit()`) and the scratch it hands them.
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 
 from kernels.cpu.jit import contract
-from kernels.packed import FUSED_KINDS, IQ4NL_VALUES, PackedSide, per_head
+from kernels.packed import ENGINE_KINDS, FUSED_KINDS, IQ4NL_VALUES, PackedSide, describes_format, per_head
 from kernels.reference import decode_attention_reference
 from kernels.splits import split_tokens
 
@@ -81,15 +83,21 @@ def cpu_usable() -> bool:
 
 
 def supports(fmt) -> bool:
-    """Whether this path decodes a kvviz-like format (duck-typed `kind`); others take the reference."""
-    return getattr(fmt, "kind", None) in FUSED_KINDS
+    """Whether this path decodes a kvviz-like format (duck-typed `kind`): kvviz's fused families and the engines'
+    stores a PackedSide describes (vLLM's per-token-head, NVFP4 and TurboQuant caches, TQ-mse); others (TQ-prod)
+    take the reference."""
+    kind = getattr(fmt, "kind", None)
+    return kind in FUSED_KINDS or (kind in ENGINE_KINDS and describes_format(fmt))
 
 
 def reads(side: PackedSide) -> bool:
-    """Whether this path reads a packed side: kvviz's element order, or llama.cpp's ggml blocks (every type)."""
+    """Whether this path reads a packed side: kvviz's element order (codebooks and 3 / 1-bit streams included), or
+    llama.cpp's ggml blocks (every type)."""
     if getattr(side, "layout", "kvviz") == "ggml":
         return side.elem in ("float", "int", "iq4_nl")
-    return side.elem in ("float", "int", "fp8_e4m3", "fp8_e5m2", "e2m1")
+    if side.bits in (3, 1):
+        return side.elem in ("int", "table")
+    return side.elem in ("float", "int", "fp8_e4m3", "fp8_e5m2", "e2m1", "table")
 
 
 # ------------------------------------------------------------------------------------------ side arguments
@@ -119,6 +127,10 @@ def _element_code(side: PackedSide) -> tuple[int, torch.Tensor | None]:
     """(storage code, kernels/cpu/jit/contract.py's E_*, and decode table or None) of a side's stored codes. A new
     element kind is one branch here: arithmetic codes (E_UINT, E_INT8, E_E2M1), a table of 256 floats (E_LUT), or a float storage type."""
     dtype = side.data.dtype
+    if side.elem == "table":  # a codebook (TurboQuant's centroids): value = values[code]
+        return contract.E_LUT, side.values.detach().to("cpu", torch.float32).contiguous()
+    if side.elem == "int" and side.bits in (3, 1):  # codes of a 3- or 1-bit stream: through a table of 8 / 2
+        return contract.E_LUT, _table("int", side.bits, side.offset, dtype)
     if side.elem == "float" and side.bits >= 16:
         assert dtype in _FLOAT_CODES, f"a float cast stored as {dtype} is not readable here"
         return _FLOAT_CODES[dtype], None
@@ -143,7 +155,14 @@ def _per_byte(side: PackedSide) -> int:
     """Codes per byte in the jit code's planar order: 1 for bytes and for q5_0 / q5_1's blocks (jit's _ggml_block)."""
     if side.layout == "ggml":
         return 2 if side.bits == 4 else 1
+    if side.bits == 3:
+        return 8  # a unit of 3 bytes
     return 8 // side.bits if side.bits < 8 else 1
+
+
+def _unit_bytes(side: PackedSide) -> int:
+    """Bytes of one packing unit (the `_per_byte(side)` codes of a planar position): 3 for 3-bit codes, else 1."""
+    return 3 if side.layout == "kvviz" and side.bits == 3 else 1
 
 
 def _ggml_nibbles(side: PackedSide) -> bool:
@@ -263,6 +282,11 @@ def _buffer_args(side: PackedSide, batch: int, heads: int, head_dim: int) -> tup
     # order (_planar); q8_0 (0) is kvviz's int8/g32 layout byte for byte
     meta[contract.M_GGML] = side.bits if side.layout == "ggml" and side.bits < 8 else 0
     meta[contract.M_OFFSET] = side.offset
+    meta[contract.M_UNIT] = _unit_bytes(side)
+    meta[contract.M_RENORM] = int(side.renorm)
+    meta[contract.M_ZP] = side.zp_bits
+    assert not side.renorm or (side.scale_kind == "token" and side.group_size == head_dim), (
+        "the norm correction needs one token scale per row")
     data, _, (meta[contract.M_D_SB], meta[contract.M_D_SH], meta[contract.M_D_ST]) = _bytes(side.data)
     scale = zero = None
     slut = None
@@ -336,7 +360,7 @@ def decode_attention_cpu(
         ref = decode_attention_reference(q, k, v, torch.from_numpy(lengths_np), sm_scale, kv_mask, sinks=sinks,
                                          softcap=softcap)
         return ref.to(q.dtype)
-    qk = q.detach().float() if k.rotation is None else q.detach().float() @ k.rotation.float()  # [B, Hq, D_k]
+    qk = q.detach().float() if k.rotation is None else q.detach().float() @ k.rotation.float().T  # [B, Hq, D_k]
     k_pb, v_pb = _per_byte(k), _per_byte(v)
     qk = qk.numpy()
     qk = qk[..., _planar_np(head_dim, k_pb, _ggml_nibbles(k))] if k_pb > 1 else np.ascontiguousarray(qk)  # K's order

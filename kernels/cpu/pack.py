@@ -4,8 +4,9 @@
 Covers the formats whose groups lie inside one token, as `quant_pack` does: int8 / int4 / int2 sym and asym per
 token or per token group, fp8 E4M3 / E5M2 per token or group and with static per-tensor / per-head scales, MX FP4
 (mxfp4, fp4_mx_block16), NVFP4 (its global scale given as tensor_scale), and llama.cpp's KV types (q8_0, q4_0, q4_1,
-q5_0, q5_1, iq4_nl, in kvviz.formats.ggml's block layout), each with /rot (the Hadamard rotation is one torch matmul
-before the loop, as kvviz.formats rotates). Channel formats are left to kvviz.formats. Each buffer is handed over
+q5_0, q5_1, iq4_nl, in kvviz.formats.ggml's block layout), vLLM's stores (int8 / fp8 / int4 per token head, NVFP4
+and 4over6, TurboQuant keys and values: kernels/cpu/jit/pack_engines.py), each kvviz format with /rot (the Hadamard
+rotation is one torch matmul before the loop, as kvviz.formats rotates). Channel formats are left to kvviz.formats. Each buffer is handed over
 as a uint8 numpy view of its memory: nothing is copied. `fmt` is duck-typed (kvviz Format attributes); nothing
 here imports kvviz.
 
@@ -21,14 +22,24 @@ import logging
 import time
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from kernels.pack import quant_pack_supported
-from kernels.packed import FP8_EXP, GGML_TYPES, hadamard, per_head
+from kernels.packed import ENGINE_KINDS, FP8_EXP, GGML_TYPES, hadamard, per_head
 
 log = logging.getLogger(__name__)
 
 _NONE = torch.zeros(1, 1, 1, 4, dtype=torch.uint8).numpy()  # stands for an absent buffer
+KIND_ENGINE = -1  # a plan's kind for the engines' stores (plan.engine says which)
+# the model's dtype as kernels/cpu/jit/pack_engines.py's DT_* (int4_per_token_head rounds its rotation to it)
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# the engines' stores kernels/cpu/jit/pack_engines.py writes: format base -> its EN_* name
+_ENGINE_NAMES = {"vllm.int8_per_token_head": "EN_INT8", "vllm.fp8_per_token_head": "EN_FP8",
+                 "vllm.int4_per_token_head": "EN_INT4", "vllm.nvfp4": "EN_NVFP4",
+                 "vllm.nvfp4_4over6": "EN_NVFP4_4OVER6",
+                 "vllm.tq_k4_nc": "EN_TQ_KEY", "vllm.tq_k3_nc": "EN_TQ_KEY", "vllm.tq_v4": "EN_TQ_VALUE",
+                 "vllm.tq_v3": "EN_TQ_VALUE"}
 _ONE = torch.ones(1).numpy()
 
 
@@ -80,6 +91,8 @@ class _Plan(NamedTuple):
     rot: bool
     fmax: float
     ggml: int  # llama.cpp's type (its index in GGML_TYPES), -1 for kvviz's formats
+    engine: int = -1  # an engine's store (kernels/cpu/jit/pack_engines.py's EN_*), -1 for kvviz's formats
+    aux: np.ndarray | None = None  # fp32: int4_per_token_head's RHT signs, TurboQuant's codebook midpoints
 
 
 @functools.lru_cache(maxsize=256)
@@ -88,6 +101,8 @@ def _plan(fmt, head_dim: int) -> _Plan | None:
     jit = _jit()
     if jit is None:
         return None
+    if fmt.kind in ENGINE_KINDS:
+        return _engine_plan(fmt, head_dim)
     if fmt.kind == "ggml":  # blocks of 32 along head_dim; the rotation needs a power of two
         if head_dim % 32 or (fmt.rot and head_dim & (head_dim - 1)):
             return None
@@ -105,6 +120,22 @@ def _plan(fmt, head_dim: int) -> _Plan | None:
     fmax = 448.0 if fmt.base == "fp8_e4m3" else 57344.0
     return _Plan(kind, fmt.bits, FP8_EXP.get(fmt.base, 4), group, static, fmt.takes_scale,
                  kind == jit.KIND_FP8 and static, fmt.rot, fmax, -1)
+
+
+def _engine_plan(fmt, head_dim: int) -> _Plan | None:
+    """An engine's store (fmt.engine_plan(head_dim): its ENGINE code and table, formats/vllm.py and turboquant.py)
+    as a plan; None for those kernels/cpu/jit/pack_engines.py does not write (TQ-mse, TQ-prod)."""
+    from kernels.cpu.jit import pack_engines as jit
+
+    if head_dim < 8 or head_dim & (head_dim - 1):
+        return None
+    name = _ENGINE_NAMES.get(fmt.base)
+    if name is None:
+        return None
+    aux = fmt.pack_table(head_dim)
+    aux = np.ones(1, np.float32) if aux is None else aux.detach().to("cpu", torch.float32).contiguous().numpy()
+    group = fmt.kernel_fields(head_dim)["group"]  # channels per stored scale: NVFP4's 16, else the row
+    return _Plan(KIND_ENGINE, fmt.bits, 0, group, False, False, False, False, 0.0, -1, getattr(jit, name), aux)
 
 
 def _bytes(t: torch.Tensor | None):
@@ -169,6 +200,12 @@ def quant_pack_cpu(
         ts = torch.as_tensor(tensor_scale, dtype=torch.float32).detach().reshape(-1).cpu().numpy()
         assert ts.size in (1, heads, batch * heads), f"tensor scale holds {ts.size} values; want 1, Hkv or B*Hkv"
     x = x.detach()
+    if plan.engine >= 0:
+        from kernels.cpu.jit import pack_engines
+
+        pack_engines.engine_pack_rows(x.float().contiguous().numpy(), _bytes(data), _bytes(scale), _bytes(zero),
+                                      plan.engine, plan.bits, pos, plan.aux, DTYPE_CODES.get(x.dtype, 0))
+        return 0
     over = 0
     if plan.rot:
         if plan.count:  # the cache counts its input, before the rotation, as the formats path does

@@ -8,10 +8,13 @@ meta vectors, the packing plans, scratch for the splits), so a step costs the gl
 numpy views (no copy for fp32 CPU tensors), the mask if any, and the call. Buffers grow by doubling outside the
 step (the cache side reserves a row first); `bind` runs again only when they moved.
 
-Formats: what both launchers cover, token-granular (int, fp8, MX / NV FP4, llama.cpp's six types, /rot); no tail
-(residual window) and no channel scales (KIVI): those keep the two-call path. /rot rotates K, V and q with a torch
-matmul before the call and the output after it, as both launchers do (the same fp32 matmul kvviz.formats
-quantizes with, so the stored bytes match).
+Formats: what both launchers cover, token-granular (int, fp8, MX / NV FP4, llama.cpp's six types, /rot, and the
+engines' stores: vLLM's int8 / fp8 / int4 per-token-head, NVFP4 and 4over6, TurboQuant's keys and values); no tail
+(residual window) and no channel scales (KIVI): those keep the two-call path, as do TQ-mse and TQ-prod (no CPU
+packer). /rot rotates K, V and q with a torch matmul before the call and the output after it, as both launchers do
+(the same fp32 matmul kvviz.formats quantizes with, so the stored bytes match). The engines' rotations are the
+packer's own, in numba (int4's RHT butterfly, a TurboQuant key's Hadamard product in the format's fixed order); q
+takes rotation^T, the output the rotation.
 
     step = DecodeStep(k_fmt, v_fmt)
     step.bind(k_bufs, v_bufs, k_scale, v_scale, q_heads)      # (data, scale, zero) [B, Hkv, cap, n] each
@@ -95,14 +98,17 @@ class _Side:
         else:
             ts = torch.as_tensor(tensor_scale, dtype=torch.float32).detach().reshape(-1).contiguous().numpy()
         static = plan.static
-        self.plan, self.rotation = plan, None
+        self.fmt, self.plan = fmt, plan
+        self.engine = plan.engine >= 0  # an engine's store: quantized by kernels/cpu/jit/pack_engines.py
+        aux = plan.aux if self.engine else np.ones(1, np.float32)
         self.pk = (ts, int(plan.kind), int(plan.bits), int(plan.exp), int(plan.group), bool(static), False,
-                   bool(plan.count and not plan.rot), int(plan.ggml))
+                   bool(plan.count and not plan.rot), int(plan.ggml), int(plan.engine), aux, 0)
         self.half_div_pk = self.pk[:6] + (True,) + self.pk[7:]  # an fp16 model's int sym: torch divides in fp16
         self.half_div_ok = plan.kind == jit_pack.KIND_INT_SYM and not static
         self.bufs = (_as_bytes(data), _as_bytes(None if static else scale), _as_bytes(zero))
         side = side_from_format(fmt, data, scale, zero, tensor_scale, head_dim=head_dim)
-        self.rotation = side.rotation
+        self.rotation = side.rotation  # x = stored @ rotation: q takes rotation^T, the output rotation
+        self.x_rotation = side.rotation if plan.rot else None  # /rot: the new token is rotated before it is packed
         self.static_limit = None
         if plan.count and plan.rot:  # the count is of the input, before the rotation (as quant_pack_cpu)
             self.static_limit = (per_head(tensor_scale, batch, heads, "cpu") * plan.fmax * (1 + 1e-6)
@@ -111,14 +117,22 @@ class _Side:
         self.decode = (meta, flat, lut, scale_np, zero_np, slut, ts_d, tz_d, cpu_decode._NONE_NP)
         self.per_byte, self.ggml_nibbles = cpu_decode._per_byte(side), cpu_decode._ggml_nibbles(side)
 
+    def pk_for(self, dtype: torch.dtype) -> tuple:
+        """The packing plan for new tokens of the model's dtype."""
+        if self.half_div_ok and dtype == torch.float16:
+            return self.half_div_pk
+        if self.engine:  # int4_per_token_head rounds its rotated values to the model's dtype
+            return self.pk[:11] + (cpu_pack.DTYPE_CODES.get(dtype, 0),)
+        return self.pk
+
     def new_token(self, x: torch.Tensor) -> tuple[np.ndarray, int]:
         """x [B, Hkv, 1, D] -> (fp32 numpy array to pack, values beyond a static fp8 scale counted before /rot)."""
         x = x.detach()
         over = 0
-        if self.rotation is not None:
+        if self.x_rotation is not None:
             if self.static_limit is not None:
                 over = int((x.float().abs() > self.static_limit).sum())
-            x = x.float() @ self.rotation  # as kvviz.formats rotates: fp32
+            x = x.float() @ self.x_rotation  # as kvviz.formats rotates: fp32
         if x.dtype != torch.float32:
             x = x.float()  # exact for fp16 / bf16
         arr = x.numpy()
@@ -185,7 +199,7 @@ class DecodeStep:
         if q.dtype != torch.float32 or self.k.rotation is not None:
             q = q.detach().float()
             if self.k.rotation is not None:
-                q = q @ self.k.rotation
+                q = q @ self.k.rotation.T  # score = (q @ R^T) . stored
         qn = q.detach().numpy()
         if not qn.flags.c_contiguous:
             qn = np.ascontiguousarray(qn)
@@ -207,8 +221,7 @@ class DecodeStep:
             if sink.size != self.q_heads:
                 raise ValueError(f"sinks holds {sink.size} values; pass one logit per query head ({self.q_heads}).")
         k, v = self.k, self.v
-        k_pk = k.half_div_pk if k.half_div_ok and k_new.dtype == torch.float16 else k.pk
-        v_pk = v.half_div_pk if v.half_div_ok and v_new.dtype == torch.float16 else v.pk
+        k_pk, v_pk = k.pk_for(k_new.dtype), v.pk_for(v_new.dtype)
         sm = 1.0 / math.sqrt(self.dk) if sm_scale is None else float(sm_scale)
         out = np.empty((self.batch, self.q_heads, self.dv), np.float32)
         fn = jit.step_parallel if parallel else jit.step_serial

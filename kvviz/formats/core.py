@@ -98,6 +98,12 @@ class Format:
         own = getattr(_CODECS[self.kind], "kernel_fields", None)
         return None if own is None else own(self, head_dim)
 
+    def pack_table(self, head_dim: int) -> torch.Tensor | None:
+        """For the engines' stores the CPU packer writes (kernels/cpu/pack.py): the fp32 table their encode reads
+        (int4_per_token_head's RHT signs, a TurboQuant key's codebook midpoints), or None."""
+        own = getattr(_CODECS[self.kind], "pack_table", None)
+        return None if own is None else own(self, head_dim)
+
     def roundtrip(self, x: torch.Tensor, scale: float | torch.Tensor | None = None) -> torch.Tensor:
         """dequantize(quantize(x)): what attention would read back."""
         return self.dequantize(self.quantize(x, scale))

@@ -20,7 +20,9 @@ Sources, vLLM late 2026:
 
 GPU approximations are taken at their IEEE result: Triton's fp32 division and `1.0 / tl.sqrt(...)`; the sum of
 c^2 is the correctly rounded one (float64, then fp32), where Triton's tree order may differ in the last bit; the
-value read `code * scale + zero` is one rounding, as the GPU's FMA. Bytes per token and head
+value read `code * scale + zero` is one rounding, as the GPU's FMA. The key's norm and `@ H`, which Triton sums in
+an order of its own, are computed on the CPU in one fixed order (`key_rotation`), that of torch's AVX2 CPU kernels,
+which the CPU packer repeats. Bytes per token and head
 (turboquant/config.py): key ceil(d * b / 8) + 2, value ceil(d * b / 8) + 4.
 """
 
@@ -59,6 +61,14 @@ def kernel_fields(fmt, head_dim: int) -> dict:
         return dict(elem="int", bits=fmt.bits, scale_kind="token", group=head_dim)
     return dict(elem="table", bits=fmt.bits, values=vllm_centroids(head_dim, fmt.bits), renorm=fmt.base.endswith("_nc"),
                 scale_kind="token", group=head_dim, rotation=vllm_hadamard(head_dim))
+
+
+def pack_table(fmt, head_dim: int) -> torch.Tensor | None:
+    """The table the CPU packer reads (kernels/cpu/jit/pack_engines.py): a key's Hadamard matrix, row by row, then
+    its sorted codebook midpoints (fp32 [D * D + 2**bits - 1])."""
+    if _is_value(fmt):
+        return None
+    return torch.cat([vllm_hadamard(head_dim).reshape(-1), _midpoints(head_dim, fmt.bits)])
 
 
 # ------------------------------------------------------------------------------------------ shared pieces
@@ -153,11 +163,42 @@ def encode(fmt, x: torch.Tensor, scale) -> dict:
     return _encode_value(x, fmt.bits) if _is_value(fmt) else _encode_key(x, fmt.bits)
 
 
-def _encode_key(x: torch.Tensor, bits: int) -> dict:
+_LANES = 8  # the norm's partial sums, as torch's AVX2 reduction keeps them
+
+
+def key_rotation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A key's norm and rotated unit row: x [..., T, D] -> (norms fp32 [N, 1], y = (k / (norm + 1e-8)) @ H fp32
+    [N, D]), N the rows of x, in a fixed order that the CPU packer (kernels/cpu/jit/pack_engines.py) repeats bit
+    for bit: the squares summed in fp32 in 8 lanes (element i into lane i % 8, in order), the lanes then in order,
+    the square root (correctly rounded); y_j accumulated over i = 0..D-1 in fp32, each step one fused multiply-add (the exact product
+    and sum in float64, rounded once to fp32; a float64 sum that is not exact can round twice, which a GPU's FMA
+    would not). This is the order torch's CPU reduction and BLAS matmul take on AVX2 (the transcription of vLLM's
+    store in tests/test_formats_vllm.py uses them). On a GPU: torch's norm and matmul, in the GPU's own order
+    (D sequential steps would cost D kernel launches per append)."""
     d = x.shape[-1]
     k = x.float().reshape(-1, d)  # [N, D]: the launcher's k_flat
-    norms = k.norm(dim=1, keepdim=True)
-    y = (k / (norms + 1e-8)) @ vllm_hadamard(d).to(x.device)  # [N, D] rotated unit vectors
+    if k.device.type != "cpu":
+        norms = k.norm(dim=1, keepdim=True)
+        return norms, (k / (norms + 1e-8)) @ vllm_hadamard(d).to(k.device)
+    sq = k * k
+    lanes = sq[:, :_LANES]
+    for m in range(_LANES, d, _LANES):
+        lanes = lanes + sq[:, m : m + _LANES]
+    total = lanes[:, :1]
+    for j in range(1, _LANES):
+        total = total + lanes[:, j : j + 1]
+    norms = torch.sqrt(total.double()).float()  # [N, 1]; correctly rounded (torch's fp32 sqrt can be 1 ulp off)
+    u = (k / (norms + 1e-8)).double()
+    h = vllm_hadamard(d).to(x.device).double()  # its fp32 entries, exactly
+    y = torch.zeros_like(k)
+    for i in range(d):
+        y = (y.double() + u[:, i : i + 1] * h[i]).float()
+    return norms, y
+
+
+def _encode_key(x: torch.Tensor, bits: int) -> dict:
+    d = x.shape[-1]
+    norms, y = key_rotation(x)
     idx = _bucketize(y, _midpoints(d, bits).to(x.device), bits)
     data = pack_bits(idx, bits).reshape(*x.shape[:-1], d * bits // 8)
     return {"data": data, "scale": norms.to(torch.float16).reshape(*x.shape[:-1], 1)}

@@ -71,6 +71,11 @@ def kernel_fields(fmt, head_dim: int) -> dict:
     return dict(elem="e2m1", bits=4, scale_kind="token", group=NVFP4_BLOCK)
 
 
+def pack_table(fmt, head_dim: int) -> torch.Tensor | None:
+    """The table the CPU packer reads (kernels/cpu/jit/pack_engines.py): int4's RHT signs, else None."""
+    return rht_signs(head_dim) if fmt.base == "vllm.int4_per_token_head" else None
+
+
 @functools.lru_cache(maxsize=16)
 def rht_matrix(d: int) -> torch.Tensor:
     """R [d, d] fp32 with `decode`'s un-rotation as one matrix: walsh_hadamard(r) * signs / d == r @ R."""

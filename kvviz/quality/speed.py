@@ -95,7 +95,7 @@ def _fuses(kv: KVSpec, backend: str) -> bool:
     """Whether the attention function sends single-token decode of `kv` to the fused kernel of `backend`, by the
     same rules it applies to the cache's sides (kvviz.attention's _fused_reads, and _cpu_reads on the CPU)."""
     sides = [SimpleNamespace(fmt=kv.k), SimpleNamespace(fmt=kv.v)]
-    return attention._fused_reads(*sides) and (backend != "cpu" or attention._cpu_reads(*sides))
+    return attention._cpu_reads(*sides) if backend == "cpu" else attention._fused_reads(*sides)
 
 
 def _dynamic_bytes(cache: Cache) -> int:

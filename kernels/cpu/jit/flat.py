@@ -14,10 +14,10 @@ import numpy as np
 
 from kernels.cpu.jit.contract import (
     BLOCK, E_E2M1, E_INT8, E_LUT, E_UINT, M_DIM, M_D_OFF, M_D_SB, M_D_SH, M_D_ST, M_ELEM, M_GGML, M_GROUP, M_OFFSET,
-    M_PER_BYTE, M_SDT, M_SKIND, M_S_OFF, M_S_SB, M_S_SH, M_S_ST, M_ZERO, M_Z_OFF, M_Z_SB, M_Z_SH, M_Z_ST, S_CHANNEL,
-    S_NONE, S_TOKEN,
+    M_PER_BYTE, M_RENORM, M_SDT, M_SKIND, M_S_OFF, M_S_SB, M_S_SH, M_S_ST, M_UNIT, M_ZERO, M_ZP, M_Z_OFF, M_Z_SB,
+    M_Z_SH, M_Z_ST, S_CHANNEL, S_NONE, S_TOKEN,
 )
-from kernels.cpu.jit.fields import _OPTS, _U, _channel_row, _e2m1, _floats, _width
+from kernels.cpu.jit.fields import _OPTS, _U, _as_f32, _bits, _channel_row, _e2m1, _floats, _width
 from kernels.cpu.jit.rows import _ggml_block
 
 
@@ -30,9 +30,9 @@ def _flat_kind(meta):
     d = meta[M_DIM]
     if meta[M_GGML] == 5:
         return meta[M_D_ST] == d * 5 // 8
-    code = ((elem == E_INT8 and pb == 1) or elem == E_UINT or (elem == E_E2M1 and pb == 2)
-            or (elem == E_LUT and pb <= 2))
-    return code and meta[M_D_ST] == d // pb
+    code = ((elem == E_INT8 and pb == 1) or (elem == E_UINT and meta[M_UNIT] == 1) or (elem == E_E2M1 and pb == 2)
+            or elem == E_LUT)
+    return code and meta[M_D_ST] == d // pb * meta[M_UNIT]
 
 
 @nb.njit(**_OPTS)
@@ -49,12 +49,20 @@ def _flat_shape(meta):
 
 
 @nb.njit(inline="always", **_OPTS)
-def _field(data, o, nbytes, elem, pb, p, lut, raw):
-    """raw[p, k] = the code in field p of byte o + k as a float, unscaled, for k < nbytes: field p holds the codes
-    at bits (8 / pb) * p. One loop per field: two stores per iteration keep LLVM from vectorizing. Unsigned codes are
-    shifted and masked as uint32 and converted from int32 (numba widens int32 products to int64, and AVX2 has no
-    vector conversion from unsigned ints)."""
-    if elem == E_INT8:
+def _field(data, o, nbytes, elem, pb, ub, p, lut, raw):
+    """raw[p, k] = the code in field p of unit k at byte o as a float, unscaled, for k < nbytes units: field p holds
+    the codes at bits (8 / pb) * p of a byte, or (ub = 3) bits 3p.. of a little-endian 24-bit word of 8 codes. One
+    loop per field: two stores per iteration keep LLVM from vectorizing. Unsigned codes are shifted and masked as
+    uint32 and converted from int32 (numba widens int32 products to int64, and AVX2 has no vector conversion from
+    unsigned ints)."""
+    if ub == 3:  # 3-bit codes (through the table)
+        sh = np.uint32(3 * p)
+        for k in range(nbytes):
+            b = _U(o + 3 * k)
+            word = np.uint32(data[b]) | (np.uint32(data[b + _U(1)]) << np.uint32(8)) | (
+                np.uint32(data[b + _U(2)]) << np.uint32(16))
+            raw[_U(p), _U(k)] = lut[(word >> sh) & np.uint32(7)]
+    elif elem == E_INT8:
         for k in range(nbytes):
             raw[_U(p), _U(k)] = np.float32(np.int8(data[_U(o + k)]))
     elif elem == E_E2M1:
@@ -66,9 +74,11 @@ def _field(data, o, nbytes, elem, pb, p, lut, raw):
             for k in range(nbytes):
                 raw[_U(p), _U(k)] = lut[data[_U(o + k)]]
         else:
-            sh = np.uint32(4 * p)
+            w = np.uint32(8 // pb)
+            sh = w * np.uint32(p)
+            mask = (np.uint32(1) << w) - np.uint32(1)
             for k in range(nbytes):
-                raw[_U(p), _U(k)] = lut[(np.uint32(data[_U(o + k)]) >> sh) & np.uint32(15)]
+                raw[_U(p), _U(k)] = lut[(np.uint32(data[_U(o + k)]) >> sh) & mask]
     elif pb == 1:
         for k in range(nbytes):
             raw[_U(p), _U(k)] = np.float32(np.int32(data[_U(o + k)]))
@@ -108,9 +118,10 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
     off = np.float32(meta[M_OFFSET]) if elem == E_UINT else np.float32(0.0)
     o = meta[M_D_OFF] + b * meta[M_D_SB] + h * meta[M_D_SH] + t0 * meta[M_D_ST]
     one, nil = np.float32(1.0), np.float32(0.0)
+    ub = meta[M_UNIT]
     if gbits != 5:  # every field of the block's codes, unscaled, one loop each (q5 blocks: _ggml_fields below)
         for p in range(pb):
-            _field(data, o, n * nb_, elem, pb, p, lut, raw)
+            _field(data, o, n * nb_, elem, pb, ub, p, lut, raw)
     skind = meta[M_SKIND]
     if skind == S_NONE:
         for j in range(n):
@@ -144,6 +155,15 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
     _floats(scale, s_base + t0 * s_st, s_st, sw, sdt, slut, n, ngroups, gsc)
     if has_zero:  # zero points share the scales' storage type
         _floats(zero, z_base + t0 * z_st, z_st, sw, sdt, slut, n, ngroups, gzc)
+    zp = meta[M_ZP]
+    if zp != 0:  # vLLM int4: each fp32 scale's low zp bits are a zero point: (code - zp) * the cleared scale
+        low = (np.uint32(1) << np.uint32(zp)) - np.uint32(1)
+        for j in range(n):
+            for gi in range(ngroups):
+                bits = _bits(gsc[j, gi])
+                gsc[j, gi] = _as_f32(bits & ~low)
+                gzc[j, gi] = -np.float32(bits & low) * gsc[j, gi]
+        has_zero = True
     for j in range(n):  # x = code * s * tensor_scale + z - offset * s * tensor_scale
         for gi in range(ngroups):
             gsc[j, gi] *= tsv
@@ -154,6 +174,14 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
         for j in range(n):
             sc[j] = gsc[j, 0]
             zc[j] = gzc[j, 0]
+        if meta[M_RENORM] != 0:  # vLLM TurboQuant "nc": the codebook row over its norm, times the stored norm
+            for j in range(n):
+                ss = np.float32(0.0)
+                for p in range(pb):
+                    r = j * nb_
+                    for i in range(nb_):
+                        ss += raw[_U(p), _U(r + i)] * raw[_U(p), _U(r + i)]
+                sc[j] = sc[j] / np.float32(np.sqrt(ss + np.float32(1e-16)))
     else:  # group gi of row j (bytes j * nb + gi * gp + [0, gp), planar: each field's channels of the group) scaled
         gp = nb_ // ngroups  # in place, after the unpacking: loops of one group's length unpack slowly
         for p in range(pb):

@@ -15,29 +15,40 @@ import numpy as np
 
 from kernels.cpu.jit.contract import (
     E_BF16, E_E2M1, E_F16, E_INT8, E_LUT, E_UINT, M_DIM, M_D_OFF, M_D_SB, M_D_SH, M_D_ST, M_ELEM, M_GGML, M_GROUP,
-    M_OFFSET, M_PER_BYTE, M_SDT, M_SKIND, M_S_OFF, M_S_SB, M_S_SH, M_S_ST, M_TDT, M_T_OFF, M_T_SB, M_T_SH, M_T_ST,
-    M_ZERO, M_Z_OFF, M_Z_SB, M_Z_SH, M_Z_ST, S_CHANNEL, S_NONE, S_TOKEN,
+    M_OFFSET, M_PER_BYTE, M_RENORM, M_SDT, M_SKIND, M_S_OFF, M_S_SB, M_S_SH, M_S_ST, M_TDT, M_T_OFF, M_T_SB,
+    M_T_SH, M_T_ST, M_UNIT, M_ZERO, M_ZP, M_Z_OFF, M_Z_SB, M_Z_SH, M_Z_ST, S_CHANNEL, S_NONE, S_TOKEN,
 )
-from kernels.cpu.jit.fields import _OPTS, _U, _as_f32, _channel_row, _e2m1, _half, _read, _u16, _width
+from kernels.cpu.jit.fields import _OPTS, _U, _as_f32, _bits, _channel_row, _e2m1, _half, _read, _u16, _width
 
 
 @nb.njit(inline="always", **_OPTS)
-def _codes(data, o, elem, pb, nb_, off, lut, lo, hi, s, z, tile, j):
-    """Bytes lo..hi-1 of the packed row at byte offset o -> tile[j] as decode(code) * s + z, in planar order:
-    element d of a row sits at (d % pb) * (D / pb) + d // pb for pb codes per byte (identity for pb = 1), so each
-    field of a byte (low nibble, high nibble, ...) fills one contiguous run and the loops vectorize.
+def _codes(data, o, elem, pb, ub, nb_, off, lut, lo, hi, s, z, tile, j):
+    """Units lo..hi-1 of the packed row at byte offset o -> tile[j] as decode(code) * s + z, in planar order:
+    element d of a row sits at (d % pb) * (D / pb) + d // pb for pb codes per unit (identity for pb = 1), so each
+    field of a unit (low nibble, high nibble, ...) fills one contiguous run and the loops vectorize. A unit is a
+    byte, or (ub = 3, 3-bit codes) a little-endian 24-bit word of 8 codes.
 
     Indices are cast to unsigned (_U), so numba emits no negative-index wraparound in these loops. No array view
     per row (`tile[j]`): each costs two atomic reference-count calls, which kept these loops ~4x slower."""
-    if elem == E_LUT:  # fp8, E2M1: codes through a table of 256 / 16 floats
-        if pb == 1:
+    if elem == E_LUT:  # fp8, E2M1, codebooks, 3-bit / 1-bit ints: codes through a table of 2**bits floats
+        if ub == 3:  # one loop per field of the 24-bit word
+            for p in range(8):
+                sh = np.uint32(3 * p)
+                for i in range(lo, hi):
+                    b = _U(o + 3 * i)
+                    word = np.uint32(data[b]) | (np.uint32(data[b + _U(1)]) << np.uint32(8)) | (
+                        np.uint32(data[b + _U(2)]) << np.uint32(16))
+                    tile[_U(j), _U(p * nb_ + i)] = lut[(word >> sh) & np.uint32(7)] * s + z
+        elif pb == 1:
             for i in range(lo, hi):
                 tile[_U(j), _U(i)] = lut[data[_U(o + i)]] * s + z
-        else:  # one loop per nibble: two stores per iteration keep LLVM from vectorizing
-            for i in range(lo, hi):
-                tile[_U(j), _U(i)] = lut[data[_U(o + i)] & np.uint8(15)] * s + z
-            for i in range(lo, hi):
-                tile[_U(j), _U(nb_ + i)] = lut[data[_U(o + i)] >> np.uint8(4)] * s + z
+        else:  # one loop per field (nibble, 2 bits, bit): two stores per iteration keep LLVM from vectorizing
+            w = np.uint32(8 // pb)
+            mask = (np.uint32(1) << w) - np.uint32(1)
+            for p in range(pb):
+                sh = w * np.uint32(p)
+                for i in range(lo, hi):
+                    tile[_U(j), _U(p * nb_ + i)] = lut[(np.uint32(data[_U(o + i)]) >> sh) & mask] * s + z
     elif elem == E_INT8:  # int8 two's complement
         for i in range(lo, hi):
             tile[_U(j), _U(i)] = np.float32(np.int8(data[_U(o + i)])) * s + z
@@ -98,8 +109,9 @@ def _tail_row(tail, o, tdt, tw, pb, nb_, gbits, tile, j):
 def _rows(data, lut, scale, zero, slut, tail, live, tile, elem, geo, fl, npk, t0, n):
     """The row loop of _decode_block (see there), inlined once per element kind."""
     (pb, nb_, d_base, d_st, skind, sdt, sw, gp, ngroups, has_zero, s_base, s_st, z_base, z_st, tdt, tw,
-     t_base, t_st, gbits) = geo
+     t_base, t_st, gbits, ub, renorm, zp) = geo
     off, tsv, s_row, z_row = fl
+    one, nil = np.float32(1.0), np.float32(0.0)
     for j in range(n):
         if not live[j]:
             continue
@@ -113,12 +125,25 @@ def _rows(data, lut, scale, zero, slut, tail, live, tile, elem, geo, fl, npk, t0
                 sc, z = s_row, z_row
                 if skind == S_TOKEN:
                     sc = _read(scale, s_base + t * s_st + gi * sw, sdt, slut) * tsv
-                    if has_zero != 0:
+                    if zp != 0:  # vLLM int4: the zero point sits in the fp32 scale's low zp bits
+                        raw = _bits(sc)
+                        low = (np.uint32(1) << np.uint32(zp)) - np.uint32(1)
+                        sc = _as_f32(raw & ~low)
+                        z = -np.float32(raw & low) * sc
+                    elif has_zero != 0:
                         z = _read(zero, z_base + t * z_st + gi * sw, sdt, slut)
                 if gbits == 5:  # a q5_0 / q5_1 block: 32 codes in 20 bytes
                     _ggml_block(data, o + gi * 20, off, gi * 32, sc, z, tile, j)
+                elif renorm != 0:  # codebook row / its norm, then the scale (one group per row)
+                    _codes(data, o, elem, pb, ub, nb_, off, lut, gi * gp, (gi + 1) * gp, one, nil, tile, j)
+                    ss = np.float32(0.0)
+                    for i in range(nb_ * pb):
+                        ss += tile[_U(j), _U(i)] * tile[_U(j), _U(i)]
+                    f = sc / np.float32(np.sqrt(ss + np.float32(1e-16)))
+                    for i in range(nb_ * pb):
+                        tile[_U(j), _U(i)] = tile[_U(j), _U(i)] * f + z
                 else:
-                    _codes(data, o, elem, pb, nb_, off, lut, gi * gp, (gi + 1) * gp, sc, z, tile, j)
+                    _codes(data, o, elem, pb, ub, nb_, off, lut, gi * gp, (gi + 1) * gp, sc, z, tile, j)
         else:
             for i in range(nb_ * pb):
                 tile[j, i] = _read(data, o + i * _width(elem), elem, lut) * s_row + z_row
@@ -154,7 +179,8 @@ def _decode_block(meta, data, lut, scale, zero, slut, tsv, tzv, tail, npk, b, h,
     z_row = tzv if skind == S_NONE else np.float32(0.0)
     ngroups = d // group
     geo = (pb, nb_, d_base, d_st, skind, sdt, sw, gp, ngroups, has_zero, s_base, s_st, z_base, z_st, tdt, tw,
-           t_base, t_st, meta[M_GGML])  # fewer than 30 arguments: CPython passes more as *args, which numba cannot inline
+           t_base, t_st, meta[M_GGML], meta[M_UNIT], meta[M_RENORM], meta[M_ZP])
+    # (a tuple: with 30 arguments or more CPython passes them as *args, which numba cannot inline)
     fl = (off, tsv, s_row, z_row)
     # One copy of the row loop per element kind, each with its kind a compile-time constant: with the kind only
     # known at run time LLVM leaves the unpacking loops scalar (measured 4x slower).

@@ -18,13 +18,17 @@ import numpy as np
 from kernels.cpu.jit.contract import M_D_OFF, M_D_ST, M_S_OFF, M_S_ST, M_Z_OFF, M_Z_ST
 from kernels.cpu.jit.decode import _unit, combine, decode_partials_serial
 from kernels.cpu.jit.pack import _OPTS, ggml_pack_rows, quant_pack_rows
+from kernels.cpu.jit.pack_engines import engine_pack_rows
 
 
 @nb.njit(**_OPTS)
 def _append(x, pk, data, scale, zero, pos):
-    """Quantize x: fp32 [B, Hkv, 1, D] into row pos of one side's buffers. pk: the side's packing plan, (ts, kind,
-    bits, exp, group, static, half_div, count, ggml) (kernels/cpu/step.py builds it once)."""
-    ts, kind, bits, exp, group, static, half_div, count, ggml = pk
+    """Quantize x: fp32 [B, Hkv, 1, D] into row pos of one side's buffers. pk: the side's packing plan, (ts, kind, bits, exp, group, static, half_div, count,
+    ggml, engine, aux, xdt) (kernels/cpu/step.py builds it once per model dtype)."""
+    ts, kind, bits, exp, group, static, half_div, count, ggml, engine, aux, xdt = pk
+    if engine >= 0:
+        engine_pack_rows(x, data, scale, zero, engine, bits, pos, aux, xdt)
+        return 0
     if ggml >= 0:
         ggml_pack_rows(x, data, scale, zero, ggml, bits, pos)
         return 0
