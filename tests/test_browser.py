@@ -350,3 +350,48 @@ def test_rotation_lesson_compares_six_formats_and_draws_the_histogram(page, serv
     marks = page.locator("#compare-rotation").evaluate(_COUNT_MARKS)
     assert len(marks) == 2 and all(n > 0 for n in marks), marks
     assert not _error_toasts(page)
+
+
+ENGINE_NAMES = ("vllm:turboquant_k3v4_nc",)  # with Compare's four ticked defaults and the one below: six, the most
+LLAMA_CPP_NAME = "llama.cpp:k=q8_0,v=q4_0/norot"  # on a tiny model (head_dim 16) a skipped row, named in the status
+
+
+@pytest.mark.parametrize("lang", ["ko", "en"])
+def test_every_tab_takes_the_engines_names_in_both_languages(page, server, shots, lang):
+    """The engines' own values, typed as a user types them, in Compare, Sensitivity, Memory and Export, on a page
+    in Korean and in English: each runs, names the value in its result, and shows no error."""
+    page.get_by_label("한국어" if lang == "ko" else "English").check()
+    page.get_by_role("tab", name="메모리" if lang == "ko" else "Memory").wait_for(timeout=10_000)
+    _open_tab(page, "compare")
+    page.locator("#compare-custom textarea").fill("\n".join((*ENGINE_NAMES, LLAMA_CPP_NAME)))
+    page.locator("#compare-run").click()
+    for name in ENGINE_NAMES:  # the table comes with the run's last output
+        _wait_for_text(page, "#compare-table", name)
+    _wait_for_text(page, "#compare-table" if not MODEL.startswith("tiny-") else "#compare-status", LLAMA_CPP_NAME)
+    assert not _error_toasts(page), _error_toasts(page)
+    page.locator("#tab-compare").screenshot(path=str(shots / f"screenshot-compare-engines-{lang}.png"))
+    page.locator("#compare-custom textarea").fill("")
+
+    _open_tab(page, "sensitivity")
+    page.locator("#tab-sensitivity").get_by_label("prompt", exact=True).check()
+    spec = page.locator("#sensitivity-spec input")
+    spec.fill("vllm:turboquant_4bit_nc")
+    spec.press("Enter")
+    page.locator("#sensitivity-run").click()
+    _wait_for_text(page, "#sensitivity-summary", "vllm:turboquant_4bit_nc")
+    assert not _error_toasts(page), _error_toasts(page)
+
+    _open_tab(page, "memory")
+    page.locator("#memory-custom textarea").fill("vllm:turboquant_3bit_nc\nvllm:nvfp4_4over6\nvllm:int4_per_token_head")
+    page.locator("#memory-run").click()
+    _wait_for_text(page, "#memory-formula", "vllm:nvfp4_4over6")
+    assert not _error_toasts(page), _error_toasts(page)
+
+    _open_tab(page, "export")
+    fmt = page.locator("#export-spec input")
+    fmt.fill("vllm:turboquant_k8v4")
+    fmt.press("Enter")
+    page.locator("#export-run").click()
+    _wait_for_text(page, "#export-commands", "--kv-cache-dtype turboquant_k8v4")
+    assert not _error_toasts(page), _error_toasts(page)
+    page.get_by_label("English").check()

@@ -135,7 +135,7 @@ def build(tr: Translator) -> dict:
     with gr.Row():
         with gr.Column(scale=1, min_width=280):
             c["spec"] = tr(gr.Dropdown(FORMAT_CHOICES, value="fp8_e4m3", allow_custom_value=True,
-                                       label=t("export_format")), label="export_format")
+                                       label=t("export_format"), elem_id=f"{TAB}-spec"), label="export_format")
             c["model_id"] = tr(gr.Textbox(DEFAULT_MODEL_ID, label=t("model_id")), label="model_id")
             c["model"] = model_input(tr)
             c["prompts"] = tr(gr.Textbox(DEFAULT_PROMPTS, lines=4, label=t("calib_prompts")), label="calib_prompts")
