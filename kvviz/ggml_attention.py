@@ -23,6 +23,12 @@ Followed from the llama.cpp that llama-cpp-python 0.3.36 vendors:
   KLD and kvviz's unrotated formats: a KV error, however small, flips some of those roundings in every later layer,
   so the output moves by about a rounding step where it would have moved by the KV error itself.
 
+How kvviz runs it (the `llama.cpp:<type>` names): a cache layer (kvviz.cache) holds K and V in llama.cpp's basis
+(`Layout.to_cache`: its channel order, then its rotation) as ggml blocks, and hands attention `QTensor`s whose codec
+is `Stored`; the "kvviz" attention function (kvviz/attention.py) reads them with `read` (Q into the same basis and
+rounded, f32 softmax and V sums, the output un-rotated). `attention` stores and reads in one call: the reference
+that path is tested against, and the engine view's simulation (kvviz.engines.simulate.llamacpp_kld).
+
 Not simulated (the figures agree with llama.cpp's within 20% without them; benchmarks/llamacpp_fidelity.py): the
 order of llama.cpp's sums, q8_1's fp16 block sums, ggml's GELU through an fp16 table (Gemma), an f16 V's f16
 accumulator beside a quantized K. So the simulation matches llama.cpp's statistics, not its bits.
@@ -30,6 +36,8 @@ accumulator beside a quantized K. So the simulation matches llama.cpp's statisti
     from kvviz import ggml_attention as ga
     q8 = ga.round_activation(x, "q8_0")                          # x [..., D], D % 32 == 0
     out = ga.attention(q, k, v, mask, scaling, "q4_0", "q4_0")   # [B, T, Hq, Dv]
+    lay = ga.layout("q4_0", "q4_0", 64, 64, interleaved=True)    # how a cache layer holds them
+    out = ga.read(q, stored_k, stored_v, mask, scaling, lay)     # stored_*: decoded blocks of lay.to_cache(k / v)
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ differ) and returns the raw states on the first call (the prompt attends to its 
 `QTensor` per side (kvviz/formats/qtensor.py) over the tokens attention may see (kvviz/attention.py reads
 them). A layer of `llama.cpp:` names holds K and V as llama.cpp does (kvviz.ggml_attention.Layout: its channel
 order and rotation) and returns its sides from the first call on, as llama.cpp's attention reads what it stored
-(kvviz.ggml_attention.Stored). On the cpu backend a single decode token is staged instead (`_Staged`, an attention.StagedStep): the
-attention function stores it and attends in one numba call (kernels/cpu/step.py); any other read stores it first.
+(kvviz.ggml_attention.Stored). On the cpu backend a single decode token is staged instead (`_Staged`, an
+attention.StagedStep): the attention function stores it and attends in one numba call (kernels/cpu/step.py); any
+other read stores it first.
 """
 
 from __future__ import annotations

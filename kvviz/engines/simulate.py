@@ -52,9 +52,9 @@ def llamacpp_logprobs(model, ids: list[int], vec_dot: dict[str, str], k_type: st
                       rotate: bool = True, interleaved: bool = False) -> torch.Tensor:
     """log-softmax [T, vocab] (float32) of the token ids [T] run through `model` (fp32 weights: the GGUF's, as
     kvviz.models loads them) with llama.cpp's arithmetic: every Linear's input rounded to its weight's vec_dot_type
-    (`vec_dot`: kvviz.quality.llamacpp.weight_vec_dot), and attention through kvviz.ggml_attention.attention with K cache `k_type`, V
-    cache `v_type` ("f16" or a ggml type) and llama.cpp's rotation when `rotate`; interleaved: the GGUF's Q/K
-    channels are RoPE-interleaved (interleaved_rope()). All T tokens in one batch."""
+    (`vec_dot`: kvviz.quality.llamacpp.weight_vec_dot), and attention through kvviz.ggml_attention.attention with
+    K cache `k_type`, V cache `v_type` ("f16" or a ggml type) and llama.cpp's rotation when `rotate`; interleaved:
+    the GGUF's Q/K channels are RoPE-interleaved (interleaved_rope()). All T tokens in one batch."""
     def attn(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         return ggml_attention.attention(query, key, value, attention_mask, scaling, k_type, v_type, rotate,
@@ -87,9 +87,10 @@ def llamacpp_kld(specs: list[str], ids: list[int], model=None, gguf=None, rotate
                  score_from: int = 0) -> dict[str, dict]:
     """{spec: kvviz.quality.kld stats}: kvviz's simulation of llama.cpp running each spec's cache types on the token
     ids [T] (the bridge's), against the same simulation with an f16 cache, positions score_from..T-2 scored (0: as
-    the bridge scores them). model: a loaded causal LM or a bundled name (default SmolLM2); gguf: the GGUF its weights came
-    from (default: the bundled model's), whose tensor types set the matmul input rounding. rotate: llama.cpp's
-    default Hadamard rotation (False: LLAMA_ATTN_ROT_DISABLE=1)."""
+    the bridge scores them). model: a loaded causal LM or a bundled name (default SmolLM2); gguf: the GGUF its
+    weights came from (default: the bundled model's), whose tensor types set the matmul input rounding. rotate:
+    llama.cpp's default Hadamard rotation (False: LLAMA_ATTN_ROT_DISABLE=1). kvviz.quality.kld of the
+    `llama.cpp:<type>` name runs the same arithmetic through kvviz's cache and equals this on the same tokens."""
     pairs = {spec: type_pair(spec) for spec in specs}  # bad specs fail before any compute
     if gguf is None:
         if not (model is None or isinstance(model, str)):

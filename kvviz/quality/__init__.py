@@ -15,7 +15,8 @@ by kvviz.metrics; tokens/s come from each format's own cache and attention backe
 
 Modules, bottom to top (each imports only those before it): corpus (the WikiText-2 slice), decode (prefill, a
 cache loaded from it, timed decode), report (Compare's result types); then compare, needle, perplexity, speed
-(fused against unfused), divergence (kld).
+(fused against unfused), llamacpp (a model run as llama.cpp runs it: the `llama.cpp:` names in kld), divergence
+(kld).
 """
 
 from kvviz.cache.rows import RowStackCache
