@@ -250,8 +250,8 @@ def read(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torc
     t, s = scores.shape[-2:]
     if mask is None:
         mask = torch.arange(s, device=q.device)[None, :] <= torch.arange(s - t, s, device=q.device)[:, None]
-    if mask.dtype == torch.bool:
-        scores = scores.masked_fill(~mask, float("-inf"))
+    if mask.dtype == torch.bool:  # dtype min, not -inf: a fully masked row (left padding) stays finite, as in eager
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     else:
         scores = scores + mask.float()
     if sinks is not None:  # one more column per head that takes probability mass and is dropped

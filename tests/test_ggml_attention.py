@@ -192,3 +192,17 @@ def test_llama_cpp_names_keep_no_full_precision_window():
     model = _tiny("llama")
     with pytest.raises(ValueError, match="no full-precision window"):
         QuantizedKVCache(model.config, "llama.cpp:q4_0", residual=8)
+
+
+def test_a_left_padded_batch_reads_as_its_rows_alone():
+    """Padding positions attend to nothing: their rows stay finite (dtype min, not -inf), so the padded row
+    generates what it generates alone."""
+    from kvviz.cache import QuantizedKVCache
+
+    model = _tiny("llama")
+    ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15]])
+    out = model.generate(ids, attention_mask=(ids != 0).long(), cache=QuantizedKVCache(model.config, "llama.cpp:q4_0"),
+                         max_new_tokens=4, do_sample=False, pad_token_id=0)
+    alone = model.generate(ids[:1, 3:], cache=QuantizedKVCache(model.config, "llama.cpp:q4_0"), max_new_tokens=4,
+                           do_sample=False, pad_token_id=0)
+    assert out[0, 7:].tolist() == alone[0, 4:].tolist()
