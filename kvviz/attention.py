@@ -6,6 +6,10 @@ value are plain tensors and this is exactly transformers' SDPA path. Once a `Qua
 `update()` returns two `QTensor`s instead (one per side, K and V: kvviz/formats/qtensor.py), which this function
 dispatches on:
 
+- sides of a `llama.cpp:` name (their codec is kvviz.ggml_attention.Stored: K and V held as llama.cpp holds them,
+  rotated unless /norot), whatever the backend and the query length: llama.cpp's CPU flash attention arithmetic
+  (kvviz.ggml_attention.read_sides: Q rotated and converted to K's vec_dot type, f32 softmax and V sums, the output
+  un-rotated). The fused kernels read kvviz's arithmetic, so they never take these sides;
 - backend "torch" (the reference, and the CPU path): `QTensor.dequantize()` both, then SDPA;
 - backend "triton": for single-token decode, `_triton_decode(...)`, the fused kernel from `kernels/` that reads the
   packed buffers in place; a multi-token query (teacher forcing, chunked prefill) uses the reference;
@@ -35,6 +39,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from kernels import decode_attention, side_of, triton_installed, triton_usable
 from kernels import decode as triton_decode
 from kernels.cpu import decode as cpu_decode
+from kvviz import ggml_attention
 from kvviz.formats import QTensor
 
 ATTN_NAME = "kvviz"
@@ -290,6 +295,9 @@ def kvviz_attention_forward(module, query, key, value, attention_mask, dropout: 
     packed = isinstance(key, QTensor)
     if packed:
         assert isinstance(value, QTensor), "a QuantizedKVCache returns a QTensor for both K and V"
+        if ggml_attention.reads(key, value):  # llama.cpp's names: its arithmetic, never kvviz's fused kernels
+            sinks, softcap = _sinks_and_softcap(module, kwargs)
+            return ggml_attention.read_sides(query, key, value, attention_mask, scaling, softcap, sinks), None
         backend = active_backend()
         fused = q_len == 1 and key.skip == value.skip  # one kv_mask serves both
         if fused and (_fused_reads(key, value) and _triton_runs_on(query.device) if backend == "triton" else

@@ -11,17 +11,22 @@
 Every layer's update(key_states, value_states) takes [batch, kv_heads, q_len, head_dim] (K and V head dims may
 differ) and returns the raw states on the first call (the prompt attends to its own unquantized states), else one
 `QTensor` per side (kvviz/formats/qtensor.py) over the tokens attention may see (kvviz/attention.py reads
-them). On the cpu backend a single decode token is staged instead (`_Staged`, an attention.StagedStep): the
-attention function stores it and attends in one numba call (kernels/cpu/step.py); any other read stores it first.
+them). A layer of `llama.cpp:` names holds K and V as llama.cpp does (kvviz.ggml_attention.Layout: its channel
+order and rotation) and returns its sides from the first call on, as llama.cpp's attention reads what it stored
+(kvviz.ggml_attention.Stored). On the cpu backend a single decode token is staged instead (`_Staged`, an
+attention.StagedStep): the attention function stores it and attends in one numba call (kernels/cpu/step.py); any
+other read stores it first.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionLayer
 
 from kernels.cpu.step import DecodeStep
-from kvviz import attention
+from kvviz import attention, ggml_attention
 from kvviz.formats import Format, QTensor
 
 from .sides import Side
@@ -73,12 +78,17 @@ class QuantizedKVLayer(CacheLayerMixin):
                  materialize: bool = False):
         super().__init__()
         self.name, self.materialize = name, materialize
+        if residual and k_fmt.engine == "llama.cpp":
+            raise ValueError(f"{name}: llama.cpp keeps no full-precision window; drop residual for {k_fmt.spec}.")
         self._scales = scales if scales is not None else (None, None)
         self._new_sides(k_fmt, v_fmt, residual)
 
     # Whether update() may stage a decode token for the fused CPU step (see _stages); QuantizedKVCache turns it on
     # where nothing else reads what update returned (no shared-KV layers, no latent caches)
     stages = False
+    # llama.cpp holds this model's K RoPE-interleaved (ggml_attention.interleaved_model); QuantizedKVCache sets it
+    interleaved = False
+    layout: ggml_attention.Layout | None = None  # llama.cpp names: how K and V are held (set on the first update)
 
     def _new_sides(self, k_fmt: Format, v_fmt: Format, residual: int) -> None:
         self.k = Side(k_fmt, residual, self._scales[0], f"{self.name} K")
@@ -90,7 +100,7 @@ class QuantizedKVLayer(CacheLayerMixin):
     def _stages(self, key_states: torch.Tensor) -> bool:
         """Whether this update's single token goes to the fused CPU step (append and attend in one numba call,
         kernels/cpu/step.py) instead of being stored now: the cpu backend, CPU states, both sides fusable."""
-        return (self.stages and key_states.shape[2] == 1 and key_states.device.type == "cpu"
+        return (self.stages and self.layout is None and key_states.shape[2] == 1 and key_states.device.type == "cpu"
                 and self.k.fuses() and self.v.fuses() and attention.active_backend() == "cpu")
 
     def _append_attend(self, staged: _Staged, query, kv_mask, scaling, sinks, softcap) -> torch.Tensor:
@@ -124,6 +134,8 @@ class QuantizedKVLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
+        self.layout = None if self.materialize else ggml_attention.cache_layout(
+            self.k.fmt, self.v.fmt, key_states.shape[-1], value_states.shape[-1], self.interleaved)
         self.k.init(key_states)
         self.v.init(value_states)
         self.is_initialized = True
@@ -141,14 +153,25 @@ class QuantizedKVLayer(CacheLayerMixin):
         if not first and self._stages(key_states):
             self._pending = _Staged(self, key_states, value_states, None)
             return self._pending, self._pending.v_side
+        key_states, value_states = self._held(key_states, value_states)
         self.k.append(key_states)
         self.v.append(value_states)
-        if first:
+        if first and self.layout is None:
             return key_states, value_states
         return self._read(self.k.packed(), self.v.packed())
 
+    def _held(self, key_states: torch.Tensor, value_states: torch.Tensor):
+        """K and V in the basis this layer stores them in: llama.cpp's for its names (fp32), else as they came."""
+        if self.layout is None:
+            return key_states, value_states
+        return self.layout.to_cache(key_states, "k"), self.layout.to_cache(value_states, "v")
+
     def _read(self, k: QTensor, v: QTensor):
-        """What update returns after the prefill: the handles, or (materialize) their reference read."""
+        """What update returns after the prefill: the handles, or (materialize) their reference read; a
+        llama.cpp layer's handles carry its Layout (ggml_attention.Stored)."""
+        if self.layout is not None:
+            k = dataclasses.replace(k, fmt=ggml_attention.Stored(k.fmt, self.layout, "k"))
+            v = dataclasses.replace(v, fmt=ggml_attention.Stored(v.fmt, self.layout, "v"))
         return (k.dequantize(), v.dequantize()) if self.materialize else (k, v)
 
     def get_seq_length(self) -> int:
@@ -231,10 +254,13 @@ class QuantizedSlidingLayer(QuantizedKVLayer):
         if not first and self._stages(key_states):  # visible_from is the side's base: token formats keep no skip
             self._pending = _Staged(self, key_states, value_states, keep_from, visible_from)
             return self._pending, self._pending.v_side
+        key_states, value_states = self._held(key_states, value_states)
+        if first and self.layout is not None:  # the whole prompt reads it as stored, evicted or not (llama.cpp)
+            out = self._read(self.k.fmt.quantize(key_states), self.v.fmt.quantize(value_states))
         if first:
             self.k.append(key_states, keep_from=keep_from)
             self.v.append(value_states, keep_from=keep_from)
-            out = key_states, value_states
+            out = (key_states, value_states) if self.layout is None else out
         else:
             self.k.append(key_states)
             self.v.append(value_states)

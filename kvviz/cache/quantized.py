@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DummyLayer, get_layer_types_and_kwargs
 
+from kvviz import ggml_attention
 from kvviz.formats import KVSpec, Plan, as_plan
 
 from .layers import QuantizedHybridLayer, QuantizedHybridSlidingLayer, QuantizedKVLayer, QuantizedSlidingLayer
@@ -78,6 +79,10 @@ class QuantizedKVCache(Cache):
                                  f"QuantizedKVCache supports the layer types {', '.join(SUPPORTED_TYPES)}; use "
                                  f"transformers' DynamicCache for this model.")
         super().__init__(layers=layers)
+        interleaved = ggml_attention.interleaved_model(text)  # llama.cpp's K channel order, for its names
+        for layer in layers:
+            if isinstance(layer, QuantizedKVLayer):
+                layer.interleaved = interleaved
         if stage and not materialize and not any(isinstance(layer, DummyLayer) for layer in layers):
             for layer in layers:  # nothing reads update's return but the attention function: decode steps may stage
                 if isinstance(layer, QuantizedKVLayer):

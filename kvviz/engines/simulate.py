@@ -17,10 +17,6 @@ every matmul input rounded to the GGUF weight type's 8-bit partner, llama.cpp's 
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
-import gguf
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -30,6 +26,7 @@ from kvviz.analysis.rows import row_values
 from kvviz.engines.llamacpp import resolve_gguf, type_pair
 from kvviz.formats import as_plans
 from kvviz.metrics import kld_stats, summarize
+from kvviz.quality.llamacpp import interleaved_rope, rounded_inputs, weight_vec_dot
 
 
 def kld(specs: list[str], ids: list[int], model=None) -> dict[str, dict]:
@@ -51,78 +48,27 @@ def kld(specs: list[str], ids: list[int], model=None) -> dict[str, dict]:
 
 # ---- llama.cpp's arithmetic (the `llama.cpp:<type>` names) ---------------------------------------------------
 
-def _architecture(reader) -> str:
-    field = reader.fields["general.architecture"]
-    return bytes(field.parts[field.data[0]]).decode()
-
-
-def _gguf_types(gguf_path) -> tuple[str, dict[str, str]]:
-    """(architecture, {tensor name without ".weight": ggml type name}) of the GGUF at gguf_path, read once per
-    file version (parsing the tokenizer's metadata takes seconds)."""
-    path = Path(gguf_path)
-    return _read_gguf_types(str(path), path.stat().st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=4)
-def _read_gguf_types(path: str, mtime_ns: int) -> tuple[str, dict[str, str]]:
-    reader = gguf.GGUFReader(path)
-    return _architecture(reader), {t.name.removesuffix(".weight"): t.tensor_type.name for t in reader.tensors}
-
-
-def interleaved_rope(gguf_path) -> bool:
-    """Whether llama.cpp holds this GGUF's Q/K channels RoPE-interleaved (its "norm" RoPE: Llama's converter
-    permutes q/k weights, transformers un-permutes them): a different head_dim order for the cache's blocks."""
-    return _gguf_types(gguf_path)[0] in _NORM_ROPE
-
-
-_NORM_ROPE = ("llama",)  # llama_model_rope_type() == LLAMA_ROPE_TYPE_NORM among the bundled models' archs
-
-
-def weight_vec_dot(gguf_path, model) -> dict[str, str]:
-    """{module name: vec_dot_type} for each nn.Linear of `model` whose weight the GGUF at gguf_path stores: what
-    ggml's CPU matmul converts that layer's input to (kvviz.ggml_attention.WEIGHT_VEC_DOT of the tensor's type). A
-    tied LM head reads the token embedding's type, as llama.cpp does when the GGUF has no `output.weight`."""
-    architecture, types = _gguf_types(gguf_path)
-    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[architecture]
-    types = dict(types)
-    types.setdefault("output", types.get("token_embd"))
-    names = gguf.get_tensor_name_map(arch, model.config.get_text_config(decoder=True).num_hidden_layers)
-    out = {}
-    for name, module in model.named_modules():
-        tensor = names.get_name(name) if isinstance(module, torch.nn.Linear) else None
-        if tensor is not None and types.get(tensor) is not None:
-            out[name] = ggml_attention.WEIGHT_VEC_DOT[types[tensor]]
-    return out
-
-
 def llamacpp_logprobs(model, ids: list[int], vec_dot: dict[str, str], k_type: str, v_type: str,
                       rotate: bool = True, interleaved: bool = False) -> torch.Tensor:
     """log-softmax [T, vocab] (float32) of the token ids [T] run through `model` (fp32 weights: the GGUF's, as
     kvviz.models loads them) with llama.cpp's arithmetic: every Linear's input rounded to its weight's vec_dot_type
-    (`vec_dot`: weight_vec_dot()), and attention through kvviz.ggml_attention.attention with K cache `k_type`, V
-    cache `v_type` ("f16" or a ggml type) and llama.cpp's rotation when `rotate`; interleaved: the GGUF's Q/K
-    channels are RoPE-interleaved (interleaved_rope()). All T tokens in one batch."""
+    (`vec_dot`: kvviz.quality.llamacpp.weight_vec_dot), and attention through kvviz.ggml_attention.attention with
+    K cache `k_type`, V cache `v_type` ("f16" or a ggml type) and llama.cpp's rotation when `rotate`; interleaved:
+    the GGUF's Q/K channels are RoPE-interleaved (interleaved_rope()). All T tokens in one batch."""
     def attn(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         return ggml_attention.attention(query, key, value, attention_mask, scaling, k_type, v_type, rotate,
                                         kwargs.get("softcap"), interleaved), None
 
-    def round_input(name):
-        return lambda module, args: (ggml_attention.round_activation(args[0], vec_dot[name]), *args[1:])
-
     AttentionInterface.register(_GGML_ATTN, attn)
     AttentionMaskInterface.register(_GGML_ATTN, sdpa_mask)
     before = model.config._attn_implementation
-    modules = dict(model.named_modules())
-    hooks = [modules[name].register_forward_pre_hook(round_input(name)) for name in vec_dot]
     model.set_attn_implementation(_GGML_ATTN)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), rounded_inputs(model, vec_dot):
             logits = model(input_ids=torch.tensor([ids], device=model.device), use_cache=False).logits[0]
     finally:
         model.set_attn_implementation(before)
-        for h in hooks:
-            h.remove()
     return torch.log_softmax(logits.double(), dim=-1).float()  # [T, vocab]
 
 
@@ -137,12 +83,14 @@ def within_bound(ours: float, theirs: float) -> bool:
     return abs(ours - theirs) <= 0.2 * theirs
 
 
-def llamacpp_kld(specs: list[str], ids: list[int], model=None, gguf=None, rotate: bool = True) -> dict[str, dict]:
+def llamacpp_kld(specs: list[str], ids: list[int], model=None, gguf=None, rotate: bool = True,
+                 score_from: int = 0) -> dict[str, dict]:
     """{spec: kvviz.quality.kld stats}: kvviz's simulation of llama.cpp running each spec's cache types on the token
-    ids [T] (the bridge's), against the same simulation with an f16 cache, positions 0..T-2 scored as the bridge
-    scores them. model: a loaded causal LM or a bundled name (default SmolLM2); gguf: the GGUF its weights came
-    from (default: the bundled model's), whose tensor types set the matmul input rounding. rotate: llama.cpp's
-    default Hadamard rotation (False: LLAMA_ATTN_ROT_DISABLE=1)."""
+    ids [T] (the bridge's), against the same simulation with an f16 cache, positions score_from..T-2 scored (0: as
+    the bridge scores them). model: a loaded causal LM or a bundled name (default SmolLM2); gguf: the GGUF its
+    weights came from (default: the bundled model's), whose tensor types set the matmul input rounding. rotate:
+    llama.cpp's default Hadamard rotation (False: LLAMA_ATTN_ROT_DISABLE=1). kvviz.quality.kld of the
+    `llama.cpp:<type>` name runs the same arithmetic through kvviz's cache and equals this on the same tokens."""
     pairs = {spec: type_pair(spec) for spec in specs}  # bad specs fail before any compute
     if gguf is None:
         if not (model is None or isinstance(model, str)):
@@ -150,12 +98,13 @@ def llamacpp_kld(specs: list[str], ids: list[int], model=None, gguf=None, rotate
         gguf = resolve_gguf(model)
     if model is None or isinstance(model, str):
         model, _ = models.load_model(model)
-    vec_dot, interleaved = weight_vec_dot(gguf, model), interleaved_rope(gguf)
-    base = llamacpp_logprobs(model, ids, vec_dot, "f16", "f16", interleaved=interleaved)[:-1]
-    targets = torch.tensor(ids[1:])
+    vec_dot, interleaved = weight_vec_dot(model, gguf), interleaved_rope(gguf)
+    scored = slice(score_from, len(ids) - 1)
+    base = llamacpp_logprobs(model, ids, vec_dot, "f16", "f16", interleaved=interleaved)[scored]
+    targets = torch.tensor(ids[score_from + 1 :])
     out = {}
     for spec, (k_type, v_type) in pairs.items():
-        cand = llamacpp_logprobs(model, ids, vec_dot, k_type, v_type, rotate, interleaved)[:-1]
+        cand = llamacpp_logprobs(model, ids, vec_dot, k_type, v_type, rotate, interleaved)[scored]
         stats = kld_stats(base, cand, targets)
         stats.update(engine="kvviz (simulated llama.cpp: rounded matmul inputs, its flash attention"
                             f"{', rotated K/V' if rotate else ''})", estimate="full vocabulary")

@@ -3,6 +3,9 @@ with every position reading the quantized cache, as in an engine; and the exact 
 
 Each window runs as one batch, one row per candidate plus an exact row for the baseline
 (kvviz.analysis.rows.row_values: how the window is chunked, which positions are scored, how rows share layers).
+A `llama.cpp:<type>` name runs as llama.cpp runs it instead (kvviz.quality.llamacpp: its cache, rotation and
+attention arithmetic, its 8-bit matmul inputs, the whole window in one batch) and is measured as llama.cpp measures
+it, against the same run with an f16 cache.
 
     report = kld(model, tok, ["fp8_e4m3", "int4", "int4; 0,29=fp16"])   # {spec: stats}, kvviz.metrics.STAT_KEYS
     base = base_logprobs(model, tok)          # saved once (save_base / load_base) and reused: kld(..., base=base)
@@ -17,6 +20,7 @@ import torch
 from kvviz.analysis.rows import check_score_from, decoder, lm_logprobs, row_values
 from kvviz.formats import as_plans
 from kvviz.metrics import summarize
+from kvviz.quality import llamacpp
 from kvviz.quality.corpus import wikitext
 
 BASE_FORMAT = "kvviz-kld-base/1"
@@ -70,7 +74,7 @@ def load_base(path: str | Path) -> dict:
 
 def kld(model, tokenizer, specs: list, text: str | None = None, windows: int = 2, window_tokens: int = 512,
         score_from: int | None = None, first_chunk: int = 1, chunk: int | None = None, base: dict | None = None,
-        scales: dict | None = None) -> dict:
+        scales: dict | None = None, gguf=None) -> dict:
     """llama.cpp's KLD statistics of each spec or plan against the exact model, over `windows` consecutive
     windows of `window_tokens` tokens of WikiText-2's test text (or `text`).
 
@@ -78,6 +82,10 @@ def kld(model, tokenizer, specs: list, text: str | None = None, windows: int = 2
     score_from..window_tokens-2 of each window are scored (default: the second half, as llama.cpp scores each
     context); first_chunk / chunk: see the module docstring. base: a saved baseline (base_logprobs / load_base),
     whose windows, text tokens and settings are then used; else the exact model runs beside the candidates.
+    A plan holding a `llama.cpp:` name runs with llama.cpp's arithmetic against llama.cpp's f16-cache run (see the
+    module docstring; first_chunk, chunk, base and scales do not apply to it); gguf: the GGUF the model's weights
+    came from, whose tensor types set llama.cpp's matmul input rounding (None: a bundled model's own, else the
+    weights' dtype: kvviz.quality.llamacpp.weight_vec_dot).
     Returns {name: stats} in the order given, stats keyed as kvviz.metrics.STAT_KEYS (nats, fractions).
     """
     plans = as_plans(specs, model.config.get_text_config(decoder=True).num_hidden_layers)  # checked before compute
@@ -90,12 +98,18 @@ def kld(model, tokenizer, specs: list, text: str | None = None, windows: int = 2
     else:
         wins = _windows(tokenizer, text, windows, window_tokens)
         score_from = wins.shape[1] // 2 if score_from is None else score_from
+    engine = [i for i, p in enumerate(plans) if llamacpp.runs_llamacpp(p)]  # run as llama.cpp runs them
+    own = [i for i in range(len(plans)) if i not in engine]
+    vec_dot = llamacpp.weight_vec_dot(model, gguf) if engine else {}
     parts: list[list[tuple]] = [[] for _ in plans]
     for w, ids in enumerate(wins):
+        check_score_from(score_from, ids.shape[0])
         saved = None if base is None else base["logprobs"][w].double()
-        values, _ = row_values(model, ids[None].to(model.device), plans, first_chunk, chunk, score_from, saved,
-                               scales)
-        for acc, v in zip(parts, values):
-            acc.append(v)
+        values = row_values(model, ids[None].to(model.device), [plans[i] for i in own], first_chunk, chunk,
+                            score_from, saved, scales)[0] if own else []
+        if engine:
+            values = values + llamacpp.values(model, ids[None], [plans[i] for i in engine], score_from, vec_dot)
+        for i, v in zip(own + engine, values):
+            parts[i].append(v)
     return {name: summarize(*(torch.cat(col) for col in zip(*acc))) for name, acc in zip(names, parts)}
 
