@@ -284,9 +284,12 @@ def _ref_tq_key(x: torch.Tensor, bits: int):
     centroids = _ref_lloyd_max(d, bits)
     c_sorted, _ = centroids.sort()
     midpoints = (c_sorted[:-1] + c_sorted[1:]) / 2
-    k_flat = x.float().reshape(-1, d)
-    norms = k_flat.norm(dim=1, keepdim=True)
-    y = (k_flat / (norms + 1e-8)) @ _ref_hadamard(d)
+    # ||k|| and (k / (||k|| + 1e-8)) @ H are fp32 sums whose order on the GPU is Triton's own; kvviz fixes one
+    # (turboquant.key_rotation: what torch's CPU kernels do on AVX2), and this transcription takes the same, so
+    # that it holds on any CPU. Everything after the sums (the search, the packing, the read) is transcribed.
+    from kvviz.formats.turboquant import key_rotation
+
+    norms, y = key_rotation(x)
     packed, recon = [], []
     n = 2**bits
     for y_vec, norm in zip(y, norms):
