@@ -227,8 +227,9 @@ def format_anatomy(cap: KVCapture, fmt: str | Format, side: str = "K", layer: in
                               + f" = {float(q_out[i]):.4g}" if ok else
                               f"code {code_bits[i]} reads as {float(q_out[i]):.4g}")
     if f.engine_rot:
-        notes.append("llama.cpp rotates Q, K and V with a Hadamard transform in its read path (not part of the "
-                     "stored block): the blocks above hold what they were given.")
+        notes.append("llama.cpp rotates Q, K and V with a Hadamard transform by default (/norot turns it off): "
+                     "its cache holds the blocks of the rotated K and V, and its attention un-rotates the output. "
+                     "The blocks above are of the values as given, before that rotation.")
     if f.rot:
         arithmetic = [a + f" → rotated back: {float(r):.4g}" for a, r in zip(arithmetic, recon)]
 

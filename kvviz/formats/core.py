@@ -46,15 +46,16 @@ class Format:
     scale_source = property(lambda self: self.parts.scale_source,
                             doc="FP8 only: first | unit | calibrated (per-tensor / per-head), dynamic; else None")
     kind = property(lambda self: BASES[self.parts.base].kind,
-                    doc="float | int | fp4 | ggml | vllm | turboquant | tq (formats without a fused kernel branch "
-                        "are read by the torch reference: kernels.packed.FUSED_KINDS)")
+                    doc="float | int | fp4 | ggml | vllm | turboquant | tq (kernels.packed.describes_format says "
+                        "which the fused kernels read; the others, TQ-prod, the torch reference reads)")
     engine = property(lambda self: None if self.parts.engine is None else self.parts.engine.engine,
                       doc="the engine this format models (vllm | sglang | llama.cpp, from an engine-qualified name) "
                           "or None for kvviz's own formats")
     engine_rot = property(lambda self: self.parts.engine is not None and self.parts.engine.rotates,
-                          doc="llama.cpp's read path rotates Q, K and V with a Hadamard transform (on by default "
-                              "when K or V is quantized, off with /norot): quantize stores the ggml block of what "
-                              "it is given, and the attention that reads an engine_rot side applies the rotation")
+                          doc="llama.cpp rotates Q, K and V with a Hadamard transform (on by default when K or V "
+                              "is quantized, off with /norot): quantize stores the ggml block of what it is given; "
+                              "a cache of llama.cpp: names stores the rotated blocks (kvviz.ggml_attention.Layout) "
+                              "and its reads rotate Q and un-rotate the output")
     static_scale = property(lambda self: self.parts.static_scale,
                             doc="one fp32 scale per tensor or per head, fixed for every token (per-tensor and "
                                 "per-head granularities): calibrated, loaded, or fitted on the first states")
