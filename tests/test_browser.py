@@ -262,8 +262,8 @@ def test_sensitivity_lesson_runs_the_map_and_the_plan_search(page, server):
     page.locator("#lesson-8").click()
     page.locator("#tab-sensitivity").wait_for(state="visible")
     _wait_for_text(page, "#kv-lesson-note", "Lesson 8")
-    _wait_for_text(page, "#sensitivity-summary", "int4, 128 tokens")  # the lesson's WikiText-2 window
-    _wait_for_text(page, "#sensitivity-plan-summary", "budget 0.16")  # then its own plan search
+    _wait_for_text(page, "#sensitivity-summary", "vllm:int4_per_token_head, 128 tokens")  # the lesson's window
+    _wait_for_text(page, "#sensitivity-plan-summary", "budget 0.03")  # then its own plan search
     assert not _error_toasts(page)
 
 

@@ -5,9 +5,10 @@ The haystack (filler with the needle sentence at the given depth) is the prompt:
 format's cache. The question then goes through the cache as a chunk and the answer is decoded greedily, so both
 read the needle from the quantized cache. All formats run as rows of one batch (kvviz.cache.rows).
 
-    res = needle(model, tok, ["fp8_e4m3", "int4", "kivi2"], context_tokens=1024)
-    res["rate"]        # {"baseline": 1.0, "fp8_e4m3": 1.0, "int4": 0.6, ...}
-    res["retrieved"]   # {name: [bool per depth]}
+    res = needle(model, tok, ["fp8_e4m3", "int4", "kivi2"], context_tokens=1024, needles_per_depth=4)
+    res["rate"]          # {"baseline": 1.0, "fp8_e4m3": 1.0, "int4": 0.95, ...}
+    res["depth_rates"]   # {name: [rate per depth]}
+    res["retrieved"]     # {name: [bool per needle]}, depth by depth
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import random
 
 import torch
 
+from kvviz.cache import model_layer_types
 from kvviz.cache.rows import RowStackCache
 from kvviz.formats import as_plans
 from kvviz.quality.corpus import wikitext
@@ -43,39 +45,96 @@ def haystack(tokenizer, context_tokens: int, depth: float, value: str, text: str
     return prompt[None], question[None]
 
 
+_BATCH_TOKENS = 8192  # haystack tokens prefilled as one batch (bounds the prefill's activations and scores)
+_BATCHABLE = {"full_attention", "sliding_attention"}  # layer types whose prefilled K/V tile across batch rows
+
+
+def _rotated(text: str, k: int, n: int) -> str:
+    """Needle k of n at one depth gets its own stretch of filler: the text started k/n of the way in (at a word
+    boundary), wrapping around."""
+    if k == 0:
+        return text
+    at = text.find(" ", k * len(text) // n) + 1
+    return text[at:] + " " + text[:at]
+
+
+@torch.no_grad()
+def _answers(model, tokenizer, haystacks: list, kvs: list, scales, answer_tokens: int) -> list[list[str]]:
+    """Greedy answers to each haystack's question, read through the exact cache and each plan's: [haystack][row]
+    with row 0 the exact cache. haystacks: (prompt ids [1, T], question ids [1, q]) pairs, all of one T and q.
+
+    The prompts prefill as one batch [H, T]; its K/V, tiled format-major ([(1 + len(kvs)) * H, ...]: every
+    format's rows hold every haystack), load into one RowStackCache. Each row gets a cache of its own (layer_rows):
+    a per-tensor or NVFP4 scale is fitted on the first update over a cache's whole batch, and each haystack's must
+    be its own, as it would be alone.
+    """
+    h, rows = len(haystacks), (1 + len(kvs)) * len(haystacks)
+    dyn, _ = prefill(model, torch.cat([p for p, _ in haystacks]))  # K/V [H, kv_heads, T, head_dim] per layer
+    if h > 1:  # batch-1 prefills load as they are (the cache expands them to every row)
+        for layer in dyn.layers:
+            layer.keys, layer.values = layer.keys.repeat(rows // h, 1, 1, 1), layer.values.repeat(rows // h, 1, 1, 1)
+    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    stack = RowStackCache(model.config, [p for p in [None] + kvs for _ in range(h)], scales=scales,
+                          layer_rows=[list(range(rows))] * n_layers)
+    stack.load_prefill(dyn)
+    del dyn
+    inp = torch.cat([q for _, q in haystacks]).repeat(1 + len(kvs), 1).to(model.device)  # [rows, q]
+    tokens = []
+    for _ in range(answer_tokens):
+        logits = model(input_ids=inp, cache=stack, use_cache=True, logits_to_keep=1).logits  # [rows, 1, vocab]
+        nxt = logits[:, -1].argmax(-1)  # [rows]
+        tokens.append(nxt.tolist())
+        inp = nxt[:, None]
+    texts = [tokenizer.decode([step[r] for step in tokens], skip_special_tokens=True) for r in range(rows)]
+    return [[texts[f * h + i] for f in range(1 + len(kvs))] for i in range(h)]
+
+
 @torch.no_grad()
 def needle(model, tokenizer, specs: list[str], context_tokens: int = 1024, depths=DEPTHS, seed: int = 0,
-           answer_tokens: int = 6, scales: dict | None = None, text: str | None = None) -> dict:
-    """Retrieval against depth for the baseline and every spec.
+           answer_tokens: int = 6, scales: dict | None = None, text: str | None = None,
+           needles_per_depth: int = 1) -> dict:
+    """Retrieval against depth for the baseline and every spec, `needles_per_depth` needles at each depth (each a
+    different number in its own stretch of the filler), so each depth's point is a rate.
 
-    Returns {"depths": [...], "context_tokens": int, "needles": [value per depth], "answers": {name: [text]},
-    "retrieved": {name: [bool]}, "rate": {name: float}} with name "baseline" first, then the specs as given.
+    Returns {"depths": [...], "context_tokens": int, "needles_per_depth": int, "needles": [value per trial],
+    "trial_depths": [depth per trial], "answers": {name: [text per trial]}, "retrieved": {name: [bool per trial]},
+    "depth_rates": {name: [rate per depth]}, "rate": {name: float}} with name "baseline" first, then the specs as
+    given; the trials run depth by depth, `needles_per_depth` at each.
+
+    On attention-only models the haystacks run as batches (up to 8,192 prompt tokens each): one prefill, then
+    every format's rows of every haystack answer together. Models with state layers (linear attention, Mamba) run
+    one haystack at a time.
     """
+    if isinstance(needles_per_depth, bool) or not isinstance(needles_per_depth, int) or needles_per_depth < 1:
+        raise ValueError(f"needles_per_depth is how many needles to hide at each depth, a whole number from 1, got "
+                         f"{needles_per_depth!r}.")
     kvs = as_plans(specs, model.config.get_text_config(decoder=True).num_hidden_layers)  # specs or plans
     names = ["baseline"] + [p.name for p in kvs]
     rng = random.Random(seed)
-    out = {"depths": list(depths), "context_tokens": context_tokens, "needles": [],
-           "answers": {n: [] for n in names}, "retrieved": {n: [] for n in names}}
-    for depth in depths:
-        value = str(rng.randint(10000, 99999))
-        prompt, question = haystack(tokenizer, context_tokens, depth, value, text)
-        dyn, _ = prefill(model, prompt)
-        rows = len(names)
-        stack = RowStackCache(model.config, [None] + kvs, scales=scales)
-        stack.load_prefill(dyn)
-        del dyn
-        inp = question.expand(rows, -1).to(model.device)  # [rows, q]
-        answers = [[] for _ in range(rows)]
-        for _ in range(answer_tokens):
-            nxt = model(input_ids=inp, cache=stack, use_cache=True).logits[:, -1].argmax(-1)  # [rows]
-            for r in range(rows):
-                answers[r].append(int(nxt[r]))
-            inp = nxt[:, None]
-        del stack
-        out["needles"].append(value)
-        for r, name in enumerate(names):
-            answer = tokenizer.decode(answers[r], skip_special_tokens=True)
-            out["answers"][name].append(answer)
-            out["retrieved"][name].append(value in answer.replace(" ", ""))
+    filler = text if text is not None else wikitext()
+    trials = [(depth, str(rng.randint(10000, 99999)), k) for depth in depths for k in range(needles_per_depth)]
+    built = [haystack(tokenizer, context_tokens, depth, value, _rotated(filler, k, needles_per_depth))
+             for depth, value, k in trials]
+    per_batch = max(1, _BATCH_TOKENS // context_tokens)
+    if not set(model_layer_types(model.config)) <= _BATCHABLE:
+        per_batch = 1
+    by_shape: dict = {}  # haystacks batch only with their equals in prompt and question length
+    for i, (prompt, question) in enumerate(built):
+        by_shape.setdefault((prompt.shape[1], question.shape[1]), []).append(i)
+    answers: list = [None] * len(trials)
+    for group in by_shape.values():
+        for at in range(0, len(group), per_batch):
+            batch = group[at:at + per_batch]
+            for i, texts in zip(batch, _answers(model, tokenizer, [built[i] for i in batch], kvs, scales,
+                                                answer_tokens)):
+                answers[i] = texts
+    out = {"depths": list(depths), "context_tokens": context_tokens, "needles_per_depth": needles_per_depth,
+           "needles": [value for _, value, _ in trials], "trial_depths": [depth for depth, _, _ in trials],
+           "answers": {n: [a[r] for a in answers] for r, n in enumerate(names)}}
+    out["retrieved"] = {n: [value in answer.replace(" ", "") for value, answer in zip(out["needles"], texts)]
+                        for n, texts in out["answers"].items()}
+    per = needles_per_depth
+    out["depth_rates"] = {n: [sum(hits[d * per:(d + 1) * per]) / per for d in range(len(depths))]
+                          for n, hits in out["retrieved"].items()}
     out["rate"] = {n: sum(v) / len(v) for n, v in out["retrieved"].items()}
     return out

@@ -40,6 +40,7 @@ BASELINE = "exact (baseline)"  # the unquantized cache, in the model's dtype
 MAX_NEW_TOKENS = 128
 MAX_PROMPT_TOKENS = 2048  # on a 2-core CPU a longer prefill through every format takes minutes
 SPEED_TOKENS = 8  # decode steps timed per format for tokens/s
+NEEDLES_PER_DEPTH = 3  # each depth's point is a rate over this many needles (each one more prefill of the context)
 PPL_WINDOWS, PPL_WINDOW = 1, 512  # one 512-token WikiText-2 window: seconds per format on a 2-core CPU
 
 
@@ -194,17 +195,19 @@ def needle(specs, custom_specs, context_tokens, model=None, lang="en", progress=
         raise ValueError(f"A {context}-token haystack plus the question does not fit in this model's "
                          f"{positions} positions; use at most {positions - 32} tokens.")
     plans, skipped = fitting_specs(plans, model)
-    progress(0.2, desc=f"Hiding needles in {context} tokens of haystack, {len(plans) + 1} formats…")
+    progress(0.2, desc=f"Hiding {NEEDLES_PER_DEPTH} needles per depth in {context} tokens of haystack, "
+                       f"{len(plans) + 1} formats…")
     notes = ScaleNotes()
     with notes.catching():
-        result = quality.needle(model, tok, plans, context_tokens=context)
+        result = quality.needle(model, tok, plans, context_tokens=context, needles_per_depth=NEEDLES_PER_DEPTH)
     notes.toast()
-    rates = {name: [float(hit) for hit in hits] for name, hits in result["retrieved"].items()}
-    fig = plots.needle_chart([100 * d for d in result["depths"]], rates, result["context_tokens"],
-                             title=t("f_needle", lang).format(n=result["context_tokens"], model=name),
+    per, depths = result["needles_per_depth"], len(result["depths"])
+    fig = plots.needle_chart([100 * d for d in result["depths"]], result["depth_rates"], result["context_tokens"],
+                             title=t("f_needle", lang).format(n=result["context_tokens"], model=name, per=per),
                              axis_titles=(t("f_needle_x", lang), t("f_needle_y", lang)))
-    found = ", ".join(f"`{n}` {100 * r:.0f}%" for n, r in result["rate"].items())
-    return fig, (t("r_needle", lang).format(n=context, model=name, found=found)
+    found = ", ".join(f"`{n}` {100 * r:.0f}% ({sum(result['retrieved'][n])}/{per * depths})"
+                      for n, r in result["rate"].items())
+    return fig, (t("r_needle", lang).format(n=context, model=name, found=found, per=per, depths=depths)
                  + (f"\n\n{t('r_skipped', lang)} " + "; ".join(skipped) if skipped else "") + notes.markdown())
 
 

@@ -147,7 +147,7 @@ def build(tr: Translator, actions: dict, model: gr.Dropdown) -> dict:
                 c["engine_rotate"] = tr(gr.Checkbox(False, label=t("engine_rotate")), label="engine_rotate")
                 c["engine_run"] = tr(gr.Button(t("engine_run"), elem_id="compare-engine-run"), value="engine_run")
         c["engine_status"] = gr.Markdown(elem_id="compare-engine-status", label="engine status")
-        c["engine_table"] = tr(gr.Dataframe(label=t("engine_table"), wrap=True), label="engine_table")
+        c["engine_table"] = tr(gr.Dataframe(headers=HEADERS, label=t("engine_table"), wrap=True), label="engine_table")
         c["engine_fig"] = gr.Plot(plots.empty_figure(), label="kvviz against llama.cpp", show_label=False)
         tr(gr.Markdown(t("engine_why")), value="engine_why")
     inputs = [c["engine_pairs"], c["engine_tokens"], c["engine_rotate"], model]

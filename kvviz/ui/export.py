@@ -56,6 +56,10 @@ def _commands_markdown(title: str, out: dict, lang: str = "en") -> str:
     return "\n\n".join(parts)
 
 
+def _support_headers(lang: str = "en") -> list[str]:
+    return [t("h_format", lang), "vLLM --kv-cache-dtype", "SGLang --kv-cache-dtype", "llama.cpp -ctk / -ctv"]
+
+
 def _support_table(model_id: str, lang: str = "en") -> list[list[str]]:
     """Every common format against each engine: the dtype flag, or ✗."""
     return [[row["spec"], *(row[engine] or t("r_unsupported", lang) for engine, _ in ENGINE_TITLES)]
@@ -89,8 +93,7 @@ def run(spec, model_id, calib_prompts, model=None, lang="en", progress=gr.Progre
     if any(len(p) > MAX_PROMPT_CHARS for p in prompts):
         raise ValueError(f"A calibration prompt is longer than {MAX_PROMPT_CHARS} characters; split or shorten it.")
     md = _commands_markdown(title, out, lang)
-    support = table(_support_table(model_id, lang), [t("h_format", lang), "vLLM --kv-cache-dtype",
-                                                     "SGLang --kv-cache-dtype", "llama.cpp -ctk / -ctv"])
+    support = table(_support_table(model_id, lang), _support_headers(lang))
     if kv is None or kv.k.base != "fp8_e4m3" or kv.k.granularity != "tensor":
         return (md + "\n\n" + t("r_scales_fp8_only", lang), support, "", None,
                 plots.empty_figure(t("f_scales_fp8_only", lang)))
@@ -142,7 +145,8 @@ def build(tr: Translator) -> dict:
             c["run"] = tr(gr.Button(t("run"), variant="primary", elem_id=f"{TAB}-run"), value="run")
         with gr.Column(scale=2):
             c["commands"] = gr.Markdown(elem_id="export-commands", label="commands")
-            c["table"] = tr(gr.Dataframe(label=t("support_table"), wrap=True), label="support_table")
+            c["table"] = tr(gr.Dataframe(headers=_support_headers(), label=t("support_table"), wrap=True),
+                               label="support_table")
     with gr.Row():
         with gr.Column(scale=1):
             c["scales_fig"] = gr.Plot(plots.empty_figure(), label="calibrated scales", show_label=False)

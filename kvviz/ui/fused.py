@@ -45,6 +45,10 @@ def _path_label(run, report, lang: str) -> str:
     return t("fused_path_fallback", lang).format(why=t(why, lang))
 
 
+def _headers(lang: str = "en") -> list[str]:
+    return [t(k, lang) for k in ("fused_h_format", "fused_h_path", "fused_h_tps", "fused_h_vs", "fused_h_mib")]
+
+
 def _rows(report, lang: str) -> list[list]:
     return [[r.name, _path_label(r, report, lang), round(r.tokens_per_s, 2), f"{r.vs_exact:.2f}×",
              round(r.bytes_read / MIB, 3)] for r in report.runs]
@@ -101,7 +105,7 @@ def run(specs, custom_specs, context_tokens, new_tokens, model=None, lang="en", 
         report = quality.fused_vs_unfused(lm, quality.wikitext_ids(tok, context), names, new, ROUNDS)
     notes.toast()
     rows = _rows(report, lang)
-    headers = [t(k, lang) for k in ("fused_h_format", "fused_h_path", "fused_h_tps", "fused_h_vs", "fused_h_mib")]
+    headers = _headers(lang)
     labels = [r.name if r.path == EXACT else f"{r.name} · {t('fused_' + r.path, lang)}" for r in report.runs]
     fig = plots.metrics_bars(labels, {t("fused_c_tps", lang): [round(r.tokens_per_s, 2) for r in report.runs],
                                       t("fused_c_mib", lang): [round(r.bytes_read / MIB, 3) for r in report.runs]},
@@ -131,7 +135,8 @@ def build(tr: Translator, actions: dict, model: gr.Dropdown, lang: gr.Radio) -> 
                                     label="fused_new")
                 c["fused_run"] = tr(gr.Button(t("fused_run"), elem_id="compare-fused-run"), value="fused_run")
         c["fused_status"] = gr.Markdown(elem_id="compare-fused-status", label="fused status")
-        c["fused_table"] = tr(gr.Dataframe(label=t("fused_table"), wrap=True, elem_id="compare-fused-table"),
+        c["fused_table"] = tr(gr.Dataframe(headers=_headers(), label=t("fused_table"), wrap=True,
+                                           elem_id="compare-fused-table"),
                               label="fused_table")
         c["fused_fig"] = gr.Plot(plots.empty_figure(), label="fused against unfused", show_label=False)
     inputs = [c["fused_specs"], c["fused_custom"], c["fused_context"], c["fused_new"], model, lang]

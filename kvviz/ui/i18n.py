@@ -30,7 +30,7 @@ EN: dict[str, str] = {
     "lesson2": "2 · Per-tensor scales fail, per-token/channel don't",
     "lesson3": "3 · K is sensitive, V tolerant (k8v4 vs k4v8)",
     "lesson4": "4 · E4M3 beats E5M2 for KV",
-    "lesson5": "5 · Coarse scales lose the needle; per-token int4 keeps it",
+    "lesson5": "5 · Per-tensor int4 loses the needle; per-token int4 loses fewer",
     "lesson6": "6 · Scales eat into the savings",
     "lesson7": "7 · Fused dequantization beats unfused",
     "lesson8": "8 · A few layers carry the damage: keep them precise",
@@ -53,10 +53,16 @@ EN: dict[str, str] = {
                      "(2.6%) equals a calibrated scale's. Qwen2-style models carry a large k_proj bias: on kvviz's tiny "
                      "Qwen2 with a bias of 600 and -700 on one channel of each of its two heads, |K| reaches 701, 6.4% of K saturates under a "
                      "unit scale, and K's relative error is 24% against 2.4% with a calibrated scale."),
-    "lesson_note5": ("**Lesson 5.** The needle chart plots retrieval against where a fact sits in a 768-token "
-                     "context (a few minutes on a 2-core CPU). On this small model per-token int4 still finds it at "
-                     "this length, while per-tensor int4 and 2-bit KIVI lose the needles past the start; longer "
-                     "contexts (the slider) press 4-bit formats harder."),
+    "lesson_note5": ("**Lesson 5.** The needle chart plots retrieval against where a number sits in the context: 3 "
+                     "needles at each of 5 depths, each in its own stretch of WikiText-2, so each point is a rate "
+                     "(0, 33, 67 or 100%). SmolLM2 at 512 tokens: the exact cache finds 15 of 15, per-token int4 14 "
+                     "(93%), per-tensor int4 8 (53%): one scale for the whole tensor, stretched by K's outlier "
+                     "channels, leaves too few levels for the rest, and the answer comes back wrong. Longer contexts "
+                     "(the slider) press the 4-bit formats harder and take longer: each needle is one more prefill."),
+    "lesson_models5": ("**Across models:** Gemma 3 270M runs this lesson at 256 tokens, where its outlier channels "
+                       "(about 30× the median in layers 5 and 11) already decide it: the exact cache finds 15 of 15, "
+                       "per-token int4 8 (53%), per-tensor int4 none. On Gemma even one scale per token is too "
+                       "coarse for K; per-tensor is worse on both models."),
     "lesson_note6": ("**Lesson 6.** SmolLM2 has head_dim 64. Read the bits/value column: int4 with one fp16 scale per "
                      "64 values costs 4.25 bits, per 16 values 5, per 8 values 6. Short groups eat the savings."),
     "lesson_note7": ("**Lesson 7.** The Compare tab's *fused against unfused* view decodes one 1,024-token WikiText-2 "
@@ -73,7 +79,8 @@ EN: dict[str, str] = {
     "lesson_on_model": "_This lesson runs on `{model}`, the model picked in the tabs; pick another to compare._",
     "lesson_models1": ("**Across models** (largest K channel / median channel, 256 WikiText-2 tokens): Gemma 3 270M's "
                        "reaches about 28-34× in its full-attention layers 5 and 11 (the lesson opens layer 11 there) "
-                       "against 4-19× in its sliding-window layers; SmolLM2's stays at 3.5-7.3× (5× at layer 17)."),
+                       "against 4-19× in its sliding-window layers; SmolLM2's stays at 3.5-7.3×: the lesson opens "
+                       "its layer 17 (5×; its layer 0 has none)."),
     "lesson_models2": ("**Across models:** the larger the outlier channel, the more one per-tensor scale loses. On "
                        "Gemma 3 270M, look at the full-attention layers 5 and 11 (K's largest channel about 28-34× "
                        "the median), where the per-tensor map stands out most; SmolLM2's channels reach 3.5-7.3×."),
@@ -83,13 +90,21 @@ EN: dict[str, str] = {
     "lesson_models6": ("**Across models:** Gemma 3 270M has head_dim 256, so int4 with one fp16 scale per row costs "
                        "4.06 bits (SmolLM2: 4.25 at head_dim 64); groups of 16 and 8 cost 5 and 6 bits on both. The "
                        "lesson opens the Memory tab on the picked model when it has a preset there."),
-    "lesson_note8": ("**Lesson 8.** The map quantizes one layer's K or V to int4 at a time, on 128 tokens of "
-                     "WikiText-2. On SmolLM2, layer 19's K stands out: KL 0.031 nats/token, 15× the median tensor's "
-                     "0.0020 (the next, layer 10's K, 0.013); its largest K channel is 7.0× its median channel, the "
-                     "highest ratio of any layer (median 4.8×). Then the plan search (int4 and fp16, budget 0.16): "
-                     "every layer in int4 costs KL 0.237; keeping layer 19 alone in fp16 cuts it to 0.154 (−35%) "
-                     "for 9% more bytes (0.29× fp16 instead of 0.27×). Getting under 0.05 takes 17 layers in fp16. "
-                     "On an idle 2-core CPU each run takes about a minute (longer when the machine is shared)."),
+    "lesson_note8": ("**Lesson 8.** The map quantizes one layer's K or V at a time to vLLM's `int4_per_token_head` "
+                     "(asymmetric int4 per token and head after a Hadamard rotation), on 128 tokens of WikiText-2. "
+                     "On SmolLM2 the rotation flattens the map: layer 1's K tops it at KL 0.0030 nats/token, 8× the "
+                     "median tensor's, then layers 19 and 3 (0.0018). Then the plan search over that dtype and fp16 "
+                     "(budget 0.03): every layer in `int4_per_token_head` costs KL 0.039; keeping layers 1-3 in fp16 "
+                     "brings it to 0.029 for 0.35× an fp16 cache instead of 0.28×. Because the candidates are an "
+                     "engine dtype and fp16, the plan is one vLLM serves: *Serving it* gives `--kv-cache-dtype "
+                     "int4_per_token_head --kv-cache-dtype-skip-layers 1 2 3`. The map and the search each take "
+                     "about a minute on a 2-core CPU (longer when the machine is shared)."),
+    "lesson_models8": ("**Across models:** on Gemma 3 270M the full-attention layers 11 and 5 top the map (K's KL "
+                       "0.028 and 0.025, 29× and 26× the median tensor's; their largest K channel about 32× the "
+                       "median). The search (budget 0.1) still starts with sliding-window layer 4: at 4,096 tokens a "
+                       "sliding layer holds only its 512-token window, so keeping it in fp16 costs a tenth of what a "
+                       "full layer does. Every layer in `int4_per_token_head` costs KL 0.15; layer 4 in fp16 brings "
+                       "it to 0.095: `--kv-cache-dtype int4_per_token_head --kv-cache-dtype-skip-layers 4`."),
     "tab_compare": "Compare",
     "tab_outliers": "K outliers",
     "tab_errors": "Quantization error",
@@ -117,8 +132,8 @@ EN: dict[str, str] = {
     "with_ppl": "Also measure perplexity on WikiText-2 (adds seconds per format)",
     "outputs": "Generated text (first divergence from the baseline highlighted)",
     "metrics": "Metrics per format",
-    "needle_intro": ("**Needle in a haystack:** hide a fact at several depths of a long context and ask for it back. "
-                     "int4 tends to lose facts from the middle first."),
+    "needle_intro": ("**Needle in a haystack:** hide a number at several depths of a long context, a few times at "
+                     "each depth, and ask for it back through each format's cache. Coarse scales lose it first."),
     # Compare: the engine view (kvviz/ui/engines.py)
     "engine_title": "kvviz against llama.cpp: the same cache types measured inside the engine",
     "engine_intro": ("**What you see:** llama.cpp's own KV cache types run inside llama.cpp (in-process, on the "
@@ -285,8 +300,8 @@ EN: dict[str, str] = {
                "tokens/s: each format's own cache, `{speed}` attention backend, batch 1, {steps} steps. Bytes: "
                "\"cache vs 16-bit\" is against an fp16/bf16 cache, what engines store; \"cache vs exact\" against "
                "the cache this model runs with here."),
-    "r_needle": ("One needle per depth in {n} tokens of WikiText-2, `{model}`, answers read through each format's "
-                 "cache. Retrieved: {found}."),
+    "r_needle": ("{per} needles at each of {depths} depths in {n} tokens of WikiText-2, `{model}`, answers read "
+                 "through each format's cache. Retrieved: {found}."),
     "h_format": "format",
     "h_spec": "spec",
     "h_bits": "bits/value",
@@ -307,7 +322,7 @@ EN: dict[str, str] = {
     "c_ppl": "perplexity (WikiText-2)",
     "f_metrics": "Quality and cost per format on {model} (baseline: the unquantized cache)",
     "f_format_axis": "format (K/V spec)",
-    "f_needle": "Needle in a haystack at {n} tokens of context ({model})",
+    "f_needle": "Needle in a haystack at {n} tokens of context, {per} needles per depth ({model})",
     "f_needle_x": "needle depth (% of context)",
     "f_needle_y": "retrieval rate (%)",
     "r_where": "layer {layer}, KV head {head}, {n} tokens, `{model}`",
@@ -469,7 +484,7 @@ KO: dict[str, str] = {
     "lesson2": "2 · 텐서 단위 스케일은 실패, 토큰/채널 단위는 성공",
     "lesson3": "3 · K는 민감하고 V는 관대하다 (k8v4 vs k4v8)",
     "lesson4": "4 · KV에는 E4M3가 E5M2보다 낫다",
-    "lesson5": "5 · 거친 스케일은 바늘을 놓치고, 토큰 단위 int4는 찾는다",
+    "lesson5": "5 · 텐서 단위 int4는 바늘을 놓치고, 토큰 단위 int4는 덜 놓친다",
     "lesson6": "6 · 스케일 저장이 절감분을 갉아먹는다",
     "lesson7": "7 · 융합 역양자화가 비융합보다 빠르다",
     "lesson8": "8 · 소수의 레이어가 손상을 짊어진다: 그 레이어는 정밀하게",
@@ -491,9 +506,16 @@ KO: dict[str, str] = {
                      "스케일과 같습니다. Qwen2 계열 모델은 k_proj 바이어스가 큽니다: kvviz의 작은 Qwen2의 두 헤드에서 "
                      "한 채널씩 600과 -700의 바이어스를 주면 |K|가 701에 이르고, 단위 스케일에서 K의 6.4%가 포화되며 K의 상대 "
                      "오차는 보정된 스케일의 2.4%에 비해 24%입니다."),
-    "lesson_note5": ("**레슨 5.** 바늘 그래프는 768토큰 문맥에서 사실이 놓인 위치에 따른 검색 성공률입니다 (2코어 CPU에서 "
-                     "몇 분). 이 작은 모델에서는 이 길이에서 토큰 단위 int4는 아직 찾아내지만, 텐서 단위 int4와 2비트 "
-                     "KIVI는 시작 부분 이후의 바늘을 놓칩니다. 문맥을 길게(슬라이더) 하면 4비트 포맷이 더 힘들어집니다."),
+    "lesson_note5": ("**레슨 5.** 바늘 그래프는 숫자가 문맥의 어디에 있는지에 따른 검색 성공률입니다: 다섯 깊이마다 바늘 "
+                     "3개, 각각 WikiText-2의 다른 구간에 숨기므로 각 점은 비율(0, 33, 67, 100%)입니다. SmolLM2, "
+                     "512토큰: 원본 캐시는 15개 중 15개, 토큰 단위 int4는 14개(93%), 텐서 단위 int4는 8개(53%)를 "
+                     "찾습니다. 텐서 전체에 스케일 하나를 쓰면 K의 이상치 채널이 스케일을 늘려 나머지 값에 남는 단계가 "
+                     "너무 적고, 답이 틀리게 나옵니다. 문맥을 길게(슬라이더) 하면 4비트 포맷이 더 힘들어지고 시간도 "
+                     "더 걸립니다: 바늘 하나마다 프리필이 한 번 더 듭니다."),
+    "lesson_models5": ("**모델 간 차이:** Gemma 3 270M에서는 이 레슨을 256토큰에서 실행합니다. 거기서 이미 이상치 "
+                       "채널(레이어 5와 11에서 중앙값의 약 30배)이 결과를 정합니다: 원본 캐시는 15개 중 15개, 토큰 "
+                       "단위 int4는 8개(53%), 텐서 단위 int4는 하나도 찾지 못합니다. Gemma에서는 토큰마다 스케일 하나도 "
+                       "K에는 거칩니다. 두 모델 모두 텐서 단위가 더 나쁩니다."),
     "lesson_note6": ("**레슨 6.** SmolLM2의 head_dim은 64입니다. bits/value 열을 보세요: int4에 fp16 스케일을 64개 값마다 "
                      "두면 4.25비트, 16개마다 5비트, 8개마다 6비트입니다. 그룹이 짧으면 절감분이 사라집니다."),
     "lesson_note7": ("**레슨 7.** Compare 탭의 *융합 대 비융합* 보기가 WikiText-2 프롬프트 1,024토큰 하나를 DynamicCache로, "
@@ -508,7 +530,8 @@ KO: dict[str, str] = {
     "lesson_on_model": "_이 레슨은 탭에서 고른 모델 `{model}`에서 실행됩니다; 다른 모델을 골라 비교해 보세요._",
     "lesson_models1": ("**모델 간 차이** (가장 큰 K 채널 / 중앙값 채널, WikiText-2 256토큰): Gemma 3 270M은 전체 "
                        "어텐션 레이어 5와 11에서 약 28-34배에 이르고(이 모델에서는 레슨이 레이어 11을 엽니다) 슬라이딩 "
-                       "윈도 레이어에서는 4-19배입니다; SmolLM2는 3.5-7.3배(레이어 17에서 5배)에 머뭅니다."),
+                       "윈도 레이어에서는 4-19배입니다; SmolLM2는 3.5-7.3배에 머뭅니다: 레슨은 SmolLM2의 레이어 "
+                       "17(5배; 레이어 0에는 이상치 채널이 없습니다)을 엽니다."),
     "lesson_models2": ("**모델 간 차이:** 이상치 채널이 클수록 텐서 단위 스케일 하나가 더 많이 잃습니다. Gemma 3 "
                        "270M에서는 전체 어텐션 레이어 5와 11(K의 가장 큰 채널이 중앙값의 약 28-34배)을 보세요. 텐서 "
                        "단위 맵이 가장 두드러집니다; SmolLM2의 채널은 3.5-7.3배입니다."),
@@ -518,13 +541,21 @@ KO: dict[str, str] = {
     "lesson_models6": ("**모델 간 차이:** Gemma 3 270M은 head_dim이 256이라, 행마다 fp16 스케일 하나를 둔 int4는 "
                        "4.06비트입니다(SmolLM2는 head_dim 64에서 4.25). 16개·8개 그룹은 두 모델 모두 5비트와 6비트. "
                        "고른 모델에 프리셋이 있으면 레슨이 메모리 탭을 그 모델로 엽니다."),
-    "lesson_note8": ("**레슨 8.** 이 맵은 WikiText-2의 128토큰에서 한 번에 한 레이어의 K 또는 V만 int4로 양자화합니다. "
-                     "SmolLM2에서는 레이어 19의 K가 두드러집니다: KL 0.031 nats/토큰으로 중간 텐서(0.0020)의 15배 "
-                     "(다음은 레이어 10의 K, 0.013). 그 레이어의 가장 큰 K 채널은 중간 채널의 7.0배로, 모든 레이어 중 "
-                     "가장 높습니다(중간 레이어 4.8배). 이어서 계획 탐색(int4와 fp16, 예산 0.16): 모든 레이어를 int4로 "
-                     "두면 KL 0.237, 레이어 19 하나만 fp16으로 두면 0.154(−35%)로 줄고 바이트는 9%만 늘어납니다 "
-                     "(fp16의 0.27배 대신 0.29배). 0.05 아래로 내리려면 17개 레이어가 fp16이어야 합니다. 2코어 CPU에서 "
-                     "한가한 2코어 CPU에서 각 실행은 1분 안팎 걸립니다(다른 작업과 나눠 쓰면 더 깁니다)."),
+    "lesson_note8": ("**레슨 8.** 이 맵은 WikiText-2의 128토큰에서 한 번에 한 레이어의 K 또는 V만 vLLM의 "
+                     "`int4_per_token_head`(하다마드 회전 뒤 토큰·헤드마다 비대칭 int4)로 양자화합니다. SmolLM2에서는 "
+                     "회전이 맵을 평평하게 만듭니다: 레이어 1의 K가 KL 0.0030 nats/토큰으로 가장 높고(중간 텐서의 8배), "
+                     "그다음이 레이어 19와 3(0.0018)입니다. 이어서 그 dtype과 fp16으로 계획을 탐색합니다(예산 0.03): "
+                     "모든 레이어를 `int4_per_token_head`로 두면 KL 0.039, 레이어 1-3을 fp16으로 두면 0.029가 되고 "
+                     "캐시는 fp16의 0.28배 대신 0.35배입니다. 후보가 엔진의 dtype과 fp16이라 결과는 vLLM이 서빙할 수 "
+                     "있는 계획입니다: *서빙하려면*에 `--kv-cache-dtype int4_per_token_head --kv-cache-dtype-skip-layers "
+                     "1 2 3`이 나옵니다. 맵과 탐색은 2코어 CPU에서 각각 1분 안팎 걸립니다(다른 작업과 나눠 쓰면 더 "
+                     "깁니다)."),
+    "lesson_models8": ("**모델 간 차이:** Gemma 3 270M에서는 전체 어텐션 레이어 11과 5가 맵의 맨 위입니다(K의 KL "
+                       "0.028과 0.025, 중간 텐서의 29배와 26배; 가장 큰 K 채널은 중앙값의 약 32배). 그래도 탐색(예산 "
+                       "0.1)은 슬라이딩 윈도 레이어 4부터 올립니다: 4,096토큰에서 슬라이딩 레이어는 512토큰 윈도만 "
+                       "담으므로 fp16으로 두는 비용이 전체 레이어의 10분의 1입니다. 모든 레이어를 "
+                       "`int4_per_token_head`로 두면 KL 0.15, 레이어 4를 fp16으로 두면 0.095: `--kv-cache-dtype "
+                       "int4_per_token_head --kv-cache-dtype-skip-layers 4`."),
     "tab_compare": "비교",
     "tab_outliers": "K 이상치",
     "tab_errors": "양자화 오차",
@@ -550,8 +581,8 @@ KO: dict[str, str] = {
     "with_ppl": "WikiText-2 퍼플렉서티도 측정 (포맷마다 몇 초 추가)",
     "outputs": "생성된 글 (기준과 처음 갈라지는 곳 강조)",
     "metrics": "포맷별 지표",
-    "needle_intro": ("**건초더미 속 바늘:** 긴 문맥의 여러 깊이에 사실 하나를 숨기고 다시 물어봅니다. int4는 중간에 있는 "
-                     "사실부터 잃는 경향이 있습니다."),
+    "needle_intro": ("**건초더미 속 바늘:** 긴 문맥의 여러 깊이에 숫자를 깊이마다 몇 번씩 숨기고, 각 포맷의 캐시로 다시 "
+                     "물어봅니다. 거친 스케일이 먼저 놓칩니다."),
     # Compare: 엔진 보기 (kvviz/ui/engines.py)
     "engine_title": "kvviz와 llama.cpp: 같은 캐시 타입을 엔진 안에서 측정",
     "engine_intro": ("**보고 있는 것:** llama.cpp의 KV 캐시 타입을 llama.cpp 안에서(프로세스 안, 모델의 GGUF 파일로) "
@@ -708,8 +739,8 @@ KO: dict[str, str] = {
                "({metrics}). 토큰/초: 포맷마다 자기 캐시, `{speed}` 어텐션 백엔드, 배치 1, {steps}단계. 바이트: "
                "\"16비트 대비 캐시\"는 엔진이 저장하는 fp16/bf16 캐시와, \"원본 대비 캐시\"는 여기서 이 모델이 쓰는 "
                "캐시와 비교한 값입니다."),
-    "r_needle": ("WikiText-2 {n}토큰 안에 깊이마다 바늘 하나, `{model}`, 각 포맷의 캐시로 읽은 답. 찾아낸 비율: "
-                 "{found}."),
+    "r_needle": ("WikiText-2 {n}토큰 안에 깊이 {depths}곳마다 바늘 {per}개, `{model}`, 각 포맷의 캐시로 읽은 답. "
+                 "찾아낸 비율: {found}."),
     "h_format": "포맷",
     "h_spec": "스펙",
     "h_bits": "값당 비트",
@@ -730,7 +761,7 @@ KO: dict[str, str] = {
     "c_ppl": "퍼플렉서티 (WikiText-2)",
     "f_metrics": "{model}의 포맷별 품질과 비용 (기준: 양자화하지 않은 캐시)",
     "f_format_axis": "포맷 (K/V 스펙)",
-    "f_needle": "문맥 {n}토큰에서 건초더미 속 바늘 ({model})",
+    "f_needle": "문맥 {n}토큰에서 건초더미 속 바늘, 깊이마다 바늘 {per}개 ({model})",
     "f_needle_x": "바늘 깊이 (문맥의 %)",
     "f_needle_y": "찾아낸 비율 (%)",
     "r_where": "레이어 {layer}, KV 헤드 {head}, 토큰 {n}개, `{model}`",

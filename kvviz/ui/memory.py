@@ -30,6 +30,7 @@ FORMAT_CHOICES = ["fp16", "fp8_e4m3", "k8v4", "int4", "kivi2", "mxfp4", "nvfp4",
 DEFAULT_FORMATS = ["fp16", "fp8_e4m3", "k8v4", "int4", "mxfp4"]
 GPU_CHOICES = list(mem.GPU_PRESETS)
 DEFAULT_GPUS = ["l4", "a100-40gb", "h100-80gb", "h200"]  # four capacities, four distinct lines
+DEFAULT_CONTEXT = 131072  # tokens: the chart's right end, where the tables count
 _POINTS = 48  # samples along the context axis
 _WINDOWED = ("sliding_attention", "chunked_attention")
 
@@ -90,8 +91,7 @@ def run(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, fo
     title = f"KV cache of {m.name} at batch {batch} ({m.layers} layers, {layout} layout)"
     fig = plots.memory_vs_context(contexts, gb, lines, title=title, dashed=windowed)
 
-    headers = ["format", "bits/value (K / V)", f"GB at {hi:,} tokens × {batch}", "tokens vs fp16"]
-    headers += [f"{g} ({mem.GPU_PRESETS[g].memory_gb:g} GB)" for g in gpu_names]
+    headers = _fit_headers(hi, batch, gpu_names)
     rows = []
     for s, r in zip(plans, mem.memory_table(m, list(plans.values()), hi, batch=batch, layout=layout)):
         bits = " / ".join("-" if b is None else f"{b:g}" for b in (r["k_bits"], r["v_bits"]))
@@ -104,6 +104,18 @@ def run(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, fo
         rows.append(row)
     return (fig, table(rows, headers), _formula(m, batch, hi, plans, budgets, state, layout),
             _breakdown(caches, hi, batch))
+
+
+def _fit_headers(tokens: int, batch: int, gpu_names: list[str]) -> list[str]:
+    """The GPU-fit table's columns: the format, its bits, its GB at `tokens` x `batch`, then one per GPU."""
+    return (["format", "bits/value (K / V)", f"GB at {tokens:,} tokens × {batch}", "tokens vs fp16"]
+            + [f"{g} ({mem.GPU_PRESETS[g].memory_gb:g} GB)" for g in gpu_names])
+
+
+def _breakdown_headers(tokens: int, formats: list[str]) -> list[str]:
+    """The per-layer-kind table's columns: the layer kind, its shape, then each format's GB."""
+    return ["layer kind", "layers", f"tokens each at {tokens:,}", "K heads × dim", "V heads × dim",
+            *[f"{s} GB" for s in formats]]
 
 
 def _window_edges(caches: dict, lo: int, hi: int) -> set[int]:
@@ -120,8 +132,7 @@ def _breakdown(caches: dict, tokens: int, batch: int):
     """Per layer kind: layers, tokens each holds at `tokens`, K and V per token, GB per format."""
     per_format = {s: c.breakdown(tokens, batch) for s, c in caches.items()}
     first = next(iter(per_format.values()))
-    headers = ["layer kind", "layers", f"tokens each at {tokens:,}", "K heads × dim", "V heads × dim",
-               *[f"{s} GB" for s in per_format]]
+    headers = _breakdown_headers(tokens, list(per_format))
     rows = []
     for i, r in enumerate(first):
         kind = r["kind"] + (f" (window {r['window']:,})" if r["window"] else "")
@@ -184,7 +195,7 @@ def build(tr: Translator) -> dict:
             c["batch"] = tr(gr.Number(1, label=t("batch"), precision=0), label="batch")
             with gr.Row():
                 c["ctx_min"] = tr(gr.Number(1024, label=t("ctx_min"), precision=0), label="ctx_min")
-                c["ctx_max"] = tr(gr.Number(131072, label=t("ctx_max"), precision=0), label="ctx_max")
+                c["ctx_max"] = tr(gr.Number(DEFAULT_CONTEXT, label=t("ctx_max"), precision=0), label="ctx_max")
             c["formats"] = tr(gr.CheckboxGroup(FORMAT_CHOICES, value=DEFAULT_FORMATS, label=t("memory_formats")),
                               label="memory_formats")
             c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1,
@@ -196,9 +207,12 @@ def build(tr: Translator) -> dict:
         with gr.Column(scale=3):
             c["plot"] = gr.Plot(plots.empty_figure(), label="memory vs context", show_label=False, elem_id="memory-plot")
             c["formula"] = gr.Markdown(elem_id="memory-formula", label="formula")
-            c["breakdown"] = tr(gr.Dataframe(label=t("memory_breakdown"), wrap=True, elem_id=f"{TAB}-breakdown"),
+            # headers for the default inputs before the first run (without them gradio shows columns "1 2 3")
+            c["breakdown"] = tr(gr.Dataframe(headers=_breakdown_headers(DEFAULT_CONTEXT, DEFAULT_FORMATS),
+                                             label=t("memory_breakdown"), wrap=True, elem_id=f"{TAB}-breakdown"),
                                 label="memory_breakdown")
-    c["table"] = tr(gr.Dataframe(label=t("fit_table"), wrap=True), label="fit_table")
+    c["table"] = tr(gr.Dataframe(headers=_fit_headers(DEFAULT_CONTEXT, 1, DEFAULT_GPUS), label=t("fit_table"),
+                                 wrap=True, elem_id=f"{TAB}-fit"), label="fit_table")
     c["inputs"] = [c[k] for k in ("model", "layers", "kv_heads", "head_dim", "params_b", "batch", "ctx_min",
                                   "ctx_max", "formats", "custom", "gpus", "config_file", "hf_id", "layout")]
     c["outputs"] = [c["plot"], c["table"], c["formula"], c["breakdown"]]

@@ -31,6 +31,10 @@ FORMATS = ("int4", "int4/rot", "vllm:int4_per_token_head", "vllm:turboquant_4bit
 MIN_TOKENS, MAX_TOKENS, DEFAULT_TOKENS = 32, 512, 256  # one WikiText-2 window; its second half is scored
 
 
+def _headers(lang: str = "en") -> list[str]:
+    return [t(k, lang) for k in ("h_format", "rot_h_bits", "h_kl", "rot_h_se", "h_kl_p99", "h_top1")]
+
+
 def _status(kl: dict, hist: dict, name: str, tokens: int, seconds: float, skipped: list[str], lang: str) -> str:
     """What was measured, in numbers: the rotation's effect on the coordinates, and TQ-prod against TQ-mse."""
     parts = [t("rot_done", lang).format(model=name, n=tokens, s=seconds)]
@@ -67,7 +71,7 @@ def run(tokens, model=None, lang="en", progress=gr.Progress()):
     names = [p.name for p in plans]
     rows = [[n, round(bits[n], 3), round(kl[n]["mean"], 5), round(kl[n]["mean_se"], 5), round(kl[n]["p99"], 4),
              round(100 * kl[n]["same_top_p"], 1)] for n in names]
-    headers = [t(k, lang) for k in ("h_format", "rot_h_bits", "h_kl", "rot_h_se", "h_kl_p99", "h_top1")]
+    headers = _headers(lang)
     kl_fig = plots.metrics_bars(names, {t("c_kl", lang): [kl[n]["mean"] for n in names],
                                         t("rot_c_bits", lang): [bits[n] for n in names]},
                                 title=t("rot_kl_title", lang).format(model=name, n=tokens),
@@ -93,7 +97,8 @@ def build(tr: Translator, actions: dict, model: gr.Dropdown, lang: gr.Radio) -> 
                                            label=t("rot_tokens")), label="rot_tokens")
             c["rot_run"] = tr(gr.Button(t("rot_run"), elem_id="compare-rotation-run"), value="rot_run")
         c["rot_status"] = gr.Markdown(elem_id="compare-rotation-status", label="rotation status")
-        c["rot_table"] = tr(gr.Dataframe(label=t("rot_table"), wrap=True, elem_id="compare-rotation-table"),
+        c["rot_table"] = tr(gr.Dataframe(headers=_headers(), label=t("rot_table"), wrap=True,
+                                         elem_id="compare-rotation-table"),
                             label="rot_table")
         with gr.Row():
             c["rot_kl_fig"] = gr.Plot(plots.empty_figure(), label="KL per format", show_label=False)

@@ -40,7 +40,8 @@ TAB = "sensitivity"  # the tab id in app.py; prefixes elem_ids the browser test 
 SOURCES = ("prompt", "WikiText-2")
 SPEC_CHOICES = ["int4", "int2", "int4/tensor", "int8", "fp8_e4m3", "fp8_e5m2", "k8v4", "kivi2", "mxfp4", "nvfp4",
                 "q4_0", "int4/rot", "vllm:int4_per_token_head", "vllm:turboquant_4bit_nc"]
-CANDIDATE_CHOICES = ["int2", "int4", "k8v4", "int8", "fp8_e4m3", "fp16", "vllm:turboquant_3bit_nc", "vllm:fp8"]
+CANDIDATE_CHOICES = ["int2", "int4", "k8v4", "int8", "fp8_e4m3", "fp16", "vllm:int4_per_token_head",
+                     "vllm:turboquant_3bit_nc", "vllm:fp8", "llama.cpp:q4_0", "llama.cpp:q8_0"]
 DEFAULT_CANDIDATES = ["int4", "fp16"]
 MAX_CANDIDATES = 4  # each rung below the top costs one batched pass of L rows, and the path grows by L per rung
 MIN_TOKENS, MAX_TOKENS, DEFAULT_TOKENS = 16, 512, 256  # on a 2-core CPU, 256 SmolLM2 tokens x 60 rows take minutes
@@ -48,6 +49,7 @@ MAX_KL_BUDGET = 10.0  # nats per token: far above any format's damage, a mistype
 PLAN_CONTEXT = 4096  # tokens: the context at which the search and the summary count bytes (engine layout)
 TOP_BARS = 12
 _MIB = 1024 * 1024
+_NORM_COLUMNS, _STEP_COLUMNS = 10, 5  # the norms table's and the plan steps table's (i18n sens_col*, plan_col*)
 
 
 def _text(source, prompt) -> str:
@@ -96,7 +98,7 @@ def run(source, prompt, spec, tokens, model=None, lang="en", progress=gr.Progres
     where = t("sens_where", lang).format(model=name, spec=sens["spec"], tokens=sens["tokens"])
     heat = plots.sensitivity_heatmap(sens["k"], sens["v"], t("sens_heat_title", lang).format(where=where))
     bars = plots.sensitivity_ranking(ranking(sens), t("sens_rank_title", lang).format(where=where), top=TOP_BARS)
-    headers = [t(f"sens_col{i}", lang) for i in range(10)]
+    headers = [t(f"sens_col{i}", lang) for i in range(_NORM_COLUMNS)]
     summary = (t("sens_summary", lang).format(where=where, other=sens["other"], rows=rows, seconds=sens["seconds"])
                + "\n\n" + _peaks(sens, norms, lang))
     return heat, bars, table(_norm_rows(sens, norms), headers), summary
@@ -147,7 +149,7 @@ def search(source, prompt, candidates, custom_candidates, kl_budget, tokens, mod
         context=PLAN_CONTEXT, fp16=best.bytes / res.bytes_fp16, cheapest=res.ladder[0],
         uniform=best.bytes / uniform, seconds=res.seconds)
     md += "\n\n" + t("plan_export", lang) + "\n\n" + _export_line(best.plan, model_layer_types(llm.config), name, lang)
-    headers = [t(f"plan_col{i}", lang) for i in range(5)]
+    headers = [t(f"plan_col{i}", lang) for i in range(_STEP_COLUMNS)]
     rows = [[s.step, s.move, s.plan.text, round(s.bytes / _MIB, 3), round(s.kl, 6)] for s in steps]
     return fig, best.plan.text, md, table(rows, headers)
 
@@ -220,7 +222,8 @@ def build(tr: Translator) -> dict:
     with gr.Row():
         c["heat"] = gr.Plot(plots.empty_figure(), label="sensitivity map", show_label=False)
         c["bars"] = gr.Plot(plots.empty_figure(), label="ranking", show_label=False)
-    c["norms"] = tr(gr.Dataframe(label=t("sens_norms"), wrap=True, elem_id=f"{TAB}-norms"), label="sens_norms")
+    c["norms"] = tr(gr.Dataframe(headers=[t(f"sens_col{i}") for i in range(_NORM_COLUMNS)], label=t("sens_norms"),
+                                 wrap=True, elem_id=f"{TAB}-norms"), label="sens_norms")
 
     tr(gr.Markdown(t("plan_intro")), value="plan_intro")
     with gr.Row():
@@ -244,7 +247,8 @@ def build(tr: Translator) -> dict:
         with gr.Column(scale=3):
             c["plan_fig"] = gr.Plot(plots.empty_figure(), label="plan trade-off", show_label=False)
     c["plan_summary"] = gr.Markdown(elem_id=f"{TAB}-plan-summary", label="plan summary")
-    c["steps"] = tr(gr.Dataframe(label=t("plan_steps"), wrap=True), label="plan_steps")
+    c["steps"] = tr(gr.Dataframe(headers=[t(f"plan_col{i}") for i in range(_STEP_COLUMNS)], label=t("plan_steps"),
+                                 wrap=True, elem_id=f"{TAB}-steps"), label="plan_steps")
 
     lang = tr.language_input()
     c["inputs"] = [c["source"], c["prompt"], c["spec"], c["tokens"], c["model"], lang]
