@@ -1,4 +1,4 @@
-"""kvviz.quality.llamacpp and the `llama.cpp:` names in kvviz.quality.kld: a model run as llama.cpp runs it (its
+"""kvviz.analysis.llamacpp and the `llama.cpp:` names in kvviz.quality.kld: a model run as llama.cpp runs it (its
 cache held and read by kvviz.cache and kvviz.attention, its 8-bit matmul inputs), measured against llama.cpp's f16
 cache run, equals kvviz.engines.simulate.llamacpp_kld (store and read in one call) on the same tokens.
 
@@ -13,7 +13,7 @@ import torch
 from kvviz import ggml_attention as ga
 from kvviz import quality
 from kvviz.models import bundled_gguf
-from kvviz.quality import llamacpp
+from kvviz.analysis import llamacpp
 from kvviz.tiny import tiny_config
 
 GGUF = bundled_gguf()
@@ -75,3 +75,4 @@ def test_matmul_inputs_follow_the_weights_type():
             inside = linear(x)
         assert torch.equal(inside, linear(ga.round_activation(x, "q8_0")))
         assert not torch.equal(inside, linear(x))
+
