@@ -1,4 +1,5 @@
-"""A model run as llama.cpp runs it, for the `llama.cpp:<type>` names in kvviz.quality.kld: its cache and attention
+"""A model run as llama.cpp runs it, for the `llama.cpp:<type>` names in quality.kld, Compare, Sensitivity and the
+plan search (kvviz.quality.divergence, kvviz.quality.compare, kvviz.analysis.sensitivity): its cache and attention
 (kvviz.cache.QuantizedKVCache holding K/V in llama.cpp's channel order and rotation, read by kvviz.ggml_attention
 through the "kvviz" attention function) and its weight matmuls, whose inputs ggml's CPU matmul converts to the weight
 type's `vec_dot_type` (8-bit blocks for quantized weights: kvviz.ggml_attention.round_activation). The KL of such a
@@ -40,8 +41,6 @@ from kvviz.metrics import log_probs, per_position
 ENGINE = "llama.cpp"
 BASELINE = "llama.cpp:f16"  # what llama.cpp's KLD of a cache type is measured against
 _F16 = parse_kv(BASELINE)
-
-
 _TYPE = {base: name for name, base in LLAMA_CPP_DTYPES.items()}  # a llama.cpp name's kvviz base -> its -ctk value
 
 
