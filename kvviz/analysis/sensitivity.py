@@ -11,6 +11,10 @@ up to layer i, so it forks from the exact row there, and layer j computes 2j + 3
 half the decoder work); the exact row's log-probs are formed once and every variant's KL is taken against them.
 `plans_kl` is the same measurement for any plans (kvviz.analysis.search's path).
 
+A `llama.cpp:` name is measured as llama.cpp runs it (kvviz.analysis.llamacpp): every other layer, and the other
+side of layer i, in llama.cpp's f16 cache, its attention arithmetic and 8-bit matmul inputs throughout, the KL
+against llama.cpp's f16-cache run; such plans run one at a time, not as rows of the batch (plans_kl).
+
 Qwen2.5-7B's k_proj bias gives layers 0 and 27 K norms of 600-900 against a median of 22: those layers top the K
 ranking at 3-4 bits, and `layer_norms` shows why (max |K| and the largest channel's amax over the median's).
 
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvviz.analysis import llamacpp
 from kvviz.analysis.capture import capture_ids
 from kvviz.formats import KVSpec, Plan, as_plan, get_format
 from kvviz.memory.configs import layer_shapes
@@ -50,22 +55,29 @@ def kv_layers(model) -> list[int]:
     return [s.index for s in layer_shapes(model.config, "transformers") if s.has_kv]
 
 
-def _other_side(model) -> str:
-    """The 16-bit format for the unmeasured side of the measured layer: the model's dtype when it is 16-bit."""
+def _other_side(model, kv: KVSpec) -> str:
+    """The 16-bit format for the unmeasured side of the measured layer: the model's dtype when it is 16-bit; for a
+    llama.cpp name, llama.cpp's f16 cache (its baseline)."""
+    if kv.k.engine == llamacpp.ENGINE:
+        return llamacpp.BASELINE
     return "bf16" if model.dtype == torch.bfloat16 else "fp16"
 
 
 def variant_plans(model, kv: KVSpec) -> tuple[list[Plan], list[tuple[str, int]]]:
     """The 2 x (layers holding K/V) plans of layer_sensitivity (every other layer exact) and their labels
-    [("k" | "v", layer)]."""
-    other = get_format(_other_side(model))
+    [("k" | "v", layer)]. A llama.cpp name's other side is llama.cpp's f16 cache, with the name's rotation setting
+    (llamacpp.one_side); its exact layers are held in f16 too when it runs (llamacpp.held)."""
+    other = None if kv.k.engine == llamacpp.ENGINE else get_format(_other_side(model, kv))
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     plans, labels = [], []
     for side in ("k", "v"):
         for i in kv_layers(model):
             plan: list = [None] * n_layers
-            k_fmt, v_fmt = (kv.k, other) if side == "k" else (other, kv.v)
-            plan[i] = KVSpec(k_fmt, v_fmt, f"{side}{i}", kv.residual)
+            if other is None:
+                plan[i] = llamacpp.one_side(kv, side, f"{side}{i}")
+            else:
+                k_fmt, v_fmt = (kv.k, other) if side == "k" else (other, kv.v)
+                plan[i] = KVSpec(k_fmt, v_fmt, f"{side}{i}", kv.residual)
             plans.append(as_plan(plan))
             labels.append((side, i))
     return plans, labels
@@ -77,6 +89,8 @@ def plans_kl(model, ids_list: list[torch.Tensor], plans: list[Plan], rows_per_pa
     """Mean teacher-forced KL (nats) of each plan against the exact model over every scored position of every
     prompt (ids [1, T] each; positions 1..T-2), the plans batched as rows, `rows_per_pass` at a time.
 
+    A plan holding a `llama.cpp:` name runs as llama.cpp runs it, one plan at a time, and its KL is against
+    llama.cpp's f16-cache run (kvviz.analysis.llamacpp.values; the weights' rounding from a bundled model's GGUF).
     bases: a list that carries the exact model's log-probs per prompt between calls: empty, it is filled (the
     exact row runs beside the first pass); filled, the exact model does not run again (same ids_list)."""
     step = rows_per_pass or len(plans)
@@ -84,14 +98,21 @@ def plans_kl(model, ids_list: list[torch.Tensor], plans: list[Plan], rows_per_pa
         raise ValueError(f"rows_per_pass must be a positive number of rows, got {rows_per_pass}.")
     bases = [] if bases is None else bases
     assert not bases or len(bases) == len(ids_list), f"{len(bases)} saved baselines for {len(ids_list)} prompts"
+    engine = [j for j, p in enumerate(plans) if llamacpp.runs_llamacpp(p)]  # run as llama.cpp runs them
+    own = [j for j in range(len(plans)) if j not in engine]
+    vec_dot = llamacpp.weight_vec_dot(model) if engine else {}
     sums, count = [0.0] * len(plans), 0
     for n, ids in enumerate(ids_list):
         base = bases[n] if bases and len(bases) == len(ids_list) else None
-        for start in range(0, len(plans), step):
-            values, base = row_values(model, ids, plans[start : start + step], base=base, scales=scales,
+        for start in range(0, len(own), step):
+            batch = own[start : start + step]
+            values, base = row_values(model, ids, [plans[j] for j in batch], base=base, scales=scales,
                                       kl_only=True)
-            for j, kl in enumerate(values):
-                sums[start + j] += float(kl.sum())
+            for j, kl in zip(batch, values):
+                sums[j] += float(kl.sum())
+        if engine:
+            for j, (kld, *_) in zip(engine, llamacpp.values(model, ids, [plans[j] for j in engine], 1, vec_dot)):
+                sums[j] += float(kld.sum())
         if len(bases) < len(ids_list):
             bases.append(base)
         count += ids.shape[1] - 2
@@ -121,7 +142,7 @@ def layer_sensitivity(model, tokenizer, prompt: str, spec, max_tokens: int = 256
     out = {"k": [math.nan] * n_layers, "v": [math.nan] * n_layers}
     for (side, i), kl in zip(labels, plans_kl(model, [ids], plans, rows_per_pass, scales)):
         out[side][i] = kl
-    out.update(spec=kv.spec, tokens=int(ids.shape[1]), other=_other_side(model),
+    out.update(spec=kv.spec, tokens=int(ids.shape[1]), other=_other_side(model, kv),
                seconds=time.perf_counter() - t0)
     return out
 

@@ -26,7 +26,7 @@ from kvviz.analysis.rows import row_values
 from kvviz.engines.llamacpp import resolve_gguf, type_pair
 from kvviz.formats import as_plans
 from kvviz.metrics import kld_stats, summarize
-from kvviz.quality.llamacpp import interleaved_rope, rounded_inputs, weight_vec_dot
+from kvviz.analysis.llamacpp import interleaved_rope, rounded_inputs, weight_vec_dot
 
 
 def kld(specs: list[str], ids: list[int], model=None) -> dict[str, dict]:
@@ -52,7 +52,7 @@ def llamacpp_logprobs(model, ids: list[int], vec_dot: dict[str, str], k_type: st
                       rotate: bool = True, interleaved: bool = False) -> torch.Tensor:
     """log-softmax [T, vocab] (float32) of the token ids [T] run through `model` (fp32 weights: the GGUF's, as
     kvviz.models loads them) with llama.cpp's arithmetic: every Linear's input rounded to its weight's vec_dot_type
-    (`vec_dot`: kvviz.quality.llamacpp.weight_vec_dot), and attention through kvviz.ggml_attention.attention with
+    (`vec_dot`: kvviz.analysis.llamacpp.weight_vec_dot), and attention through kvviz.ggml_attention.attention with
     K cache `k_type`, V cache `v_type` ("f16" or a ggml type) and llama.cpp's rotation when `rotate`; interleaved:
     the GGUF's Q/K channels are RoPE-interleaved (interleaved_rope()). All T tokens in one batch."""
     def attn(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):

@@ -14,8 +14,9 @@ Metrics come from one batched decode loop whose rows each hold their own format 
 by kvviz.metrics; tokens/s come from each format's own cache and attention backend (kvviz.quality.decode).
 
 Modules, bottom to top (each imports only those before it): corpus (the WikiText-2 slice), decode (prefill, a
-cache loaded from it, timed decode), report (Compare's result types), llamacpp (a model run as llama.cpp runs it:
-the `llama.cpp:` names in kld); then compare, needle, perplexity, speed (fused against unfused), divergence (kld).
+cache loaded from it, timed decode), report (Compare's result types); then compare, needle, perplexity, speed (fused
+against unfused), divergence (kld). compare and kld run a `llama.cpp:` name as llama.cpp runs it
+(kvviz.analysis.llamacpp), against llama.cpp's f16 cache run.
 """
 
 from kvviz.cache.rows import RowStackCache

@@ -11,6 +11,13 @@ it; the two then share one cache of batch 2 (one quantize call per layer and ste
 diverges costs one row, not two. Step 0's token comes from the shared prefill, so it is
 the same everywhere; KL and top-1 are measured on the decode steps 1..N-1, where the format's cache is read.
 
+A plan holding a `llama.cpp:` name runs as llama.cpp runs it instead, outside the batch (kvviz.analysis.llamacpp:
+its cache read by its flash-attention arithmetic, every weight matmul's input rounded to 8 bits, the prompt reading
+its own K/V as stored): its free-running text is llama.cpp's greedy continuation from the prompt on (step 0
+included), and its KL and top-1 are taken teacher-forced on the baseline's tokens against llama.cpp's own f16-cache
+run on them (FormatResult.kl_against), in one batch, as kvviz.quality.kld measures it: the same figures kld gives
+for the window prompt + baseline tokens scored from the prompt's length on.
+
     for update in compare_stream(model, tok, "Once upon a time", ["fp8_e4m3", "k8v4", "int4"], max_new_tokens=32):
         if update.report is None: show(update.texts)      # partial texts per format, each step
     report = compare(model, tok, prompt, specs)           # QualityReport (the stream's last item)
@@ -24,13 +31,14 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from kvviz.analysis import llamacpp
 from kvviz.cache import model_layer_types
 from kvviz.cache.rows import RowStackCache
 from kvviz.formats import Plan, as_plans, parse_kv
 from kvviz.memory import kv_cache_bytes_for
 from kvviz.metrics import kl_top1
 from kvviz.quality.decode import decode_speed, prefill
-from kvviz.quality.report import FormatResult, QualityReport, StreamUpdate
+from kvviz.quality.report import EXACT, LLAMACPP_METRICS, METRICS_BACKEND, FormatResult, QualityReport, StreamUpdate
 
 
 def _encode(tokenizer, prompt) -> torch.Tensor:
@@ -64,6 +72,9 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
         raise ValueError("max_new_tokens must be at least 2 (step 0 comes from the shared prefill).")
     names = [p.name for p in kvs]
     n = len(kvs)
+    engine = [j for j in range(n) if llamacpp.runs_llamacpp(kvs[j])]  # run as llama.cpp runs them, unbatched
+    own = [j for j in range(n) if j not in engine]
+    vec_dot = llamacpp.weight_vec_dot(model) if engine else {}
     ids = _encode(tokenizer, prompt)
     t0 = time.perf_counter()
     dyn, logits0 = prefill(model, ids)
@@ -71,11 +82,15 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
     # tokens until its first divergence, so until then it equals the teacher-forced row (same inputs, same cache):
     # it joins the batch only when the format first picks another token, as a copy of the teacher-forced row
     # placed next to it (RowStackCache.select_rows), and the two then share one cache of batch 2.
-    stack = RowStackCache(model.config, [None, *kvs], scales=scales)
+    stack = RowStackCache(model.config, [None, *(kvs[j] for j in own)], scales=scales)
     stack.load_prefill(dyn)
-    rows = [("base", -1)] + [("tf", j) for j in range(n)]  # what each batch row is
+    rows = [("base", -1)] + [("tf", j) for j in own]  # what each batch row is
     first = int(logits0.argmax(-1))
     base_ids, free_ids = [first], [[first] for _ in range(n)]
+    # llama.cpp's rows generate on their own, from the prompt on: its step 0 reads their cache already
+    greedy = {j: llamacpp.greedy(model, ids, kvs[j], vec_dot) for j in engine} if free_running else {}
+    for j, tokens in greedy.items():
+        free_ids[j] = [next(tokens)]
     kl_steps, top1_steps = [], []
     decode = lambda row_ids: tokenizer.decode(row_ids, skip_special_tokens=True)  # noqa: E731
     yield StreamUpdate(0, decode(base_ids), {names[j]: decode(free_ids[j]) for j in range(n)})
@@ -83,17 +98,19 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
         fed = [free_ids[j][-1] if kind == "fr" else base_ids[-1] for kind, j in rows]
         inp = torch.tensor(fed, device=model.device)[:, None]  # [rows, 1]
         logits = model(input_ids=inp, cache=stack, use_cache=True).logits[:, -1].float()  # [rows, vocab]
-        tf = [rows.index(("tf", j)) for j in range(n)]
-        kl, top1 = kl_top1(logits[:1], logits[tf])  # the baseline's log-softmax once, for every format
+        tf = {j: rows.index(("tf", j)) for j in own}
+        kl, top1 = kl_top1(logits[:1], logits[list(tf.values())])  # the baseline's log-softmax once, for all
         kl_steps.append(kl.cpu())
         top1_steps.append(top1.cpu())
         base_ids.append(int(logits[0].argmax()))
         spawn = []
-        for j in range(n if free_running else 0):
-            own = ("fr", j) in rows
-            free_ids[j].append(int(logits[rows.index(("fr", j)) if own else tf[j]].argmax()))
-            if not own and free_ids[j][-1] != base_ids[-1]:
+        for j in own if free_running else []:
+            split = ("fr", j) in rows
+            free_ids[j].append(int(logits[rows.index(("fr", j)) if split else tf[j]].argmax()))
+            if not split and free_ids[j][-1] != base_ids[-1]:
                 spawn.append(j)
+        for j, tokens in greedy.items():
+            free_ids[j].append(next(tokens))
         if spawn:  # each diverging format's teacher-forced row, copied as its free-running row right after it
             index, grown = [], []
             for b, (kind, j) in enumerate(rows):
@@ -105,10 +122,15 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
             stack.select_rows(index)
             rows = grown
         yield StreamUpdate(step, decode(base_ids), {names[j]: decode(free_ids[j]) for j in range(n)})
+    kl_of = dict(zip(own, torch.stack(kl_steps, dim=1).numpy()))  # {format: [steps]}
+    top1_of = dict(zip(own, torch.stack(top1_steps, dim=1).numpy()))
+    if engine:  # teacher-forced on the prompt and the baseline's tokens, scored at the decode steps 1..N-1
+        window = torch.cat([ids, torch.tensor([base_ids], dtype=ids.dtype)], dim=1)  # [1, prompt + N]
+        runs = llamacpp.values(model, window, [kvs[j] for j in engine], ids.shape[1], vec_dot)
+        for j, (kld, _, _, same_top) in zip(engine, runs):
+            kl_of[j], top1_of[j] = kld.cpu().numpy(), same_top.cpu().numpy()
     seconds = time.perf_counter() - t0
 
-    kl_arr = torch.stack(kl_steps, dim=1).numpy()  # [n, steps]
-    top1_arr = torch.stack(top1_steps, dim=1).numpy()
     keys = stack.attention_layers()[0].keys  # [rows, kv_heads, T, head_dim] of the first layer that holds K/V
     head_dim = keys.shape[-1]
     layer_types = model_layer_types(model.config)
@@ -129,17 +151,21 @@ def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: i
             diverge = next((i for i, (a, b) in enumerate(zip(base_ids, free_ids[j])) if a != b), None)
         else:
             free_ids[j], diverge = [], None
-        nbytes = stack.row_nbytes(rows.index(("tf", j)))
+        if j in engine:  # what its own cache holds for the same tokens
+            nbytes = kv_cache_bytes_for(model.config, tokens, k=llamacpp.held(model, kv), layout="transformers")
+        else:
+            nbytes = stack.row_nbytes(rows.index(("tf", j)))
         results.append(FormatResult(
             name=names[j], spec=spec, text=decode(free_ids[j]), token_ids=free_ids[j], first_divergence=diverge,
-            kl=kl_arr[j], top1=top1_arr[j], cache_bytes=nbytes, bits_per_value=bits,
+            kl=kl_of[j], top1=top1_of[j], cache_bytes=nbytes, bits_per_value=bits,
             bytes_vs_exact=nbytes / baseline_bytes, bytes_vs_16bit=nbytes / bytes_16bit, tokens_per_s=speeds.get(j),
-            plan=kvs[j]))
+            plan=kvs[j], kl_against=llamacpp.BASELINE if j in engine else EXACT))
     report = QualityReport(prompt=prompt if isinstance(prompt, str) else "", prompt_tokens=ids.shape[1],
                            baseline_text=decode(base_ids), baseline_ids=base_ids, baseline_bytes=baseline_bytes,
                            baseline_bytes_16bit=bytes_16bit, dtype=str(model.dtype).removeprefix("torch."),
                            baseline_bits=8 * model.dtype.itemsize, formats=results, seconds=seconds,
-                           baseline_tokens_per_s=base_speed)
+                           baseline_tokens_per_s=base_speed,
+                           metrics_backend=METRICS_BACKEND + (LLAMACPP_METRICS if engine else ""))
     yield StreamUpdate(max_new_tokens - 1, report.baseline_text, {r.name: r.text for r in results}, report)
 
 
@@ -153,6 +179,8 @@ def compare(model, tokenizer, prompt, specs: list[str], max_new_tokens: int = 32
     backend (tokens_per_s).
     free_running=False skips the free-running rows (text "", token_ids [], first_divergence None): metrics only,
     half the rows.
+    A plan holding a `llama.cpp:` name runs as llama.cpp runs it, its KL against llama.cpp's f16-cache run (see
+    the module docstring; FormatResult.kl_against says which baseline a row's KL is against).
     """
     last = None
     for last in compare_stream(model, tokenizer, prompt, specs, max_new_tokens, scales, speed_tokens, free_running):

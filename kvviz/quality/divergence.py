@@ -3,7 +3,7 @@ with every position reading the quantized cache, as in an engine; and the exact 
 
 Each window runs as one batch, one row per candidate plus an exact row for the baseline
 (kvviz.analysis.rows.row_values: how the window is chunked, which positions are scored, how rows share layers).
-A `llama.cpp:<type>` name runs as llama.cpp runs it instead (kvviz.quality.llamacpp: its cache, rotation and
+A `llama.cpp:<type>` name runs as llama.cpp runs it instead (kvviz.analysis.llamacpp: its cache, rotation and
 attention arithmetic, its 8-bit matmul inputs, the whole window in one batch) and is measured as llama.cpp measures
 it, against the same run with an f16 cache.
 
@@ -20,7 +20,7 @@ import torch
 from kvviz.analysis.rows import check_score_from, decoder, lm_logprobs, row_values
 from kvviz.formats import as_plans
 from kvviz.metrics import summarize
-from kvviz.quality import llamacpp
+from kvviz.analysis import llamacpp
 from kvviz.quality.corpus import wikitext
 
 BASE_FORMAT = "kvviz-kld-base/1"
@@ -85,7 +85,7 @@ def kld(model, tokenizer, specs: list, text: str | None = None, windows: int = 2
     A plan holding a `llama.cpp:` name runs with llama.cpp's arithmetic against llama.cpp's f16-cache run (see the
     module docstring; first_chunk, chunk, base and scales do not apply to it); gguf: the GGUF the model's weights
     came from, whose tensor types set llama.cpp's matmul input rounding (None: a bundled model's own, else the
-    weights' dtype: kvviz.quality.llamacpp.weight_vec_dot).
+    weights' dtype: kvviz.analysis.llamacpp.weight_vec_dot).
     Returns {name: stats} in the order given, stats keyed as kvviz.metrics.STAT_KEYS (nats, fractions).
     """
     plans = as_plans(specs, model.config.get_text_config(decoder=True).num_hidden_layers)  # checked before compute

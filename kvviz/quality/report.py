@@ -21,7 +21,10 @@ from kvviz.formats import Plan
 from kvviz.metrics import percentile
 
 METRICS_BACKEND = "torch reference, batched (dequantized K/V + SDPA)"
+LLAMACPP_METRICS = ("; `llama.cpp:` rows as llama.cpp runs them (its attention arithmetic and 8-bit matmul inputs, "
+                    "unbatched), their KL against llama.cpp's own f16-cache run")
 BASELINE = "baseline"  # the exact row's name in CompareRow and in kvviz.quality.perplexity's result
+EXACT = "exact"  # FormatResult.kl_against of a row measured against the exact model (the baseline row)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,9 @@ class FormatResult:
     bytes_vs_16bit: float  # cache_bytes over the exact cache's at 16 bits, what engines store (k8v4: 0.39)
     tokens_per_s: float | None = None  # its own cache and attention backend, when measured (speed_tokens > 0)
     plan: Plan | None = None  # what was run, as parsed at the boundary
+    # what kl and top1 are against: EXACT (the baseline row) or "llama.cpp:f16" (llama.cpp's own f16-cache run on
+    # the baseline's tokens, for a plan holding a `llama.cpp:` name)
+    kl_against: str = EXACT
 
     @property
     def mean_kl(self) -> float:
@@ -64,7 +70,8 @@ class CompareRow:
     over the decode steps (0 for the baseline); top1: the fraction of steps whose top token agrees; first_divergence:
     the first free-running token that differs (None: none, or the baseline); cache_bytes and its ratios to the exact
     cache at 16 bits and in the model's dtype; tokens_per_s: None when not timed; perplexity: on WikiText-2, None
-    when not measured; text: the free-running continuation."""
+    when not measured; text: the free-running continuation; kl_against: what kl and top1 are measured against
+    (FormatResult.kl_against)."""
 
     name: str
     baseline: bool
@@ -82,6 +89,7 @@ class CompareRow:
     perplexity: float | None
     text: str
     plan: Plan | None = None  # what the row ran (None for the baseline)
+    kl_against: str = EXACT
 
 
 @dataclass(frozen=True)
@@ -98,7 +106,7 @@ class QualityReport:
     dtype: str
     baseline_bits: int
     formats: list[FormatResult]
-    seconds: float  # wall time of prefill + batched decode
+    seconds: float  # wall time of the run: prefill, batched decode, and the `llama.cpp:` rows (run apart)
     baseline_tokens_per_s: float | None = None
     metrics_backend: str = METRICS_BACKEND
     speed_backend: str = field(default_factory=active_backend)
@@ -117,7 +125,7 @@ class QualityReport:
             kl_median=f.kl_percentile(0.5), kl_p99=f.kl_percentile(0.99), top1=f.top1_rate,
             first_divergence=f.first_divergence, cache_bytes=f.cache_bytes, bytes_vs_16bit=f.bytes_vs_16bit,
             bytes_vs_exact=f.bytes_vs_exact, tokens_per_s=f.tokens_per_s, perplexity=ppl(f.name), text=f.text,
-            plan=f.plan)
+            plan=f.plan, kl_against=f.kl_against)
             for f in self.formats]
 
     def table(self) -> list[dict]:
@@ -125,7 +133,7 @@ class QualityReport:
         return [{"format": f.name, "spec": f.spec, "mean_kl": f.mean_kl, "top1": f.top1_rate,
                  "first_divergence": f.first_divergence, "cache_bytes": f.cache_bytes,
                  "bytes_vs_baseline": f.bytes_vs_exact, "bits_per_value": f.bits_per_value,
-                 "tokens_per_s": f.tokens_per_s} for f in self.formats]
+                 "tokens_per_s": f.tokens_per_s, "kl_against": f.kl_against} for f in self.formats]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A model run as llama.cpp runs it, for the `llama.cpp:<type>` names in kvviz.quality.kld: its cache and attention
+"""A model run as llama.cpp runs it, for the `llama.cpp:<type>` names in quality.kld, Compare, Sensitivity and the
+plan search (kvviz.quality.divergence, kvviz.quality.compare, kvviz.analysis.sensitivity): its cache and attention
 (kvviz.cache.QuantizedKVCache holding K/V in llama.cpp's channel order and rotation, read by kvviz.ggml_attention
 through the "kvviz" attention function) and its weight matmuls, whose inputs ggml's CPU matmul converts to the weight
 type's `vec_dot_type` (8-bit blocks for quantized weights: kvviz.ggml_attention.round_activation). The KL of such a
@@ -10,8 +11,14 @@ so llama.cpp's KLD of a cache type is several times what the stored values alone
 kvviz.engines.simulate.llamacpp_kld computes the same figures through kvviz.ggml_attention.attention (store and read
 in one call, no cache): the reference these runs are tested against.
 
+A plan's exact layers (None) hold llama.cpp's f16 cache in such a run (`held`): llama.cpp has no unquantized cache,
+and its f16 cache is what every KL of the run is taken against. Compare, Sensitivity and the plan search run a plan
+holding a `llama.cpp:` name through `values` too (one unbatched run per plan), and Compare its free-running text
+through `greedy`.
+
     vec_dot = weight_vec_dot(model, gguf)        # {Linear name: vec_dot_type}, from the GGUF's tensor types
     lp = logprobs(model, ids, as_plan("llama.cpp:q4_0"), vec_dot)   # ids [1, T] -> [T, vocab] float64
+    tokens = greedy(model, ids, as_plan("llama.cpp:q4_0"), vec_dot)  # next(tokens): llama.cpp's next greedy token
 """
 
 from __future__ import annotations
@@ -19,23 +26,39 @@ from __future__ import annotations
 import contextlib
 import functools
 from pathlib import Path
+from typing import Iterator
 
 import gguf as gguf_lib
 import torch
 
 from kvviz import ggml_attention, models
 from kvviz.attention import ATTN_NAME
-from kvviz.cache import QuantizedKVCache
-from kvviz.formats import Plan, as_plan
+from kvviz.cache import QuantizedKVCache, model_layer_types
+from kvviz.formats import KVSpec, Plan, as_plan, parse_kv
+from kvviz.formats.engines import LLAMA_CPP_DTYPES
 from kvviz.metrics import log_probs, per_position
 
 ENGINE = "llama.cpp"
 BASELINE = "llama.cpp:f16"  # what llama.cpp's KLD of a cache type is measured against
+_F16 = parse_kv(BASELINE)
+_TYPE = {base: name for name, base in LLAMA_CPP_DTYPES.items()}  # a llama.cpp name's kvviz base -> its -ctk value
 
 
 def runs_llamacpp(plan: Plan) -> bool:
     """Whether a plan stores a llama.cpp name in some layer: it then runs with llama.cpp's arithmetic throughout."""
     return any(kv.k.engine == ENGINE for kv in plan.specs)
+
+
+def one_side(kv: KVSpec, side: str, name: str) -> KVSpec:
+    """The llama.cpp pair that stores `side` ("k" or "v") of the llama.cpp name kv as kv does and the other side in
+    llama.cpp's f16 cache, with kv's rotation setting (llama.cpp rotates only the quantized side), labelled `name`:
+    one side of one layer, as Sensitivity measures it against the f16 baseline."""
+    assert kv.k.engine == ENGINE and kv.v.engine == ENGINE, f"{kv.name} is not a llama.cpp name"
+    types = {"k": _TYPE[kv.k.base], "v": _TYPE[kv.v.base]}
+    k, v = (types["k"], "f16") if side == "k" else ("f16", types["v"])
+    quantized = any(t not in ("f16", "bf16") for t in types.values())
+    pair = parse_kv(f"{ENGINE}:k={k},v={v}" + ("/norot" if quantized and not kv.k.engine_rot else ""))
+    return KVSpec(pair.k, pair.v, name)
 
 
 # ---- the GGUF's tensor types -----------------------------------------------------------------------------------
@@ -120,19 +143,35 @@ def rounded_inputs(model, vec_dot: dict[str, str]):
 
 # ---- runs ------------------------------------------------------------------------------------------------------
 
-@torch.no_grad()
-def logprobs(model, ids: torch.Tensor, plan: Plan, vec_dot: dict[str, str]) -> torch.Tensor:
-    """log-softmax [T, vocab] (float64) of the tokens ids [1, T] run through `model` as llama.cpp runs them: one
-    batch, a QuantizedKVCache of `plan` read by the "kvviz" attention function (llama.cpp's names through
-    kvviz.ggml_attention), every Linear's input rounded as `vec_dot` says (weight_vec_dot)."""
-    cache = QuantizedKVCache(model.config, plan, stage=False)
+def held(model, plan: Plan) -> Plan:
+    """`plan` as a llama.cpp run holds it on `model`: its exact layers (None) in llama.cpp's f16 cache, the
+    baseline's, so that a plan quantizing one layer differs from the baseline in that layer alone."""
+    text = model.config.get_text_config(decoder=True)
+    kvs = plan.resolve(text.num_hidden_layers, model_layer_types(model.config))
+    return plan if all(kv is not None for kv in kvs) else as_plan([_F16 if kv is None else kv for kv in kvs])
+
+
+@contextlib.contextmanager
+def arithmetic(model, vec_dot: dict[str, str]):
+    """Inside the block, `model` runs with llama.cpp's arithmetic: the "kvviz" attention function (which reads a
+    llama.cpp cache layer as kvviz.ggml_attention.read does) and every Linear's input rounded (rounded_inputs)."""
     before = model.config._attn_implementation
     model.set_attn_implementation(ATTN_NAME)
     try:
         with rounded_inputs(model, vec_dot):
-            logits = model(input_ids=ids.to(model.device), cache=cache, use_cache=True).logits[0]
+            yield
     finally:
         model.set_attn_implementation(before)
+
+
+@torch.no_grad()
+def logprobs(model, ids: torch.Tensor, plan: Plan, vec_dot: dict[str, str]) -> torch.Tensor:
+    """log-softmax [T, vocab] (float64) of the tokens ids [1, T] run through `model` as llama.cpp runs them: one
+    batch, a QuantizedKVCache of `plan` (held) read by the "kvviz" attention function (llama.cpp's names through
+    kvviz.ggml_attention), every Linear's input rounded as `vec_dot` says (weight_vec_dot)."""
+    cache = QuantizedKVCache(model.config, held(model, plan), stage=False)
+    with arithmetic(model, vec_dot):
+        logits = model(input_ids=ids.to(model.device), cache=cache, use_cache=True).logits[0]
     return log_probs(logits)
 
 
@@ -143,3 +182,16 @@ def values(model, ids: torch.Tensor, plans: list[Plan], score_from: int, vec_dot
     targets = ids[0, score_from + 1 :].to(model.device)
     base = logprobs(model, ids, as_plan(BASELINE), vec_dot)[score_from : t - 1]
     return [per_position(base, logprobs(model, ids, p, vec_dot)[score_from : t - 1], targets) for p in plans]
+
+
+def greedy(model, ids: torch.Tensor, plan: Plan, vec_dot: dict[str, str]) -> Iterator[int]:
+    """llama.cpp's greedy continuation of the prompt ids [1, T] with a cache of `plan` (held): the first token from
+    the prompt's batch (which reads its own K/V as stored), then one token per step, each fed back. Endless: the
+    caller stops. The arithmetic is on only inside each step, so other runs of `model` may come between two."""
+    cache = QuantizedKVCache(model.config, held(model, plan), stage=False)
+    step = ids.to(model.device)
+    while True:
+        with torch.no_grad(), arithmetic(model, vec_dot):
+            token = int(model(input_ids=step, cache=cache, use_cache=True).logits[0, -1].argmax())
+        yield token
+        step = torch.tensor([[token]], device=model.device)
