@@ -114,7 +114,8 @@ def test_quality_example_runs(monkeypatch):
     assert set(calls) == {"compare", "perplexity", "needle"}
     assert [f.name for f in calls["compare"].formats] == ["fp8_e4m3", "k8v4", "k4v8", "kivi2"]
     assert set(calls["perplexity"]["ppl"]) == {"baseline", "fp8_e4m3", "int4"}
-    assert list(calls["needle"]["rate"]) == ["baseline", "fp8_e4m3", "int4", "kivi2"]
+    assert list(calls["needle"]["rate"]) == ["baseline", "int4", "int4/tensor"]
+    assert calls["needle"]["needles_per_depth"] == 3
 
 
 # --- links: the README and the docs pages point at files and headings that exist ----------------------------------
