@@ -271,3 +271,25 @@ def test_quality_map_marks_the_pareto_frontier_and_engine_flags():
     flags = {p.name: p.engine_flag for p in points}
     assert flags["q4_0"] == "llama.cpp -ctk q4_0 -ctv q4_0 -fa on" and flags["int4; 0=fp16"] is None
     assert flags["fp8_e4m3"].startswith("vllm ") or flags["fp8_e4m3"].startswith("sglang ")
+
+
+def test_rows_marked_own_fit_their_own_scale(tiny):
+    """Rows of one plan share a batched cache, except rows marked `own` (the needle test's per-tensor rows, one per
+    haystack): each of those fits its per-tensor scale on its own states and reads as the same cache alone."""
+    model, tok = tiny
+    ids = tok([PROMPT, PROMPT.upper()], return_tensors="pt", padding=True)["input_ids"][:, :12]  # [2, 12]
+    dyn, _ = quality.prefill(model, ids)
+    for layer in dyn.layers:  # rows: int4 x 2 haystacks, int4/tensor x 2 haystacks
+        layer.keys, layer.values = layer.keys.repeat(2, 1, 1, 1), layer.values.repeat(2, 1, 1, 1)
+    specs = [as_plan("int4")] * 2 + [as_plan("int4/tensor")] * 2
+    stack = quality.RowStackCache(model.config, specs, own={2, 3})
+    assert stack.row_caches[0] is stack.row_caches[1]
+    assert stack.row_caches[2] is not stack.row_caches[3] and stack.row_caches[2] is not stack.row_caches[0]
+    stack.load_prefill(dyn)
+    nxt = torch.tensor([[5], [7], [5], [7]])
+    logits = model(input_ids=nxt, cache=stack, use_cache=True).logits[:, -1]
+    for row in (2, 3):
+        alone = quality.load_prefill(QuantizedKVCache(model.config, "int4/tensor"),
+                                     quality.prefill(model, ids[row - 2:row - 1])[0])
+        want = model(input_ids=nxt[row:row + 1], cache=alone, use_cache=True).logits[0, -1]
+        assert torch.allclose(logits[row], want, atol=1e-4), row

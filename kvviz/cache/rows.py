@@ -168,15 +168,20 @@ class RowStackCache(Cache):
     scales: static scales passed to every quantized row's QuantizedKVCache ({layer: (k_scale, v_scale)}).
     layer_rows: None (every layer holds one row per spec, in order) or, per layer j, the index into `specs` of
     each row layer j holds (that row stores what specs[p]'s layer j stores); a (plan, layer) pair at most once.
+    own: with layer_rows None, rows that get a cache of their own though their plan equals another row's (a
+    per-tensor or global scale is fitted on a cache's first update, over its whole batch: a row that stands for
+    a run of its own, such as one needle's haystack, must fit its own).
     """
 
-    def __init__(self, config, specs: list, scales: dict | None = None, layer_rows: list[list[int]] | None = None):
+    def __init__(self, config, specs: list, scales: dict | None = None, layer_rows: list[list[int]] | None = None,
+                 own: frozenset[int] | set[int] = frozenset()):
         n_layers = config.get_text_config(decoder=True).num_hidden_layers
         assert all(s is None or isinstance(s, Plan) for s in specs), "RowStackCache rows are kvviz.Plans or None"
         kinds, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
         if layer_rows is None:  # rows of one spec share one cache, batched (see the module docstring)
             # equal plans (as this model stores them, the engine's layer rules applied): one cache
-            keys = [None if s is None else s.fitted(n_layers, kinds) for s in specs]
+            keys = [None if s is None else (s.fitted(n_layers, kinds), i if i in own else -1)
+                    for i, s in enumerate(specs)]
             # stage=False: the rows read each update's return (their mirrors), so nothing may be left staged
             caches = {k: QuantizedKVCache(config, specs[keys.index(k)], scales=_scales_for(s, scales), stage=False)
                       for k, s in zip(keys, specs) if k is not None}

@@ -58,24 +58,31 @@ def _rotated(text: str, k: int, n: int) -> str:
     return text[at:] + " " + text[:at]
 
 
+def _fits_scale(plan) -> bool:
+    """Whether any layer of `plan` stores a format whose scale is fitted on a cache's first update."""
+    kvs = [plan.default, *(kv for _, kv in plan.layers)]
+    return any(f.takes_scale for kv in kvs if kv is not None for f in (kv.k, kv.v))
+
+
 @torch.no_grad()
 def _answers(model, tokenizer, haystacks: list, kvs: list, scales, answer_tokens: int) -> list[list[str]]:
     """Greedy answers to each haystack's question, read through the exact cache and each plan's: [haystack][row]
     with row 0 the exact cache. haystacks: (prompt ids [1, T], question ids [1, q]) pairs, all of one T and q.
 
     The prompts prefill as one batch [H, T]; its K/V, tiled format-major ([(1 + len(kvs)) * H, ...]: every
-    format's rows hold every haystack), load into one RowStackCache. Each row gets a cache of its own (layer_rows):
-    a per-tensor or NVFP4 scale is fitted on the first update over a cache's whole batch, and each haystack's must
-    be its own, as it would be alone.
+    format's rows hold every haystack), load into one RowStackCache. A plan's rows share one cache, batched, unless
+    the plan fits a scale on a cache's first update (per-tensor / per-head, NVFP4's global scale): over a shared
+    cache that scale would be the batch's, and each haystack's must be its own, as it would be alone, so those rows
+    get a cache each.
     """
     h, rows = len(haystacks), (1 + len(kvs)) * len(haystacks)
     dyn, _ = prefill(model, torch.cat([p for p, _ in haystacks]))  # K/V [H, kv_heads, T, head_dim] per layer
     if h > 1:  # batch-1 prefills load as they are (the cache expands them to every row)
         for layer in dyn.layers:
             layer.keys, layer.values = layer.keys.repeat(rows // h, 1, 1, 1), layer.values.repeat(rows // h, 1, 1, 1)
-    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
-    stack = RowStackCache(model.config, [p for p in [None] + kvs for _ in range(h)], scales=scales,
-                          layer_rows=[list(range(rows))] * n_layers)
+    specs = [p for p in [None] + kvs for _ in range(h)]
+    own = {r for r, p in enumerate(specs) if p is not None and _fits_scale(p)}
+    stack = RowStackCache(model.config, specs, scales=scales, own=own)
     stack.load_prefill(dyn)
     del dyn
     inp = torch.cat([q for _, q in haystacks]).repeat(1 + len(kvs), 1).to(model.device)  # [rows, q]
