@@ -102,18 +102,27 @@ def use_backend(name: str):
         _chosen.name = previous
 
 
+def _wanted() -> str:
+    """This thread's use_backend() choice, else KVVIZ_BACKEND (checked), else auto."""
+    wanted = getattr(_chosen, "name", None)
+    return wanted if wanted is not None else _backend_name(os.environ.get("KVVIZ_BACKEND", "auto"), "KVVIZ_BACKEND")
+
+
+def _compiling_elsewhere() -> bool:
+    """Whether another thread is inside compiling_cpu_kernels()."""
+    return _compiler["thread"] not in (None, threading.get_ident())
+
+
 def active_backend() -> str:
     """"triton", "cpu" or "torch", from this thread's use_backend() if inside one, else KVVIZ_BACKEND (default
     auto: triton on CUDA, else the fused CPU path when numba runs, else torch; torch too while another thread
     compiles the CPU kernels, see compiling_cpu_kernels; "cpu" without numba falls back to torch). Raises
     ValueError on a bad or impossible choice."""
-    wanted = getattr(_chosen, "name", None)
-    if wanted is None:
-        wanted = _backend_name(os.environ.get("KVVIZ_BACKEND", "auto"), "KVVIZ_BACKEND")
+    wanted = _wanted()
     probe = _probe()
     if wanted == "auto" and probe["cuda"] and probe["triton"]:
         return "triton"
-    if wanted == "auto" and _compiler["thread"] not in (None, threading.get_ident()):
+    if wanted == "auto" and _compiling_elsewhere():
         return "torch"  # another thread is compiling the CPU kernels (compiling_cpu_kernels)
     if wanted in ("auto", "cpu"):
         return "cpu" if _cpu_fused() else "torch"
@@ -129,11 +138,10 @@ def settled_backend() -> str | None:
     """active_backend() when answering it compiles nothing; None while the fused CPU path's first compile (or
     numba's cache load, minutes on a cold 2-core machine) is still to come or under way. A page header asks this, not
     active_backend(), so that serving the page never waits for a compile."""
-    wanted = getattr(_chosen, "name", None) or _backend_name(os.environ.get("KVVIZ_BACKEND", "auto"), "KVVIZ_BACKEND")
+    wanted = _wanted()
     probe = _probe()
     cpu_path = wanted == "cpu" or (wanted == "auto" and not (probe["cuda"] and probe["triton"]))
-    compiling = _compiler["thread"] not in (None, threading.get_ident())
-    if cpu_path and (_cpu_fused.cache_info().currsize == 0 or compiling):
+    if cpu_path and (_cpu_fused.cache_info().currsize == 0 or _compiling_elsewhere()):
         return None
     return active_backend()
 

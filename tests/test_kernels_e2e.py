@@ -145,10 +145,11 @@ def _arch_model(arch: str):
     return model, ByteTokenizer()
 
 
-def _arch_logits(model, tok, spec: str, backend: str, monkeypatch) -> torch.Tensor:
-    """Prefill the left-padded prompts (the windows already cut), then one decode step: logits [B, vocab]."""
+def _arch_logits(model, tok, spec: str, backend: str, monkeypatch, prompts=ARCH_PROMPTS) -> torch.Tensor:
+    """Prefill the left-padded prompts (two; ARCH_PROMPTS' windows already cut), then one decode step: logits
+    [B, vocab]."""
     monkeypatch.setenv("KVVIZ_BACKEND", backend)
-    enc = tok(list(ARCH_PROMPTS), return_tensors="pt")
+    enc = tok(list(prompts), return_tensors="pt")
     ids, mask = enc["input_ids"], enc["attention_mask"]
     cache = kvviz.QuantizedKVCache(model.config, spec)
     model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)

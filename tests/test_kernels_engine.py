@@ -36,11 +36,13 @@ from kernels import (  # noqa: E402
 from kernels.decode import supports  # noqa: E402
 from kernels.packed import ENGINE_KINDS  # noqa: E402
 from kvviz import attention  # noqa: E402
+from test_kernels_e2e import _arch_logits, _arch_model  # noqa: E402 (tiny models at head_dim 32, one decode step)
 
 pytestmark = pytest.mark.skipif(not kernels.triton_usable(), reason="Triton cannot run here: no CUDA, and "
                                 "TRITON_INTERPRET=1 was not set before triton was imported")
 
 TOL = 1e-3  # max |out - ref| / max |ref|, tests/test_kernels.py's bound
+PROMPTS = ("The quick brown fox", "Hi")  # the cache test's two left-padded prompts
 BATCH, KV_HEADS = 2, 2
 
 # (spec, GQA ratio, length of batch row 0 (row 1: half), splits, head_dim, tail tokens): every format once, each
@@ -114,32 +116,6 @@ def test_the_decode_reads_the_engines_stores_and_the_packer_leaves_them():
 
 # ------------------------------------------------------------------------------------------ through the cache
 
-def _tiny_llama():
-    """kvviz's tiny Llama at head_dim 32 (its 16 is below TQ-mse's rotation and codebook sizes worth testing)."""
-    from transformers import AutoModelForCausalLM
-
-    from kvviz.tiny import ByteTokenizer, tiny_config
-
-    config = tiny_config("llama")
-    config.head_dim = 32
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attention.ATTN_NAME).eval()
-    return model, ByteTokenizer()
-
-
-def _step_logits(model, tok, spec: str, backend: str, monkeypatch) -> torch.Tensor:
-    """Prefill two left-padded prompts, then one decode step: logits [B, vocab]."""
-    monkeypatch.setenv("KVVIZ_BACKEND", backend)
-    enc = tok(["The quick brown fox", "Hi"], return_tensors="pt")
-    ids, mask = enc["input_ids"], enc["attention_mask"]
-    cache = kvviz.QuantizedKVCache(model.config, spec)
-    model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
-    mask = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=mask.dtype)], dim=1)
-    out = model(input_ids=torch.tensor([[101], [32]]), attention_mask=mask, past_key_values=cache, use_cache=True)
-    return out.logits[:, -1].float()
-
-
 def test_a_cache_of_engine_stores_decodes_fused(monkeypatch):
     """TQ-mse3 (3-bit codebook, a rotation) in kvviz's cache, its sides (capacity strides, the codebook kept in
     their memo) read by the kernel: the triton backend's logits equal the torch backend's, and every layer's decode
@@ -147,13 +123,13 @@ def test_a_cache_of_engine_stores_decodes_fused(monkeypatch):
     has 2.)"""
     spec = "tq_mse3"
     attention._probe.cache_clear()
-    model, tok = _tiny_llama()
+    model, tok = _arch_model("llama")  # head_dim 32: TQ-mse's rotation and codebook at a size worth testing
     fused, formats = attention._triton_decode, []
     monkeypatch.setattr(attention, "_triton_decode", lambda module, q, k, v, *a, **kw: formats.append(k.fmt.kind) or
                         fused(module, q, k, v, *a, **kw))
     with torch.no_grad():
-        ref = _step_logits(model, tok, spec, "torch", monkeypatch)
-        got = _step_logits(model, tok, spec, "triton", monkeypatch)
+        ref = _arch_logits(model, tok, spec, "torch", monkeypatch, prompts=PROMPTS)
+        got = _arch_logits(model, tok, spec, "triton", monkeypatch, prompts=PROMPTS)
     attention._probe.cache_clear()
     assert len(formats) == model.config.num_hidden_layers, "every layer's decode step takes the fused kernel"
     assert set(formats) == {"tq"}

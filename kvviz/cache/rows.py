@@ -258,5 +258,4 @@ def _scales_for(plan: Plan, scales):
     """Static scales only reach rows whose formats take them (QuantizedKVCache rejects them otherwise)."""
     if not scales:
         return None
-    takes = any(f.takes_scale for kv in plan.specs for f in (kv.k, kv.v))
-    return scales if takes else None
+    return scales if plan.takes_scale else None

@@ -122,6 +122,12 @@ class Plan:
         kvs = {spec_key(kv): kv for kv in ([self.default] + [kv for _, kv in self.layers]) if kv is not None}
         return tuple(kvs.values())
 
+    @property
+    def takes_scale(self) -> bool:
+        """True when a layer stores a format that fits or takes a scale for the whole cache (per-tensor or per-head
+        static scales, nvfp4's global scale): a cache of this plan shared by several runs would share that scale."""
+        return any(f.takes_scale for kv in self.specs for f in (kv.k, kv.v))
+
     def for_layer(self, i: int) -> KVSpec | None:
         """Layer i's spec (None: kept exact); ValueError when the plan gives that layer none."""
         assigned = dict(self.layers)

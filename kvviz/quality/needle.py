@@ -58,12 +58,6 @@ def _rotated(text: str, k: int, n: int) -> str:
     return text[at:] + " " + text[:at]
 
 
-def _fits_scale(plan) -> bool:
-    """Whether any layer of `plan` stores a format whose scale is fitted on a cache's first update."""
-    kvs = [plan.default, *(kv for _, kv in plan.layers)]
-    return any(f.takes_scale for kv in kvs if kv is not None for f in (kv.k, kv.v))
-
-
 @torch.no_grad()
 def _answers(model, tokenizer, haystacks: list, kvs: list, scales, answer_tokens: int) -> list[list[str]]:
     """Greedy answers to each haystack's question, read through the exact cache and each plan's: [haystack][row]
@@ -81,7 +75,7 @@ def _answers(model, tokenizer, haystacks: list, kvs: list, scales, answer_tokens
         for layer in dyn.layers:
             layer.keys, layer.values = layer.keys.repeat(rows // h, 1, 1, 1), layer.values.repeat(rows // h, 1, 1, 1)
     specs = [p for p in [None] + kvs for _ in range(h)]
-    own = {r for r, p in enumerate(specs) if p is not None and _fits_scale(p)}
+    own = {r for r, p in enumerate(specs) if p is not None and p.takes_scale}
     stack = RowStackCache(model.config, specs, scales=scales, own=own)
     stack.load_prefill(dyn)
     del dyn
