@@ -375,24 +375,24 @@ def test_every_tab_takes_the_engines_names_in_both_languages(page, server, shots
 
     _open_tab(page, "sensitivity")
     page.locator("#tab-sensitivity").get_by_label("prompt", exact=True).check()
-    spec = page.locator("#sensitivity-spec input")
-    spec.fill("vllm:turboquant_4bit_nc")
-    spec.press("Enter")
-    page.locator("#sensitivity-run").click()
-    _wait_for_text(page, "#sensitivity-summary", "vllm:turboquant_4bit_nc")
-    assert not _error_toasts(page), _error_toasts(page)
-
-    _open_tab(page, "memory")
-    page.locator("#memory-custom textarea").fill("vllm:turboquant_3bit_nc\nvllm:nvfp4_4over6\nvllm:int4_per_token_head")
-    page.locator("#memory-run").click()
-    _wait_for_text(page, "#memory-formula", "vllm:nvfp4_4over6")
-    assert not _error_toasts(page), _error_toasts(page)
-
-    _open_tab(page, "export")
-    fmt = page.locator("#export-spec input")
-    fmt.fill("vllm:turboquant_k8v4")
-    fmt.press("Enter")
-    page.locator("#export-run").click()
-    _wait_for_text(page, "#export-commands", "--kv-cache-dtype turboquant_k8v4")
-    assert not _error_toasts(page), _error_toasts(page)
+    _type_and_run(page, "sensitivity", "#sensitivity-spec input", "vllm:turboquant_4bit_nc",
+                  "#sensitivity-summary", "vllm:turboquant_4bit_nc")
+    _type_and_run(page, "memory", "#memory-custom textarea",
+                  "vllm:turboquant_3bit_nc\nvllm:nvfp4_4over6\nvllm:int4_per_token_head",
+                  "#memory-formula", "vllm:nvfp4_4over6")
+    _type_and_run(page, "export", "#export-spec input", "vllm:turboquant_k8v4",
+                  "#export-commands", "--kv-cache-dtype turboquant_k8v4")
     page.get_by_label("English").check()
+
+
+def _type_and_run(page, tab: str, field: str, value: str, out: str, expect: str) -> None:
+    """In `tab`, type `value` into `field` (a dropdown takes it with Enter), run the tab, and wait until `out`
+    shows `expect`, with no error shown."""
+    _open_tab(page, tab)
+    box = page.locator(field)
+    box.fill(value)
+    if field.endswith(" input"):
+        box.press("Enter")
+    page.locator(f"#{tab}-run").click()
+    _wait_for_text(page, out, expect)
+    assert not _error_toasts(page), _error_toasts(page)
