@@ -82,6 +82,13 @@ def _field(data, o, nbytes, elem, pb, ub, p, lut, raw):
     elif pb == 1:
         for k in range(nbytes):
             raw[_U(p), _U(k)] = np.float32(np.int32(data[_U(o + k)]))
+    elif pb == 2:  # 4-bit codes: a literal shift and mask (by a variable amount this loop runs ~2.5x slower)
+        if p == 0:
+            for k in range(nbytes):
+                raw[_U(0), _U(k)] = np.float32(np.int32(data[_U(o + k)] & np.uint8(15)))
+        else:
+            for k in range(nbytes):
+                raw[_U(1), _U(k)] = np.float32(np.int32(data[_U(o + k)] >> np.uint8(4)))
     else:
         w = np.uint32(8 // pb)
         sh = w * np.uint32(p)
