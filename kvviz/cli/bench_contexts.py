@@ -32,6 +32,10 @@ class _Timer:
     """Seconds spent in the cache layers' update and in the attention function, summed over the calls."""
 
     def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what was timed so far (the untimed warm-up step's first-call costs)."""
         self.update = self.attention = 0.0
         self.calls = 0
 
@@ -97,7 +101,7 @@ def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], d
                 timer = _Timer()
                 with timer.patched():
                     tps, cache, _ = quality.timed_decode(model, dyn, None if name == "DynamicCache" else name,
-                                                         first, decode_tokens)
+                                                         first, decode_tokens, on_timed=timer.reset)
                 row = rows[name]
                 if tps > row.get("tokens_per_s", 0.0):
                     per_call = 1e3 / max(timer.calls, 1)

@@ -58,9 +58,10 @@ def make_cache(model, spec, scales: dict | None = None) -> Cache:
 
 @torch.no_grad()
 def timed_decode(model, prefilled: Cache, spec, first_token: int, n_tokens: int, scales: dict | None = None,
-                 warmup: int = 1):
+                 warmup: int = 1, on_timed=lambda: None):
     """Greedy-decode n_tokens after the prefill through a fresh cache (see make_cache), timing the steps after
-    `warmup` untimed ones. Returns (tokens_per_s, cache, generated ids)."""
+    `warmup` untimed ones (`on_timed()` is called when the timed steps begin). Returns (tokens_per_s, cache,
+    generated ids)."""
     if n_tokens < 1:
         raise ValueError(f"n_tokens must be at least 1, got {n_tokens}.")
     cache = load_prefill(make_cache(model, spec, scales), prefilled)
@@ -69,6 +70,7 @@ def timed_decode(model, prefilled: Cache, spec, first_token: int, n_tokens: int,
     start = None
     for step in range(warmup + n_tokens):
         if step == warmup:
+            on_timed()
             start = time.perf_counter()
         logits = model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1]
         nxt = logits.argmax(-1, keepdim=True)
