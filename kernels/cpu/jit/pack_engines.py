@@ -137,11 +137,6 @@ def engine_pack_rows(x, data, scale, zero, engine, bits, pos, aux, xdt):
     codes = np.empty(dim, np.int64)
     w32 = np.empty(dim, np.float32)
     lanes = np.empty(8, np.float32)
-    h64 = np.empty((dim, dim) if engine == EN_TQ_KEY else (1, 1), np.float64)  # a TurboQuant key's H, as float64
-    if engine == EN_TQ_KEY:
-        for i in range(dim):
-            for j in range(dim):
-                h64[i, j] = aux[i * dim + j]
     for b in range(n_b):
         for h in range(n_h):
             for t in range(n_t):
@@ -213,9 +208,9 @@ def engine_pack_rows(x, data, scale, zero, engine, bits, pos, aux, xdt):
                         w32[j] = 0.0
                     for i in range(dim):  # y_j += u_i * H[i, j], one rounding to fp32 per step (an FMA)
                         ui = np.float64(row[i] / den)
-                        hi = h64[_U(i)]
+                        o = i * dim
                         for j in range(dim):
-                            w32[_U(j)] = _F32(np.float64(w32[_U(j)]) + ui * hi[_U(j)])
+                            w32[_U(j)] = _F32(np.float64(w32[_U(j)]) + ui * np.float64(aux[_U(o + j)]))
                     n_mid = aux.size - dim * dim
                     for j in range(dim):
                         y = w32[j]
