@@ -8,9 +8,17 @@ Each case times `kvviz.quality.compare(model, tok, prompt, formats, max_new_toke
 teacher-forced metrics, the tab's run without its tokens/s column) and `model.generate(max_new_tokens=N)`
 (greedy, batch 1, DynamicCache) interleaved in one process, keeps the best of each over the rounds and prints
 their ratio: on a shared machine the ratio moves far less than either time. `uptime` is printed beside it.
+
+    python benchmarks/compare_cost.py --app                # what a visitor waits: the app's /compare endpoint
+
+--app starts `python app.py` on the bundled model (tests/app_server.py) and times each case as the Compare button
+runs it, through gradio_client: the whole endpoint (the streamed text, the metrics, each format's tokens/s run,
+the tables and charts), after one untimed warm-up click. The plain generation is timed in this process, in the
+same interleaved rounds.
 """
 
 import argparse
+import contextlib
 import cProfile
 import pstats
 import subprocess
@@ -52,28 +60,54 @@ def _compare_s(model, tok, ids: torch.Tensor, specs: list[str], n: int) -> float
     return time.perf_counter() - t0
 
 
+def _endpoint_s(client, specs: list[str], n: int) -> float:
+    """Seconds until the app's Compare endpoint returns for `specs` x n tokens on the tab's prompt."""
+    t0 = time.perf_counter()
+    client.predict(TAB_PROMPT, specs, "", n, False, api_name="/compare")
+    return time.perf_counter() - t0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds, best kept (default 2)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="then profile one run of the 6 formats x N tokens (default 0: none)")
     p.add_argument("--cases", default="tab,six", help="which cases to time: tab, six (default both)")
+    p.add_argument("--app", action="store_true", help="time the running app's /compare endpoint (gradio_client)")
     args = p.parse_args()
     warnings.simplefilter("ignore", ScaleWarning)  # fp8's first-update scale on a short prompt, once per layer
     model, tok = kvviz.load_model()
     ids = tok(TAB_PROMPT, return_tensors="pt")["input_ids"]
     cases = {"tab": ("the tab's defaults", DEFAULT_SPECS, TAB_TOKENS), "six": ("the issue's case", SIX, 128)}
     cases = [cases[c] for c in args.cases.split(",") if c]
-    _generate_s(model, ids, 4), _compare_s(model, tok, ids, SIX[:2], 4)  # warm-up: first calls allocate
-    print(f"SmolLM2-135M, prompt {ids.shape[1]} tokens, {torch.get_num_threads()} torch threads\n[{_uptime()}]")
-    for label, specs, n in cases:
-        gen, cmp = [], []
-        for _ in range(args.rounds):
-            gen.append(_generate_s(model, ids, n))
-            cmp.append(_compare_s(model, tok, ids, specs, n))
-        print(f"{label}: {len(specs)} formats ({', '.join(specs)}) x {n} tokens: compare {min(cmp):.2f} s, "
-              f"generate {min(gen):.2f} s, ratio {min(cmp) / min(gen):.2f}x  (rounds: compare "
-              f"{', '.join(f'{s:.2f}' for s in cmp)}; generate {', '.join(f'{s:.2f}' for s in gen)})", flush=True)
+    with contextlib.ExitStack() as stack:
+        if args.app:
+            from gradio_client import Client
+
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+            import app_server
+
+            app_server.STARTUP_TIMEOUT_S = 900
+            srv = stack.enter_context(app_server.serve_app(model="smollm2-135m"))
+            client = Client(srv.url, verbose=False)
+            _endpoint_s(client, DEFAULT_SPECS, TAB_TOKENS)  # warm-up: the launch warm-up's compile, first calls
+            run = lambda specs, n: _endpoint_s(client, specs, n)  # noqa: E731
+        else:
+            _compare_s(model, tok, ids, SIX[:2], 4)  # warm-up: first calls allocate
+            run = lambda specs, n: _compare_s(model, tok, ids, specs, n)  # noqa: E731
+        _generate_s(model, ids, 4)
+        what = "the app's /compare endpoint" if args.app else "quality.compare"
+        print(f"SmolLM2-135M, prompt {ids.shape[1]} tokens, {torch.get_num_threads()} torch threads, timing {what}"
+              f"\n[{_uptime()}]")
+        for label, specs, n in cases:
+            gen, cmp = [], []
+            for _ in range(args.rounds):
+                gen.append(_generate_s(model, ids, n))
+                cmp.append(run(specs, n))
+            print(f"{label}: {len(specs)} formats ({', '.join(specs)}) x {n} tokens: compare {min(cmp):.2f} s, "
+                  f"generate {min(gen):.2f} s, ratio {min(cmp) / min(gen):.2f}x  (rounds: compare "
+                  f"{', '.join(f'{s:.2f}' for s in cmp)}; generate {', '.join(f'{s:.2f}' for s in gen)})",
+                  flush=True)
     print(f"[{_uptime()}]")
     if args.profile:
         prof = cProfile.Profile()
