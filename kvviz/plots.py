@@ -287,6 +287,37 @@ def memory_vs_context(contexts: Sequence[int], gb_by_format: Mapping[str, Sequen
     return _layout(fig, title, height=440)
 
 
+def speed_by_context(contexts: Sequence[int], tps_by_cache: Mapping[str, Sequence[float]],
+                     ceilings: Mapping[str, Sequence[float]], live: Mapping[str, tuple[int, float]], title: str,
+                     x_title: str = "context (tokens)", y_title: str = "decode speed (tokens/s)") -> go.Figure:
+    """Decode speed against context: one line per cache (measured points), each quantized cache's byte ceiling
+    dashed in its colour (what it would reach if it cost nothing beyond its bytes), and `live` points as large
+    markers ({cache: (context, tokens/s)}, e.g. the run just made). The first cache is the exact one."""
+    names = list(dict.fromkeys([*tps_by_cache, *live]))
+    colors = format_colors(names)
+    fig = go.Figure()
+    for name, tps in tps_by_cache.items():
+        assert len(tps) == len(contexts), f"{name}: {len(tps)} values for {len(contexts)} contexts"
+        fig.add_trace(go.Scatter(x=list(contexts), y=_finite(tps), mode="lines+markers", name=name,
+                                 line=dict(color=colors[name], width=2.5),
+                                 hovertemplate=name + "<br>%{x:,} tokens: %{y:.2f} tokens/s<extra></extra>"))
+    for name, tps in ceilings.items():
+        assert len(tps) == len(contexts), f"{name}: {len(tps)} values for {len(contexts)} contexts"
+        label = f"{name}: ceiling"
+        fig.add_trace(go.Scatter(x=list(contexts), y=_finite(tps), mode="lines", name=label,
+                                 line=dict(color=colors.get(name, "#888"), width=1.5, dash="dash"),
+                                 hovertemplate=label + "<br>%{x:,} tokens: %{y:.2f} tokens/s<extra></extra>"))
+    for name, (context, tps) in live.items():
+        label = f"{name}: this run"
+        fig.add_trace(go.Scatter(x=[context], y=[tps], mode="markers", name=label,
+                                 marker=dict(color=colors[name], size=13, symbol="diamond",
+                                             line=dict(color="#222", width=1)),
+                                 hovertemplate=label + "<br>%{x:,} tokens: %{y:.2f} tokens/s<extra></extra>"))
+    fig.update_xaxes(title_text=x_title, type="log", tickvals=list(contexts), ticktext=[f"{c:,}" for c in contexts])
+    fig.update_yaxes(title_text=y_title, rangemode="tozero")
+    return _layout(fig, title, height=420)
+
+
 # --- Export --------------------------------------------------------------------------------------------------
 
 

@@ -124,7 +124,7 @@ def test_needle_rejects_a_context_out_of_range(client):
 
 
 def test_fused_speed_times_each_format_fused_and_unfused(client):
-    table, fig, status = client.predict(["int4", "k8v4"], "fp16", 256, 3, api_name="/fused_speed")
+    table, fig, status, curve = client.predict(["int4", "k8v4"], "fp16", 256, 3, api_name="/fused_speed")
     rows = table["data"]
     assert table["headers"] == ["cache", "decode path", "tokens/s", "× DynamicCache", "read per step (MiB)"]
     assert [r[0] for r in rows] == ["DynamicCache", "int4", "int4", "k8v4", "k8v4", "fp16", "fp16"]
@@ -142,13 +142,20 @@ def test_fused_speed_times_each_format_fused_and_unfused(client):
     assert "Done in" in status and "`tiny-llama`" in status and "a 256-token WikiText-2 prompt" in status
     assert "the same 4 tokens for `int4`, `k8v4`, `fp16`" in status
     assert "`fp16`: the fused path has no branch" in status and "does not run here" not in status
+    # speed against context: no recorded run of the tiny model, so this run's exact and fused points only
+    assert "no recorded run for `tiny-llama`" in status
+    points = {tr["name"]: (tr["x"], tr["y"]) for tr in _traces(curve)}
+    assert points == {f"{name}: this run": ([256], [rows[i][2]]) for i, name in
+                      ((0, "DynamicCache"), (1, "int4"), (3, "k8v4"), (5, "fp16"))}
 
 
 def test_fused_speed_cuts_a_prompt_the_model_cannot_hold_and_speaks_korean(client):
-    table, fig, status = client.predict(["int4"], "", 4096, 2, "tiny-llama", "한국어", api_name="/fused_speed")
+    table, fig, status, curve = client.predict(["int4"], "", 4096, 2, "tiny-llama", "한국어",
+                                               api_name="/fused_speed")
     assert table["headers"][:2] == ["캐시", "디코딩 경로"] and table["data"][1][1].startswith("융합: cpu 커널")
     assert "4096토큰에서 1020토큰으로" in status  # 1024 positions: the prompt, the warm-up step, 2 steps, a spare
     assert "tiny-llama의 융합 대 비융합" in json.loads(fig["plot"])["layout"]["title"]["text"]
+    assert "컨텍스트에 따른 디코딩 속도" in json.loads(curve["plot"])["layout"]["title"]["text"]
 
 
 @pytest.mark.parametrize("args, message", [

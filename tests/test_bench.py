@@ -121,3 +121,38 @@ def test_contexts_refuses_bad_lists(contexts):
     bench.add_arguments(p)
     with pytest.raises(ValueError, match="--contexts"):
         bench.run(p.parse_args(["--contexts", contexts]))
+
+
+def test_contexts_json_is_what_lesson_7_reads(tmp_path, monkeypatch):
+    """--json writes the run with its command, date and machine; kvviz.quality reads it back by model name."""
+    from kvviz.cli import bench_contexts
+    from kvviz.quality import speed
+
+    row = dict(tokens_per_s=10.0, ratio=1.0, bytes=200e6, ceiling=1.0, share=1.0, update_ms=0.6, attention_ms=0.5)
+    result = {"contexts": {1024: {"DynamicCache": row}, 4096: {"DynamicCache": dict(row, tokens_per_s=8.0)}},
+              "weights_bytes": 538e6, "load_start": (1.0, 1.0, 1.0), "load_end": (1.5, 1.0, 1.0)}
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    args = p.parse_args(["--contexts", "1024,4096", "--json", str(tmp_path / "m.json")])
+    command = bench._contexts_command(args)
+    assert command.startswith("python -m kvviz bench --contexts 1024,4096 --rounds 4") and "--json" in command
+    bench_contexts.write_json(args.json, result, model="m", machine="2 CPU cores", rounds=4, decode_tokens=6,
+                              command=command)
+    monkeypatch.setattr(speed, "RECORDED", tmp_path)
+    recorded = speed.recorded_by_context("m")
+    assert recorded["command"] == command and recorded["machine"] == "2 CPU cores" and "UTC" in recorded["date"]
+    assert recorded["contexts"]["4096"]["DynamicCache"]["tokens_per_s"] == 8.0
+    assert speed.recorded_by_context("another-model") is None
+
+
+def test_the_bundled_model_s_recorded_run_covers_lesson_7_s_curve():
+    """The shipped record (kvviz/quality/recorded/smollm2-135m.json): 1K to 8K, DynamicCache and int4 / k8v4 with
+    their ceilings, and the command that made it."""
+    from kvviz.quality import recorded_by_context
+
+    recorded = recorded_by_context("smollm2-135m")
+    assert recorded["command"].startswith("python -m kvviz bench --contexts")
+    assert sorted(int(c) for c in recorded["contexts"]) == [1024, 2048, 4096, 8192]
+    for rows in recorded["contexts"].values():
+        assert rows["DynamicCache"]["ratio"] == 1.0
+        assert all(rows[f]["ceiling"] > 1.0 and rows[f]["tokens_per_s"] > 0 for f in ("int4", "k8v4"))

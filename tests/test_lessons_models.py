@@ -23,6 +23,7 @@ import statistics
 import pandas as pd
 import pytest
 
+from kvviz import quality
 from kvviz.models import BUNDLED, bundled_installed
 from kvviz.ui.compare import NEEDLES_PER_DEPTH
 from test_lessons_run import parts, run_lesson  # noqa: F401 (parts: the module-scoped fixture run_lesson takes)
@@ -112,8 +113,8 @@ def test_lesson6_scales_eat_into_the_savings(lesson):
         assert f"× {bits} ÷ 8" in text, text[:400]
 
 
-def test_lesson7_fused_reads_the_packed_bytes_and_unfused_copies_them(lesson):
-    table, _, status = lesson(7)["fused"]
+def test_lesson7_fused_reads_the_packed_bytes_and_unfused_copies_them(lesson, model):
+    table, _, status, curve = lesson(7)["fused"]
     values = table.values.tolist()
     assert values[0][0] == "DynamicCache"
     exact_mib = values[0][4]
@@ -121,6 +122,18 @@ def test_lesson7_fused_reads_the_packed_bytes_and_unfused_copies_them(lesson):
         fused, unfused = [r for r in values if r[0] == name]
         assert fused[1].startswith("fused:"), fused  # the numba kernel really ran
         assert fused[4] < exact_mib < unfused[4], (fused, unfused, exact_mib)
+    # speed against context: the recorded curves (SmolLM2: 1K to 8K, with the byte ceilings) and this run's points
+    traces = {tr.name: tr for tr in curve.data}
+    assert {"DynamicCache: this run", "int4: this run", "k8v4: this run"} <= set(traces)
+    if quality.recorded_by_context(model) is None:
+        assert "no recorded run" in status
+        return
+    assert "python -m kvviz bench --contexts" in status
+    exact, int4, ceiling = traces["DynamicCache"], traces["int4"], traces["int4: ceiling"]
+    assert list(exact.x) == [1024, 2048, 4096, 8192]
+    assert all(c > e for c, e in zip(ceiling.y, exact.y))  # a 4-bit cache's ceiling is above the exact cache
+    assert exact.y[-1] < exact.y[0]  # the exact cache slows as the context grows
+    assert int4.y[-1] > exact.y[-1], "the recorded 8K run shows the smaller cache ahead"
 
 
 PLAN8 = {"smollm2-135m": "1-3", "gemma-3-270m": "4"}  # lesson_note8 / lesson_models8

@@ -42,7 +42,7 @@ from kvviz.cache.notes import ScaleNotes
 from kvviz.cli import bench_contexts
 from kvviz.formats import FORMAT_NAMES, PRESETS, parse_kv
 from kvviz.memory import kv_cache_bytes
-from kvviz.models import load_model
+from kvviz.models import DEFAULT_MODEL, load_model
 
 HELP = "decode speed, cache bytes and KL of every KV format vs DynamicCache and transformers' QuantizedCache"
 CONTEXT_FORMATS = ("int4", "k8v4", "mxfp4", "nvfp4", "q4_0", "q8_0")  # issue 23's targets at 4K
@@ -63,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contexts", default=None, help="comma-separated contexts, e.g. 1024,4096,8192: decode speed only, "
                    "per context, with the byte ceiling and the time per layer in update and attention (default "
                    "formats: int4, k8v4, mxfp4, nvfp4, q4_0, q8_0)")
+    p.add_argument("--json", default=None, metavar="PATH", help="with --contexts: also write the figures, the "
+                   "command, date and machine as JSON (kvviz/quality/recorded/<model>.json is what lesson 7 draws)")
     p.add_argument("--llama-cpp", action="store_true", help="with --contexts: llama.cpp as the peer, its tokens/s "
                    "with q4_0 and q8_0 K/V against f16 K/V on the bundled GGUF, same context and threads "
                    "(llama-cpp-python)")
@@ -112,12 +114,25 @@ def _run_contexts(args: argparse.Namespace, formats: list[str] | None) -> int:
     print(f"Backend `{active_backend()}`, {args.model or 'SmolLM2-135M-Instruct'}, greedy decode, best of "
           f"{args.rounds} interleaved rounds of {args.decode_tokens} tokens, {torch.get_num_threads()} torch threads.")
     print(bench_contexts.markdown(result, _machine()))
+    if args.json:
+        bench_contexts.write_json(args.json, result, model=args.model or DEFAULT_MODEL, machine=_machine(),
+                                  rounds=args.rounds, decode_tokens=args.decode_tokens,
+                                  command=_contexts_command(args))
     if args.llama_cpp:
         print(bench_contexts.llama_cpp_markdown(bench_contexts.llama_cpp_speed(
             contexts, args.decode_tokens, args.rounds, torch.get_num_threads(), args.model)))
     for line in notes.lines():
         print(f"Warning: {line.replace('`', '')}")
     return 0
+
+
+def _contexts_command(args: argparse.Namespace) -> str:
+    """The command line that reproduces a --contexts run."""
+    parts = ["python -m kvviz bench", f"--contexts {args.contexts}", f"--rounds {args.rounds}",
+             f"--decode-tokens {args.decode_tokens}"]
+    parts += [f"--formats {args.formats}"] if args.formats else []
+    parts += [f"--model {args.model}"] if args.model else []
+    return " ".join(parts + [f"--json {args.json}"])
 
 
 def default_formats() -> list[str]:

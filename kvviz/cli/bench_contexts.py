@@ -14,6 +14,8 @@ alike; the machine's cores and load average at the start and the end are printed
 from __future__ import annotations
 
 import contextlib
+import datetime
+import json
 import os
 import time
 
@@ -137,6 +139,20 @@ def markdown(result: dict, machine: str) -> str:
             lines.append(f"| {name} | {r['tokens_per_s']:.2f} | {r['ratio']:.2f}x | {r['bytes'] / 1e6:.1f} MB | "
                          f"{r['ceiling']:.2f}x | {r['share']:.0%} | {r['update_ms']:.3f} | {r['attention_ms']:.3f} |")
     return "\n".join(lines)
+
+
+def write_json(path: str, result: dict, model: str, machine: str, rounds: int, decode_tokens: int,
+               command: str) -> None:
+    """speed_by_context's result as JSON, with what produced it (kvviz.quality.speed.recorded_by_context reads it)."""
+    record = {"model": model, "command": command, "machine": machine, "rounds": rounds,
+              "decode_tokens": decode_tokens,
+              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "weights_bytes": result["weights_bytes"], "load_start": list(result["load_start"]),
+              "load_end": list(result["load_end"]),
+              "contexts": {str(c): rows for c, rows in result["contexts"].items()}}
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
 
 
 def llama_cpp_speed(contexts: list[int], decode_tokens: int, rounds: int, threads: int, model=None) -> dict:

@@ -28,7 +28,7 @@ from kvviz.quality.divergence import base_logprobs, kld, load_base, save_base
 from kvviz.quality.needle import DEPTHS, haystack, needle
 from kvviz.quality.perplexity import perplexity
 from kvviz.quality.report import CompareRow, FormatResult, MapPoint, QualityReport, StreamUpdate, quality_map
-from kvviz.quality.speed import DecodeRun, FusedReport, fused_vs_unfused
+from kvviz.quality.speed import DecodeRun, FusedReport, fused_vs_unfused, recorded_by_context
 
 __all__ = [
     "DEPTHS",
@@ -48,6 +48,7 @@ __all__ = [
     "compare_stream",
     "decode_speed",
     "fused_vs_unfused",
+    "recorded_by_context",
     "haystack",
     "kl_top1",
     "load_prefill",

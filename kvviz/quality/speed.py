@@ -8,11 +8,17 @@ kvviz.quality.decode.timed_decode's, every run starting from one shared prefill.
 `fused_vs_unfused` times one prompt's decode through DynamicCache and through each format twice: the fused
 backend (on the CPU the numba kernel of kernels/cpu/decode.py, on CUDA Triton's), which reads the packed bytes in place,
 and the unfused reference (backend "torch"), which dequantizes the whole history at every step and hands it to SDPA.
+
+`recorded_by_context(model)` reads a recorded `python -m kvviz bench --contexts ... --json` run of a bundled model
+(kvviz/quality/recorded/<model>.json): tokens/s per context and cache with each format's byte ceiling, which the
+lesson draws as curves beside its own live point (contexts up to 8K take minutes to measure on a 2-core CPU).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -175,3 +181,19 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
     runs = [DecodeRun(name, path, backend or "sdpa", best[name, path], best[name, path] / exact, *last[name, path])
             for name, path, _, backend in plan]
     return FusedReport(runs, ids.shape[1], new_tokens, rounds, fused_backend, available)
+
+
+# ------------------------------------------------------------------------------------------ recorded by context
+
+RECORDED = Path(__file__).with_name("recorded")  # <model>.json: `python -m kvviz bench --contexts ... --json`
+
+
+def recorded_by_context(model: str) -> dict | None:
+    """The recorded speed-by-context run of `model` (a bundled model's name), or None when none was recorded.
+
+    Returns the --json file as written: "command", "date", "machine", "contexts" {"1024": {cache: row}} with
+    tokens_per_s, ratio, ceiling, share per row (DynamicCache first)."""
+    path = RECORDED / f"{model}.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())

@@ -6,9 +6,14 @@ run, interleaved timing rounds with the best kept. Fused is the backend that rea
 the CPU kernels/cpu/decode.py's numba kernel, on CUDA Triton's); unfused is the torch reference, which dequantizes the whole
 history at every step. Where the fused path does not run (numba missing), the result says so instead of showing the
 reference twice.
+Beside it, tokens/s against context: the model's recorded `python -m kvviz bench --contexts` run (1K to 8K, with
+each format's byte ceiling; kvviz.quality.speed.recorded_by_context) as curves, this run's exact and fused points
+as diamonds, so the crossover shows where it happens and why.
+
 api_name:
     fused_speed(specs, custom_specs, context_tokens, new_tokens, model, language)
-      -> (table, figure, status markdown); the table: format, decode path, tokens/s, x DynamicCache, MiB read per step
+      -> (table, figure, status markdown, speed-by-context figure); the table: format, decode path, tokens/s,
+         x DynamicCache, MiB read per step
 """
 
 from __future__ import annotations
@@ -111,8 +116,34 @@ def run(specs, custom_specs, context_tokens, new_tokens, model=None, lang="en", 
                                       t("fused_c_mib", lang): [round(r.bytes_read / MIB, 3) for r in report.runs]},
                              title=t("fused_fig", lang).format(model=name, n=report.context),
                              x_title=t("fused_fig_x", lang))
+    curve, note = _by_context(report, name, lang)
     status = _status(report, time.perf_counter() - start, name, cut, skipped, lang) + notes.markdown()
-    return table(rows, headers), fig, status
+    return table(rows, headers), fig, status + "\n\n" + note, curve
+
+
+def _by_context(report, name: str, lang: str):
+    """(figure, its note): the recorded speed-by-context curves of the formats this run timed fused (and of
+    DynamicCache), their byte ceilings dashed, and this run's exact and fused points."""
+    live = {r.name: (report.context, round(r.tokens_per_s, 2)) for r in report.runs if r.path in (EXACT, FUSED)}
+    recorded = quality.recorded_by_context(name)
+    contexts, tps, ceilings = [], {}, {}
+    if recorded is not None:
+        by_context = recorded["contexts"]
+        contexts = sorted(int(c) for c in by_context)
+        shown = [c for c in live if all(c in by_context[str(x)] for x in contexts)]
+        for cache in shown:
+            rows = [by_context[str(x)][cache] for x in contexts]
+            tps[cache] = [r["tokens_per_s"] for r in rows]
+            if cache != "DynamicCache":
+                base = [by_context[str(x)]["DynamicCache"]["tokens_per_s"] for x in contexts]
+                ceilings[cache] = [b * r["ceiling"] for b, r in zip(base, rows)]
+        note = t("fused_ctx_recorded", lang).format(command=recorded["command"], machine=recorded["machine"],
+                                                    date=recorded["date"])
+    else:
+        note = t("fused_ctx_none", lang).format(model=name)
+    fig = plots.speed_by_context(contexts, tps, ceilings, live, t("fused_ctx_fig", lang).format(model=name),
+                                 x_title=t("fused_ctx_x", lang), y_title=t("fused_c_tps", lang))
+    return fig, note
 
 
 def build(tr: Translator, actions: dict, model: gr.Dropdown, lang: gr.Radio) -> dict:
@@ -139,8 +170,10 @@ def build(tr: Translator, actions: dict, model: gr.Dropdown, lang: gr.Radio) -> 
                                            elem_id="compare-fused-table"),
                               label="fused_table")
         c["fused_fig"] = gr.Plot(plots.empty_figure(), label="fused against unfused", show_label=False)
+        c["fused_ctx_fig"] = gr.Plot(plots.empty_figure(), label="speed against context", show_label=False,
+                                     elem_id="compare-fused-context")
     inputs = [c["fused_specs"], c["fused_custom"], c["fused_context"], c["fused_new"], model, lang]
-    outputs = [c["fused_table"], c["fused_fig"], c["fused_status"]]
+    outputs = [c["fused_table"], c["fused_fig"], c["fused_status"], c["fused_ctx_fig"]]
     actions["fused"] = (run, inputs, outputs, "model")
     on_click(c["fused_run"], run, inputs, outputs, "fused_speed")
     return c

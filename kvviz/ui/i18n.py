@@ -200,6 +200,17 @@ EN: dict[str, str] = {
                           "numba`) and restart the app."),
     "fused_no_branch": ("{formats}: the fused path has no branch for this format (or it is a lossless cast), so its "
                         "\"fused\" row ran the reference."),
+    "fused_ctx_fig": "Decode speed against context on {model}: where the smaller cache overtakes the exact one",
+    "fused_ctx_x": "context (tokens)",
+    "fused_ctx_recorded": ("**Speed against context** (the curves): a decode step reads the weights and the whole "
+                           "cache, so the exact cache slows as the context grows while a 4-bit cache reads about a "
+                           "seventh of its bytes; the dashed lines are each format's ceiling, the exact cache's "
+                           "speed times (weights + its K/V bytes) / (weights + the format's bytes), what the format "
+                           "would reach if it cost nothing beyond its bytes. Lines: recorded with `{command}` on "
+                           "{machine}, {date}. Diamonds: this run, on this machine now."),
+    "fused_ctx_none": ("**Speed against context**: no recorded run for `{model}` (only the bundled models have one; "
+                       "make one with `python -m kvviz bench --contexts 1024,2048,4096,8192 --model ...`). The "
+                       "diamonds are this run."),
     "needle_title": "Needle in a haystack: long-context retrieval (lesson 5)",
     "needle_run": "Run needle test",
     "needle_context": "Context length (tokens)",
@@ -648,6 +659,16 @@ KO: dict[str, str] = {
                           "다시 시작하세요."),
     "fused_no_branch": ("{formats}: 융합 경로에 이 포맷의 분기가 없어서(또는 손실 없는 변환이라) '융합' 행도 참조 구현으로 "
                         "돌았습니다."),
+    "fused_ctx_fig": "{model}의 컨텍스트에 따른 디코딩 속도: 작은 캐시가 원본 캐시를 앞지르는 지점",
+    "fused_ctx_x": "컨텍스트 (토큰)",
+    "fused_ctx_recorded": ("**컨텍스트에 따른 속도** (곡선): 디코딩 한 단계는 가중치와 캐시 전체를 읽으므로, 컨텍스트가 "
+                           "길어질수록 원본 캐시는 느려지고 4비트 캐시는 그 바이트의 약 7분의 1만 읽습니다. 점선은 "
+                           "포맷마다의 한계로, 원본 캐시 속도 × (가중치 + 원본 K/V 바이트) / (가중치 + 포맷의 바이트), "
+                           "즉 바이트 말고는 비용이 없을 때 닿을 속도입니다. 곡선: `{command}`로 {machine}에서 "
+                           "{date}에 기록. 마름모: 지금 이 컴퓨터에서 돌린 이번 실행."),
+    "fused_ctx_none": ("**컨텍스트에 따른 속도**: `{model}`의 기록이 없습니다 (번들 모델만 있음; "
+                       "`python -m kvviz bench --contexts 1024,2048,4096,8192 --model ...`로 만들 수 있음). "
+                       "마름모는 이번 실행입니다."),
     "needle_title": "건초더미 속 바늘: 긴 문맥에서 찾아내기 (레슨 5)",
     "needle_run": "바늘 테스트 실행",
     "needle_context": "문맥 길이 (토큰)",
