@@ -33,7 +33,7 @@ CHOICES = ["int8", "k8v4", "int4", "fp8_e4m3", "mxfp4", "nvfp4", "kivi4"]
 DEFAULT_SPECS = ["int4", "k8v4"]
 MAX_FORMATS = 3  # each format adds two timed runs (fused, unfused)
 MIN_CONTEXT, MAX_CONTEXT, DEFAULT_CONTEXT = 128, 4096, 1024
-MIN_NEW, MAX_NEW, DEFAULT_NEW = 2, 32, 8
+MIN_NEW, MAX_NEW, DEFAULT_NEW = 2, 32, 6
 ROUNDS = 2  # interleaved rounds, best kept
 MIB = 2**20
 
