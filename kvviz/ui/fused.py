@@ -6,6 +6,7 @@ run, interleaved timing rounds with the best kept. Fused is the backend that rea
 the CPU kernels/cpu/decode.py's numba kernel, on CUDA Triton's); unfused is the torch reference, which dequantizes the whole
 history at every step. Where the fused path does not run (numba missing), the result says so instead of showing the
 reference twice.
+
 Beside it, tokens/s against context: the model's recorded `python -m kvviz bench --contexts` run (1K to 8K, with
 each format's byte ceiling; kvviz.quality.speed.recorded_by_context) as curves, this run's exact and fused points
 as diamonds, so the crossover shows where it happens and why.
@@ -130,12 +131,12 @@ def _by_context(report, name: str, lang: str):
     if recorded is not None:
         by_context = recorded["contexts"]
         contexts = sorted(int(c) for c in by_context)
+        base = [by_context[str(x)]["DynamicCache"]["tokens_per_s"] for x in contexts]
         shown = [c for c in live if all(c in by_context[str(x)] for x in contexts)]
         for cache in shown:
             rows = [by_context[str(x)][cache] for x in contexts]
             tps[cache] = [r["tokens_per_s"] for r in rows]
             if cache != "DynamicCache":
-                base = [by_context[str(x)]["DynamicCache"]["tokens_per_s"] for x in contexts]
                 ceilings[cache] = [b * r["ceiling"] for b, r in zip(base, rows)]
         note = t("fused_ctx_recorded", lang).format(command=recorded["command"], machine=recorded["machine"],
                                                     date=recorded["date"])
