@@ -123,6 +123,13 @@ def test_contexts_refuses_bad_lists(contexts):
         bench.run(p.parse_args(["--contexts", contexts]))
 
 
+def test_contexts_json_into_a_missing_folder_is_refused_before_the_run(tmp_path):
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    with pytest.raises(ValueError, match="does not exist; create it or pick another path"):
+        bench.run(p.parse_args(["--contexts", "1024", "--json", str(tmp_path / "nowhere" / "m.json")]))
+
+
 def test_contexts_json_is_what_lesson_7_reads(tmp_path, monkeypatch):
     """--json writes the run with its command, date and machine; kvviz.quality reads it back by model name."""
     from kvviz.cli import bench_contexts

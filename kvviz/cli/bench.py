@@ -100,6 +100,9 @@ def _run_contexts(args: argparse.Namespace, formats: list[str] | None) -> int:
                          f"got {args.contexts!r}.") from None
     if not contexts or min(contexts) < 16:
         raise ValueError(f"--contexts takes token counts of at least 16, e.g. 1024,4096; got {args.contexts!r}.")
+    if args.json and not Path(args.json).resolve().parent.is_dir():  # checked before minutes of decoding
+        raise ValueError(f"--json {args.json}: the folder {Path(args.json).resolve().parent} does not exist; "
+                         "create it or pick another path.")
     formats = formats or list(CONTEXT_FORMATS)
     for f in formats:
         parse_kv(f)  # ValueError early on a bad spec
