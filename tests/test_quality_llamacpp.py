@@ -14,6 +14,7 @@ from kvviz import ggml_attention as ga
 from kvviz import quality
 from kvviz.models import bundled_gguf
 from kvviz.analysis import llamacpp
+from kvviz.formats import as_plan
 from kvviz.tiny import tiny_config
 
 GGUF = bundled_gguf()
@@ -122,3 +123,37 @@ def test_compare_of_a_llama_cpp_name_on_smollm2_is_klds():
     assert stats["n"] == 15
     assert rows["llama.cpp:q4_0"].mean_kl == pytest.approx(stats["mean"], rel=1e-12, abs=0)
     assert rows["llama.cpp:q4_0"].mean_kl != pytest.approx(rows["q4_0"].mean_kl, rel=1e-2)
+
+
+def test_perplexity_scores_a_llama_cpp_row_as_llama_cpp_does():
+    """quality.perplexity's `llama.cpp:` row is llama.cpp's whole-window run (analysis.llamacpp.values: its NLL of
+    tokens P..W-1), with llama.cpp's own f16-cache run beside it; the bare name keeps kvviz's chunked cache run."""
+    model, tok = _tiny()
+    text = TEXT * 3
+    out = quality.perplexity(model, tok, ["q4_0", "llama.cpp:q4_0"], windows=1, window=48, prefill_tokens=16,
+                             chunk=8, text=text)
+    assert list(out["ppl"]) == ["baseline", "q4_0", "llama.cpp:q4_0", "llama.cpp:f16"]
+    ids = tok(text, return_tensors="pt")["input_ids"][:, :48]
+    _, nll, nll_base, _ = llamacpp.values(model, ids, [as_plan("llama.cpp:q4_0")], 15,
+                                          llamacpp.weight_vec_dot(model))[0]
+    assert nll.shape == (32,)  # tokens 16..47
+    assert out["nll"]["llama.cpp:q4_0"] == [pytest.approx(float(nll.mean()), rel=1e-12)]
+    assert out["nll"]["llama.cpp:f16"] == [pytest.approx(float(nll_base.mean()), rel=1e-12)]
+    assert out["ppl"]["llama.cpp:q4_0"] != pytest.approx(out["ppl"]["q4_0"], rel=1e-4)
+
+
+def test_needle_answers_a_llama_cpp_row_as_llama_cpp_does():
+    """quality.needle's `llama.cpp:` row is llama.cpp's greedy answer (analysis.llamacpp.greedy) to the haystack and
+    question as one prompt; the other rows still answer together in one batch."""
+    from kvviz.quality.needle import haystack
+
+    model, tok = _tiny()
+    text = TEXT * 8
+    out = quality.needle(model, tok, ["q4_0", "llama.cpp:q4_0"], context_tokens=192, depths=(0.5,), text=text,
+                         answer_tokens=3)
+    assert list(out["answers"]) == ["baseline", "q4_0", "llama.cpp:q4_0"]
+    prompt, question = haystack(tok, 192, 0.5, out["needles"][0], text)
+    tokens = llamacpp.greedy(model, torch.cat([prompt, question], dim=1), as_plan("llama.cpp:q4_0"),
+                             llamacpp.weight_vec_dot(model))
+    assert out["answers"]["llama.cpp:q4_0"] == [tok.decode([next(tokens) for _ in range(3)],
+                                                           skip_special_tokens=True)]

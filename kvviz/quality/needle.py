@@ -5,6 +5,10 @@ The haystack (filler with the needle sentence at the given depth) is the prompt:
 format's cache. The question then goes through the cache as a chunk and the answer is decoded greedily, so both
 read the needle from the quantized cache. All formats run as rows of one batch (kvviz.cache.rows).
 
+A plan holding a `llama.cpp:` name answers as llama.cpp would (kvviz.analysis.llamacpp.greedy): the haystack and
+the question as one prompt batch reading K/V as stored, with llama.cpp's matmul input rounding, then greedy steps;
+one haystack at a time, outside the batch.
+
     res = needle(model, tok, ["fp8_e4m3", "int4", "kivi2"], context_tokens=1024, needles_per_depth=4)
     res["rate"]          # {"baseline": 1.0, "fp8_e4m3": 1.0, "int4": 0.95, ...}
     res["depth_rates"]   # {name: [rate per depth]}
@@ -17,6 +21,7 @@ import random
 
 import torch
 
+from kvviz.analysis import llamacpp
 from kvviz.cache import model_layer_types
 from kvviz.cache.rows import RowStackCache
 from kvviz.formats import as_plans
@@ -90,6 +95,13 @@ def _answers(model, tokenizer, haystacks: list, kvs: list, scales, answer_tokens
     return [[texts[f * h + i] for f in range(1 + len(kvs))] for i in range(h)]
 
 
+def _llamacpp_answer(model, tokenizer, haystack: tuple, plan, vec_dot: dict, answer_tokens: int) -> str:
+    """llama.cpp's greedy answer to one haystack (prompt ids [1, T], question ids [1, q]) with a cache of `plan`."""
+    prompt, question = haystack
+    tokens = llamacpp.greedy(model, torch.cat([prompt, question], dim=1), plan, vec_dot)
+    return tokenizer.decode([next(tokens) for _ in range(answer_tokens)], skip_special_tokens=True)
+
+
 @torch.no_grad()
 def needle(model, tokenizer, specs: list[str], context_tokens: int = 1024, depths=DEPTHS, seed: int = 0,
            answer_tokens: int = 6, scales: dict | None = None, text: str | None = None,
@@ -122,13 +134,19 @@ def needle(model, tokenizer, specs: list[str], context_tokens: int = 1024, depth
     by_shape: dict = {}  # haystacks batch only with their equals in prompt and question length
     for i, (prompt, question) in enumerate(built):
         by_shape.setdefault((prompt.shape[1], question.shape[1]), []).append(i)
+    engine = [j for j, p in enumerate(kvs) if llamacpp.runs_llamacpp(p)]  # answer as llama.cpp answers
+    own = [j for j in range(len(kvs)) if j not in engine]
+    vec_dot = llamacpp.weight_vec_dot(model) if engine else {}
     answers: list = [None] * len(trials)
     for group in by_shape.values():
         for at in range(0, len(group), per_batch):
             batch = group[at:at + per_batch]
-            for i, texts in zip(batch, _answers(model, tokenizer, [built[i] for i in batch], kvs, scales,
-                                                answer_tokens)):
-                answers[i] = texts
+            for i, texts in zip(batch, _answers(model, tokenizer, [built[i] for i in batch], [kvs[j] for j in own],
+                                                scales, answer_tokens)):
+                by_format = dict(zip([-1, *own], texts))  # -1: the exact cache
+                for j in engine:
+                    by_format[j] = _llamacpp_answer(model, tokenizer, built[i], kvs[j], vec_dot, answer_tokens)
+                answers[i] = [by_format[j] for j in range(-1, len(kvs))]
     out = {"depths": list(depths), "context_tokens": context_tokens, "needles_per_depth": needles_per_depth,
            "needles": [value for _, value, _ in trials], "trial_depths": [depth for depth, _, _ in trials],
            "answers": {n: [a[r] for a in answers] for r, n in enumerate(names)}}

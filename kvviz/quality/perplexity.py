@@ -9,6 +9,11 @@ the prefill are scored. Windows start every `stride` tokens (default: `window`, 
 CPU; the numbers compare formats, they are not the model's published perplexity (the `<unk>`-tokenized text and
 short windows raise it).
 
+A plan holding a `llama.cpp:` name is scored as llama.cpp's perplexity tool scores it (kvviz.analysis.llamacpp):
+the whole window in one batch, every position reading K/V as stored, llama.cpp's matmul input rounding, the same
+tokens P..W-1 scored. Its reference is then llama.cpp's own f16-cache run on those windows, returned as
+"llama.cpp:f16" beside the exact baseline: the two differ by llama.cpp's arithmetic alone.
+
     ppl = perplexity(model, tok, ["fp8_e4m3", "int4"])   # {"ppl": {"baseline": ..., "fp8_e4m3": ..., ...}, ...}
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from kvviz import metrics
+from kvviz.analysis import llamacpp
 from kvviz.formats import as_plans
 from kvviz.quality.corpus import wikitext
 from kvviz.quality.decode import make_cache
@@ -41,7 +47,9 @@ def perplexity(model, tokenizer, specs: list[str], windows: int = 2, window: int
     """Perplexity of the baseline (DynamicCache) and of each spec or per-layer plan on the same windows.
 
     Returns {"ppl": {"baseline" | spec: float}, "nll": {name: [mean NLL per window]}, "windows": int,
-    "window": int, "tokens_scored": int} (names: "baseline", then the specs as given). Raises ValueError when the text is too short for the windows asked.
+    "window": int, "tokens_scored": int} (names: "baseline", then the specs as given, then "llama.cpp:f16" when a
+    plan holds a llama.cpp name: see the module docstring). Raises ValueError when the text is too short for the
+    windows asked.
     """
     # specs, plan text or Plans, checked against the model before any compute
     plans = as_plans(specs, model.config.get_text_config(decoder=True).num_hidden_layers)
@@ -56,11 +64,19 @@ def perplexity(model, tokenizer, specs: list[str], windows: int = 2, window: int
                          f"{need}. Ask for fewer or shorter windows.")
     ids = ids.to(model.device)
     names = ["baseline"] + [p.name for p in plans]
-    nll: dict[str, list[float]] = {n: [] for n in names}
+    engine = [p for p in plans if llamacpp.runs_llamacpp(p)]  # scored as llama.cpp scores them
+    vec_dot = llamacpp.weight_vec_dot(model) if engine else {}
+    nll: dict[str, list[float]] = {n: [] for n in names + ([llamacpp.BASELINE] if engine else [])}
     for w in range(windows):
         win = ids[:, w * stride : w * stride + window]
         for name, spec in zip(names, [None] + plans):
-            nll[name].append(float(_window_nll(model, win, spec, prefill_tokens, chunk, scales).mean()))
+            if not any(spec is p for p in engine):
+                nll[name].append(float(_window_nll(model, win, spec, prefill_tokens, chunk, scales).mean()))
+        if engine:  # positions P-1..W-2 predict tokens P..W-1, as _window_nll scores them
+            runs = llamacpp.values(model, win, engine, prefill_tokens - 1, vec_dot)
+            for plan, (_, plan_nll, base_nll, _) in zip(engine, runs):
+                nll[plan.name].append(float(plan_nll.mean()))
+            nll[llamacpp.BASELINE].append(float(base_nll.mean()))
     ppl = {n: metrics.perplexity(v) for n, v in nll.items()}
     return {"ppl": ppl, "nll": nll, "windows": windows, "window": window,
             "tokens_scored": windows * (window - prefill_tokens)}
