@@ -238,6 +238,58 @@ def test_rows_of_one_spec_share_one_batched_cache(tiny):
         assert stack.row_nbytes(row) == alone.nbytes()
 
 
+MIRRORED = ["int4", "int8", "int2", "int4/g32", "int4/token/asym", "int8/token/asym", "int2/token/asym", "k8v4",
+            "fp8_e4m3", "fp8_e5m2", "fp8_e4m3/token", "fp8_e4m3/head", "int4/tensor", "int8/head", "mxfp4",
+            "fp4_mx_block16", "nvfp4"]
+
+
+def _rows_decoded(config, states, fast: bool):
+    """A RowStackCache layer (row 0 exact, two rows per MIRRORED spec) fed the prefill and decode tokens `states`;
+    fast=False turns kernels/cpu/mirror.py's one-call path off (the two-step path: pack, then the torch decode)."""
+    from kvviz.cache.layers import QuantizedKVLayer
+
+    with pytest.MonkeyPatch.context() as mp:
+        if not fast:
+            mp.setattr(QuantizedKVLayer, "append_mirrored", lambda self, *args: False)
+        stack = quality.RowStackCache(config, [None, *(as_plan(s) for s in MIRRORED for _ in range(2))])
+        layer = stack.layers[0]
+        for k, v in states:
+            layer.update(k, v)
+    return stack, layer
+
+
+def test_rows_append_and_mirror_in_one_call_as_the_two_step_path_does():
+    """Decode tokens of batched rows take one numba call per side (kernels/cpu/mirror.py) for the formats it reads:
+    the mirror attention reads, the packed buffers, the saturation counts and the bytes held equal the two-step
+    path's (quant_pack_cpu, then kvviz.formats' torch decode of the new row), bit for bit."""
+    from kernels.cpu import mirror
+    from kvviz.tiny import tiny_config
+
+    if not mirror.supports(as_plan("int4").default.k, 64):
+        pytest.skip("numba is not installed: no one-call path to compare")
+    config = tiny_config("llama", head_dim=64)
+    rows, heads = 1 + 2 * len(MIRRORED), config.num_key_value_heads
+    gen = torch.Generator().manual_seed(0)
+    big = torch.ones(64)
+    big[[3, 17]] = 30.0  # outlier channels: decode tokens beyond the prefill's fp8 range saturate
+    states = [(torch.randn(rows, heads, 12, 64, generator=gen), torch.randn(rows, heads, 12, 64, generator=gen))]
+    states += [(torch.randn(rows, heads, 1, 64, generator=gen) * big, torch.randn(rows, heads, 1, 64, generator=gen))
+               for _ in range(5)]
+    fast, fast_layer = _rows_decoded(config, states, True)
+    slow, slow_layer = _rows_decoded(config, states, False)
+    assert torch.equal(fast_layer.keys, slow_layer.keys) and torch.equal(fast_layer.values, slow_layer.values)
+    for (a, _), (b, _) in zip(fast_layer.groups, slow_layer.groups):
+        assert a.k._mirror is not None and a.v._mirror is not None, a.k.fmt.spec  # the one-call path ran
+        assert b.k._mirror is None
+        for side_a, side_b in ((a.k, b.k), (a.v, b.v)):
+            assert side_a.fields.keys() == side_b.fields.keys()
+            for name in side_a.fields:
+                assert torch.equal(side_a.fields[name].view(), side_b.fields[name].view()), (side_a.fmt.spec, name)
+            assert (side_a.saturated, side_a.tokens_quantized) == (side_b.saturated, side_b.tokens_quantized)
+    assert any(g.k.saturated for g, _ in fast_layer.groups)  # the static fp8 rows did saturate
+    assert [fast.row_nbytes(r) for r in range(rows)] == [slow.row_nbytes(r) for r in range(rows)]
+
+
 # the quality package's floors, bottom first: a module imports only modules on lower floors
 FLOORS = [("corpus", "decode", "report"), ("compare", "perplexity", "speed"), ("needle", "divergence")]
 

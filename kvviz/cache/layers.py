@@ -122,6 +122,19 @@ class QuantizedKVLayer(CacheLayerMixin):
             self.v.evict(staged.keep_from)
         return out
 
+    def append_mirrored(self, key_states: torch.Tensor, value_states: torch.Tensor, rows, at: int, k_mirror,
+                        v_mirror) -> bool:
+        """A decode token of batched rows (kvviz.cache.rows): store K and V as update would and write their
+        dequantized values into the rows' mirrors at position `at`, one numba call per side (Side.append_mirrored).
+        Returns False, having done nothing, where that path does not apply (then call update)."""
+        if (type(self) is not QuantizedKVLayer or self.materialize or self.layout is not None
+                or self._pending is not None or not self.is_initialized or self.k.seen == 0 or key_states.shape[2] != 1
+                or key_states.device.type != "cpu" or not (self.k.mirrors() and self.v.mirrors())):
+            return False
+        self.k.append_mirrored(key_states, rows, at, k_mirror)
+        self.v.append_mirrored(value_states, rows, at, v_mirror)
+        return True
+
     def _flush(self) -> None:
         """Store a staged token the attention function never took (the cache read in between): as update would."""
         staged, self._pending = self._pending, None

@@ -10,7 +10,9 @@ update, or NVFP4's global scale, is fitted over the whole batch. What attention 
 row, kept in one [batch, kv_heads, capacity, head_dim] buffer per layer and side: a token is dequantized once,
 when its row's cache quantizes it, and the full-precision tail (residual window, partial channel group) is copied
 each step. The mirror holds exactly what the row side's `QTensor.dequantize()` returns (the reference read), so
-the "kvviz" attention function gets plain tensors and runs SDPA over all rows at once.
+the "kvviz" attention function gets plain tensors and runs SDPA over all rows at once. On the CPU a decode token
+of the formats kernels/cpu/mirror.py reads is packed and mirrored in one numba call per side
+(`QuantizedKVLayer.append_mirrored`), the same values bit for bit; other sides take `update` and the torch decode.
 
 This serves quality metrics (teacher-forced KL, free-running text, needle retrieval, per-layer sensitivity): one set
 of weight reads per step for every format. Speed of a format's own cache and backend is measured separately
@@ -31,6 +33,7 @@ that agree on layers 0..j share one row up to layer j), so the batch differs fro
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, DummyLayer,
                                       LinearAttentionCacheLayerMixin, LinearAttentionLayer, get_layer_types_and_kwargs)
@@ -68,6 +71,7 @@ class _RowStackLayer(CacheLayerMixin):
                 shared.setdefault(id(row), (row, []))[1].append(b)
         self.members = {key: rows for key, (_, rows) in shared.items()}  # id(layer) -> its batch rows, in order
         self.groups = [(layer, _selector(rows)) for layer, rows in shared.values()]  # (layer, its batch rows)
+        self.index = [np.array(rows, dtype=np.int64) for _, rows in shared.values()]  # the same, for numba
         pairs = [done.get(id(layer), (0, 0)) for layer, _ in self.groups]
         self.done = {"k": [k for k, _ in pairs], "v": [v for _, v in pairs]}  # quantized tokens mirrored
 
@@ -110,7 +114,17 @@ class _RowStackLayer(CacheLayerMixin):
         if self.exact:  # exact rows: what attention reads is what came in, one copy for all of them
             self.keys[self.exact, :, self.n : end] = key_states[self.exact]
             self.values[self.exact, :, self.n : end] = value_states[self.exact]
+        mirrors = None
+        if t == 1 and self.keys.dtype == torch.float32 and self.keys.device.type == "cpu":
+            mirrors = self.keys.numpy(), self.values.numpy()
         for g, (layer, rows) in enumerate(self.groups):
+            # a decode token, everything before it mirrored: stored and mirrored in one numba call per side where
+            # the format allows (the first step after a prefill syncs the prefill's tokens, mirrored raw, below)
+            if (mirrors is not None and self.done["k"][g] == self.done["v"][g] == end - 1
+                    and layer.append_mirrored(key_states[rows], value_states[rows], self.index[g], end - 1,
+                                              *mirrors)):
+                self.done["k"][g] = self.done["v"][g] = end
+                continue
             out = layer.update(key_states[rows], value_states[rows])  # [rows of the group, H, t, D] each
             for side, buf, got in (("k", self.keys, out[0]), ("v", self.values, out[1])):
                 if isinstance(got, torch.Tensor):  # the prefill (its own K/V), or a layer that hands back tensors

@@ -20,6 +20,7 @@ import warnings
 import torch
 
 from kernels import pack, triton_usable
+from kernels.cpu import mirror as cpu_mirror
 from kernels.cpu import pack as cpu_pack
 from kernels.cpu import step as cpu_step
 from kvviz import attention
@@ -136,6 +137,7 @@ class Side:
         self._packer = None  # quant_pack (Triton), quant_pack_cpu (numba) or None (kvviz.formats): chosen per device
         self._packer_device: torch.device | None = None
         self._kernel_memo: dict = {}  # handed to fused kernels with every read (QTensor.memo)
+        self._mirror: cpu_mirror.MirrorAppend | None = None  # append_mirrored's call, bound to the buffers
 
     # -- setup -------------------------------------------------------------------------------------------------
     def init(self, x: torch.Tensor) -> None:
@@ -280,6 +282,22 @@ class Side:
         if over:
             self._note_saturated(over, x)
 
+    # -- batched rows: append and mirror in one call (kernels/cpu/mirror.py) ------------------------------------
+    def mirrors(self) -> bool:
+        """Whether append_mirrored can take a token now: the CPU packer chosen, no residual window or tail, fp32
+        states and a format kernels/cpu/mirror.py reads exactly."""
+        return (self._packer is cpu_pack.quant_pack_cpu and self.residual == 0 and self.tail.shape[2] == 0
+                and self.dtype == torch.float32 and _mirror_reads(self.fmt, self.tail.shape[3]))
+
+    def append_mirrored(self, x: torch.Tensor, rows, at: int, mirror) -> None:
+        """Append the token x [B, H, 1, D] (as append would) and write its dequantized values, bit for bit
+        QTensor.dequantize()'s, into mirror[rows[b], :, at] (an fp32 numpy view [R, H, cap, D])."""
+        bufs = self.reserve_row()
+        if self._mirror is None or not self._mirror.bound(bufs):
+            self._mirror = cpu_mirror.MirrorAppend(self.fmt, bufs, self.static)
+        over = self._mirror.run(x, self.fields["data"].n, rows, at, mirror)
+        self.commit_row(x, over)
+
     # -- evict / read ------------------------------------------------------------------------------------------
     def evict(self, position: int) -> None:
         """Drop every stored token before `position` (channel formats: before the start of its group)."""
@@ -361,6 +379,11 @@ def _fused_packer(fmt: Format, x: torch.Tensor):
     if not (triton_usable(x.device) and pack.quant_pack_supported(fmt, x.shape[3])):
         return None
     return pack.quant_pack
+
+
+@functools.lru_cache(maxsize=256)
+def _mirror_reads(fmt: Format, head_dim: int) -> bool:
+    return cpu_mirror.supports(fmt, head_dim)
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,0 +1,115 @@
+"""Append one token to one side of a batched-rows cache and write its dequantized values into the rows' mirror, in
+one numba call (kernels/cpu/jit/mirror.py): what kvviz.cache.rows otherwise does in two steps per side and step
+(quant_pack_cpu, then the torch decode of the new row and a copy into the mirror).
+
+The values written equal kvviz.formats' torch decode bit for bit (tests/test_quality.py compares the two paths'
+mirrors and buffers), so the rows' attention reads what it read before. Formats: kvviz's own token-granular ints
+(2, 4, 8 bits, sym and asym), fp8 (per token, per group, static per tensor / head), MX and NV FP4, without /rot; an
+fp32 model (the mirror in fp32). Everything else keeps the two-step path.
+
+    app = MirrorAppend(fmt, bufs, tensor_scale)      # bufs: (data, scale, zero) [B, Hkv, cap, n], after reserve
+    over = app.run(x, pos, rows, at, mirror)         # x [B, Hkv, 1, D] fp32; mirror: fp32 numpy [R, Hkv, cap, D]
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from kernels.cpu import pack as cpu_pack
+from kernels.cpu import step as cpu_step
+from kernels.cpu.decode import _table
+
+_KINDS = ("int", "float", "fp4")
+
+
+@functools.cache
+def _jit():
+    """The jit module, or None where the fused step does not run (no numba, or a failed compile)."""
+    if not cpu_step.step_usable():
+        return None
+    from kernels.cpu.jit import mirror as jit
+
+    return jit
+
+
+def supports(fmt, head_dim: int) -> bool:
+    """Whether MirrorAppend writes a side of `fmt` at head_dim (see the module docstring)."""
+    if getattr(fmt, "kind", None) not in _KINDS or fmt.rot or fmt.bits not in (2, 4, 8):
+        return False
+    if fmt.granularity == "channel" or (fmt.asym and fmt.static_scale):
+        return False
+    plan = cpu_pack._plan(fmt, head_dim)
+    return plan is not None and plan.engine < 0 and plan.ggml < 0 and _jit() is not None
+
+
+@functools.cache
+def _half_table() -> np.ndarray:
+    """Every fp16 bit pattern's fp32 value (65,536 entries): fp16 scales and zeros read exactly."""
+    return np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+def _codes(fmt, data: torch.Tensor) -> np.ndarray:
+    """fp32 [2**bits]: a stored code's value before its scale, as kvviz.formats decodes it."""
+    if fmt.kind == "int":
+        offset = 0 if fmt.asym or fmt.bits == 8 else 2 ** (fmt.bits - 1)  # int8 sym: two's complement bytes
+        return _table("int", fmt.bits, offset, data.dtype).numpy()
+    if fmt.kind == "fp4":
+        return _table("e2m1", 4, 0, None).numpy()
+    return _table(fmt.base, 8, 0, None).numpy()  # fp8_e4m3 / fp8_e5m2
+
+
+def _scale_kind(jit, scale: torch.Tensor | None) -> tuple[int, np.ndarray]:
+    """How a stored scale (and zero) is read: (S_* kind, its table)."""
+    none = np.zeros(1, np.float32)
+    if scale is None:
+        return jit.S_STATIC, none
+    if scale.dtype == torch.float16:
+        return jit.S_HALF, _half_table()
+    if scale.dtype == torch.float32:
+        return jit.S_F32, none
+    if scale.dtype == torch.uint8:  # E8M0
+        return jit.S_BYTE, _table("scale", 8, 0, torch.uint8).numpy()
+    if scale.dtype == torch.float8_e4m3fn:
+        return jit.S_BYTE, _table("fp8_e4m3", 8, 0, None).numpy()
+    raise AssertionError(f"no exact read for {scale.dtype} scales")
+
+
+class MirrorAppend:
+    """One side's appends, bound to its buffers (build again when `bound` says they moved)."""
+
+    def __init__(self, fmt, bufs, tensor_scale):
+        data, scale, zero = bufs
+        jit = _jit()
+        self.key = self._key(bufs)
+        head_dim = data.shape[3] * 8 // int(fmt.bits)
+        plan = cpu_pack._plan(fmt, head_dim)
+        if plan.takes_scale:
+            ts = torch.as_tensor(tensor_scale, dtype=torch.float32).detach().reshape(-1).contiguous().numpy()
+        else:
+            ts = np.ones(1, np.float32)
+        self.pk = (ts, int(plan.kind), int(plan.bits), int(plan.exp), int(plan.group), bool(plan.static), False,
+                   bool(plan.count), -1, -1, np.ones(1, np.float32), 0)
+        stored = None if plan.static else scale
+        skind, stab = _scale_kind(jit, stored)
+        self.bufs = (cpu_step._as_bytes(data), cpu_step._as_bytes(stored), cpu_step._as_bytes(zero))
+        self.read = (_codes(fmt, data), int(fmt.bits), int(plan.group), skind, stab, ts, fmt.base == "nvfp4",
+                     bool(fmt.asym))
+        self.fn = jit.append_mirror
+
+    @staticmethod
+    def _key(bufs):
+        return tuple(None if t is None else (t.data_ptr(), t.shape) for t in bufs)
+
+    def bound(self, bufs) -> bool:
+        return self.key == self._key(bufs)
+
+    def run(self, x: torch.Tensor, pos: int, rows: np.ndarray, at: int, mirror: np.ndarray) -> int:
+        """Pack x [B, Hkv, 1, D] (fp32) at buffer row pos; write its values to mirror[rows[b], :, at]. Returns the
+        values saturated under a static fp8 scale."""
+        xn = x.detach().numpy()
+        if not xn.flags.c_contiguous:
+            xn = np.ascontiguousarray(xn)
+        return int(self.fn(xn, self.pk, *self.bufs, pos, *self.read, rows, at, mirror))
