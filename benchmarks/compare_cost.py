@@ -10,11 +10,16 @@ teacher-forced metrics, the tab's run without its tokens/s column) and `model.ge
 their ratio: on a shared machine the ratio moves far less than either time. `uptime` is printed beside it.
 
     python benchmarks/compare_cost.py --app                # what a visitor waits: the app's /compare endpoint
+    python benchmarks/compare_cost.py --two-step           # also quality.compare without the rows' one-call path
 
 --app starts `python app.py` on the bundled model (tests/app_server.py) and times each case as the Compare button
 runs it, through gradio_client: the whole endpoint (the streamed text, the metrics, each format's tokens/s run,
 the tables and charts), after one untimed warm-up click. The plain generation is timed in this process, in the
 same interleaved rounds.
+
+--two-step adds, in the same interleaved rounds, quality.compare with the rows' one-call append and mirror turned
+off (kernels/cpu/mirror.py; QuantizedKVLayer.append_mirrored answering "not here"), so the two paths compare on
+one machine state.
 """
 
 import argparse
@@ -60,6 +65,19 @@ def _compare_s(model, tok, ids: torch.Tensor, specs: list[str], n: int) -> float
     return time.perf_counter() - t0
 
 
+@contextlib.contextmanager
+def _two_step():
+    """The rows' decode tokens through update and the torch decode (kernels/cpu/mirror.py's path off)."""
+    from kvviz.cache.layers import QuantizedKVLayer
+
+    real = QuantizedKVLayer.append_mirrored
+    QuantizedKVLayer.append_mirrored = lambda self, *args: False
+    try:
+        yield
+    finally:
+        QuantizedKVLayer.append_mirrored = real
+
+
 def _endpoint_s(client, specs: list[str], n: int) -> float:
     """Seconds until the app's Compare endpoint returns for `specs` x n tokens on the tab's prompt."""
     t0 = time.perf_counter()
@@ -74,6 +92,8 @@ def main() -> int:
                    help="then profile one run of the 6 formats x N tokens (default 0: none)")
     p.add_argument("--cases", default="tab,six", help="which cases to time: tab, six (default both)")
     p.add_argument("--app", action="store_true", help="time the running app's /compare endpoint (gradio_client)")
+    p.add_argument("--two-step", action="store_true",
+                   help="also time quality.compare with the rows' one-call append-and-mirror path off")
     args = p.parse_args()
     warnings.simplefilter("ignore", ScaleWarning)  # fp8's first-update scale on a short prompt, once per layer
     model, tok = kvviz.load_model()
@@ -100,14 +120,20 @@ def main() -> int:
         print(f"SmolLM2-135M, prompt {ids.shape[1]} tokens, {torch.get_num_threads()} torch threads, timing {what}"
               f"\n[{_uptime()}]")
         for label, specs, n in cases:
-            gen, cmp = [], []
+            gen, cmp, two = [], [], []
             for _ in range(args.rounds):
                 gen.append(_generate_s(model, ids, n))
                 cmp.append(run(specs, n))
+                if args.two_step:
+                    with _two_step():
+                        two.append(_compare_s(model, tok, ids, specs, n))
             print(f"{label}: {len(specs)} formats ({', '.join(specs)}) x {n} tokens: compare {min(cmp):.2f} s, "
                   f"generate {min(gen):.2f} s, ratio {min(cmp) / min(gen):.2f}x  (rounds: compare "
                   f"{', '.join(f'{s:.2f}' for s in cmp)}; generate {', '.join(f'{s:.2f}' for s in gen)})",
                   flush=True)
+            if two:
+                print(f"  without the one-call append and mirror: compare {min(two):.2f} s, ratio "
+                      f"{min(two) / min(gen):.2f}x  (rounds: {', '.join(f'{s:.2f}' for s in two)})", flush=True)
     print(f"[{_uptime()}]")
     if args.profile:
         prof = cProfile.Profile()
