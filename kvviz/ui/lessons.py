@@ -18,6 +18,7 @@ import gradio as gr
 from kvviz.memory import MODEL_PRESETS
 
 from .common import model_task
+from .errors import DEFAULT_FORMATS as DEFAULT_ERROR_FORMATS
 from .i18n import EN, lang_code, t
 
 
@@ -41,13 +42,16 @@ LESSONS: tuple[Lesson, ...] = (
     # 2. Per-tensor scales are ruined by those outliers; per-token / per-channel are not; rotation spreads them.
     # The anatomy then follows one token through int4/tensor: the outlier channels (listed first) set the one
     # scale, and the other channels' codes crowd around zero.
-    Lesson("errors", {"format": "int4", "which": "K (post-RoPE)", "head": 0, "anatomy_format": "int4/tensor",
-                      "anatomy_side": "K", "anatomy_box": OPEN},
+    # It sets the comparison's formats too: lesson 4 changes them on the same tab, and lesson 2 must not show
+    # whatever ran last.
+    Lesson("errors", {"format": "int4", "formats": DEFAULT_ERROR_FORMATS, "custom": "", "which": "K (post-RoPE)",
+                      "head": 0, "anatomy_format": "int4/tensor", "anatomy_side": "K", "anatomy_box": OPEN},
            action=("run", "anatomy"), by_model={"gemma-3-270m": {"layer": 11}}),
     # 3. K is sensitive, V tolerant: k8v4 beats k4v8 at the same bytes.
     Lesson("compare", {"specs": ["k8v4", "k4v8"], "custom": ""}),
     # 4. E4M3 more precise, E5M2 more range: for KV, E4M3 wins.
-    Lesson("errors", {"format": "fp8_e5m2", "formats": ["fp8_e4m3", "fp8_e5m2"], "which": "K (post-RoPE)"}),
+    Lesson("errors", {"format": "fp8_e5m2", "formats": ["fp8_e4m3", "fp8_e5m2"], "custom": "",
+                      "which": "K (post-RoPE)"}),
     # 5. Per-tensor int4 loses the needle; per-token int4 loses fewer. Three needles per depth (the Compare tab's
     # NEEDLES_PER_DEPTH), so each depth's point is a rate. SmolLM2 at 512 tokens: exact 15/15, int4 14, int4/tensor 8;
     # Gemma 3 270M at 256 tokens (its outliers decide it already, at half the cost): 15, 8, 0.
