@@ -166,6 +166,12 @@ def test_search_respects_the_budget_and_its_curve(outlier_model):
     assert steps[-1].plan.text == "fp16" and steps[-1].plan.is_uniform
     to_top = [s.move for s in steps if s.move.endswith("-> fp16")]
     assert to_top[0] == f"layer {OUTLIER_LAYER}: k=int4,v=fp16 -> fp16"  # the outlier layer reaches 16 bits first
+    assert steps[0].raised is None and all(s.move == f"layer {s.raised[0]}: {s.raised[1]} -> {s.raised[2]}"
+                                           for s in steps[1:])  # the move as data, for the page's language
+    from kvviz.ui.sensitivity import _move
+    assert _move(steps[0], loose.ladder[0], "ko") == "시작: 모든 레이어 k=int2,v=fp16"
+    assert _move(steps[1], loose.ladder[0], "en") == steps[1].move
+    assert _move(steps[1], loose.ladder[0], "ko").startswith(f"레이어 {steps[1].raised[0]}: ")
     # a budget between the two ends: the answer is the cheapest step within it
     budget = math.sqrt(max(steps[0].kl, 1e-12) * max(steps[-1].kl, 1e-12))
     mid = search(model, tok, TEXT, cands, kl_budget=budget, max_tokens=64)

@@ -22,7 +22,8 @@ from kvviz.memory import kv_cache_bytes_for
 @dataclass(frozen=True)
 class SearchStep:
     """One plan on the search's path: `move` says which layer rose to which rung (step 0: every layer on the
-    cheapest); bytes at the search's context (the memory model's engine layout); kl: mean KL in nats per token."""
+    cheapest), `raised` the same as data, (layer, from, to), None at step 0; bytes at the search's context (the
+    memory model's engine layout); kl: mean KL in nats per token."""
 
     step: int
     move: str
@@ -30,6 +31,7 @@ class SearchStep:
     bytes: int
     kl: float
     within_budget: bool
+    raised: tuple[int, str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,8 @@ def search(model, tokenizer, prompts, candidates: list[str], kl_budget: float, m
     for n, (plan, kl) in enumerate(zip(path_plans, kls)):
         move = "start: every layer " + ladder[0] if n == 0 else f"layer {moves[n - 1][0]}: {moves[n - 1][1]} -> " \
                                                                  f"{moves[n - 1][2]}"
-        steps.append(SearchStep(n, move, plan, plan_bytes(plan), kl, kl <= kl_budget))
+        steps.append(SearchStep(n, move, plan, plan_bytes(plan), kl, kl <= kl_budget,
+                                None if n == 0 else moves[n - 1]))
     ok = [s for s in steps if s.within_budget]
     chosen = min(ok, key=lambda s: (s.bytes, s.kl)) if ok else steps[-1]
     return SearchResult(chosen, tuple(steps), bool(ok), kl_budget, tuple(ladder), context,

@@ -104,6 +104,14 @@ def run(source, prompt, spec, tokens, model=None, lang="en", progress=gr.Progres
     return heat, bars, table(_norm_rows(sens, norms), headers), summary
 
 
+def _move(step, cheapest: str, lang: str) -> str:
+    """A search step's move in `lang`: every layer on the cheapest rung (step 0), or which layer rose to which."""
+    if step.raised is None:
+        return t("plan_move_start", lang).format(spec=cheapest)
+    layer, low, high = step.raised
+    return t("plan_move", lang).format(layer=layer, low=low, high=high)
+
+
 def _candidates(chosen, custom) -> list[Plan]:
     names = single_specs(spec_list(chosen, custom, MAX_CANDIDATES, what="Candidate formats"), "Candidate formats",
                          "The search builds plans from candidates such as int4 and fp16.")
@@ -150,7 +158,8 @@ def search(source, prompt, candidates, custom_candidates, kl_budget, tokens, mod
         uniform=best.bytes / uniform, seconds=res.seconds)
     md += "\n\n" + t("plan_export", lang) + "\n\n" + _export_line(best.plan, model_layer_types(llm.config), name, lang)
     headers = [t(f"plan_col{i}", lang) for i in range(_STEP_COLUMNS)]
-    rows = [[s.step, s.move, s.plan.text, round(s.bytes / _MIB, 3), round(s.kl, 6)] for s in steps]
+    rows = [[s.step, _move(s, res.ladder[0], lang), s.plan.text, round(s.bytes / _MIB, 3), round(s.kl, 6)]
+            for s in steps]
     return fig, best.plan.text, md, table(rows, headers)
 
 
