@@ -21,6 +21,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 STARTUP_TIMEOUT_S = 180
+CHROMIUM = "/usr/bin/chromium"  # Debian's (apt); Playwright's own browser downloads are never used
+_CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                   "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 def free_port() -> int:
@@ -76,3 +79,29 @@ def serve_app(model: str = "tiny-llama", **env_extra: str):
 
 def _tail(path: str, lines: int = 40) -> str:
     return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def browser_page(url: str, ready: str):
+    """A Chromium page (Playwright, CHROMIUM launched by path) on the app at `url`, yielded once the element `ready`
+    (a CSS selector) shows; the browser closes when the `with` block ends."""
+    from playwright.sync_api import sync_playwright  # only the browser tests need playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=_CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900}, locale="en-US")
+            page.goto(url, wait_until="networkidle")
+            page.wait_for_selector(ready, timeout=30_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def screenshot_dir(tmp_path_factory, name: str) -> Path:
+    """Where the browser tests save screenshots: $KVVIZ_SCREENSHOTS when set (`make screenshots`: assets/), else a
+    temporary directory `name`, so CI never rewrites tracked files."""
+    target = os.environ.get("KVVIZ_SCREENSHOTS")
+    path = Path(target) if target else tmp_path_factory.mktemp(name)
+    path.mkdir(parents=True, exist_ok=True)
+    return path

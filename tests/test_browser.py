@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from app_server import serve_app
+from app_server import CHROMIUM, browser_page, screenshot_dir, serve_app
 
-CHROMIUM = "/usr/bin/chromium"
 playwright_api = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} missing: apt-get install chromium")
 
@@ -50,23 +49,13 @@ def server():
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory) -> Path:
-    target = os.environ.get("KVVIZ_SCREENSHOTS")
-    path = Path(target) if target else tmp_path_factory.mktemp("screenshots")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return screenshot_dir(tmp_path_factory, "screenshots")
 
 
 @pytest.fixture(scope="module")
 def page(server):
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
-        pg = browser.new_page(viewport={"width": 1280, "height": 900}, locale="en-US")
-        pg.goto(server.url, wait_until="networkidle")
-        pg.wait_for_selector("#tab-memory-button, [role=tab]", timeout=30_000)
+    with browser_page(server.url, "#tab-memory-button, [role=tab]") as pg:
         yield pg
-        browser.close()
 
 
 @pytest.fixture(autouse=True)

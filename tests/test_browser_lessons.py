@@ -21,12 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from app_server import serve_app
+from app_server import CHROMIUM, browser_page, screenshot_dir, serve_app
 from kvviz.models import BUNDLED, bundled_installed
 from kvviz.ui import lessons
 
-CHROMIUM = "/usr/bin/chromium"
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 pytestmark = [
     pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} missing: apt-get install chromium"),
     pytest.mark.skipif(os.environ.get("KVVIZ_BROWSER_LESSONS") != "1",
@@ -64,23 +63,13 @@ def server(model):
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory) -> Path:
-    target = os.environ.get("KVVIZ_SCREENSHOTS")
-    path = Path(target) if target else tmp_path_factory.mktemp("lesson-screenshots")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return screenshot_dir(tmp_path_factory, "lesson-screenshots")
 
 
 @pytest.fixture(scope="module")
 def page(server):
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
-        pg = browser.new_page(viewport={"width": 1280, "height": 900}, locale="en-US")
-        pg.goto(server.url, wait_until="networkidle")
-        pg.wait_for_selector("#lesson-1", timeout=30_000)
+    with browser_page(server.url, "#lesson-1") as pg:
         yield pg
-        browser.close()
 
 
 def _idle(page, quiet_s: float = 3.0) -> None:
