@@ -5,10 +5,9 @@
     python benchmarks/lessons_cost.py --models smollm2-135m,gemma-3-270m --lessons 5,8
 
 For each model the script starts `python app.py` on it (tests/app_server.py), builds the page in its own process
-only to read each lesson's settings (kvviz.ui.lessons: the values its button fills in, the component's own value
-otherwise, as tests/test_lessons_run.py's run_lesson does), and then calls the public endpoint behind each of the
-lesson's actions, in order, with those values: the work the button's chain does (a lesson button runs the same
-functions through private events). The clicks start once the app's launch warm-up has finished (its log says
+only to read each lesson's arguments (kvviz.ui.lessons.calls: the values its button fills in, the component's own
+value otherwise), and then calls the public endpoint behind each of the lesson's actions, in order, with those
+values: the work the button's chain does (a lesson button runs the same functions through private events). The clicks start once the app's launch warm-up has finished (its log says
 "warmed up"): the first round is a visitor's first click of that lesson on a warm app, the rounds after it the
 same click again (some views memoise what they measured). Targets (issue 23), checked on the first click: 15 s on
 SmolLM2, 30 s on Gemma 3 270M.
@@ -64,28 +63,9 @@ def _endpoint(demo, fn) -> str:
 
 def _calls(demo, parts: dict, i: int, model: str) -> list[tuple[str, list]]:
     """Lesson i's actions as (api_name, arguments), the arguments as the lesson's button fills them."""
-    import gradio as gr
-
     from kvviz.ui import lessons
 
-    lesson = lessons.LESSONS[i - 1]
-    tab = parts[lesson.tab]
-    settings = lessons._settings(lesson, model)
-    names = {id(c): n for n, c in tab.items() if isinstance(c, gr.components.Component)}
-    calls = []
-    for action in (lesson.action,) if isinstance(lesson.action, str) else lesson.action:
-        fn, inputs, _, _ = tab["actions"][action]
-        args = []
-        for comp in inputs:
-            name = names.get(id(comp))
-            if name in settings:
-                args.append(lessons._value(settings[name], model))
-            elif name == "model":
-                args.append(model)
-            else:
-                args.append(comp.value)
-        calls.append((_endpoint(demo, fn), args))
-    return calls
+    return [(_endpoint(demo, fn), args) for _, fn, args in lessons.calls(parts, i, model)]
 
 
 def _seconds(click: list[float]) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 
-import gradio as gr
 import pandas as pd
 import pytest
 
@@ -47,24 +46,10 @@ def parts():
 
 
 def run_lesson(parts: dict, i: int, model: str = "tiny-llama") -> dict:
-    """Lesson i (1-based) on `model`: {action: its outputs}, each input taken from the lesson's settings, else the
-    component's own value (the page's default)."""
-    lesson = lessons.LESSONS[i - 1]
-    tab = parts[lesson.tab]
-    settings = lessons._settings(lesson, model)
-    names = {id(c): n for n, c in tab.items() if isinstance(c, gr.components.Component)}
+    """Lesson i (1-based) on `model`: {action: its outputs}, its functions called with the arguments its button
+    fills in (kvviz.ui.lessons.calls)."""
     results = {}
-    for action in (lesson.action,) if isinstance(lesson.action, str) else lesson.action:
-        fn, inputs, _, _ = tab["actions"][action]
-        args = []
-        for comp in inputs:
-            name = names.get(id(comp))
-            if name in settings:
-                args.append(lessons._value(settings[name], model))
-            elif name == "model":  # the page's model picker (the Memory tab's "model" is a preset: a setting)
-                args.append(model)
-            else:
-                args.append(comp.value if not isinstance(comp, gr.Radio) or comp.value != "English" else "English")
+    for action, fn, args in lessons.calls(parts, i, model):
         kwargs = {"progress": _progress} if "progress" in inspect.signature(fn).parameters else {}
         results[action] = _last(fn(*args, **kwargs))
     return results

@@ -11,6 +11,7 @@ layers 5 and 11) and the note's `lesson_models<i>` paragraph says what differs, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import gradio as gr
@@ -86,6 +87,30 @@ def _value(value, model: str | None):
     if value == SELECTED:
         return model if model in MODEL_PRESETS else "smollm2-135m"
     return value
+
+
+def calls(parts: dict, i: int, model: str) -> list[tuple[str, Callable, list]]:
+    """Lesson i (1-based) as its button runs it on `model`: (action, function, arguments) for each of its actions
+    in order, each argument the lesson's setting for that input, the picked model for the page's model picker, else
+    the component's own value (the page's default). parts: the tabs' components by name, as `wire` gets them."""
+    lesson = LESSONS[i - 1]
+    tab = parts[lesson.tab]
+    settings = _settings(lesson, model)
+    names = {id(c): n for n, c in tab.items() if isinstance(c, gr.components.Component)}
+    out = []
+    for action in (lesson.action,) if isinstance(lesson.action, str) else lesson.action:
+        fn, inputs, _, _ = tab["actions"][action]
+        args = []
+        for comp in inputs:
+            name = names.get(id(comp))
+            if name in settings:
+                args.append(_value(settings[name], model))
+            elif name == "model":  # the page's model picker (the Memory tab's "model" is a preset: a setting)
+                args.append(model)
+            else:
+                args.append(comp.value)
+        out.append((action, fn, args))
+    return out
 
 
 def note(i: int, lang: str, model: str | None) -> str:
