@@ -81,30 +81,17 @@ class MirrorAppend:
     """One side's appends, bound to its buffers (build again when `bound` says they moved)."""
 
     def __init__(self, fmt, bufs, tensor_scale):
-        data, scale, zero = bufs
+        data, scale, _ = bufs
         jit = _jit()
-        self.key = self._key(bufs)
-        head_dim = data.shape[3] * 8 // int(fmt.bits)
-        plan = cpu_pack._plan(fmt, head_dim)
-        if plan.takes_scale:
-            ts = torch.as_tensor(tensor_scale, dtype=torch.float32).detach().reshape(-1).contiguous().numpy()
-        else:
-            ts = np.ones(1, np.float32)
-        self.pk = (ts, int(plan.kind), int(plan.bits), int(plan.exp), int(plan.group), bool(plan.static), False,
-                   bool(plan.count), -1, -1, np.ones(1, np.float32), 0)
-        stored = None if plan.static else scale
-        skind, stab = _scale_kind(jit, stored)
-        self.bufs = (cpu_step._as_bytes(data), cpu_step._as_bytes(stored), cpu_step._as_bytes(zero))
-        self.read = (_codes(fmt, data), int(fmt.bits), int(plan.group), skind, stab, ts, fmt.base == "nvfp4",
+        self.key = cpu_step.buffers_key(bufs)
+        plan, self.pk, self.bufs = cpu_step.packing_args(fmt, bufs, tensor_scale, data.shape[3] * 8 // int(fmt.bits))
+        skind, stab = _scale_kind(jit, None if plan.static else scale)
+        self.read = (_codes(fmt, data), int(fmt.bits), int(plan.group), skind, stab, self.pk[0], fmt.base == "nvfp4",
                      bool(fmt.asym))
         self.fn = jit.append_mirror
 
-    @staticmethod
-    def _key(bufs):
-        return tuple(None if t is None else (t.data_ptr(), t.shape) for t in bufs)
-
     def bound(self, bufs) -> bool:
-        return self.key == self._key(bufs)
+        return self.key == cpu_step.buffers_key(bufs)
 
     def run(self, x: torch.Tensor, pos: int, rows: np.ndarray, at: int, mirror: np.ndarray) -> int:
         """Pack x [B, Hkv, 1, D] (fp32) at buffer row pos; write its values to mirror[rows[b], :, at]. Returns the

@@ -86,26 +86,38 @@ def _as_bytes(t: torch.Tensor | None) -> np.ndarray:
     return cpu_pack._bytes(t)
 
 
+def buffers_key(bufs) -> tuple:
+    """What a binding over buffers (data, scale, zero; None where absent) depends on: their addresses and shapes."""
+    return tuple(None if t is None else (t.data_ptr(), t.shape) for t in bufs)
+
+
+def packing_args(fmt, bufs, tensor_scale, head_dim: int) -> tuple:
+    """(plan, pk, views) for jit/step.py's `_append` into one side's buffers: the format's packing plan
+    (kernels/cpu/pack.py), pk = (ts, kind, bits, exp, group, static, half_div, count, ggml, engine, aux, xdt) for
+    fp32 tokens (half_div and xdt as an fp32 model has them), and the uint8 views (data, scale, zero) it writes;
+    a static scale's format has no scale buffer."""
+    data, scale, zero = bufs
+    plan = cpu_pack._plan(fmt, head_dim)
+    if not plan.takes_scale:
+        ts = np.ones(1, np.float32)
+    else:
+        ts = torch.as_tensor(tensor_scale, dtype=torch.float32).detach().reshape(-1).contiguous().numpy()
+    aux = plan.aux if plan.engine >= 0 else np.ones(1, np.float32)
+    pk = (ts, int(plan.kind), int(plan.bits), int(plan.exp), int(plan.group), bool(plan.static), False,
+          bool(plan.count and not plan.rot), int(plan.ggml), int(plan.engine), aux, 0)
+    return plan, pk, (_as_bytes(data), _as_bytes(None if plan.static else scale), _as_bytes(zero))
+
+
 class _Side:
     """What one side's step arguments hold: the packing plan, the pack views and decode.py's side arguments."""
 
     def __init__(self, fmt, bufs, tensor_scale, batch: int, heads: int, head_dim: int):
         data, scale, zero = bufs
-        plan = cpu_pack._plan(fmt, head_dim)
-        jit_pack = cpu_pack._jit()
-        if not plan.takes_scale:
-            ts = np.ones(1, np.float32)
-        else:
-            ts = torch.as_tensor(tensor_scale, dtype=torch.float32).detach().reshape(-1).contiguous().numpy()
-        static = plan.static
+        plan, self.pk, self.bufs = packing_args(fmt, bufs, tensor_scale, head_dim)
         self.fmt, self.plan = fmt, plan
         self.engine = plan.engine >= 0  # an engine's store: quantized by kernels/cpu/jit/pack_engines.py
-        aux = plan.aux if self.engine else np.ones(1, np.float32)
-        self.pk = (ts, int(plan.kind), int(plan.bits), int(plan.exp), int(plan.group), bool(static), False,
-                   bool(plan.count and not plan.rot), int(plan.ggml), int(plan.engine), aux, 0)
         self.half_div_pk = self.pk[:6] + (True,) + self.pk[7:]  # an fp16 model's int sym: torch divides in fp16
-        self.half_div_ok = plan.kind == jit_pack.KIND_INT_SYM and not static
-        self.bufs = (_as_bytes(data), _as_bytes(None if static else scale), _as_bytes(zero))
+        self.half_div_ok = plan.kind == cpu_pack._jit().KIND_INT_SYM and not plan.static
         side = side_from_format(fmt, data, scale, zero, tensor_scale, head_dim=head_dim)
         self.rotation = side.rotation  # x = stored @ rotation: q takes rotation^T, the output rotation
         self.x_rotation = side.rotation if plan.rot else None  # /rot: the new token is rotated before it is packed
@@ -152,7 +164,7 @@ class DecodeStep:
 
     @staticmethod
     def _key(k_bufs, v_bufs, q_heads: int):
-        return q_heads, tuple(None if t is None else (t.data_ptr(), t.shape) for t in (*k_bufs, *v_bufs))
+        return q_heads, buffers_key((*k_bufs, *v_bufs))
 
     def bind(self, k_bufs, v_bufs, k_scale, v_scale, q_heads: int) -> None:
         """Derive every argument fixed by the buffers. k_bufs / v_bufs: (data, scale, zero) tensors [B, Hkv, cap,
