@@ -179,10 +179,9 @@ def search(model, tokenizer, prompts, candidates: list[str], kl_budget: float, m
     kls = plans_kl(model, ids_list, path_plans, rows_per_pass, bases=bases)
     steps = []
     for n, (plan, kl) in enumerate(zip(path_plans, kls)):
-        move = "start: every layer " + ladder[0] if n == 0 else f"layer {moves[n - 1][0]}: {moves[n - 1][1]} -> " \
-                                                                 f"{moves[n - 1][2]}"
-        steps.append(SearchStep(n, move, plan, plan_bytes(plan), kl, kl <= kl_budget,
-                                None if n == 0 else moves[n - 1]))
+        raised = None if n == 0 else moves[n - 1]
+        move = f"start: every layer {ladder[0]}" if raised is None else "layer {}: {} -> {}".format(*raised)
+        steps.append(SearchStep(n, move, plan, plan_bytes(plan), kl, kl <= kl_budget, raised))
     ok = [s for s in steps if s.within_budget]
     chosen = min(ok, key=lambda s: (s.bytes, s.kl)) if ok else steps[-1]
     return SearchResult(chosen, tuple(steps), bool(ok), kl_budget, tuple(ladder), context,
