@@ -95,6 +95,9 @@ def main() -> int:
     p.add_argument("--two-step", action="store_true",
                    help="also time quality.compare with the rows' one-call append-and-mirror path off")
     args = p.parse_args()
+    if args.app and args.two_step:
+        p.error("--two-step compares quality.compare in this process with and without the one-call path; run it "
+                "without --app (the app's endpoint cannot turn the path off).")
     warnings.simplefilter("ignore", ScaleWarning)  # fp8's first-update scale on a short prompt, once per layer
     model, tok = kvviz.load_model()
     ids = tok(TAB_PROMPT, return_tensors="pt")["input_ids"]

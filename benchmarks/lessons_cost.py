@@ -83,12 +83,24 @@ def main() -> int:
     from gradio_client import Client
 
     import app_server
-    from kvviz.models import bundled_installed
+    from kvviz.models import BUNDLED, bundled_installed
     from kvviz.ui import lessons
 
     app_server.STARTUP_TIMEOUT_S = 900
-    chosen = [int(x) for x in args.lessons.split(",") if x] or list(range(1, len(lessons.LESSONS) + 1))
-    for model in [m for m in args.models.split(",") if m]:
+    every = list(range(1, len(lessons.LESSONS) + 1))
+    try:
+        chosen = [int(x) for x in args.lessons.split(",") if x] or every
+    except ValueError:
+        chosen = [0]
+    if not set(chosen) <= set(every):
+        p.error(f"--lessons takes lesson numbers from 1 to {len(every)}, comma-separated; got {args.lessons!r}.")
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in BUNDLED]
+    if unknown or not models:
+        p.error(f"--models takes bundled models ({', '.join(BUNDLED)}), comma-separated; got {args.models!r}.")
+    if args.rounds < 1:
+        p.error(f"--rounds is how many clicks per lesson, 1 or more; got {args.rounds}.")
+    for model in models:
         if not bundled_installed(model):
             print(f"{model}: not installed, skipped")
             continue
