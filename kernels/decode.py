@@ -5,9 +5,10 @@ constexpr flags, applies rotations outside the kernel (stored K and V are x @ R^
 out = (P stored) @ R), and launches the two stages. Attention sinks (gpt-oss) and logit softcapping (Gemma 2) are
 optional; K and V may have different head dims (DeepSeek-V3: K 192, V 128). llama.cpp's KV types (q8_0, q4_0, q4_1,
 q5_0, q5_1, iq4_nl: sides with layout "ggml") are read in ggml's block order; the engines' stores (vLLM's int8 /
-fp8 / int4 per-token-head, NVFP4 and TurboQuant caches, TQ-mse) through their codebooks, norm corrections and zero
-points (`supports` says which formats). Without a usable Triton (no CUDA, no TRITON_INTERPRET=1, or triton not
-installed) it runs the float64 reference instead, so the CPU path always works.
+fp8 / int4 per-token-head, NVFP4 and TurboQuant caches, TQ-mse, TQ-prod) through their codebooks, norm
+corrections, zero points and TQ-prod's sign sketch (`supports` says which formats). Without a usable Triton (no
+CUDA, no TRITON_INTERPRET=1, or triton not installed) it runs the float64 reference instead, so the CPU path always
+works.
 
     out = decode_attention(q, k, v, lengths)   # q: [B, Hq, D_k] -> out: [B, Hq, D_v], q's dtype
 """
@@ -29,8 +30,8 @@ _MAX_SPLITS = 64  # stage 2 holds every split of one row in registers
 
 def supports(fmt) -> bool:
     """Whether this kernel decodes a kvviz-like format (duck-typed `kind`, `base`): kvviz's own families and the
-    engines' stores a PackedSide describes (vLLM's per-token-head, NVFP4 and TurboQuant caches, TQ-mse; TQ-prod
-    takes the reference). Which formats the Triton packer writes is kernels.pack.quant_pack_supported's answer."""
+    engines' stores (vLLM's per-token-head, NVFP4 and TurboQuant caches, TQ-mse, TQ-prod). Which formats the Triton
+    packer writes is kernels.pack.quant_pack_supported's answer."""
     return describes_format(fmt)
 
 
@@ -103,6 +104,7 @@ def _side_args(side: PackedSide, lengths: torch.Tensor, batch: int, heads: int, 
         SCALE=scale_code, SFMT=sfmt, GROUP=max(group, 1), FOLD=fold,
         ZERO=zero is not None, TENSOR=tensor_scale is not None, TZERO=tensor_zero is not None, TAIL=tail is not None,
         GGML=side.layout == "ggml", RENORM=side.renorm, ZP=side.zp_bits,
+        QJL=head_dim * side.bits // 8 if side.qjl is not None else 0,  # TQ-prod: its signs' offset in a row
     )
     return args, flags
 
@@ -183,6 +185,8 @@ def decode_attention(
 
     # score = q . (stored @ R) = (q @ R^T) . stored: the query turns, the cache is read as stored.
     qk = q if k.rotation is None else (q.float() @ k.rotation.to(q.device, torch.float32).T)  # [B, Hq, D]
+    if k.qjl is not None:  # TQ-prod: q in the sketch's basis, q @ G^T, after q in each row
+        qk = torch.cat([qk.float(), q.float() @ k.qjl.to(q.device, torch.float32).T], dim=-1).contiguous()
     assert qk.stride(-1) == 1, "q must be contiguous along head_dim"
     gqa = hq // hkv
     block_dk, block_dv = max(16, next_pow2(head_dim)), max(16, next_pow2(head_dim_v))
@@ -207,11 +211,13 @@ def decode_attention(
     # The kernel's scores are in log2 units (exp2 softmax): sinks and the cap are scaled alike.
     sinks_log2 = lengths if sinks is None else (sinks.detach().to(q.device, torch.float32).reshape(hq) * LOG2E)
     sinks_log2 = sinks_log2.contiguous()
-    out = torch.empty(batch, hq, head_dim_v, device=q.device,
+    parts = 2 if v.qjl is not None else 1  # TQ-prod V: its sketch's sums come back after the output's columns
+    out = torch.empty(batch, hq, parts * head_dim_v, device=q.device,
                       dtype=torch.float32 if v.rotation is not None else q.dtype)
     single = num_splits == 1
     # Partials (m, l, acc) per query head and split, fp32; one split writes `out` directly.
-    mid_o = torch.empty(batch * hq, 1 if single else num_splits, block_dv, device=q.device, dtype=torch.float32)
+    mid_o = torch.empty(batch * hq, 1 if single else num_splits, parts * block_dv, device=q.device,
+                        dtype=torch.float32)
     mid_ml = torch.empty(batch * hq, 1 if single else num_splits, 2, device=q.device, dtype=torch.float32)
     _decode_stage1[(batch * hkv, num_splits)](
         qk, qk.stride(0), qk.stride(1), *k_args, *v_args,
@@ -225,9 +231,13 @@ def decode_attention(
         _decode_stage2[(batch * hkv,)](
             mid_o, mid_ml, sinks_log2, out, num_splits,
             H_KV=hkv, GQA=gqa, HEAD_DIM_V=head_dim_v, BLOCK_G=block_g, BLOCK_S=max(2, next_pow2(num_splits)),
-            BLOCK_DV=block_dv, HAS_SINKS=sinks is not None, num_warps=4,
+            BLOCK_DV=block_dv, HAS_SINKS=sinks is not None, PARTS=parts, num_warps=4,
         )
+    if v.qjl is not None:
+        out, sketch = out[..., :head_dim_v], out[..., head_dim_v:]
     if v.rotation is not None:
-        out = (out @ v.rotation.to(q.device, torch.float32)).to(q.dtype)
-    return out
+        out = out @ v.rotation.to(q.device, torch.float32)
+    if v.qjl is not None:
+        out = out + sketch @ v.qjl.to(q.device, torch.float32)
+    return out.to(q.dtype)
 

@@ -21,7 +21,7 @@ Dequantized value of token t, channel d (packed tokens t < n_packed):
     x = (decode(code) [* scale] [* tensor_scale] [+ zero]) @ rotation   (scale, zero per group; absent = 1, 0)
 
 The engines' stores (kvviz kinds "vllm", "turboquant", "tq": vLLM's per-token-head, NVFP4 and TurboQuant caches, the
-TurboQuant paper's TQ-mse) are described by the same fields plus three, taken from the format's own
+TurboQuant paper's TQ-mse and TQ-prod) are described by the same fields plus four, taken from the format's own
 `kernel_fields(head_dim)` (kvviz/formats/vllm.py, turboquant.py, tq_paper.py):
 
     elem "table"  value = values[code]: a codebook (fp32 [2**bits]; TurboQuant's Lloyd-Max centroids)
@@ -31,6 +31,12 @@ TurboQuant paper's TQ-mse) are described by the same fields plus three, taken fr
                   (scale with those bits cleared) (vLLM's int4_per_token_head)
     bits 3, 1     packed as 4 and 2 are: element e at bit e * bits of the token's little-endian bit stream (3 bits:
                   8 elements in 3 bytes; 1 bit: 8 a byte, element e at bit e % 8 of byte e // 8)
+    qjl           a [D, D] fp32 matrix G: a 1-bit sketch of each token's residual (TQ-prod's QJL). Each data row
+                  holds D * bits / 8 bytes of codes, then D / 8 bytes of signs z (element e at bit e % 8 of byte
+                  e // 8; 1 is +1, 0 is -1), and the token scale a second column r after s. The row reads
+                      x = (values[code] * s) @ rotation + s * r * (z @ G)
+                  so a query scores (q @ rotation^T) . (values[code] * s) + s * r * (q @ G^T) . z: two bases, each
+                  query turned once per step, the cache never.
 
 A rotated store's kernels rotate the query once per step (score = (q @ rotation^T) . stored) and the output once
 (out = softmax @ stored values, then @ rotation); the cache is never rotated back.
@@ -73,10 +79,8 @@ def reads_format(fmt) -> bool:
 
 def describes_format(fmt) -> bool:
     """True when a PackedSide can describe `fmt`'s packed buffers: kvviz's fused families, and the engines' stores
-    whose `kernel_fields` name them (every one but TQ-prod)."""
-    if fmt.kind in ENGINE_KINDS:
-        return not fmt.base.startswith("tq_prod")
-    return reads_format(fmt)
+    (their `kernel_fields` name them)."""
+    return fmt.kind in ENGINE_KINDS or reads_format(fmt)
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ class PackedSide:
     values: torch.Tensor | None = None  # elem "table": fp32 [2**bits], value = values[code]
     renorm: bool = False  # divide each token's decoded vector by sqrt(sum(v^2) + 1e-16) before the scale
     zp_bits: int = 0  # the low zp_bits of each fp32 token scale are a zero point: (code - zp) * cleared scale
+    qjl: torch.Tensor | None = None  # [D, D]: each row's signs after its codes, its residual norm after its scale
     # A dict its producer keeps from call to call (a cache side: one per side), where a kernel launcher may keep
     # what it derived from the buffers (kernels/cpu/decode.py: numpy views, decode tables); the launcher checks that
     # the buffers are still the ones it saw. None: derive everything on every call.
@@ -124,8 +129,10 @@ class PackedSide:
             assert self.bits in (16, 8, 4, 3, 2, 1) or (self.bits == 32 and self.elem == "float"), f"bits={self.bits}"
             if self.bits < 8:
                 whole = self.head_dim % 8 == 0 if self.bits in (3, 1) else self.head_dim * self.bits % 8 == 0
-                assert whole and self.data.shape[-1] == self.head_dim * self.bits // 8, (
+                row = self.head_dim * self.bits // 8 + (self.head_dim // 8 if self.qjl is not None else 0)
+                assert whole and self.data.shape[-1] == row, (
                     f"data's last dim {self.data.shape[-1]} does not hold head_dim {self.head_dim} at {self.bits} bits"
+                    + (" and its signs" if self.qjl is not None else "")
                 )
             else:
                 assert self.data.shape[-1] == self.head_dim, (
@@ -136,6 +143,12 @@ class PackedSide:
             "a zero point in the scale's low bits needs fp32 token scales")
         if self.scale_kind in ("token", "channel"):
             assert self.scale is not None and self.scale.dim() == 4, "token/channel scales are [B, Hkv, rows, cols]"
+        if self.qjl is not None:
+            assert self.layout == "kvviz" and self.bits < 8 and self.head_dim % 8 == 0, "signs follow packed codes"
+            assert self.scale_kind == "token" and self.group_size == self.head_dim and self.scale.shape[-1] == 2, (
+                "a sketch needs one token scale per row and the residual norm beside it: scale [B, Hkv, cap, 2]")
+            assert self.zero is None and self.tensor_scale is None and self.zp_bits == 0, "a sketch takes no zeros"
+            assert tuple(self.qjl.shape) == (self.head_dim, self.head_dim), "the sketch matrix is [D, D]"
         if self.zero is not None and self.scale_kind in ("token", "channel"):
             assert self.zero.shape == self.scale.shape, "zero must have the shape of scale"
 

@@ -132,7 +132,22 @@ def dequantize_side(side: PackedSide, lengths) -> torch.Tensor:
             out[i, :, n:length] = side.tail[i, :, : length - n].detach().cpu().to(torch.float64)
     if side.rotation is not None:
         out = out @ side.rotation.detach().cpu().to(torch.float64)
+    if side.qjl is not None:  # TQ-prod's sketch, in its own basis: + s * r * (z @ G) on the packed rows
+        sketch = _sketch_term(side)
+        for i in range(b):
+            take = min(int(n_packed[i]), int(lengths[i]))
+            out[i, :, :take] += sketch[i, :, :take]
     return out
+
+
+def _sketch_term(side: PackedSide) -> torch.Tensor:
+    """s * r * (z @ G) of every packed row: [B, Hkv, cap, D] float64 (z = +-1 from the sign bits after the codes)."""
+    d = side.head_dim
+    start = d * side.bits // 8
+    signs = side.data.detach().cpu()[..., start:start + d // 8].to(torch.int64)
+    bits = ((signs.unsqueeze(-1) >> torch.arange(8)) & 1).flatten(-2)  # element e: bit e % 8 of byte e // 8
+    norms = decode_scale(side.scale)  # [B, Hkv, cap, 2]: s, r
+    return norms[..., :1] * norms[..., 1:2] * ((bits * 2 - 1).to(torch.float64) @ side.qjl.detach().cpu().double())
 
 
 def decode_attention_reference(

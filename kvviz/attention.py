@@ -212,7 +212,7 @@ def _triton_runs_on(device: torch.device) -> bool:
 
 def _fused_reads(*sides: QTensor) -> bool:
     """False when the Triton kernel has no decode branch for a side's format (kernels.decode.supports: kvviz's
-    families and the engines' stores but TQ-prod): the reference reads it then."""
+    families and the engines' stores): the reference reads it then."""
     return all(_triton_reads_format(p.fmt) for p in sides)
 
 
@@ -223,7 +223,7 @@ def _triton_reads_format(fmt) -> bool:
 
 def _cpu_reads(*sides: QTensor) -> bool:
     """False for formats the fused CPU path has no decode branch for (kernels.cpu.decode.supports: kvviz's float,
-    int and fp4 families, llama.cpp's ggml types and the engines' stores but TQ-prod have one): the reference reads
+    int and fp4 families, llama.cpp's ggml types and the engines' stores have one): the reference reads
     those. False for plain casts too
     (fp16 / bf16, no scale): the reference hands SDPA the very tensors DynamicCache would, so a lossless spec keeps
     DynamicCache's tokens exactly (the kernel's float32 sums can flip a near tie: tiny Falcon-H1 in bf16,

@@ -531,7 +531,7 @@ def build(fn, ptrs, consts, **options):
 
 def side(p, **kw):
     flags = dict(ELEM=0, BITS=16, OFFSET=0, SCALE=0, SFMT=0, GROUP=128, FOLD=True, ZERO=False, TENSOR=False,
-                 TZERO=False, TAIL=False, GGML=False, RENORM=False, ZP=0)
+                 TZERO=False, TAIL=False, GGML=False, RENORM=False, ZP=0, QJL=0)
     return {f"{p}_{k}": v for k, v in {**flags, **kw}.items()}
 
 ptrs = {n: "*fp32" for n in ("K_TS", "K_TZ", "V_TS", "V_TZ", "K_VALS", "V_VALS", "MID_O", "MID_ML", "SINKS")}
@@ -571,9 +571,15 @@ build(_decode_stage1, ptrs, dict(
     H_KV=8, GQA=4, HEAD_DIM_K=128, HEAD_DIM_V=128, BLOCK_G=16, BLOCK_N=32, BLOCK_DK=128, BLOCK_DV=128,
     PRECISION="ieee", HAS_MASK=True, HAS_SINKS=False, SOFTCAP=False, SINGLE_SPLIT=False,
     **side("K", ELEM=1, BITS=4, SCALE=1, ZP=4), **side("V", ELEM=6, BITS=3, SCALE=1, RENORM=True)))
-for sinks in (False, True):
+# TQ-prod4 on both sides (3-bit codebook, sign bits after the codes, the residual norm beside the norm), split.
+ptrs.update(Q="*fp32", K="*u8", KS="*fp16", V="*u8", VS="*fp16", OUT="*fp32")
+build(_decode_stage1, ptrs, dict(
+    H_KV=8, GQA=4, HEAD_DIM_K=128, HEAD_DIM_V=128, BLOCK_G=16, BLOCK_N=32, BLOCK_DK=128, BLOCK_DV=128,
+    PRECISION="ieee", HAS_MASK=True, HAS_SINKS=False, SOFTCAP=False, SINGLE_SPLIT=False,
+    **side("K", ELEM=6, BITS=3, SCALE=1, QJL=48), **side("V", ELEM=6, BITS=3, SCALE=1, QJL=48)))
+for sinks, parts in ((False, 1), (True, 1), (False, 2)):
     build(_decode_stage2, {"MID_O": "*fp32", "MID_ML": "*fp32", "SINKS": "*fp32", "OUT": "*bf16"},
-          dict(H_KV=8, GQA=4, HEAD_DIM_V=128, BLOCK_G=16, BLOCK_S=16, BLOCK_DV=128, HAS_SINKS=sinks))
+          dict(H_KV=8, GQA=4, HEAD_DIM_V=128, BLOCK_G=16, BLOCK_S=16, BLOCK_DV=128, HAS_SINKS=sinks, PARTS=parts))
 for kind, bits, group, scale in ((0, 4, 32, "*fp16"), (4, 4, 16, "*u8")):  # int4/g32 from fp16; NVFP4
     build(_quant_pack_kernel, {"X": "*fp16", "DATA": "*u8", "SCALE": scale, "ZERO": "*fp16", "TS": "*fp32"},
           dict(KIND=kind, BITS=bits, FP8_EXP=4, GROUP=group, STATIC=False, HALF_DIV=True, HEAD_DIM=128, BLOCK_T=16))

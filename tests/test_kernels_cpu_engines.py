@@ -1,6 +1,7 @@
 """The fused CPU decode and one-call step over the engines' stores: vLLM's per-token-head, NVFP4 and TurboQuant
-caches and the paper's TQ-mse (kernels/packed.py's codebook elements, 3- and 1-bit packing, the "nc" norm
-correction, the zero point in the scale's low bits, the query rotated instead of the cache).
+caches and the paper's TQ-mse and TQ-prod (kernels/packed.py's codebook elements, 3- and 1-bit packing, the "nc"
+norm correction, the zero point in the scale's low bits, TQ-prod's sign sketch, the query rotated instead of the
+cache).
 
 Decode: against the float64 reference within the kernels' 1e-3, head_dim 64 and 128, GQA 3, two batch rows of
 different lengths, a full-precision tail, a mask (the row-by-row path), one token. Step: the token's stored bytes
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.skipif(not cpu.cpu_usable(), reason="numba is not insta
 ENGINE_SPECS = (
     "vllm:int8_per_token_head", "vllm:fp8_per_token_head", "vllm:int4_per_token_head", "vllm:nvfp4",
     "vllm:nvfp4_4over6", "vllm:turboquant_4bit_nc", "vllm:turboquant_k3v4_nc", "vllm:turboquant_3bit_nc",
-    "vllm:turboquant_k8v4", "tq_mse1", "tq_mse2", "tq_mse3", "tq_mse4",
+    "vllm:turboquant_k8v4", "tq_mse1", "tq_mse2", "tq_mse3", "tq_mse4", "tq_prod2", "tq_prod3", "tq_prod4",
 )
 
 
@@ -71,13 +72,9 @@ def test_engine_stores_decode_like_the_reference(spec, head_dim):
     assert rel_err(one, ref) <= TOL, f"{spec}: one token"
 
 
-def test_tq_prod_stays_on_the_reference():
-    assert not cpu.supports(parse_kv("tq_prod3").k)
-
-
 # ------------------------------------------------------------------------------------------ the one-call step
 
-STEP_SPECS = ENGINE_SPECS[:9]  # vLLM's stores; TQ-mse has no CPU packer and keeps the two-call path
+STEP_SPECS = ENGINE_SPECS[:9]  # vLLM's stores; the paper's TQ-mse and TQ-prod have no CPU packer: two calls
 
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
@@ -147,9 +144,11 @@ def test_a_tiny_model_generates_through_the_one_call_step_as_the_reference(spec)
     assert fused[2] == reference[2], f"{spec}: nbytes differ"
 
 
-def test_tq_mse_decodes_fused_after_the_formats_quantize(monkeypatch):
-    """TQ-mse has no CPU packer: its tokens are stored by the format's quantize and decode runs in the fused CPU
-    kernel (two calls), with the torch reference's greedy tokens."""
+@pytest.mark.parametrize("spec", ("tq_mse3", "tq_prod3"))
+def test_tq_mse_and_prod_decode_fused_after_the_formats_quantize(spec, monkeypatch):
+    """The paper's TQ-mse and TQ-prod have no CPU packer: their tokens are stored by the format's quantize and
+    decode runs in the fused CPU kernel (two calls; TQ-prod's sketch in its own basis), with the torch reference's
+    greedy tokens."""
     from test_kernels_cpu_step import _generate
     from test_kernels_e2e import _model
 
@@ -164,7 +163,7 @@ def test_tq_mse_decodes_fused_after_the_formats_quantize(monkeypatch):
     model = _model(32)[0]
     ids = torch.randint(1, 256, (1, 8), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
-    got = _generate(model, ids, mask, "tq_mse3", "cpu", True, 4)
+    got = _generate(model, ids, mask, spec, "cpu", True, 4)
     assert len(calls) == 3 * model.config.num_hidden_layers and got[1] == 0, "two calls, the decode fused"
     calls.clear()
-    assert torch.equal(got[0], _generate(model, ids, mask, "tq_mse3", "torch", True, 4)[0]) and not calls
+    assert torch.equal(got[0], _generate(model, ids, mask, spec, "torch", True, 4)[0]) and not calls

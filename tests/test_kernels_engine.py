@@ -1,13 +1,14 @@
 """The Triton decode kernel over the engines' KV stores, against the float64 reference, in the CPU interpreter
 (TRITON_INTERPRET=1): vLLM's int8 / fp8 / int4 per-token-head, NVFP4 (and 4-over-6) and TurboQuant caches and the
-TurboQuant paper's TQ-mse, as kernels/packed.py describes them (codebooks, 3- and 1-bit codes, the "nc" norm
-correction, int4's zero point in its scale's low bits, rotations taken by the query and the output).
+TurboQuant paper's TQ-mse and TQ-prod, as kernels/packed.py describes them (codebooks, 3- and 1-bit codes, the "nc"
+norm correction, int4's zero point in its scale's low bits, rotations taken by the query and the output, TQ-prod's
+sign sketch in a basis of its own).
 
 Each format decodes K/V from its own `Format.quantize` of random data (an outlier channel in K), in buffers with
 spare capacity (so strides include it), two batch rows of different lengths, GQA, most with the last tokens in a
-full-precision tail; head_dim 64, two formats at 128. Relative error (max |out - ref| / max |ref|) <= 1e-3, as in
+full-precision tail; head_dim 64, three formats at 128. Relative error (max |out - ref| / max |ref|) <= 1e-3, as in
 tests/test_kernels.py. A tiny Llama then decodes through kvviz's cache with the triton backend for TQ-mse3 and agrees
-with the torch backend. TQ-prod stays on the reference.
+with the torch backend.
 
     python -m pytest tests/test_kernels_engine.py -q
 """
@@ -61,6 +62,9 @@ CASES = (
     ("tq_mse2", 1, 19, 1, 64, 3),
     ("tq_mse3", 4, 19, 2, 64, 3),
     ("tq_mse4", 3, 40, 1, 64, 0),
+    ("tq_prod2", 1, 40, 2, 64, 3),
+    ("tq_prod3", 3, 19, 1, 64, 0),
+    ("tq_prod4", 4, 40, 2, 128, 3),
 )
 
 
@@ -102,26 +106,24 @@ def test_decode_engine_stores(spec, gqa, length, splits, head_dim, tail):
 
 
 def test_the_decode_reads_the_engines_stores_and_the_packer_leaves_them():
-    """The attention function sends every engine store but TQ-prod to the Triton kernel; the Triton packer claims
-    none of them (the cache quantizes them through the formats)."""
+    """The attention function sends every engine store to the Triton kernel; the Triton packer claims none of them
+    (the cache quantizes them through the formats)."""
     for spec, *_ in CASES:
         kv = kvviz.parse_kv(spec)
         for fmt in (kv.k, kv.v):
             assert supports(fmt) and attention._fused_reads(SimpleNamespace(fmt=fmt)), f"{spec}: {fmt.spec}"
             if fmt.kind in ENGINE_KINDS:
                 assert not quant_pack_supported(fmt, 64), f"{spec}: {fmt.spec}"
-    prod = kvviz.parse_kv("tq_prod3")
-    assert not supports(prod.k) and not attention._fused_reads(SimpleNamespace(fmt=prod.k))
 
 
 # ------------------------------------------------------------------------------------------ through the cache
 
-def test_a_cache_of_engine_stores_decodes_fused(monkeypatch):
-    """TQ-mse3 (3-bit codebook, a rotation) in kvviz's cache, its sides (capacity strides, the codebook kept in
-    their memo) read by the kernel: the triton backend's logits equal the torch backend's, and every layer's decode
-    step took the kernel. (vLLM's TurboQuant keeps a model's first and last 2 layers at vllm:auto: the tiny Llama
-    has 2.)"""
-    spec = "tq_mse3"
+@pytest.mark.parametrize("spec", ("tq_mse3", "tq_prod3"))
+def test_a_cache_of_engine_stores_decodes_fused(spec, monkeypatch):
+    """TQ-mse3 (3-bit codebook, a rotation) and TQ-prod3 (2-bit codebook and a sign sketch) in kvviz's cache, their
+    sides (capacity strides, the codebook kept in their memo) read by the kernel: the triton backend's logits equal
+    the torch backend's, and every layer's decode step took the kernel. (vLLM's TurboQuant keeps a model's first and
+    last 2 layers at vllm:auto: the tiny Llama has 2.)"""
     attention._probe.cache_clear()
     model, tok = _arch_model("llama")  # head_dim 32: TQ-mse's rotation and codebook at a size worth testing
     fused, formats = attention._triton_decode, []

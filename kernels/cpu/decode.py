@@ -10,9 +10,10 @@ q . (k' H) = (q H) . k' and out = (P V') H.
 
 A format is one branch here: `_element_code` says how one stored code decodes (arithmetic, a table of 256, 16 or 4
 floats, or a 16/32-bit float read from its bytes); `kernels.packed.FUSED_KINDS` lists the format families it
-knows, and the engines' stores (`ENGINE_KINDS` but TQ-prod) come through the same branches: a codebook is a table,
-3-bit codes are read 8 at a time from 3-byte words (meta M_UNIT), the "nc" norm correction and the zero point in
-an fp32 scale's low bits are per-row steps (M_RENORM, M_ZP). llama.cpp's KV types (layout "ggml") are read in their blocks in place: q8_0 as int8 codes with an fp16 d
+knows, and the engines' stores (`ENGINE_KINDS`) come through the same branches: a codebook is a table, 3-bit codes
+are read 8 at a time from 3-byte words (meta M_UNIT), the "nc" norm correction and the zero point in an fp32
+scale's low bits are per-row steps (M_RENORM, M_ZP), and TQ-prod's sketch is a second dot product per row in a
+basis of its own (M_QJL, kernels/cpu/jit/sketch.py). llama.cpp's KV types (layout "ggml") are read in their blocks in place: q8_0 as int8 codes with an fp16 d
 per 32; q4_0, q4_1 and iq4_nl (through ggml's table) as 4-bit codes with a scale group of 32, in a planar order of
 their own (_planar(..., ggml=True)); q5_0 and q5_1 32 codes at a time (kernels/cpu/jit/rows.py's _ggml_block), in
 ggml's element order. The launcher owns the numba entry points (`_jit()`) and the scratch it hands them.
@@ -86,8 +87,7 @@ def cpu_usable() -> bool:
 
 def supports(fmt) -> bool:
     """Whether this path decodes a kvviz-like format (duck-typed `kind`): kvviz's fused families and the engines'
-    stores a PackedSide describes (vLLM's per-token-head, NVFP4 and TurboQuant caches, TQ-mse); others (TQ-prod)
-    take the reference."""
+    stores (vLLM's per-token-head, NVFP4 and TurboQuant caches, TQ-mse, TQ-prod)."""
     kind = getattr(fmt, "kind", None)
     return kind in FUSED_KINDS or (kind in ENGINE_KINDS and describes_format(fmt))
 
@@ -287,6 +287,7 @@ def _buffer_args(side: PackedSide, batch: int, heads: int, head_dim: int) -> tup
     meta[contract.M_UNIT] = _unit_bytes(side)
     meta[contract.M_RENORM] = int(side.renorm)
     meta[contract.M_ZP] = side.zp_bits
+    meta[contract.M_QJL] = head_dim * side.bits // 8 if side.qjl is not None else 0  # the signs follow the codes
     assert not side.renorm or (side.scale_kind == "token" and side.group_size == head_dim), (
         "the norm correction needs one token scale per row")
     data, _, (meta[contract.M_D_SB], meta[contract.M_D_SH], meta[contract.M_D_ST]) = _bytes(side.data)
@@ -366,6 +367,8 @@ def decode_attention_cpu(
     k_pb, v_pb = _per_byte(k), _per_byte(v)
     qk = qk.numpy()
     qk = qk[..., _planar_np(head_dim, k_pb, _ggml_nibbles(k))] if k_pb > 1 else np.ascontiguousarray(qk)  # K's order
+    if k.qjl is not None:  # TQ-prod: the sketch's basis beside the codebook's, q @ G^T after q
+        qk = np.concatenate([qk, (q.detach().float() @ k.qjl.float().T).numpy()], axis=-1)
     if parallel is None:
         parallel = batch * hkv * max_length >= _PARALLEL_ROWS
     threads = jit.nb.get_num_threads() if parallel else 1
@@ -386,7 +389,7 @@ def decode_attention_cpu(
         raise ValueError(f"sinks holds {sink.size} values; pass one logit per query head ({hq}).")
     k_args = _side_args(k, lengths_np, batch, hkv, head_dim)
     v_args = _side_args(v, lengths_np, batch, hkv, v.head_dim)
-    units, gqa, dv = batch * hkv * num_splits, hq // hkv, v.head_dim
+    units, gqa, dv = batch * hkv * num_splits, hq // hkv, v.head_dim * (2 if v.qjl is not None else 1)
     mid_m = np.empty((units, gqa), np.float32)
     mid_l = np.empty((units, gqa), np.float32)
     mid_acc = np.empty((units, gqa, dv), np.float32)
@@ -397,11 +400,15 @@ def decode_attention_cpu(
         )
     out = np.empty((batch, hq, dv), np.float32)
     jit.combine(mid_m, mid_l, mid_acc, sink, sinks is not None, hkv, num_splits, out)
+    sketch = torch.from_numpy(out[..., v.head_dim:]) if v.qjl is not None else None
+    out = out[..., :v.head_dim]
     if v_pb > 1:  # back from V's planar order: channel c sits at planar position inverse[c]
-        out = out[..., _unplanar_np(dv, v_pb, _ggml_nibbles(v))]
-    out = torch.from_numpy(out)
+        out = out[..., _unplanar_np(v.head_dim, v_pb, _ggml_nibbles(v))]
+    out = torch.from_numpy(np.ascontiguousarray(out))
     if v.rotation is not None:
         out = out @ v.rotation.float()
+    if sketch is not None:  # TQ-prod's values: the weighted sums of s * r * z, turned by G once
+        out = out + sketch @ v.qjl.float()
     return out.to(q.dtype)
 
 

@@ -34,7 +34,10 @@ fp32 table gathered with tl.load), TurboQuant's norm correction (RENORM: the tok
 sqrt(sum v^2 + 1e-16), summed in the same pass that decodes it, before the scale), and int4_per_token_head's zero
 point in the low ZP_BITS of its fp32 scale: value = (code - zp) * cleared scale, i.e. row scale s and row zero
 -zp * s. 3-bit codes (8 a 3-byte little-endian word, element e at bit 3e) unpack in words; 1, 2 and 4 bits in bytes.
-Their rotations stay outside the kernel (the launcher rotates q and the output).
+Their rotations stay outside the kernel (the launcher rotates q and the output). TQ-prod's sketch (K_QJL / V_QJL:
+the byte offset of a row's sign bits after its codes) is a second product per tile in a basis of its own: a key's
+score gains s * r * (q @ G^T) . z, with q @ G^T handed in after q; a value's s * r * z goes into a second
+accumulator, written after the output's D_v columns for the launcher to turn by G.
 
 The element decoders (fp8, E2M1, E8M0, iq4_nl, ggml's blocks, 3-bit words) live in `kernels/jit/elements.py`.
 """
@@ -181,6 +184,21 @@ def _load_side(
 
 
 @triton.jit
+def _sketch(data, stride_dt, scale, stride_st, offs_n, in_packed, QJL: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """TQ-prod's sketch of a tile: (z, r) with z [BLOCK_N, BLOCK_D] the +-1 signs (bit e % 8 of byte e // 8, the
+    bytes at QJL past each row's codes) and r [BLOCK_N] the residual norm, the token scale's second column. Rows
+    outside the packed range: r = 0, so they add nothing."""
+    offs_b = tl.arange(0, BLOCK_D // 8)
+    raw = tl.load(data + QJL + offs_n[:, None] * stride_dt + offs_b[None, :],
+                  mask=in_packed[:, None] & (offs_b < HEAD_DIM // 8)[None, :], other=0).to(tl.int32)
+    bits = (raw[:, :, None] >> tl.arange(0, 8)[None, None, :]) & 1  # [BLOCK_N, BLOCK_D / 8, 8]
+    z = tl.reshape(bits, [BLOCK_N, BLOCK_D]).to(tl.float32) * 2.0 - 1.0
+    r = tl.load(scale + offs_n * stride_st + 1, mask=in_packed, other=0.0).to(tl.float32)
+    return z, r
+
+
+@triton.jit
 def _decode_stage1(
     Q, stride_qb, stride_qh,
     K, stride_kb, stride_kh, stride_kt, KS, stride_ksb, stride_ksh, stride_kst, KZ, stride_kzb, stride_kzh,
@@ -195,11 +213,11 @@ def _decode_stage1(
     K_ELEM: tl.constexpr, K_BITS: tl.constexpr, K_OFFSET: tl.constexpr, K_SCALE: tl.constexpr,
     K_SFMT: tl.constexpr, K_GROUP: tl.constexpr, K_FOLD: tl.constexpr, K_ZERO: tl.constexpr,
     K_TENSOR: tl.constexpr, K_TZERO: tl.constexpr, K_TAIL: tl.constexpr, K_GGML: tl.constexpr,
-    K_RENORM: tl.constexpr, K_ZP: tl.constexpr,
+    K_RENORM: tl.constexpr, K_ZP: tl.constexpr, K_QJL: tl.constexpr,
     V_ELEM: tl.constexpr, V_BITS: tl.constexpr, V_OFFSET: tl.constexpr, V_SCALE: tl.constexpr,
     V_SFMT: tl.constexpr, V_GROUP: tl.constexpr, V_FOLD: tl.constexpr, V_ZERO: tl.constexpr,
     V_TENSOR: tl.constexpr, V_TZERO: tl.constexpr, V_TAIL: tl.constexpr, V_GGML: tl.constexpr,
-    V_RENORM: tl.constexpr, V_ZP: tl.constexpr,
+    V_RENORM: tl.constexpr, V_ZP: tl.constexpr, V_QJL: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -232,6 +250,10 @@ def _decode_stage1(
     q = tl.load(Q + b * stride_qb + (h * GQA + offs_g)[:, None] * stride_qh + offs_dk[None, :],
                 mask=g_mask[:, None] & (offs_dk < HEAD_DIM_K)[None, :], other=0.0).to(tl.float32) * qk_scale
     q_sum = tl.sum(q, axis=1)  # [BLOCK_G]: multiplies per-token K zero points
+    q_sketch = q  # TQ-prod: q @ G^T, the sketch's basis, sits after q in the row (read only with K_QJL)
+    if K_QJL > 0:
+        q_sketch = tl.load(Q + b * stride_qb + (h * GQA + offs_g)[:, None] * stride_qh + HEAD_DIM_K + offs_dk[None, :],
+                           mask=g_mask[:, None] & (offs_dk < HEAD_DIM_K)[None, :], other=0.0).to(tl.float32) * qk_scale
 
     k_base = K + b * stride_kb + h * stride_kh
     ks_base = KS + b * stride_ksb + h * stride_ksh
@@ -245,6 +267,7 @@ def _decode_stage1(
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_DV], dtype=tl.float32)
+    acc_sketch = tl.zeros([BLOCK_G, BLOCK_DV], dtype=tl.float32)  # TQ-prod V: sum of p * s * r * z (V_QJL only)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         valid = offs_n < end
@@ -259,6 +282,10 @@ def _decode_stage1(
             )  # k: [BLOCK_N, BLOCK_DK]
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N], log2 units
             s = s * k_rs[None, :] + q_sum[:, None] * k_rz[None, :]
+            if K_QJL > 0:  # + s * r * (q @ G^T) . z
+                z, r = _sketch(k_base, stride_kt, ks_base, stride_kst, offs_n, offs_n < k_np, K_QJL, BLOCK_N,
+                               BLOCK_DK, HEAD_DIM_K)
+                s += tl.dot(q_sketch, tl.trans(z), input_precision=PRECISION) * (k_rs * r)[None, :]
             if SOFTCAP:  # softcap * tanh(score / softcap), with softcap given in log2 units as the score is
                 s = softcap * _tanh(s / softcap)
             s = tl.where(valid[None, :], s, float("-inf"))
@@ -277,36 +304,49 @@ def _decode_stage1(
             )  # v: [BLOCK_N, BLOCK_DV]
             acc = acc * alpha[:, None] + tl.dot(p * v_rs[None, :], v, input_precision=PRECISION)
             acc += tl.sum(p * v_rz[None, :], axis=1)[:, None]
+            if V_QJL > 0:
+                z, r = _sketch(v_base, stride_vt, vs_base, stride_vst, offs_n, offs_n < v_np, V_QJL, BLOCK_N,
+                               BLOCK_DV, HEAD_DIM_V)
+                acc_sketch = acc_sketch * alpha[:, None] + tl.dot(p * (v_rs * r)[None, :], z,
+                                                                  input_precision=PRECISION)
             m_i = m_new
 
     rows = pid_bh * GQA + offs_g  # == b * Hq + h * G + g
+    PARTS: tl.constexpr = 2 if V_QJL > 0 else 1  # TQ-prod V: the sketch's sums follow the output's D_v columns
     if SINGLE_SPLIT:  # one split per row: normalize and write the output, no stage 2
         if HAS_SINKS:  # the sink's column joins the denominator: l += 2^(sink - m), m = max(m, sink)
             sink = tl.load(SINKS + h * GQA + offs_g, mask=g_mask, other=0.0)  # [BLOCK_G], log2 units
             m_f = tl.maximum(m_i, sink)
             alpha = tl.exp2(m_i - m_f)
             acc = acc * alpha[:, None]
+            acc_sketch = acc_sketch * alpha[:, None]
             l_i = l_i * alpha + tl.exp2(sink - m_f)
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(OUT + rows[:, None] * HEAD_DIM_V + offs_dv[None, :], out.to(OUT.dtype.element_ty),
-                 mask=g_mask[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
-    else:  # partials: MID_ML [B*Hq, num_splits, 2] (m, l), MID_O [B*Hq, num_splits, BLOCK_DV], fp32
+        inv = 1.0 / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o = OUT + rows[:, None] * (PARTS * HEAD_DIM_V) + offs_dv[None, :]
+        o_mask = g_mask[:, None] & (offs_dv < HEAD_DIM_V)[None, :]
+        tl.store(o, (acc * inv).to(OUT.dtype.element_ty), mask=o_mask)
+        if V_QJL > 0:
+            tl.store(o + HEAD_DIM_V, (acc_sketch * inv).to(OUT.dtype.element_ty), mask=o_mask)
+    else:  # partials: MID_ML [B*Hq, num_splits, 2] (m, l), MID_O [B*Hq, num_splits, PARTS * BLOCK_DV], fp32
         ml = MID_ML + (rows * num_splits + split) * 2
         tl.store(ml, m_i, mask=g_mask)
         tl.store(ml + 1, l_i, mask=g_mask)
-        o = MID_O + (rows[:, None] * num_splits + split) * BLOCK_DV + offs_dv[None, :]
+        o = MID_O + (rows[:, None] * num_splits + split) * (PARTS * BLOCK_DV) + offs_dv[None, :]
         tl.store(o, acc, mask=g_mask[:, None])
+        if V_QJL > 0:
+            tl.store(o + BLOCK_DV, acc_sketch, mask=g_mask[:, None])
 
 
 @triton.jit
 def _decode_stage2(
     MID_O, MID_ML, SINKS, OUT, num_splits,
     H_KV: tl.constexpr, GQA: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_DV: tl.constexpr, HAS_SINKS: tl.constexpr,
+    BLOCK_DV: tl.constexpr, HAS_SINKS: tl.constexpr, PARTS: tl.constexpr,
 ):
     """Grid (B * Hkv,): merge the splits of the G query heads of one KV head, and the sinks of those heads
-    (SINKS: fp32 [Hq] in log2 units). Reads num_splits * (D_v + 2) fp32 per query head, writes D_v values in OUT's
-    dtype (OUT: contiguous [B, Hq, D_v])."""
+    (SINKS: fp32 [Hq] in log2 units). Reads num_splits * (PARTS * D_v + 2) fp32 per query head, writes PARTS * D_v
+    values in OUT's dtype (OUT: contiguous [B, Hq, PARTS * D_v]; PARTS 2: a TQ-prod V's sketch sums after the
+    output)."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_DV)
@@ -322,12 +362,14 @@ def _decode_stage2(
         m_max = tl.maximum(m_max, sink)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # a row with nothing to attend to: every weight 0
     w = tl.exp2(m - m_max[:, None])  # [BLOCK_G, BLOCK_S]
-    o = MID_O + (rows[:, None, None] * num_splits + offs_s[None, :, None]) * BLOCK_DV + offs_d[None, None, :]
-    acc = tl.load(o, mask=gs_mask[:, :, None], other=0.0)  # [BLOCK_G, BLOCK_S, BLOCK_DV]
-    num = tl.sum(acc * w[:, :, None], axis=1)  # [BLOCK_G, BLOCK_DV]
     den = tl.sum(l * w, axis=1)
     if HAS_SINKS:
         den += tl.exp2(sink - m_max)
-    out = num / tl.where(den > 0, den, 1.0)[:, None]
-    tl.store(OUT + rows[:, None] * HEAD_DIM_V + offs_d[None, :], out.to(OUT.dtype.element_ty),
-             mask=g_mask[:, None] & (offs_d < HEAD_DIM_V)[None, :])
+    inv = 1.0 / tl.where(den > 0, den, 1.0)[:, None]
+    for part in tl.static_range(PARTS):
+        o = (MID_O + (rows[:, None, None] * num_splits + offs_s[None, :, None]) * (PARTS * BLOCK_DV)
+             + part * BLOCK_DV + offs_d[None, None, :])
+        acc = tl.load(o, mask=gs_mask[:, :, None], other=0.0)  # [BLOCK_G, BLOCK_S, BLOCK_DV]
+        num = tl.sum(acc * w[:, :, None], axis=1)  # [BLOCK_G, BLOCK_DV]
+        tl.store(OUT + rows[:, None] * (PARTS * HEAD_DIM_V) + part * HEAD_DIM_V + offs_d[None, :],
+                 (num * inv).to(OUT.dtype.element_ty), mask=g_mask[:, None] & (offs_d < HEAD_DIM_V)[None, :])

@@ -46,8 +46,8 @@ class Format:
     scale_source = property(lambda self: self.parts.scale_source,
                             doc="FP8 only: first | unit | calibrated (per-tensor / per-head), dynamic; else None")
     kind = property(lambda self: BASES[self.parts.base].kind,
-                    doc="float | int | fp4 | ggml | vllm | turboquant | tq (kernels.packed.describes_format says "
-                        "which the fused kernels read; the others, TQ-prod, the torch reference reads)")
+                    doc="float | int | fp4 | ggml | vllm | turboquant | tq (every one read by the fused kernels: "
+                        "kernels.packed.describes_format)")
     engine = property(lambda self: None if self.parts.engine is None else self.parts.engine.engine,
                       doc="the engine this format models (vllm | sglang | llama.cpp, from an engine-qualified name) "
                           "or None for kvviz's own formats")
@@ -94,8 +94,8 @@ class Format:
 
     def kernel_fields(self, head_dim: int) -> dict | None:
         """For the engines' stores (kinds vllm, turboquant, tq): how the fused kernels read the packed buffers
-        (kernels.packed.PackedSide's element, codebook, rotation and scale fields); None where no kernel reads them
-        (TQ-prod) or for kvviz's own families, which kernels.packed describes from the spec itself."""
+        (kernels.packed.PackedSide's element, codebook, rotation, sketch and scale fields); None for kvviz's own
+        families, which kernels.packed describes from the spec itself."""
         own = getattr(_CODECS[self.kind], "kernel_fields", None)
         return None if own is None else own(self, head_dim)
 

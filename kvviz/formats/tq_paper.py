@@ -42,14 +42,20 @@ def _is_prod(fmt) -> bool:
     return fmt.base.startswith("tq_prod")
 
 
-def kernel_fields(fmt, head_dim: int) -> dict | None:
-    """How the fused kernels read TQ-mse (kernels.packed.PackedSide's fields beyond data / scale): centroid times
-    the fp16 norm, in the rotated domain (x = stored @ R^T). None for TQ-prod: its QJL sketch has no kernel field,
-    the torch reference reads it."""
-    if _is_prod(fmt):
-        return None
-    return dict(elem="table", bits=fmt.bits, values=_centroids32(head_dim, fmt.bits), scale_kind="token",
-                group=head_dim, rotation=_rotation_t(head_dim))
+def kernel_fields(fmt, head_dim: int) -> dict:
+    """How the fused kernels read TQ-mse and TQ-prod (kernels.packed.PackedSide's fields beyond data / scale): the
+    centroid times the fp16 norm, in the rotated domain (x = stored @ R^T). TQ-prod adds its QJL sketch: the sign
+    bits after the (B-1)-bit codes, the residual norm beside the norm, and G = sqrt(pi/2) / d * S, so that
+    x = norm * (c[codes] @ R^T + r * (z @ G)) as `decode` reads it."""
+    prod = _is_prod(fmt)
+    bits = fmt.bits - 1 if prod else fmt.bits
+    return dict(elem="table", bits=bits, values=_centroids32(head_dim, bits), scale_kind="token", group=head_dim,
+                rotation=_rotation_t(head_dim), qjl=_qjl_matrix(head_dim) if prod else None)
+
+
+@functools.lru_cache(maxsize=16)
+def _qjl_matrix(d: int) -> torch.Tensor:
+    return (math.sqrt(math.pi / 2) / d * _sketch(d, FORMAT_SEED)).contiguous()
 
 
 @functools.lru_cache(maxsize=32)

@@ -11,9 +11,10 @@ S_NONE, S_TOKEN, S_CHANNEL = 0, 1, 2
  M_SKIND, M_SDT, M_GROUP, M_S_OFF, M_S_SB, M_S_SH, M_S_ST,
  M_ZERO, M_Z_OFF, M_Z_SB, M_Z_SH, M_Z_ST,
  M_TDT, M_T_OFF, M_T_SB, M_T_SH, M_T_ST, M_TAIL, M_GGML,
- M_UNIT, M_RENORM, M_ZP) = range(30)
-META_LEN = 30
+ M_UNIT, M_RENORM, M_ZP, M_QJL) = range(31)
+META_LEN = 31
 # M_PER_BYTE: codes per packing unit; M_UNIT: bytes per unit (1, or 3 for 3-bit codes: 8 in a little-endian
 # 24-bit word); M_RENORM: divide each token's decoded row by its norm (vLLM TurboQuant "nc"); M_ZP: low bits of the
-# fp32 token scale holding a zero point (vLLM int4_per_token_head), 0 for none.
+# fp32 token scale holding a zero point (vLLM int4_per_token_head), 0 for none; M_QJL: byte offset, within a data
+# row, of TQ-prod's sign bits (the token scale's second column its residual norm), 0 for none.
 BLOCK = 64  # tokens per block: a [64, D] fp32 tile (16 KiB at D = 64) stays in L1/L2

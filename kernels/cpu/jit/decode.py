@@ -21,10 +21,11 @@ import math
 import numba as nb
 import numpy as np
 
-from kernels.cpu.jit.contract import BLOCK, M_GROUP, M_SKIND, S_CHANNEL
+from kernels.cpu.jit.contract import BLOCK, M_DIM, M_GROUP, M_QJL, M_SKIND, S_CHANNEL
 from kernels.cpu.jit.fields import _OPTS, _as_f32, _channel_row
 from kernels.cpu.jit.rows import _decode_block
 from kernels.cpu.jit.flat import _flat_accumulate, _flat_block, _flat_kind, _flat_scores, _flat_shape
+from kernels.cpu.jit.sketch import sketch_accumulate, sketch_scores
 
 
 @nb.njit(inline="always", **_OPTS)
@@ -54,9 +55,12 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
     GQA: each K / V row is dequantized once into the block's tile and read by all G query heads while it is in
     L1; the loops run token-outer, head-inner for that reason. No array views inside the loops: each view costs
     numba two atomic reference-count calls."""
-    gqa, dk = q.shape
-    dv = acc.shape[1]
+    gqa = q.shape[0]
+    dk, dv = km[M_DIM], vm[M_DIM]  # a TQ-prod side adds D columns: q @ G^T after q, the sketch's sums after acc
+    kq, vq = km[M_QJL] != 0, vm[M_QJL] != 0
     q = np.ascontiguousarray(q)  # a C-contiguous copy: with strided q loads the dot products stay scalar
+    zq = np.empty((BLOCK, max(dk, dv)) if kq or vq else (1, 1), np.float32)  # a block's signs, +-1
+    nq = np.empty((BLOCK, 2), np.float32)  # its rows' (s, r)
     ktile = np.empty((BLOCK, dk), np.float32)  # 16 KiB at D = 64: the only dequantized K held
     vtile = np.empty((BLOCK, dv), np.float32)  # rows of masked tokens: scores set to -inf, V rows zeroed
     s = np.empty((gqa, BLOCK), np.float32)  # scores, then softmax weights
@@ -133,6 +137,8 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
             _flat_scores(q, qsum, kraw, ksc, kzc, knb, kpb, 0, n, sm, s)
         else:
             _flat_scores(q, qsum, ktile1, ones, zeros, dk, 1, 0, n, sm, s)
+        if kq:
+            sketch_scores(km, kdata, kscale, kslut, b, h, t0, n, kn_, q, sm, zq, nq, s)
         if cap > 0:
             for g in range(gqa):
                 for j in range(n):
@@ -158,9 +164,11 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
                         lsum -= s[g, j]
                         s[g, j] = np.float32(0.0)
             l[g] = l[g] * alpha + lsum
-            for i in range(dv):
+            for i in range(acc.shape[1]):
                 acc[g, i] *= alpha
             bias[g] *= alpha
+        if vq:
+            sketch_accumulate(vm, vdata, vscale, vslut, b, h, t0, n, vn_, s, zq, nq, acc)
         if vf:
             _flat_accumulate(s, vraw, vsc, vzc, vnb, vpb, n, acc, bias)
         else:
