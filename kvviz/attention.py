@@ -224,16 +224,24 @@ def _triton_reads_format(fmt) -> bool:
 def _cpu_reads(*sides: QTensor) -> bool:
     """False for formats the fused CPU path has no decode branch for (kernels.cpu.decode.supports: kvviz's float,
     int and fp4 families, llama.cpp's ggml types and the engines' stores have one): the reference reads
-    those. False for plain casts too
-    (fp16 / bf16, no scale): the reference hands SDPA the very tensors DynamicCache would, so a lossless spec keeps
-    DynamicCache's tokens exactly (the kernel's float32 sums can flip a near tie: tiny Falcon-H1 in bf16,
-    tests/test_cache.py)."""
-    return all(_cpu_reads_format(p.fmt) for p in sides)
+    those. False for a lossless cast too (fp16 / bf16 storing a model of that dtype): the reference hands SDPA the
+    very tensors DynamicCache would, so the spec keeps DynamicCache's tokens exactly (the kernel's float32 sums can
+    flip a near tie: tiny Falcon-H1 in bf16, tests/test_cache.py). A cast that rounds (bf16 under an fp32 model:
+    `vllm:auto`, vLLM TurboQuant's 16-bit boundary layers) is read by the kernel like any stored format."""
+    return all(_cpu_reads_format(p.fmt) and not lossless_cast(p.fmt, p.dtype) for p in sides)
 
 
 @functools.lru_cache(maxsize=256)
 def _cpu_reads_format(fmt) -> bool:
-    return cpu_decode.supports(fmt) and fmt.granularity is not None
+    return cpu_decode.supports(fmt)
+
+
+def lossless_cast(fmt, dtype: torch.dtype) -> bool:
+    """Whether `fmt` stores states of `dtype` bit for bit: a plain fp16 / bf16 cast of a model in that dtype."""
+    return fmt.granularity is None and fmt.kind == "float" and fmt.bits == 16 and _CAST_DTYPES[fmt.base] == dtype
+
+
+_CAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def _bottom_right_causal(q_len: int, kv_len: int, device) -> torch.Tensor:

@@ -177,6 +177,28 @@ def test_k_and_v_widths_differ():
         assert rel_err(out, decode_attention_reference(q, k, v, 40)) <= TOL
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
+def test_float_casts_are_read_in_whole_blocks_and_row_by_row(dtype):
+    """A 16- or 32-bit float cast (vLLM's "auto" under an fp32 model) read from its bytes: whole packed blocks on
+    the flat path, a masked block row by row, in buffers with spare capacity rows."""
+    from kernels.packed import PackedSide
+
+    kx, vx = kv_data(300)
+    buf = torch.zeros(2, kx.shape[1], 310, HEAD_DIM, dtype=dtype)
+    sides = []
+    for x in (kx, vx):
+        data = buf.clone()
+        data[:, :, :300] = x.to(dtype)
+        sides.append(PackedSide(data=data[:, :, :300], head_dim=HEAD_DIM, bits=32 if dtype == torch.float32 else 16))
+    q = torch.randn(2, 6, HEAD_DIM, generator=torch.Generator().manual_seed(1))
+    lengths = torch.tensor([300, 150])
+    mask = torch.ones(2, 300, dtype=torch.bool)
+    mask[1, :70] = False
+    for kv_mask in (None, mask):
+        out = cpu.decode_attention_cpu(q, *sides, lengths, kv_mask=kv_mask)
+        assert rel_err(out, decode_attention_reference(q, *sides, lengths, kv_mask=kv_mask)) <= TOL
+
+
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
 def test_half_query_and_tail(dtype):
     """Model-dtype queries and tails (read from their 16-bit storage): fp32 inside, output in the query's dtype."""

@@ -97,10 +97,11 @@ def _fused_backend(model) -> tuple[str, bool]:
         return backend, False
 
 
-def _fuses(kv: KVSpec, backend: str) -> bool:
+def _fuses(kv: KVSpec, backend: str, dtype: torch.dtype) -> bool:
     """Whether the attention function sends single-token decode of `kv` to the fused kernel of `backend`, by the
-    same rules it applies to the cache's sides (kvviz.attention's _fused_reads, and _cpu_reads on the CPU)."""
-    sides = [SimpleNamespace(fmt=kv.k), SimpleNamespace(fmt=kv.v)]
+    same rules it applies to the cache's sides of a model in `dtype` (kvviz.attention's _fused_reads, and
+    _cpu_reads on the CPU)."""
+    sides = [SimpleNamespace(fmt=kv.k, dtype=dtype), SimpleNamespace(fmt=kv.v, dtype=dtype)]
     return attention._cpu_reads(*sides) if backend == "cpu" else attention._fused_reads(*sides)
 
 
@@ -160,7 +161,7 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
     fused_backend, available = _fused_backend(model)
     plan = [("DynamicCache", EXACT, None, None)]
     for name, kv in specs.items():
-        fused_here = available and _fuses(kv, fused_backend)
+        fused_here = available and _fuses(kv, fused_backend, model.dtype)
         plan += [(name, FUSED, kv, fused_backend if fused_here else "torch"), (name, UNFUSED, kv, "torch")]
     dyn, logits = prefill(model, ids)
     first = int(logits.argmax())

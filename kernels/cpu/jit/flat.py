@@ -13,23 +13,26 @@ import numba as nb
 import numpy as np
 
 from kernels.cpu.jit.contract import (
-    BLOCK, E_E2M1, E_INT8, E_LUT, E_UINT, M_DIM, M_D_OFF, M_D_SB, M_D_SH, M_D_ST, M_ELEM, M_GGML, M_GROUP, M_OFFSET,
+    BLOCK, E_BF16, E_E2M1, E_F16, E_F32, E_INT8, E_LUT, E_UINT, M_DIM, M_D_OFF, M_D_SB, M_D_SH, M_D_ST, M_ELEM, M_GGML, M_GROUP, M_OFFSET,
     M_PER_BYTE, M_RENORM, M_SDT, M_SKIND, M_S_OFF, M_S_SB, M_S_SH, M_S_ST, M_UNIT, M_ZERO, M_ZP, M_Z_OFF, M_Z_SB,
     M_Z_SH, M_Z_ST, S_CHANNEL, S_NONE, S_TOKEN,
 )
-from kernels.cpu.jit.fields import _OPTS, _U, _as_f32, _bits, _channel_row, _e2m1, _floats, _width
+from kernels.cpu.jit.fields import _OPTS, _U, _as_f32, _bits, _channel_row, _e2m1, _floats, _half, _width
 from kernels.cpu.jit.rows import _ggml_block
 
 
 @nb.njit(**_OPTS)
 def _flat_kind(meta):
     """Whether a side's blocks of packed, all-live rows take the flat path (_flat_block): code elements (int8,
-    unsigned ints, E2M1, a table) or q5_0 / q5_1 blocks, with rows one contiguous run of bytes."""
+    unsigned ints, E2M1, a table), q5_0 / q5_1 blocks or 16 / 32-bit float casts, with rows one contiguous run of
+    bytes."""
     elem = meta[M_ELEM]
     pb = meta[M_PER_BYTE]
     d = meta[M_DIM]
     if meta[M_GGML] == 5:
         return meta[M_D_ST] == d * 5 // 8
+    if elem == E_F16 or elem == E_BF16 or elem == E_F32:
+        return meta[M_D_ST] == d * _width(elem)
     code = ((elem == E_INT8 and pb == 1) or (elem == E_UINT and meta[M_UNIT] == 1) or (elem == E_E2M1 and pb == 2)
             or elem == E_LUT)
     return code and meta[M_D_ST] == d // pb * meta[M_UNIT]
@@ -51,11 +54,26 @@ def _flat_shape(meta):
 @nb.njit(inline="always", **_OPTS)
 def _field(data, o, nbytes, elem, pb, ub, p, lut, raw):
     """raw[p, k] = the code in field p of unit k at byte o as a float, unscaled, for k < nbytes units: field p holds
-    the codes at bits (8 / pb) * p of a byte, or (ub = 3) bits 3p.. of a little-endian 24-bit word of 8 codes. One
+    the codes at bits (8 / pb) * p of a byte, or (ub = 3) bits 3p.. of a little-endian 24-bit word of 8 codes; a
+    float cast's unit is one fp16 / bf16 / fp32 element. One
     loop per field: two stores per iteration keep LLVM from vectorizing. Unsigned codes are shifted and masked as
     uint32 and converted from int32 (numba widens int32 products to int64, and AVX2 has no vector conversion from
     unsigned ints)."""
-    if ub == 3:  # 3-bit codes (through the table)
+    if elem == E_BF16:  # float casts: one element per unit, its bytes read as the rows path reads a tail
+        for k in range(nbytes):
+            b = _U(o + 2 * k)
+            raw[_U(0), _U(k)] = _as_f32((np.uint32(data[b]) << np.uint32(16)) | (np.uint32(data[b + _U(1)]) << np.uint32(24)))
+    elif elem == E_F16:
+        for k in range(nbytes):
+            b = _U(o + 2 * k)
+            raw[_U(0), _U(k)] = _half(np.uint32(data[b]) | (np.uint32(data[b + _U(1)]) << np.uint32(8)))
+    elif elem == E_F32:
+        for k in range(nbytes):
+            b = _U(o + 4 * k)
+            raw[_U(0), _U(k)] = _as_f32(np.uint32(data[b]) | (np.uint32(data[b + _U(1)]) << np.uint32(8))
+                                        | (np.uint32(data[b + _U(2)]) << np.uint32(16))
+                                        | (np.uint32(data[b + _U(3)]) << np.uint32(24)))
+    elif ub == 3:  # 3-bit codes (through the table)
         sh = np.uint32(3 * p)
         for k in range(nbytes):
             b = _U(o + 3 * k)

@@ -144,9 +144,10 @@ def _rows(data, lut, scale, zero, slut, tail, live, tile, elem, geo, fl, npk, t0
                         tile[_U(j), _U(i)] = tile[_U(j), _U(i)] * f + z
                 else:
                     _codes(data, o, elem, pb, ub, nb_, off, lut, gi * gp, (gi + 1) * gp, sc, z, tile, j)
-        else:
-            for i in range(nb_ * pb):
-                tile[j, i] = _read(data, o + i * _width(elem), elem, lut) * s_row + z_row
+        else:  # a 16 / 32-bit float cast: its bytes as a tail row's, then the tensor scale
+            _tail_row(data, o, elem, _width(elem), 1, nb_, 0, tile, j)
+            for i in range(nb_):
+                tile[_U(j), _U(i)] = tile[_U(j), _U(i)] * s_row + z_row
 
 
 @nb.njit(**_OPTS)
