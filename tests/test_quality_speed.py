@@ -102,3 +102,20 @@ def test_wikitext_ids_repeat_the_slice_when_asked_for_more(tiny):
     one = tok(quality.wikitext(), return_tensors="pt")["input_ids"]
     ids = quality.wikitext_ids(tok, one.shape[1] + 10)
     assert ids.shape == (1, one.shape[1] + 10) and ids[0, -10:].tolist() == one[0, :10].tolist()
+
+
+def test_a_lossless_cast_keeps_the_reference_and_says_why(tiny):
+    """fp16 under an fp16 model stores the states bit for bit: its "fused" run is the reference's exact read
+    (DynamicCache's tokens), and the lesson's table says why it is not fused."""
+    import copy
+
+    from kvviz.ui.fused import _path_label
+
+    model, tok = tiny
+    half = copy.deepcopy(model).half()
+    report = quality.fused_vs_unfused(half, quality.wikitext_ids(tok, 32), ["fp16"], new_tokens=3, rounds=1)
+    run = report.run("fp16", FUSED)
+    assert not run.fused and run.why == ("lossless" if report.fused_available else "unavailable")
+    assert run.tokens == report.run("DynamicCache", EXACT).tokens
+    if report.fused_available:
+        assert "lossless cast" in _path_label(run, report, "en") and "무손실" in _path_label(run, report, "ko")

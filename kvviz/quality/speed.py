@@ -54,6 +54,8 @@ class DecodeRun:
     vs_exact: float
     bytes_read: int
     tokens: list[int]
+    why: str = ""  # a FUSED run the reference decoded: "unavailable" (no fused path here), "lossless" (a cast of
+    #                the model's own dtype: the reference is DynamicCache's exact read) or "no_branch"
 
     @property
     def fused(self) -> bool:
@@ -160,9 +162,13 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
         raise ValueError("Give at least one KV format to decode fused and unfused, e.g. ['int4', 'k8v4'].")
     fused_backend, available = _fused_backend(model)
     plan = [("DynamicCache", EXACT, None, None)]
+    whys = {}  # why the reference stands in for a FUSED run
     for name, kv in specs.items():
         fused_here = available and _fuses(kv, fused_backend, model.dtype)
         plan += [(name, FUSED, kv, fused_backend if fused_here else "torch"), (name, UNFUSED, kv, "torch")]
+        if not fused_here:
+            lossless = any(attention.lossless_cast(f, model.dtype) for f in (kv.k, kv.v))
+            whys[name] = "unavailable" if not available else ("lossless" if lossless else "no_branch")
     dyn, logits = prefill(model, ids)
     first = int(logits.argmax())
     best: dict[tuple[str, str], float] = {}
@@ -179,8 +185,8 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
             last[name, path] = (nbytes, out)
             del cache
     exact = best["DynamicCache", EXACT]
-    runs = [DecodeRun(name, path, backend or "sdpa", best[name, path], best[name, path] / exact, *last[name, path])
-            for name, path, _, backend in plan]
+    runs = [DecodeRun(name, path, backend or "sdpa", best[name, path], best[name, path] / exact, *last[name, path],
+                      why=whys.get(name, "") if path == FUSED else "") for name, path, _, backend in plan]
     return FusedReport(runs, ids.shape[1], new_tokens, rounds, fused_backend, available)
 
 

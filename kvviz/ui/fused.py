@@ -47,8 +47,7 @@ def _path_label(run, report, lang: str) -> str:
         return t("fused_path_unfused", lang)
     if run.fused:
         return t("fused_path_fused", lang).format(backend=run.backend)
-    why = "fused_why_unavailable" if not report.fused_available else "fused_why_no_branch"
-    return t("fused_path_fallback", lang).format(why=t(why, lang))
+    return t("fused_path_fallback", lang).format(why=t(f"fused_why_{run.why or 'no_branch'}", lang))
 
 
 def _headers(lang: str = "en") -> list[str]:
@@ -75,9 +74,10 @@ def _status(report, seconds: float, name: str, cut: int | None, skipped: list[st
     if not report.fused_available:
         parts.append(t("fused_unavailable", lang).format(backend=report.fused_backend))
     else:
-        plain = [r.name for r in report.runs if r.path == FUSED and not r.fused]
-        if plain:
-            parts.append(t("fused_no_branch", lang).format(formats=", ".join(f"`{f}`" for f in plain)))
+        for why in ("no_branch", "lossless"):
+            plain = [r.name for r in report.runs if r.path == FUSED and not r.fused and (r.why or "no_branch") == why]
+            if plain:
+                parts.append(t(f"fused_{why}", lang).format(formats=", ".join(f"`{f}`" for f in plain)))
     if skipped:
         parts.append(f"{t('r_skipped', lang)} " + "; ".join(skipped))
     return "\n\n".join(parts)

@@ -188,6 +188,7 @@ EN: dict[str, str] = {
     "fused_path_fallback": "NOT fused: the reference ran ({why})",
     "fused_why_unavailable": "the fused path does not run here",
     "fused_why_no_branch": "no fused branch for this format",
+    "fused_why_lossless": "a lossless cast: the reference reads DynamicCache's very values",
     "fused_done": ("Done in {s:.0f} s. `{model}`: a {n}-token WikiText-2 prompt, then greedy decode, best of {rounds} "
                    "interleaved rounds of {steps} timed steps; fused backend `{backend}`."),
     "fused_cut": "The prompt was cut from {asked} to {n} tokens to fit this model's positions.",
@@ -198,8 +199,9 @@ EN: dict[str, str] = {
                           "compile, or no GPU for Triton), so the rows marked NOT fused were decoded by the unfused "
                           "reference: they are not a measurement of fused decode. Install numba (`pip install "
                           "numba`) and restart the app."),
-    "fused_no_branch": ("{formats}: the fused path has no branch for this format (or it is a lossless cast), so its "
-                        "\"fused\" row ran the reference."),
+    "fused_no_branch": "{formats}: the fused path has no branch for this format, so its \"fused\" row ran the reference.",
+    "fused_lossless": ("{formats}: a lossless cast of the model's own dtype, so its \"fused\" row ran the reference, "
+                       "which hands attention DynamicCache's very values."),
     "fused_ctx_fig": "Decode speed against context on {model}: where the smaller cache overtakes the exact one",
     "fused_ctx_x": "context (tokens)",
     "fused_ctx_recorded": ("**Speed against context** (the curves): a decode step reads the weights and the whole "
@@ -649,6 +651,7 @@ KO: dict[str, str] = {
     "fused_path_fallback": "융합 아님: 참조 구현이 실행됨 ({why})",
     "fused_why_unavailable": "이 컴퓨터에서 융합 경로가 돌지 않음",
     "fused_why_no_branch": "이 포맷의 융합 분기가 없음",
+    "fused_why_lossless": "무손실 캐스트: 레퍼런스가 DynamicCache와 똑같은 값을 읽음",
     "fused_done": ("{s:.0f}초 만에 끝남. `{model}`: WikiText-2 프롬프트 {n}토큰 뒤 greedy 디코딩, 번갈아 돈 {rounds}라운드 "
                    "중 최고, 라운드마다 {steps}단계 측정; 융합 백엔드 `{backend}`."),
     "fused_cut": "이 모델의 위치 수에 맞추려고 프롬프트를 {asked}토큰에서 {n}토큰으로 잘랐습니다.",
@@ -659,8 +662,9 @@ KO: dict[str, str] = {
                           "실패, 또는 Triton용 GPU 없음). 그래서 '융합 아님'으로 표시된 행은 비융합 참조 구현으로 "
                           "디코딩했으며, 융합 디코딩의 측정값이 아닙니다. numba를 설치(`pip install numba`)하고 앱을 "
                           "다시 시작하세요."),
-    "fused_no_branch": ("{formats}: 융합 경로에 이 포맷의 분기가 없어서(또는 손실 없는 변환이라) '융합' 행도 참조 구현으로 "
-                        "돌았습니다."),
+    "fused_no_branch": "{formats}: 융합 경로에 이 포맷의 분기가 없어서 '융합' 행도 참조 구현으로 돌았습니다.",
+    "fused_lossless": ("{formats}: 모델 자신의 dtype으로의 무손실 변환이라 '융합' 행도 참조 구현으로 돌았습니다. 참조 "
+                       "구현은 어텐션에 DynamicCache와 똑같은 값을 넘깁니다."),
     "fused_ctx_fig": "{model}의 컨텍스트에 따른 디코딩 속도: 작은 캐시가 원본 캐시를 앞지르는 지점",
     "fused_ctx_x": "컨텍스트 (토큰)",
     "fused_ctx_recorded": ("**컨텍스트에 따른 속도** (곡선): 디코딩 한 단계는 가중치와 캐시 전체를 읽으므로, 컨텍스트가 "
