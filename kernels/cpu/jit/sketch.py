@@ -19,8 +19,12 @@ from kernels.cpu.jit.fields import _OPTS, _floats, _width
 
 
 @nb.njit(**_OPTS)
-def _rows(meta, data, scale, slut, b, h, t0, n, z, norms):
-    """Rows t0 .. t0 + n - 1: z[j, e] = +1 / -1 from bit e % 8 of sign byte e // 8; norms[j] = (s, r)."""
+def _rows(meta, data, scale, slut, b, h, t0, n, n_packed, z, norms):
+    """The block's packed rows t0 .. t0 + m - 1 (m = min(n, n_packed - t0), returned; the tail has no sketch):
+    z[j, e] = +1 / -1 from bit e % 8 of sign byte e // 8; norms[j] = (s, r)."""
+    n = min(n, n_packed - t0)
+    if n <= 0:
+        return 0
     d = meta[M_DIM]
     sdt = meta[M_SDT]
     st = meta[M_S_ST]
@@ -34,16 +38,14 @@ def _rows(meta, data, scale, slut, b, h, t0, n, z, norms):
             byte = np.int32(data[o + k])
             for bit in range(8):
                 z[j, 8 * k + bit] = np.float32(((byte >> bit) & 1) * 2 - 1)
+    return n
 
 
 @nb.njit(**_OPTS)
 def sketch_scores(meta, data, scale, slut, b, h, t0, n, n_packed, q, sm, z, norms, s):
     """s[g, j] += sm * s_j * r_j * (q[g, D:2D] . z_j) for the block's packed rows (q's second half: q @ G^T)."""
-    n = min(n, n_packed - t0)
-    if n <= 0:
-        return
+    n = _rows(meta, data, scale, slut, b, h, t0, n, n_packed, z, norms)
     d = meta[M_DIM]
-    _rows(meta, data, scale, slut, b, h, t0, n, z, norms)
     for g in range(q.shape[0]):
         for j in range(n):
             dot = np.float32(0.0)
@@ -55,11 +57,8 @@ def sketch_scores(meta, data, scale, slut, b, h, t0, n, n_packed, q, sm, z, norm
 @nb.njit(**_OPTS)
 def sketch_accumulate(meta, data, scale, slut, b, h, t0, n, n_packed, p, z, norms, acc):
     """acc[g, D + i] += p[g, j] * s_j * r_j * z_j[i] for the block's packed rows (p: the block's softmax weights)."""
-    n = min(n, n_packed - t0)
-    if n <= 0:
-        return
+    n = _rows(meta, data, scale, slut, b, h, t0, n, n_packed, z, norms)
     d = meta[M_DIM]
-    _rows(meta, data, scale, slut, b, h, t0, n, z, norms)
     for g in range(p.shape[0]):
         for j in range(n):
             w = p[g, j] * norms[j, 0] * norms[j, 1]
