@@ -41,6 +41,7 @@ from kernels import decode as triton_decode
 from kernels.cpu import decode as cpu_decode
 from kvviz import ggml_attention
 from kvviz.formats import QTensor
+from kvviz.formats.floats import DTYPES as _CAST_DTYPES
 
 ATTN_NAME = "kvviz"
 BACKENDS = ("auto", "torch", "triton", "cpu")
@@ -237,11 +238,8 @@ def _cpu_reads_format(fmt) -> bool:
 
 
 def lossless_cast(fmt, dtype: torch.dtype) -> bool:
-    """Whether `fmt` stores states of `dtype` bit for bit: a plain fp16 / bf16 cast of a model in that dtype."""
-    return fmt.granularity is None and fmt.kind == "float" and fmt.bits == 16 and _CAST_DTYPES[fmt.base] == dtype
-
-
-_CAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    """Whether `fmt` stores states of `dtype` bit for bit: a plain cast (no scale) to the model's own dtype."""
+    return fmt.granularity is None and _CAST_DTYPES.get(fmt.base) == dtype
 
 
 def _bottom_right_causal(q_len: int, kv_len: int, device) -> torch.Tensor:
