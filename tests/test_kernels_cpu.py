@@ -56,6 +56,18 @@ def test_every_format(spec, gqa, length):
     assert run_case(spec, spec, gqa, length) <= TOL
 
 
+@pytest.mark.parametrize("spec, head_dim", (
+    ("mxfp4", 96), ("nvfp4", 48), ("nvfp4", 64), ("int4/g16/asym", 48), ("int4/g32", 128), ("int8/g16", 48),
+    ("int8/g32/asym", 64), ("int4/g8", 64),
+))
+def test_group_scales_applied_as_the_codes_unpack(spec, head_dim):
+    """Group-scaled blocks unpack each group with its scale in one pass, 16 codes per vector: groups of 16 and 32
+    bytes per field, pairs of 8-byte groups (an odd count of them in a block: the two-pass path), 4-byte groups
+    (two-pass); E2M1, nibbles, bytes, signed bytes; 3 and 4 groups per row."""
+    assert run_case(spec, spec, 3, 300) <= TOL
+    assert run_case(spec, spec, 1, 17) <= TOL
+
+
 @pytest.mark.parametrize("pair", ("k8v4", "k4v8", "kivi2", "kivi4", "k=fp8_e4m3/token,v=nvfp4", "k=int4/rot,v=mxfp4"))
 def test_kv_pairs(pair):
     kv = F.parse_kv(pair)

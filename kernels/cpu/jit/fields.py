@@ -8,7 +8,7 @@ floats (casts, tails, scales) are read from their bytes. In per-row loops nothin
 arguments: numba counts references of each array argument with atomic operations on every call.
 
 numba's on-disk cache (cache=True) keys each function on its own file: after editing a helper here, clear
-__pycache__ (or NUMBA_CACHE_DIR) so that the modules that inline it recompile.
+__pycache__ (or NUMBA_CACHE_DIR) so that the modules that inline it recompile; the same holds for simd.py's intrinsics.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from kernels.cpu.jit.contract import (
     E_BF16, E_F16, E_F32, E_LUT, E_UINT, M_DIM, M_ELEM, M_OFFSET, M_PER_BYTE, M_SDT, M_S_OFF, M_S_SB, M_S_SH,
     M_S_ST, M_ZERO, M_Z_OFF, M_Z_SB, M_Z_SH, M_Z_ST,
 )
+from kernels.cpu.jit.simd import e2m1_bits
 
 # reassoc/contract let LLVM vectorize the fp32 dot products (sums reassociated); no nnan/ninf: -inf is used.
 _OPTS = dict(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, error_model="numpy")
@@ -83,16 +84,23 @@ def _width(dt):
     return 1 if dt == E_LUT else (4 if dt == E_F32 else 2)
 
 
-@nb.njit(inline="always", **_OPTS)
-def _e2m1(c):
-    """One E2M1 code (uint32, 0..15) -> float32: sign bit 3, magnitude code m = c & 7 in {0, .5, 1, 1.5, 2, 3, 4, 6}.
-    For m >= 2 the code's exponent and mantissa bits, moved into a float32 with exponent bias 126, are the value;
-    m = 0 and 1 are m / 2. -0 for code 8, as the table has it."""
-    m = c & np.uint32(7)
-    big = (m << np.uint32(22)) + np.uint32(126 << 23)
-    small = m * np.uint32(0x3F000000)  # m in {0, 1}: the bits of 0.0 and of 0.5
-    pick = np.uint32(0) - np.uint32(m >= np.uint32(2))  # all ones where m >= 2: a blend, no branch (vectorizes)
-    return _as_f32(((c & np.uint32(8)) << np.uint32(28)) | (big & pick) | (small & ~pick))
+@intrinsic
+def _e2m1(typingctx, code):
+    """One E2M1 code (an integer 0..15) -> float32 (kernels/cpu/jit/simd.py's e2m1_bits). In 32-bit LLVM IR: numba
+    would widen the integer arithmetic to 64 bits, halving the vector lanes of the loops that call it (3x slower)."""
+    if not isinstance(code, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        c = args[0]
+        if code.bitwidth > 32:
+            c = builder.trunc(c, i32)
+        elif code.bitwidth < 32:
+            c = builder.zext(c, i32)
+        return builder.bitcast(e2m1_bits(builder, c, lambda v: ir.Constant(i32, v)), ir.FloatType())
+
+    return types.float32(code), codegen
 
 
 @intrinsic

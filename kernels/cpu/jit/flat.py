@@ -19,6 +19,9 @@ from kernels.cpu.jit.contract import (
 )
 from kernels.cpu.jit.fields import _OPTS, _U, _as_f32, _bits, _channel_row, _e2m1, _floats, _half, _width
 from kernels.cpu.jit.rows import _ggml_block
+from kernels.cpu.jit.simd import (
+    _scaled16_byte, _scaled16_e2m1_hi, _scaled16_e2m1_lo, _scaled16_hi, _scaled16_int8, _scaled16_lo,
+)
 
 
 @nb.njit(**_OPTS)
@@ -83,10 +86,13 @@ def _field(data, o, nbytes, elem, pb, ub, p, lut, raw):
     elif elem == E_INT8:
         for k in range(nbytes):
             raw[_U(p), _U(k)] = np.float32(np.int8(data[_U(o + k)]))
-    elif elem == E_E2M1:
-        sh = np.uint32(4 * p)
-        for k in range(nbytes):
-            raw[_U(p), _U(k)] = _e2m1((np.uint32(data[_U(o + k)]) >> sh) & np.uint32(15))
+    elif elem == E_E2M1:  # a literal shift per field, as for 4-bit ints below
+        if p == 0:
+            for k in range(nbytes):
+                raw[_U(0), _U(k)] = _e2m1(np.uint32(data[_U(o + k)] & np.uint8(15)))
+        else:
+            for k in range(nbytes):
+                raw[_U(1), _U(k)] = _e2m1(np.uint32(data[_U(o + k)] >> np.uint8(4)))
     elif elem == E_LUT:
         if pb == 1:
             for k in range(nbytes):
@@ -113,6 +119,71 @@ def _field(data, o, nbytes, elem, pb, ub, p, lut, raw):
         mask = (np.uint32(1) << w) - np.uint32(1)
         for k in range(nbytes):
             raw[_U(p), _U(k)] = np.float32(np.int32((np.uint32(data[_U(o + k)]) >> sh) & mask))
+
+
+# Element kinds _scaled_units decodes (-1: any other, unpacked by _field and scaled in a second pass).
+_K_E2M1, _K_NIBBLE, _K_BYTE, _K_INT8 = 0, 1, 2, 3
+
+
+@nb.njit(inline="always", **_OPTS)
+def _unit_kind(elem, pb, ub):
+    """The _scaled_units kind of a side's codes, or -1."""
+    if ub != 1:
+        return -1
+    if elem == E_E2M1 and pb == 2:
+        return _K_E2M1
+    if elem == E_UINT:
+        return _K_NIBBLE if pb == 2 else (_K_BYTE if pb == 1 else -1)
+    if elem == E_INT8 and pb == 1:
+        return _K_INT8
+    return -1
+
+
+def _units_loop(vec):
+    """_scaled_units' loops for one of kernels/cpu/jit/simd.py's intrinsics."""
+
+    @nb.njit(inline="always", **_OPTS)
+    def loop(data, o, raw, base, gs, gz, units, gp):
+        if gp == 8:
+            for u in range(0, units, 2):
+                k = u * 8
+                vec(data, o + k, raw, base + k, gs[u], gs[u + 1], gz[u], gz[u + 1])
+        else:
+            for u in range(units):
+                a, c = gs[u], gz[u]
+                for v in range(0, gp, 16):
+                    k = u * gp + v
+                    vec(data, o + k, raw, base + k, a, a, c, c)
+
+    return loop
+
+
+_units_e2m1_lo, _units_e2m1_hi = _units_loop(_scaled16_e2m1_lo), _units_loop(_scaled16_e2m1_hi)
+_units_lo, _units_hi = _units_loop(_scaled16_lo), _units_loop(_scaled16_hi)
+_units_byte, _units_int8 = _units_loop(_scaled16_byte), _units_loop(_scaled16_int8)
+
+
+@nb.njit(inline="always", **_OPTS)
+def _scaled_units(data, o, kind, p, gs, gz, units, gp, raw):
+    """raw[p, u * gp + i] = code * gs[u] + gz[u] for the codes of field p of `units` groups of gp bytes (8, or a
+    multiple of 16; 8: an even count) from byte o: one pass, each group's scale applied as its codes are unpacked,
+    16 codes per vector (kernels/cpu/jit/simd.py). The kind is branched on outside the loops: a branch inside them
+    costs 2-3x."""
+    base = p * raw.shape[1]
+    if kind == _K_E2M1:
+        if p == 0:
+            _units_e2m1_lo(data, o, raw, base, gs, gz, units, gp)
+        else:
+            _units_e2m1_hi(data, o, raw, base, gs, gz, units, gp)
+    elif kind == _K_NIBBLE:
+        if p == 0:
+            _units_lo(data, o, raw, base, gs, gz, units, gp)
+        else:
+            _units_hi(data, o, raw, base, gs, gz, units, gp)
+    elif kind == _K_BYTE:
+        _units_byte(data, o, raw, base, gs, gz, units, gp)
+    else:
+        _units_int8(data, o, raw, base, gs, gz, units, gp)
 
 
 @nb.njit(inline="always", **_OPTS)
@@ -144,10 +215,12 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
     o = meta[M_D_OFF] + b * meta[M_D_SB] + h * meta[M_D_SH] + t0 * meta[M_D_ST]
     one, nil = np.float32(1.0), np.float32(0.0)
     ub = meta[M_UNIT]
-    if gbits != 5:  # every field of the block's codes, unscaled, one loop each (q5 blocks: _ggml_fields below)
-        for p in range(pb):
-            _field(data, o, n * nb_, elem, pb, ub, p, lut, raw)
     skind = meta[M_SKIND]
+    grouped = skind == S_TOKEN and gbits != 5 and meta[M_GROUP] < d
+    if not grouped:  # every field of the block's codes, unscaled, one loop each (q5 blocks: _ggml_fields below)
+        if gbits != 5:
+            for p in range(pb):
+                _field(data, o, n * nb_, elem, pb, ub, p, lut, raw)
     if skind == S_NONE:
         for j in range(n):
             sc[j] = tsv
@@ -207,8 +280,18 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
                     for i in range(nb_):
                         ss += raw[_U(p), _U(r + i)] * raw[_U(p), _U(r + i)]
                 sc[j] = sc[j] / np.float32(np.sqrt(ss + np.float32(1e-16)))
-    else:  # group gi of row j (bytes j * nb + gi * gp + [0, gp), planar: each field's channels of the group) scaled
-        gp = nb_ // ngroups  # in place, after the unpacking: loops of one group's length unpack slowly
+    else:  # group gi of row j: bytes j * nb + gi * gp + [0, gp) of each field (planar: the group's channels)
+        gp = nb_ // ngroups
+        units = n * ngroups
+        code = _unit_kind(elem, pb, ub)
+        if code >= 0 and (gp % 16 == 0 or (gp == 8 and units % 2 == 0)):
+            gs = gsc.reshape(BLOCK * ngroups)
+            gz = gzc.reshape(BLOCK * ngroups)
+            for p in range(pb):
+                _scaled_units(data, o, code, p, gs, gz, units, gp, raw)
+            return
+        for p in range(pb):  # any other group: unpacked, then scaled in place
+            _field(data, o, n * nb_, elem, pb, ub, p, lut, raw)
         for p in range(pb):
             for j in range(n):
                 for gi in range(ngroups):
