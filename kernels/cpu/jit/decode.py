@@ -88,6 +88,9 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
     for g in range(gqa):
         for i in range(dk):
             qsum[g] += q[g, i]
+    # Constants passed as typed values, not literals: numba compiles a callee once per literal argument value, and
+    # the row-by-row tiles need no specialization of their own (compile time, not speed)
+    _ZERO, _ONE = np.int64(0), np.int64(1)
     kchan = km[M_SKIND] == S_CHANNEL
     kgroup = km[M_GROUP]
     qc = np.empty((gqa, dk), np.float32)  # KIVI's K: q times a scale row
@@ -136,7 +139,7 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
         elif kf:
             _flat_scores(q, qsum, kraw, ksc, kzc, knb, kpb, 0, n, sm, s)
         else:
-            _flat_scores(q, qsum, ktile1, ones, zeros, dk, 1, 0, n, sm, s)
+            _flat_scores(q, qsum, ktile1, ones, zeros, dk, _ONE, _ZERO, n, sm, s)
         if kq:
             sketch_scores(km, kdata, kscale, kslut, b, h, t0, n, kn_, q, sm, zq, nq, s)
         if cap > 0:
@@ -172,7 +175,7 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
         if vf:
             _flat_accumulate(s, vraw, vsc, vzc, vnb, vpb, n, acc, bias)
         else:
-            _flat_accumulate(s, vtile1, ones, zeros, dv, 1, n, acc, bias)
+            _flat_accumulate(s, vtile1, ones, zeros, dv, _ONE, n, acc, bias)
     for g in range(gqa):  # the flat blocks' V offsets, once per channel
         for i in range(dv):
             acc[g, i] += bias[g]

@@ -163,7 +163,7 @@ _units_lo, _units_hi = _units_loop(_scaled16_lo), _units_loop(_scaled16_hi)
 _units_byte, _units_int8 = _units_loop(_scaled16_byte), _units_loop(_scaled16_int8)
 
 
-@nb.njit(inline="always", **_OPTS)
+@nb.njit(**_OPTS)
 def _scaled_units(data, o, kind, p, gs, gz, units, gp, raw):
     """raw[p, u * gp + i] = code * gs[u] + gz[u] for the codes of field p of `units` groups of gp bytes (8, or a
     multiple of 16; 8: an even count) from byte o: one pass, each group's scale applied as its codes are unpacked,
