@@ -4,7 +4,8 @@ _flat_block unpacks each bit field of the block's bytes in one loop over the who
 one scale per row (token or tensor scales) the row's affine map (scale, offset) is folded into the scores
 (s = sc * (q . raw) + zc * sum q, _flat_scores) and into the softmax weights of V (acc += (p * sc) * raw, with
 p * zc summed apart and added once, _flat_accumulate); with several (scale groups, llama.cpp's blocks, KIVI's
-channel scales) they are applied to the unpacked block in place.
+channel scales) they are applied to the block: as each group's codes unpack, 16 codes per vector, where the codes
+and group shape allow (_scaled_units, kernels/cpu/jit/simd.py), else in place after the unpacking.
 """
 
 from __future__ import annotations
@@ -203,8 +204,8 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
     token j, planar order; q5_0 / q5_1 blocks in ggml's order) and sc / zc [BLOCK]: the token's channel is
     raw * sc[j] + zc[j]. With one scale per row (token or tensor scales) raw holds the bare codes, each field of
     the whole block unpacked in one loop, and consumers fold sc / zc into the scores and the softmax weights.
-    With several scales per row (groups, llama.cpp's blocks, KIVI's channel scales) they are applied to the unpacked
-    block (q5_0 / q5_1: while unpacking each block), and sc / zc are 1 / 0; channel scales only if apply_channels
+    With several scales per row (groups, llama.cpp's blocks, KIVI's channel scales) they are applied to the block
+    (groups: as they unpack where _unit_kind allows, q5_0 / q5_1: while unpacking each block), and sc / zc are 1 / 0; channel scales only if apply_channels
     (else raw holds the bare codes). gsc / gzc [BLOCK, groups]: scratch for the stored scales."""
     d = meta[M_DIM]
     elem = meta[M_ELEM]
