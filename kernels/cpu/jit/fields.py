@@ -29,6 +29,14 @@ from kernels.cpu.jit.simd import e2m1_bits
 _OPTS = dict(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, error_model="numpy")
 
 
+def _low32(builder, value, ty):
+    """An integer IR value of numba type ty as i32: its low 32 bits, or zero-extended."""
+    i32 = ir.IntType(32)
+    if ty.bitwidth > 32:
+        return builder.trunc(value, i32)
+    return builder.zext(value, i32) if ty.bitwidth < 32 else value
+
+
 @intrinsic
 def _as_f32(typingctx, bits):
     """Reinterpret the low 32 bits of an integer as an IEEE float32 (a register bitcast; numpy's scalar .view
@@ -37,12 +45,7 @@ def _as_f32(typingctx, bits):
         return None
 
     def codegen(context, builder, signature, args):
-        value, i32 = args[0], ir.IntType(32)
-        if bits.bitwidth > 32:
-            value = builder.trunc(value, i32)
-        elif bits.bitwidth < 32:
-            value = builder.zext(value, i32)
-        return builder.bitcast(value, ir.FloatType())
+        return builder.bitcast(_low32(builder, args[0], bits), ir.FloatType())
 
     return types.float32(bits), codegen
 
@@ -92,13 +95,8 @@ def _e2m1(typingctx, code):
         return None
 
     def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        c = args[0]
-        if code.bitwidth > 32:
-            c = builder.trunc(c, i32)
-        elif code.bitwidth < 32:
-            c = builder.zext(c, i32)
-        return builder.bitcast(e2m1_bits(builder, c, lambda v: ir.Constant(i32, v)), ir.FloatType())
+        c = _low32(builder, args[0], code)
+        return builder.bitcast(e2m1_bits(builder, c, lambda v: ir.Constant(ir.IntType(32), v)), ir.FloatType())
 
     return types.float32(code), codegen
 

@@ -206,7 +206,8 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
     the whole block unpacked in one loop, and consumers fold sc / zc into the scores and the softmax weights.
     With several scales per row (groups, llama.cpp's blocks, KIVI's channel scales) they are applied to the block
     (groups: as they unpack where _unit_kind allows, q5_0 / q5_1: while unpacking each block), and sc / zc are
-    1 / 0; channel scales only if apply_channels (else raw holds the bare codes). gsc / gzc [BLOCK, groups]: scratch for the stored scales."""
+    1 / 0; channel scales only if apply_channels (else raw holds the bare codes). gsc / gzc [BLOCK, groups]:
+    scratch for the stored scales."""
     d = meta[M_DIM]
     elem = meta[M_ELEM]
     pb = meta[M_PER_BYTE]

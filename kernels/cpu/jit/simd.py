@@ -38,12 +38,20 @@ def _halves(builder, lo, hi):
     return builder.shuffle_vector(pair, pair, ir.Constant(ir.VectorType(_I32, _LANES), [0] * half + [1] * half))
 
 
+def _nibble_lo(builder, b):
+    return builder.and_(builder.zext(b, _V32), _splat(15))
+
+
+def _nibble_hi(builder, b):
+    return builder.lshr(builder.zext(b, _V32), _splat(4))
+
+
 def _lo(builder, b):
-    return builder.sitofp(builder.and_(builder.zext(b, _V32), _splat(15)), _VF)
+    return builder.sitofp(_nibble_lo(builder, b), _VF)
 
 
 def _hi(builder, b):
-    return builder.sitofp(builder.lshr(builder.zext(b, _V32), _splat(4)), _VF)
+    return builder.sitofp(_nibble_hi(builder, b), _VF)
 
 
 def _byte(builder, b):
@@ -71,11 +79,11 @@ def _e2m1_of(builder, c):
 
 
 def _e2m1_lo(builder, b):
-    return _e2m1_of(builder, builder.and_(builder.zext(b, _V32), _splat(15)))
+    return _e2m1_of(builder, _nibble_lo(builder, b))
 
 
 def _e2m1_hi(builder, b):
-    return _e2m1_of(builder, builder.lshr(builder.zext(b, _V32), _splat(4)))
+    return _e2m1_of(builder, _nibble_hi(builder, b))
 
 
 def _scaled16(decode):
