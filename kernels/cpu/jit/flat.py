@@ -5,7 +5,9 @@ one scale per row (token or tensor scales) the row's affine map (scale, offset) 
 (s = sc * (q . raw) + zc * sum q, _flat_scores) and into the softmax weights of V (acc += (p * sc) * raw, with
 p * zc summed apart and added once, _flat_accumulate); with several (scale groups, llama.cpp's blocks, KIVI's
 channel scales) they are applied to the block: as each group's codes unpack, 16 codes per vector, where the codes
-and group shape allow (_scaled_units, kernels/cpu/jit/simd.py), else in place after the unpacking.
+and group shape allow (_scaled_units, kernels/cpu/jit/simd.py), else in place after the unpacking. Where a
+field's row is a multiple of 16 channels the scores take 16 rows per call and the weighted V rows accumulate in
+registers over the block (simd.py's _scores16 and _weighted16); other widths run the loops below.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from kernels.cpu.jit.contract import (
 from kernels.cpu.jit.fields import _OPTS, _U, _as_f32, _bits, _channel_row, _e2m1, _floats, _half, _width
 from kernels.cpu.jit.rows import _ggml_block
 from kernels.cpu.jit.simd import (
-    _scaled16_byte, _scaled16_e2m1_hi, _scaled16_e2m1_lo, _scaled16_hi, _scaled16_int8, _scaled16_lo,
+    _scaled16_byte, _scaled16_e2m1_hi, _scaled16_e2m1_lo, _scaled16_hi, _scaled16_int8, _scaled16_lo, _scores16,
+    _weighted16,
 )
 
 
@@ -307,10 +310,16 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
 @nb.njit(**_OPTS)
 def _flat_scores(q, qsum, raw, sc, zc, nb_, pb, j0, n, sm, s):
     """s[g, j] = (q[g] . row j) * sm for rows j0..n-1 of a flat-path K block (row j of channel p * nb + i =
-    raw[p, j * nb + i] * sc[j] + zc[j]): the dot with raw, then * sc + zc * qsum (sum(q) over the channels). Four K
-    rows at a time."""
+    raw[p, j * nb + i] * sc[j] + zc[j]): the dot with raw, then * sc + zc * qsum (sum(q) over the channels). 16 K
+    rows per call where nb is a multiple of 16 (_scores16), then four at a time."""
     gqa = q.shape[0]
     j = j0
+    if nb_ % 16 == 0:  # 16 rows per call, their dot products summed as one vector (simd.py)
+        w, dq, ds = raw.shape[1], q.shape[1], s.shape[1]
+        while j + 16 <= n:
+            for g in range(gqa):
+                _scores16(q, g * dq, raw, j * nb_, w, nb_, pb, sc, zc, j, qsum[g], sm, s, g * ds + j)
+            j += 16
     while j + 4 <= n:
         r0 = j * nb_
         for g in range(gqa):
@@ -346,8 +355,19 @@ def _flat_scores(q, qsum, raw, sc, zc, nb_, pb, j0, n, sm, s):
 @nb.njit(**_OPTS)
 def _flat_accumulate(s, raw, sc, zc, nb_, pb, n, acc, bias):
     """acc[g, channel] += sum over j < n of (s[g, j] * sc[j]) * raw, and bias[g] += s[g, j] * zc[j] (the rows'
-    offsets, added to every channel once at the end) over a flat-path V block. Four V rows per pass."""
+    offsets, added to every channel once at the end) over a flat-path V block. Where nb is a multiple of 16 the
+    weights s * sc are formed in s and _weighted16 adds every row; else four V rows per pass."""
     gqa = acc.shape[0]
+    if nb_ % 16 == 0:  # the weights first (s becomes s * sc), then every row into acc in registers (simd.py)
+        ds, da = s.shape[1], acc.shape[1]
+        for g in range(gqa):
+            bz = np.float32(0.0)
+            for j in range(n):
+                bz += s[g, j] * zc[j]
+                s[g, j] *= sc[j]
+            bias[g] += bz
+            _weighted16(s, g * ds, raw, 0, raw.shape[1], nb_, pb, n, acc, g * da)
+        return
     j = 0
     while j + 4 <= n:
         r0 = j * nb_

@@ -12,12 +12,22 @@ apply their group's scale as one vector each, whatever the optimizer decides:
 `decode` per kind: the low or the high nibble as an unsigned int (q4_0, int4 groups) or as an E2M1 code (MX / NV
 FP4), the byte as an unsigned or a signed int (q8_0, int8 groups). The product and the sum are separate fp32
 operations (no fused multiply-add), as the torch decode rounds them.
+
+The attention over a decoded block, for rows of a multiple of 16 channels per field (the flat path's
+_flat_scores and _flat_accumulate):
+
+    _scores16(q, qo, raw, ro, w, nb, pb, sc, zc, j, qs, sm, s, so)   # 16 rows' scores, one vector
+    _weighted16(wt, wo, raw, ro, w, nb, pb, n, acc, ao)              # acc += the block's rows, weighted
+
+Compiled from loops, a row's score was a 16-lane vector reduced on its own (four dependent shuffle-and-add steps,
+as many as the row's multiply-adds), and V's accumulator was loaded and stored once per four rows. Here 16 rows'
+score vectors are summed by one transpose-and-add tree, and the accumulator stays in registers over the block.
 """
 
 from __future__ import annotations
 
 from llvmlite import ir
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 _LANES = 16
@@ -124,3 +134,140 @@ _scaled16_byte = _scaled16(_byte)
 _scaled16_int8 = _scaled16(_int8)
 _scaled16_e2m1_lo = _scaled16(_e2m1_lo)
 _scaled16_e2m1_hi = _scaled16(_e2m1_hi)
+
+
+# ------------------------------------------------------------------------------------------ 16 rows' scores
+
+_ROWS = 16
+
+
+def _sum_rows(builder, vectors):
+    """16 float vectors -> one whose lane r is the sum of vectors[r]'s lanes: a transpose-and-add tree (each level
+    pairs two vectors and adds the halves of their row chunks: 15 adds and 30 shuffles in all) instead of 16
+    horizontal reductions of 4 dependent steps each."""
+    level = [(v, [r], _LANES) for r, v in enumerate(vectors)]  # (vector, rows of its chunks, chunk width)
+    mask_type = ir.VectorType(_I32, _LANES)
+    while len(level) > 1:
+        nxt = []
+        for (x, xrows, w), (y, yrows, _) in zip(level[0::2], level[1::2]):
+            half = w // 2
+            chunks = [k * w for k in range(len(xrows))] + [_LANES + k * w for k in range(len(yrows))]
+            first = [c + i for c in chunks for i in range(half)]
+            second = [c + half + i for c in chunks for i in range(half)]
+            a = builder.shuffle_vector(x, y, ir.Constant(mask_type, first))
+            b = builder.shuffle_vector(x, y, ir.Constant(mask_type, second))
+            nxt.append((builder.fadd(a, b), xrows + yrows, half))
+        level = nxt
+    total, rows, _ = level[0]
+    lane_of = {row: lane for lane, row in enumerate(rows)}
+    return builder.shuffle_vector(total, total, ir.Constant(mask_type, [lane_of[r] for r in range(_ROWS)]))
+
+
+@intrinsic
+def _scores16(typingctx, q, qo, raw, ro, w, nb, pb, sc, zc, j, qs, sm, s, so):
+    """s.flat[so + r] = (dot_r * sc[j + r] + zc[j + r] * qs) * sm for 16 rows r, where dot_r = sum over fields
+    p < pb and i < nb of q.flat[qo + p * nb + i] * raw.flat[ro + p * w + r * nb + i] (nb a multiple of 16; w: the
+    length of one field of raw). The 16 dot products accumulate as 16 vectors (fused multiply-adds) and are
+    summed by _sum_rows; the scaling runs as one vector."""
+    floats = (q, raw, sc, zc, s)
+    if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in floats):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ptr = {}
+        for name, i in (("q", 0), ("raw", 2), ("sc", 7), ("zc", 8), ("s", 12)):
+            ptr[name] = context.make_array(signature.args[i])(context, builder, args[i]).data
+        ints = {name: context.cast(builder, args[i], signature.args[i], types.int64)
+                for name, i in (("qo", 1), ("ro", 3), ("w", 4), ("nb", 5), ("pb", 6), ("j", 9), ("so", 13))}
+        qs_v = context.cast(builder, args[10], signature.args[10], types.float32)
+        sm_v = context.cast(builder, args[11], signature.args[11], types.float32)
+        i64 = ir.IntType(64)
+
+        def vload(name, offset):
+            return builder.load(builder.bitcast(builder.gep(ptr[name], [offset]), _VF.as_pointer()), align=4)
+
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
+        zero = ir.Constant(_VF, [0.0] * _LANES)
+        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(_ROWS)]
+        chunks = builder.udiv(ints["nb"], ir.Constant(i64, _LANES))
+        with cgutils.for_range(builder, ints["pb"]) as field:
+            p = field.index
+            q_base = builder.add(ints["qo"], builder.mul(p, ints["nb"]))
+            r_base = builder.add(ints["ro"], builder.mul(p, ints["w"]))
+            with cgutils.for_range(builder, chunks) as chunk:
+                c = builder.mul(chunk.index, ir.Constant(i64, _LANES))
+                qv = vload("q", builder.add(q_base, c))
+                row = builder.add(r_base, c)
+                for r in range(_ROWS):
+                    rv = vload("raw", row)
+                    builder.store(builder.call(fma, [qv, rv, builder.load(accs[r])]), accs[r])
+                    row = builder.add(row, ints["nb"])
+        dots = _sum_rows(builder, [builder.load(a) for a in accs])
+        qs_vec = builder.shuffle_vector(builder.insert_element(ir.Constant(_VF, ir.Undefined), qs_v,
+                                                               ir.Constant(_I32, 0)),
+                                        ir.Constant(_VF, ir.Undefined), ir.Constant(_V32, [0] * _LANES))
+        sm_vec = builder.shuffle_vector(builder.insert_element(ir.Constant(_VF, ir.Undefined), sm_v,
+                                                               ir.Constant(_I32, 0)),
+                                        ir.Constant(_VF, ir.Undefined), ir.Constant(_V32, [0] * _LANES))
+        y = builder.fadd(builder.fmul(dots, vload("sc", ints["j"])), builder.fmul(vload("zc", ints["j"]), qs_vec))
+        y = builder.fmul(y, sm_vec)
+        builder.store(y, builder.bitcast(builder.gep(ptr["s"], [ints["so"]]), _VF.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(q, qo, raw, ro, w, nb, pb, sc, zc, j, qs, sm, s, so), codegen
+
+
+# ------------------------------------------------------------------------------------------ weighted rows
+
+@intrinsic
+def _weighted16(typingctx, wt, wo, raw, ro, w, nb, pb, n, acc, ao):
+    """acc.flat[ao + p * nb + i] += sum over rows j < n of wt.flat[wo + j] * raw.flat[ro + p * w + j * nb + i],
+    for fields p < pb and channels i < nb (nb a multiple of 16; w: the length of one field of raw). Per 16
+    channels the rows run as four chains of fused multiply-adds (rows j, j + 4, ...), added at the end, so the
+    accumulator stays in registers over the whole block."""
+    if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (wt, raw, acc)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ptr = {name: context.make_array(signature.args[i])(context, builder, args[i]).data
+               for name, i in (("wt", 0), ("raw", 2), ("acc", 8))}
+        ints = {name: context.cast(builder, args[i], signature.args[i], types.int64)
+                for name, i in (("wo", 1), ("ro", 3), ("w", 4), ("nb", 5), ("pb", 6), ("n", 7), ("ao", 9))}
+        i64 = ir.IntType(64)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
+        vptr = lambda name, offset: builder.bitcast(builder.gep(ptr[name], [offset]), _VF.as_pointer())
+
+        def weight(j):  # wt[wo + j] in every lane
+            x = builder.load(builder.gep(ptr["wt"], [builder.add(ints["wo"], j)]))
+            return builder.shuffle_vector(builder.insert_element(ir.Constant(_VF, ir.Undefined), x,
+                                                                 ir.Constant(_I32, 0)),
+                                          ir.Constant(_VF, ir.Undefined), ir.Constant(_V32, [0] * _LANES))
+
+        zero = ir.Constant(_VF, [0.0] * _LANES)
+        chains = [cgutils.alloca_once(builder, _VF) for _ in range(4)]
+        chunks = builder.udiv(ints["nb"], ir.Constant(i64, _LANES))
+        quads = builder.udiv(ints["n"], ir.Constant(i64, 4))
+        with cgutils.for_range(builder, ints["pb"]) as field:
+            p = field.index
+            with cgutils.for_range(builder, chunks) as chunk:
+                c = builder.mul(chunk.index, ir.Constant(i64, _LANES))
+                first = builder.add(builder.add(ints["ro"], builder.mul(p, ints["w"])), c)  # row 0's channels
+                for a in chains:
+                    builder.store(zero, a)
+                with cgutils.for_range(builder, quads) as quad:
+                    j = builder.mul(quad.index, ir.Constant(i64, 4))
+                    for k, a in enumerate(chains):
+                        jk = builder.add(j, ir.Constant(i64, k))
+                        row = builder.load(vptr("raw", builder.add(first, builder.mul(jk, ints["nb"]))), align=4)
+                        builder.store(builder.call(fma, [weight(jk), row, builder.load(a)]), a)
+                with cgutils.for_range(builder, ints["n"], start=builder.mul(quads, ir.Constant(i64, 4))) as rest:
+                    jk = rest.index
+                    row = builder.load(vptr("raw", builder.add(first, builder.mul(jk, ints["nb"]))), align=4)
+                    builder.store(builder.call(fma, [weight(jk), row, builder.load(chains[0])]), chains[0])
+                a0, a1, a2, a3 = (builder.load(a) for a in chains)
+                total = builder.fadd(builder.fadd(a0, a1), builder.fadd(a2, a3))
+                out = vptr("acc", builder.add(builder.add(ints["ao"], builder.mul(p, ints["nb"])), c))
+                builder.store(builder.fadd(builder.load(out, align=4), total), out, align=4)
+        return context.get_dummy_value()
+
+    return types.void(wt, wo, raw, ro, w, nb, pb, n, acc, ao), codegen
