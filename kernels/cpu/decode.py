@@ -48,8 +48,9 @@ _FLOAT_CODES = {torch.float16: contract.E_F16, torch.bfloat16: contract.E_BF16, 
 # idle 2-core machine the pool wins from a 256-token SmolLM2 layer (768 rows: 208 against 332 us, int4) up; on a
 # machine whose cores are all busy it can lose. Override with KVVIZ_CPU_PARALLEL_ROWS (0: always the pool).
 _PARALLEL_ROWS = int(os.environ.get("KVVIZ_CPU_PARALLEL_ROWS", 512))
-# One parallel call at a time: numba picks its OpenMP layer where it loads (the system's libgomp, a pool of its own
-# beside torch's bundled one), else its workqueue layer, which must not be entered by two threads at once
+# One parallel call at a time: numba picks its OpenMP layer where it loads (its GOMP_parallel binds to torch's
+# bundled libgomp, which torch put in the global symbol scope: one thread pool for both), else its workqueue
+# layer, which must not be entered by two threads at once
 _LOCK = threading.Lock()
 
 
