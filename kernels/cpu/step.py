@@ -139,6 +139,9 @@ class _Side:
 
     def new_token(self, x: torch.Tensor) -> tuple[np.ndarray, int]:
         """x [B, Hkv, 1, D] -> (fp32 numpy array to pack, values beyond a static fp8 scale counted before /rot)."""
+        if self.x_rotation is None and x.dtype == torch.float32 and not x.requires_grad:  # the common case
+            arr = x.numpy()
+            return (arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)), 0
         x = x.detach()
         over = 0
         if self.x_rotation is not None:
@@ -208,11 +211,11 @@ class DecodeStep:
         jit, dtype = _jit(), q.dtype
         xk, over_k = self.k.new_token(k_new)
         xv, over_v = self.v.new_token(v_new)
-        if q.dtype != torch.float32 or self.k.rotation is not None:
+        if q.dtype != torch.float32 or self.k.rotation is not None or q.requires_grad:
             q = q.detach().float()
             if self.k.rotation is not None:
                 q = q @ self.k.rotation.T  # score = (q @ R^T) . stored
-        qn = q.detach().numpy()
+        qn = q.numpy()
         if not qn.flags.c_contiguous:
             qn = np.ascontiguousarray(qn)
         length = pos + 1 - start
