@@ -68,6 +68,46 @@ def test_group_scales_applied_as_the_codes_unpack(spec, head_dim):
     assert run_case(spec, spec, 1, 17) <= TOL
 
 
+@pytest.mark.parametrize("pb, nb, n", ((2, 32, 64), (1, 64, 61), (4, 16, 3), (2, 48, 17), (1, 128, 64)))
+def test_sixteen_row_scores_and_weighted_rows(pb, nb, n):
+    """simd.py's _scores16 (16 rows' dot products summed by one transpose-and-add tree, then scaled) and _weighted16
+    (the weighted rows of a block added to acc) against float64, on raw blocks of pb fields of nb channels per
+    row: a wrong lane in the tree, a dropped row or a field read at the wrong stride fails."""
+    numba = pytest.importorskip("numba")
+    np = pytest.importorskip("numpy")
+    from kernels.cpu.jit.simd import _scores16, _weighted16
+
+    @numba.njit
+    def scores(q, raw, sc, zc, s, nb, pb, n, sm):
+        for g in range(q.shape[0]):
+            for j in range(0, n - n % 16, 16):
+                _scores16(q, g * q.shape[1], raw, j * nb, raw.shape[1], nb, pb, sc, zc, j, np.float32(q[g].sum()),
+                          sm, s, g * s.shape[1] + j)
+
+    @numba.njit
+    def weighted(wt, raw, acc, nb, pb, n):
+        for g in range(wt.shape[0]):
+            _weighted16(wt, g * wt.shape[1], raw, 0, raw.shape[1], nb, pb, n, acc, g * acc.shape[1])
+
+    rng = np.random.default_rng(pb * 1000 + nb + n)
+    q = rng.standard_normal((3, pb * nb)).astype(np.float32)
+    raw = rng.standard_normal((pb, 64 * nb)).astype(np.float32)
+    sc, zc = rng.standard_normal((2, 64)).astype(np.float32)
+    rows = raw.astype(np.float64).reshape(pb, 64, nb).transpose(1, 0, 2).reshape(64, pb * nb)  # row j's channels
+    s = np.zeros((3, 64), np.float32)
+    scores(q, raw, sc, zc, s, nb, pb, n, np.float32(0.125))
+    q64 = q.astype(np.float64)
+    want = ((q64 @ rows.T) * sc + zc * q64.sum(1, keepdims=True)) * 0.125
+    full = n - n % 16
+    np.testing.assert_allclose(s[:, :full], want[:, :full], rtol=1e-5, atol=1e-5)
+    assert not s[:, full:].any(), "rows past the last 16 are left to the caller"
+    acc = rng.standard_normal((3, pb * nb)).astype(np.float32)
+    wt = rng.standard_normal((3, 64)).astype(np.float32)
+    want = acc.astype(np.float64) + wt[:, :n].astype(np.float64) @ rows[:n]
+    weighted(wt, raw, acc, nb, pb, n)
+    np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("pair", ("k8v4", "k4v8", "kivi2", "kivi4", "k=fp8_e4m3/token,v=nvfp4", "k=int4/rot,v=mxfp4"))
 def test_kv_pairs(pair):
     kv = F.parse_kv(pair)
