@@ -29,6 +29,7 @@ are below e^-16 each). llama.cpp scores the second half of each context window o
     stats = kld_stats(base_logprobs, cand_logprobs, targets)     # [N, vocab], [N, vocab], [N] -> dict of floats
     stats = kld_stats_topk(base_ids, base_lp, base_target_lp, cand_ids, cand_lp, cand_target_lp)  # engine APIs
     ref = Baseline(base_logprobs, targets); ref.kl(cand_logits)  # many candidates against one baseline, fast
+    ref.kl_linear(head_weight, cand_hidden)                     # the same, from a linear head's inputs
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class Baseline:
         self.top = lp.argmax(-1)
         self.nll = nll(lp, targets)
         self._pw: tuple[torch.Tensor, torch.Tensor] | None = None  # (head weight, P W) of p_z
+        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # kl_linear's logits and float64 buffers
 
     def kl(self, logits: torch.Tensor, p_z: torch.Tensor | None = None) -> torch.Tensor:
         """KL(baseline || candidate) [N] of a candidate's logits [N, vocab], the vocabulary read in the logits' own
@@ -110,6 +112,24 @@ class Baseline:
         if p_z is None:
             p_z = torch.linalg.vecdot(self.p, logits.double())
         return self._kl(lse, p_z)
+
+    def kl_linear(self, weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """kl(hidden @ weight.T, p_z(weight, hidden)) [N] for a linear head (weight [vocab, hidden], no bias, no
+        softcapping) and a candidate's hidden states [N, hidden] in the weight's dtype: the same numbers, the same
+        operations, with the logits formed in a buffer and reduced in place, and the exponentials summed from a
+        float64 buffer, both kept for the next candidate. `kl` allocates four [N, vocab] arrays per candidate (the
+        logits, z - max, its exp, the float64 copy the sum makes); on a CPU each fresh page is faulted in and
+        zeroed, which at Gemma 3's 262K vocabulary costs about as much as the head's matrix product."""
+        n, vocab = hidden.shape[0], weight.shape[0]
+        if self._scratch is None or self._scratch[0].shape != (n, vocab) or self._scratch[0].dtype != weight.dtype \
+                or self._scratch[0].device != weight.device:
+            self._scratch = (torch.empty(n, vocab, dtype=weight.dtype, device=weight.device),
+                             torch.empty(n, vocab, dtype=torch.float64, device=weight.device))
+        logits, wide = self._scratch
+        z = torch.mm(hidden, weight.T, out=logits)  # [N, vocab]: the head's F.linear, into the buffer
+        top = z.amax(dim=-1, keepdim=True)  # [N, 1]
+        lse = top[:, 0].double() + wide.copy_(z.sub_(top).exp_()).sum(dim=-1).log()
+        return self._kl(lse, self.p_z(weight, hidden))
 
     def _kl(self, lse: torch.Tensor, p_z: torch.Tensor) -> torch.Tensor:
         """sum P lp - sum P z + lse(z) sum P [N]: KL(P || softmax(z)) from the candidate's lse(z) and sum P z."""

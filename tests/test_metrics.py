@@ -85,6 +85,22 @@ def test_baseline_p_z_is_sum_p_z_of_a_linear_head():
                                atol=1e-8)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_baseline_kl_linear_is_kl_of_the_head_bit_for_bit(dtype):
+    """kl_linear's buffers (kept from one candidate to the next, remade for another shape) change no bit."""
+    g = torch.Generator().manual_seed(8)
+    weight = torch.randn(50, 7, generator=g).to(dtype)
+    base = torch.randn(6, 50, generator=g)
+    ref = metrics.Baseline(metrics.log_probs(base), torch.zeros(6, dtype=torch.long))
+    for n in (6, 6, 4):
+        hidden = torch.randn(n, 7, generator=g).to(dtype)
+        if n != ref.lp.shape[0]:
+            ref = metrics.Baseline(metrics.log_probs(base[:n]), torch.zeros(n, dtype=torch.long))
+        want = ref.kl(torch.nn.functional.linear(hidden, weight), ref.p_z(weight, hidden))
+        assert torch.equal(ref.kl_linear(weight, hidden), want)
+        torch.testing.assert_close(want, _plain_kl(base[:n], hidden @ weight.T), rtol=1e-5, atol=1e-8)
+
+
 def test_kld_stats_from_plain_definitions():
     base, cand = _pair(n=40, vocab=9, seed=6)
     targets = torch.randint(0, 9, (40,), generator=torch.Generator().manual_seed(7))

@@ -12,10 +12,11 @@ from transformers import AutoModelForCausalLM
 import kvviz
 import kvviz.models
 from kvviz import cli
-from kvviz.analysis.rows import _prefix_tree, row_hidden
+from kvviz.analysis.rows import _forking_hook, _prefix_tree, _runs, row_hidden, row_values
 from kvviz.analysis.sensitivity import _prompt_ids, layer_norms, layer_sensitivity, plans_kl, ranking, variant_plans
 from kvviz.analysis.search import SearchResult, SearchStep, search
 from kvviz.formats import as_plan
+from kvviz.metrics import Baseline
 from kvviz.quality.divergence import base_logprobs, kld, load_base, save_base
 from kvviz.tiny import ByteTokenizer, tiny_config, tiny_model
 
@@ -137,6 +138,33 @@ def test_prefix_tree_shares_the_exact_trunk():
     # two plans that differ only in their last layer share every row before it
     same = _prefix_tree([specs[5], [*specs[5][:4], specs[10][4]]])[0]
     assert [len(o) for o in same] == [1, 1, 1, 1, 2]
+
+
+def test_forking_gathers_runs_of_rows_as_index_select_does():
+    assert _runs([0, 1, 2, 0, 3, 4, 0]) == [(0, 3), (0, 1), (3, 2), (0, 1)]
+    assert _runs([2, 2, 1]) == [(2, 1), (2, 1), (1, 1)]
+    x = torch.randn(5, 3, 4)
+    for parent in ([0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 0, 0], [0, 0, 0], [4, 3, 1, 2, 2, 0]):
+        for call in ((x,), ()):  # the hidden states positional, or by keyword
+            args, kwargs = _forking_hook(parent)(None, call, {} if call else {"hidden_states": x})
+            got = args[0] if call else kwargs["hidden_states"]
+            assert torch.equal(got, x.index_select(0, torch.tensor(parent)))
+    assert _forking_hook([0, 1, 2, 3, 4])(None, (x,), {})[0][0] is x  # the rows as they are: no copy
+
+
+def test_row_values_takes_back_its_baseline(outlier_model):
+    """The Baseline a call returns, passed back, gives the numbers its log-probs give (the exact row not run)."""
+    model, tok = outlier_model
+    ids = tok(TEXT, return_tensors="pt")["input_ids"][:, :24]
+    plans = [as_plan("int4"), as_plan("int4; 1=int8")]
+    first, ref = row_values(model, ids, plans, kl_only=True)
+    assert isinstance(ref, Baseline) and ref.lp.shape[0] == 22
+    for base in (ref, ref.lp):
+        again, back = row_values(model, ids, plans, base=base, kl_only=True)
+        assert back is ref if base is ref else back is not ref
+        for a, b in zip(first, again):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
+    assert max(float(kl.mean()) for kl in first) > 1e-6  # quantized: not a comparison of zeros
 
 
 def test_tree_rows_equal_unshared_rows(outlier_model):

@@ -21,7 +21,8 @@ the masks, positions and rotary tables (batch 1, broadcast over the rows); nothi
 
 Scoring (`row_values`): positions `score_from`..T-2 (logits at t predict token t+1), each row's logits formed from
 its final hidden states one row at a time (memory stays at one [N, vocab]), compared with the exact row's
-log-probs (kvviz.metrics.Baseline, computed once per window, or a saved one).
+log-probs (kvviz.metrics.Baseline, computed once per window, or a saved one; for the KL alone through a linear
+head, `Baseline.kl_linear`, its buffers kept from row to row).
 
     plans = [as_plan("int4"), as_plan("int4; 0=fp16")]
     hidden = row_hidden(model, ids, [None, *plans])      # [3, T, hidden]
@@ -103,13 +104,33 @@ def _forkable_layers(model) -> list | None:
     return list(layers[: text.num_hidden_layers])
 
 
-def _forking_hook(parent: torch.Tensor):
-    """A decoder-layer pre-hook that replaces the hidden states [R_prev, t, hidden] with the rows `parent` picks."""
+def _runs(parent: list[int]) -> list[tuple[int, int]]:
+    """parent as runs of consecutive rows [(first row, count)]: [0, 1, 2, 0, 3, 4, 0] -> [(0, 3), (0, 1), (3, 2),
+    (0, 1)]. A layer's rows are mostly its parents' in order, with a few forks between them."""
+    runs: list[tuple[int, int]] = []
+    for r in parent:
+        if runs and runs[-1][0] + runs[-1][1] == r:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((r, 1))
+    return runs
+
+
+def _forking_hook(parent: list[int]):
+    """A decoder-layer pre-hook that replaces the hidden states [R_prev, t, hidden] with the rows `parent` picks,
+    copied a run of consecutive rows at a time (index_select copies a CPU tensor element by element, several
+    times slower than slices; a layer that only continues its parents' rows gets them as they are)."""
+    runs = _runs(parent)
+
+    def gather(x: torch.Tensor) -> torch.Tensor:  # [R_prev, t, hidden] -> [len(parent), t, hidden]
+        if runs == [(0, x.shape[0])]:
+            return x
+        return torch.cat([x[a : a + n] for a, n in runs])
 
     def hook(module, args, kwargs):
         if args:
-            return (args[0].index_select(0, parent.to(args[0].device)), *args[1:]), kwargs
-        kwargs["hidden_states"] = kwargs["hidden_states"].index_select(0, parent.to(kwargs["hidden_states"].device))
+            return (gather(args[0]), *args[1:]), kwargs
+        kwargs["hidden_states"] = gather(kwargs["hidden_states"])
         return args, kwargs
 
     return hook
@@ -137,7 +158,7 @@ def row_hidden(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk
                           for a, b in zip(bounds[:-1], bounds[1:]) if b > a], dim=1)  # [rows, T, hidden]
     owners, parents, leaves = _prefix_tree(plans)
     stack = RowStackCache(model.config, specs, scales=scales, layer_rows=owners)
-    hooks = [layer.register_forward_pre_hook(_forking_hook(torch.tensor(parent)), with_kwargs=True)
+    hooks = [layer.register_forward_pre_hook(_forking_hook(parent), with_kwargs=True)
              for layer, parent in zip(layers, parents)]
     try:
         hidden = [body(input_ids=ids[:, a:b], cache=stack, use_cache=True).last_hidden_state
@@ -156,16 +177,17 @@ def check_score_from(score_from: int, t: int) -> None:
 
 @torch.no_grad()
 def row_values(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk: int | None = None,
-               score_from: int = 1, base: torch.Tensor | None = None, scales: dict | None = None,
+               score_from: int = 1, base: torch.Tensor | Baseline | None = None, scales: dict | None = None,
                kl_only: bool = False):
     """Per-position KL values of every row against the exact model on one window ids [1, T].
 
     rows: one kvviz.Plan per candidate (its None layers exact).
-    base: the exact model's log-probs [N, vocab] at the scored positions, when already known (saved); else an
-    exact row runs in the same batch (sharing its layers with every row whose first layers are exact).
-    Returns (values, base): values[r] = (kld, nll, nll_base, same_top), each [N] with N = T - 1 - score_from (as
-    kvviz.metrics.per_position gives them), or with kl_only the kld [N] alone; and the base log-probs
-    [N, vocab].
+    base: the exact model's log-probs [N, vocab] at the scored positions, when already known (saved), or the
+    Baseline an earlier call on the same window returned (what it formed from them is reused); else an exact row
+    runs in the same batch (sharing its layers with every row whose first layers are exact).
+    Returns (values, baseline): values[r] = (kld, nll, nll_base, same_top), each [N] with N = T - 1 - score_from
+    (as kvviz.metrics.per_position gives them), or with kl_only the kld [N] alone; and the kvviz.metrics.Baseline
+    (its `lp`: the base log-probs [N, vocab]) to pass back as `base`.
     """
     t = ids.shape[1]
     check_score_from(score_from, t)
@@ -175,11 +197,14 @@ def row_values(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk
     if base is None:
         base = lm_logprobs(model, hidden[0])
         hidden = hidden[1:]
-    elif base.shape[0] != targets.shape[0]:
-        raise ValueError(f"The saved baseline has {base.shape[0]} positions per window; this run scores "
+    lp = base.lp if isinstance(base, Baseline) else base
+    if lp.shape[0] != targets.shape[0]:
+        raise ValueError(f"The saved baseline has {lp.shape[0]} positions per window; this run scores "
                          f"{targets.shape[0]}. Use the window settings it was saved with.")
-    ref = Baseline(base, targets)
+    ref = base if isinstance(base, Baseline) else Baseline(base, targets)
     if kl_only:  # the vocabulary read in the model's dtype, sum P z from the hidden states where the head allows
         weight = linear_head(model)
-        return [ref.kl(lm_logits(model, h), None if weight is None else ref.p_z(weight, h)) for h in hidden], base
-    return [ref.values(lm_logits(model, h)) for h in hidden], base
+        if weight is None:
+            return [ref.kl(lm_logits(model, h)) for h in hidden], ref
+        return [ref.kl_linear(weight, h) for h in hidden], ref
+    return [ref.values(lm_logits(model, h)) for h in hidden], ref

@@ -160,7 +160,7 @@ def search(model, tokenizer, prompts, candidates: list[str], kl_budget: float, m
     costs = {c: [plan_bytes(per_layer([c if j == i else ladder[-1] for j in range(n_layers)]))
                  for i in range(n_layers)] for c in ladder}
     ids_list = [_prompt_ids(model, tokenizer, p, max_tokens) for p in prompts]
-    bases: list = []  # the exact log-probs per prompt, measured once
+    bases: list = []  # the exact model per prompt (kvviz.metrics.Baseline), measured once for both passes
     sens = _given_sensitivity(sensitivity, ladder, n_layers)
     if sens is None:
         variants = [per_layer([c if j == i else None for j in range(n_layers)]) for c in ladder[:-1] for i in layers]

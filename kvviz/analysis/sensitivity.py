@@ -91,8 +91,9 @@ def plans_kl(model, ids_list: list[torch.Tensor], plans: list[Plan], rows_per_pa
 
     A plan holding a `llama.cpp:` name runs as llama.cpp runs it, one plan at a time, and its KL is against
     llama.cpp's f16-cache run (kvviz.analysis.llamacpp.values; the weights' rounding from a bundled model's GGUF).
-    bases: a list that carries the exact model's log-probs per prompt between calls: empty, it is filled (the
-    exact row runs beside the first pass); filled, the exact model does not run again (same ids_list)."""
+    bases: a list that carries the exact model's kvviz.metrics.Baseline per prompt between calls: empty, it is
+    filled (the exact row runs beside the first pass); filled, the exact model does not run again and what each
+    Baseline formed (P W, its buffers) is reused (same ids_list)."""
     step = rows_per_pass or len(plans)
     if step < 1:
         raise ValueError(f"rows_per_pass must be a positive number of rows, got {rows_per_pass}.")
