@@ -10,7 +10,9 @@ Run: python -m pytest tests/test_app_api.py -q
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 from gradio_client import Client, handle_file
 
-from app_server import serve_app
+from app_server import REPO, serve_app
 
 API_NAMES = ("compare", "needle", "fused_speed", "outliers", "error_map", "sensitivity", "plan_search", "memory",
              "export", "check_scales", "rotation")
@@ -62,6 +64,32 @@ def _traces(plot: dict) -> list:
 def test_every_api_name_is_exposed(client):
     names = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])
     assert {f"/{n}" for n in API_NAMES} <= names, names
+
+
+# libgomp reads OMP_WAIT_POLICY once, when torch loads it: record its value at torch's import
+_OMP_AT_TORCH = """
+import builtins, os, sys
+seen, real = [], builtins.__import__
+def spy(name, *args, **kwargs):
+    if name == "torch" and "torch" not in sys.modules and not seen:
+        seen.append(os.environ.get("OMP_WAIT_POLICY"))
+    return real(name, *args, **kwargs)
+builtins.__import__ = spy
+import app
+print(seen[0])
+"""
+
+
+@pytest.mark.parametrize("given,expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_app_lets_openmp_workers_sleep_unless_told_otherwise(given, expected):
+    """On 2 cores a spinning OpenMP worker (torch's, numba's) takes the core the compute needs: app.py sets
+    OMP_WAIT_POLICY=PASSIVE before torch loads, and keeps a value the environment gives."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | ({} if given is None else
+                                                                                {"OMP_WAIT_POLICY": given})
+    out = subprocess.run([sys.executable, "-c", _OMP_AT_TORCH], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == expected
 
 
 # --- compare -------------------------------------------------------------------------------------------------
