@@ -40,7 +40,10 @@ DEFAULT_SPECS = ["fp8_e4m3", "k8v4", "k4v8", "int4"]
 BASELINE = "exact (baseline)"  # the unquantized cache, in the model's dtype
 MAX_NEW_TOKENS = 128
 MAX_PROMPT_TOKENS = 2048  # on a 2-core CPU a longer prefill through every format takes minutes
-SPEED_TOKENS = 4  # decode steps timed per format for tokens/s (after one untimed step)
+# decode steps timed per format for tokens/s, after one untimed step (the first after a prefill also sets up its
+# kernels' arguments); each step is a whole batch-1 forward: at 4 the default click's 5 runs took 25 forwards, as
+# many as its whole side-by-side decode of 9 rows
+SPEED_TOKENS = 2
 NEEDLES_PER_DEPTH = 3  # each depth's point is a rate over this many needles (each one more prefill of the context)
 PPL_WINDOWS, PPL_WINDOW = 1, 512  # one 512-token WikiText-2 window: seconds per format on a 2-core CPU
 
