@@ -64,7 +64,8 @@ class _RowStackLayer(CacheLayerMixin):
     def _set_rows(self, row_layers: list, done: dict) -> None:
         """Batch rows -> their layers; done: id(layer) -> (K, V) quantized tokens already mirrored."""
         self.rows = row_layers
-        self.exact = [b for b, row in enumerate(row_layers) if row is None]
+        exact = [b for b, row in enumerate(row_layers) if row is None]
+        self.exact = _selector(exact) if exact else None  # a slice when consecutive (row 0 in Compare): no gather
         shared: dict[int, tuple] = {}
         for b, row in enumerate(row_layers):
             if row is not None:
@@ -111,7 +112,7 @@ class _RowStackLayer(CacheLayerMixin):
         t = key_states.shape[2]
         end = self.n + t
         self._grow(end)
-        if self.exact:  # exact rows: what attention reads is what came in, one copy for all of them
+        if self.exact is not None:  # exact rows: what attention reads is what came in, one copy for all of them
             self.keys[self.exact, :, self.n : end] = key_states[self.exact]
             self.values[self.exact, :, self.n : end] = value_states[self.exact]
         mirrors = None
