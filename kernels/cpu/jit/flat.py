@@ -201,6 +201,50 @@ def _ggml_fields(data, o, n, ngroups, gsc, gzc, raw):
 
 
 
+@nb.njit(inline="always", **_OPTS)
+def _row_floats(buf, base, st, dt, lut, n, out):
+    """out[j] = the stored float of row j (byte offset base + j * st, storage type dt): _floats for one group per
+    row, with the common strides (a row's own fp16 or fp32 scale) as literals, so that the loads vectorize."""
+    if dt == E_LUT and st == 1:  # E8M0 / UE4M3 scales: one byte each
+        for j in range(n):
+            out[_U(j)] = lut[buf[_U(base + j)]]
+    elif dt == E_F16 and st == 2:
+        for j in range(n):
+            o = _U(base + 2 * j)
+            out[_U(j)] = _half(np.uint32(buf[o]) | (np.uint32(buf[o + _U(1)]) << np.uint32(8)))
+    elif dt == E_F32 and st == 4:
+        for j in range(n):
+            o = _U(base + 4 * j)
+            out[_U(j)] = _as_f32(np.uint32(buf[o]) | (np.uint32(buf[o + _U(1)]) << np.uint32(8))
+                                 | (np.uint32(buf[o + _U(2)]) << np.uint32(16))
+                                 | (np.uint32(buf[o + _U(3)]) << np.uint32(24)))
+    else:
+        _floats(buf, base, st, _width(dt), dt, lut, n, 1, out.reshape(out.shape[0], 1))
+
+
+@nb.njit(inline="always", **_OPTS)
+def _group_floats(buf, base, st, sw, dt, lut, n, ngroups, out, flat):
+    """_floats into out [BLOCK, ngroups] (flat: the same memory, one dimension): where the rows' groups lie back
+    to back (st = ngroups * sw, as a cache's buffers hold them), as one run of n * ngroups floats."""
+    if st == ngroups * sw:
+        _row_floats(buf, base, sw, dt, lut, n * ngroups, flat)
+    else:
+        _floats(buf, base, st, sw, dt, lut, n, ngroups, out)
+
+
+@nb.njit(inline="always", **_OPTS)
+def _renorm(raw, pb, nb_, n, sc):
+    """vLLM TurboQuant "nc": sc[j] /= the norm of row j's codebook values (raw), so the row is the codebook row
+    over its norm, times the stored norm."""
+    for j in range(n):
+        ss = np.float32(0.0)
+        for p in range(pb):
+            r = j * nb_
+            for i in range(nb_):
+                ss += raw[_U(p), _U(r + i)] * raw[_U(p), _U(r + i)]
+        sc[j] = sc[j] / np.float32(np.sqrt(ss + np.float32(1e-16)))
+
+
 @nb.njit(**_OPTS)
 def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, gsc, gzc, sc, zc, apply_channels):
     """The flat path's decode of packed tokens t0..t0+n-1 of (b, h) into raw[p, j * nb + i] (channel p * nb + i of
@@ -237,6 +281,18 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
     s_st, z_st = meta[M_S_ST], meta[M_Z_ST]
     s_base = meta[M_S_OFF] + b * meta[M_S_SB] + h * meta[M_S_SH]
     z_base = meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH]
+    zp = meta[M_ZP]
+    if skind == S_TOKEN and meta[M_GROUP] == d and gbits != 5 and zp == 0:  # one stored scale per row: sc, zc
+        _row_floats(scale, s_base + t0 * s_st, s_st, sdt, slut, n, sc)
+        if has_zero:  # zero points share the scales' storage type
+            _row_floats(zero, z_base + t0 * z_st, z_st, sdt, slut, n, zc)
+        for j in range(n):  # as below: x = code * s * tensor_scale + z - offset * s * tensor_scale
+            a = sc[j] * tsv
+            sc[j] = a
+            zc[j] = (zc[j] if has_zero else nil) - off * a
+        if meta[M_RENORM] != 0:
+            _renorm(raw, pb, nb_, n, sc)
+        return
     for j in range(n):
         sc[j] = one
         zc[j] = nil
@@ -255,10 +311,12 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
                     raw[_U(p), _U(r + i)] = raw[_U(p), _U(r + i)] * gsc[_U(p), _U(i)] + gzc[_U(p), _U(i)]
         return
     ngroups = d // meta[M_GROUP]
-    _floats(scale, s_base + t0 * s_st, s_st, sw, sdt, slut, n, ngroups, gsc)
+    units = n * ngroups
+    gs = gsc.reshape(BLOCK * ngroups)  # group gi of row j at j * ngroups + gi
+    gz = gzc.reshape(BLOCK * ngroups)
+    _group_floats(scale, s_base + t0 * s_st, s_st, sw, sdt, slut, n, ngroups, gsc, gs)
     if has_zero:  # zero points share the scales' storage type
-        _floats(zero, z_base + t0 * z_st, z_st, sw, sdt, slut, n, ngroups, gzc)
-    zp = meta[M_ZP]
+        _group_floats(zero, z_base + t0 * z_st, z_st, sw, sdt, slut, n, ngroups, gzc, gz)
     if zp != 0:  # vLLM int4: each fp32 scale's low zp bits are a zero point: (code - zp) * the cleared scale
         low = (np.uint32(1) << np.uint32(zp)) - np.uint32(1)
         for j in range(n):
@@ -267,31 +325,22 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
                 gsc[j, gi] = _as_f32(bits & ~low)
                 gzc[j, gi] = -np.float32(bits & low) * gsc[j, gi]
         has_zero = True
-    for j in range(n):  # x = code * s * tensor_scale + z - offset * s * tensor_scale
-        for gi in range(ngroups):
-            gsc[j, gi] *= tsv
-            gzc[j, gi] = (gzc[j, gi] if has_zero else nil) - off * gsc[j, gi]
+    for k in range(units):  # x = code * s * tensor_scale + z - offset * s * tensor_scale
+        a = gs[k] * tsv
+        gs[k] = a
+        gz[k] = (gz[k] if has_zero else nil) - off * a
     if gbits == 5:
         _ggml_fields(data, o, n, ngroups, gsc, gzc, raw)
     elif ngroups == 1:
         for j in range(n):
             sc[j] = gsc[j, 0]
             zc[j] = gzc[j, 0]
-        if meta[M_RENORM] != 0:  # vLLM TurboQuant "nc": the codebook row over its norm, times the stored norm
-            for j in range(n):
-                ss = np.float32(0.0)
-                for p in range(pb):
-                    r = j * nb_
-                    for i in range(nb_):
-                        ss += raw[_U(p), _U(r + i)] * raw[_U(p), _U(r + i)]
-                sc[j] = sc[j] / np.float32(np.sqrt(ss + np.float32(1e-16)))
+        if meta[M_RENORM] != 0:
+            _renorm(raw, pb, nb_, n, sc)
     else:  # group gi of row j: bytes j * nb + gi * gp + [0, gp) of each field (planar: the group's channels)
         gp = nb_ // ngroups
-        units = n * ngroups
         code = _unit_kind(elem, pb, ub)
         if code >= 0 and (gp % 16 == 0 or (gp == 8 and units % 2 == 0)):
-            gs = gsc.reshape(BLOCK * ngroups)
-            gz = gzc.reshape(BLOCK * ngroups)
             for p in range(pb):
                 _scaled_units(data, o, code, p, gs, gz, units, gp, raw)
             return
