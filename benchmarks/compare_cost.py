@@ -15,8 +15,8 @@ their ratio: on a shared machine the ratio moves far less than either time. `upt
 --app starts `python app.py` on the bundled model (tests/app_server.py) and times each case as the Compare button
 runs it, through gradio_client: the whole endpoint (the streamed text, the metrics, each format's tokens/s run,
 the tables and charts), after one untimed warm-up click. The plain generation is timed in this process, in the
-same interleaved rounds. This process takes the app's OMP_WAIT_POLICY (PASSIVE unless set), so that both sides
-run under one OpenMP wait policy.
+same interleaved rounds. Both take OMP_WAIT_POLICY from the environment (the app leaves it as given), so that
+both sides run under one OpenMP wait policy.
 
 --two-step adds, in the same interleaved rounds, quality.compare with the rows' one-call append and mirror turned
 off (kernels/cpu/mirror.py; QuantizedKVLayer.append_mirrored answering "not here"), so the two paths compare on
@@ -35,9 +35,6 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-# as app.py sets it: the plain generation and quality.compare run under the app's OpenMP wait policy
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import torch  # noqa: E402
 
 import kvviz  # noqa: E402
