@@ -48,6 +48,23 @@ def _halves(builder, lo, hi):
     return builder.shuffle_vector(pair, pair, ir.Constant(ir.VectorType(_I32, _LANES), [0] * half + [1] * half))
 
 
+def _broadcast(builder, x):
+    """A float vector of x in every lane."""
+    undef = ir.Constant(_VF, ir.Undefined)
+    return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(_I32, 0)), undef,
+                                  ir.Constant(_V32, [0] * _LANES))
+
+
+def _fma(builder):
+    """llvm.fma on 16-float vectors (a fused multiply-add, whatever the caller's fast-math flags)."""
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
+
+
+def _vector_at(builder, base, offset):
+    """The 16 floats at base[offset] as a vector pointer."""
+    return builder.bitcast(builder.gep(base, [offset]), _VF.as_pointer())
+
+
 def _nibble_lo(builder, b):
     return builder.and_(builder.zext(b, _V32), _splat(15))
 
@@ -184,9 +201,9 @@ def _scores16(typingctx, q, qo, raw, ro, w, nb, pb, sc, zc, j, qs, sm, s, so):
         i64 = ir.IntType(64)
 
         def vload(name, offset):
-            return builder.load(builder.bitcast(builder.gep(ptr[name], [offset]), _VF.as_pointer()), align=4)
+            return builder.load(_vector_at(builder, ptr[name], offset), align=4)
 
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
+        fma = _fma(builder)
         zero = ir.Constant(_VF, [0.0] * _LANES)
         accs = [cgutils.alloca_once_value(builder, zero) for _ in range(_ROWS)]
         chunks = builder.udiv(ints["nb"], ir.Constant(i64, _LANES))
@@ -203,15 +220,10 @@ def _scores16(typingctx, q, qo, raw, ro, w, nb, pb, sc, zc, j, qs, sm, s, so):
                     builder.store(builder.call(fma, [qv, rv, builder.load(accs[r])]), accs[r])
                     row = builder.add(row, ints["nb"])
         dots = _sum_rows(builder, [builder.load(a) for a in accs])
-        qs_vec = builder.shuffle_vector(builder.insert_element(ir.Constant(_VF, ir.Undefined), qs_v,
-                                                               ir.Constant(_I32, 0)),
-                                        ir.Constant(_VF, ir.Undefined), ir.Constant(_V32, [0] * _LANES))
-        sm_vec = builder.shuffle_vector(builder.insert_element(ir.Constant(_VF, ir.Undefined), sm_v,
-                                                               ir.Constant(_I32, 0)),
-                                        ir.Constant(_VF, ir.Undefined), ir.Constant(_V32, [0] * _LANES))
-        y = builder.fadd(builder.fmul(dots, vload("sc", ints["j"])), builder.fmul(vload("zc", ints["j"]), qs_vec))
-        y = builder.fmul(y, sm_vec)
-        builder.store(y, builder.bitcast(builder.gep(ptr["s"], [ints["so"]]), _VF.as_pointer()), align=4)
+        y = builder.fadd(builder.fmul(dots, vload("sc", ints["j"])),
+                         builder.fmul(vload("zc", ints["j"]), _broadcast(builder, qs_v)))
+        y = builder.fmul(y, _broadcast(builder, sm_v))
+        builder.store(y, _vector_at(builder, ptr["s"], ints["so"]), align=4)
         return context.get_dummy_value()
 
     return types.void(q, qo, raw, ro, w, nb, pb, sc, zc, j, qs, sm, s, so), codegen
@@ -234,14 +246,13 @@ def _weighted16(typingctx, wt, wo, raw, ro, w, nb, pb, n, acc, ao):
         ints = {name: context.cast(builder, args[i], signature.args[i], types.int64)
                 for name, i in (("wo", 1), ("ro", 3), ("w", 4), ("nb", 5), ("pb", 6), ("n", 7), ("ao", 9))}
         i64 = ir.IntType(64)
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
-        vptr = lambda name, offset: builder.bitcast(builder.gep(ptr[name], [offset]), _VF.as_pointer())
+        fma = _fma(builder)
+
+        def vptr(name, offset):
+            return _vector_at(builder, ptr[name], offset)
 
         def weight(j):  # wt[wo + j] in every lane
-            x = builder.load(builder.gep(ptr["wt"], [builder.add(ints["wo"], j)]))
-            return builder.shuffle_vector(builder.insert_element(ir.Constant(_VF, ir.Undefined), x,
-                                                                 ir.Constant(_I32, 0)),
-                                          ir.Constant(_VF, ir.Undefined), ir.Constant(_V32, [0] * _LANES))
+            return _broadcast(builder, builder.load(builder.gep(ptr["wt"], [builder.add(ints["wo"], j)])))
 
         zero = ir.Constant(_VF, [0.0] * _LANES)
         chains = [cgutils.alloca_once(builder, _VF) for _ in range(4)]
