@@ -233,6 +233,17 @@ def _group_floats(buf, base, st, sw, dt, lut, n, ngroups, out, flat):
 
 
 @nb.njit(inline="always", **_OPTS)
+def _zero_points(gs, gz, m, zp):
+    """vLLM int4: each of the m fp32 scales' low zp bits are a zero point: gs[k] becomes the cleared scale and gz[k]
+    -(zero point) * it, so x = code * gs + gz = (code - zp) * the cleared scale."""
+    low = (np.uint32(1) << np.uint32(zp)) - np.uint32(1)
+    for k in range(m):
+        bits = _bits(gs[k])
+        gs[k] = _as_f32(bits & ~low)
+        gz[k] = -np.float32(bits & low) * gs[k]
+
+
+@nb.njit(inline="always", **_OPTS)
 def _renorm(raw, pb, nb_, n, sc):
     """vLLM TurboQuant "nc": sc[j] /= the norm of row j's codebook values (raw), so the row is the codebook row
     over its norm, times the stored norm."""
@@ -282,10 +293,13 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
     s_base = meta[M_S_OFF] + b * meta[M_S_SB] + h * meta[M_S_SH]
     z_base = meta[M_Z_OFF] + b * meta[M_Z_SB] + h * meta[M_Z_SH]
     zp = meta[M_ZP]
-    if skind == S_TOKEN and meta[M_GROUP] == d and gbits != 5 and zp == 0:  # one stored scale per row: sc, zc
+    if skind == S_TOKEN and meta[M_GROUP] == d and gbits != 5:  # one stored scale per row: straight into sc, zc
         _row_floats(scale, s_base + t0 * s_st, s_st, sdt, slut, n, sc)
         if has_zero:  # zero points share the scales' storage type
             _row_floats(zero, z_base + t0 * z_st, z_st, sdt, slut, n, zc)
+        if zp != 0:
+            _zero_points(sc, zc, n, zp)
+            has_zero = True
         for j in range(n):  # as below: x = code * s * tensor_scale + z - offset * s * tensor_scale
             a = sc[j] * tsv
             sc[j] = a
@@ -317,13 +331,8 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
     _group_floats(scale, s_base + t0 * s_st, s_st, sw, sdt, slut, n, ngroups, gsc, gs)
     if has_zero:  # zero points share the scales' storage type
         _group_floats(zero, z_base + t0 * z_st, z_st, sw, sdt, slut, n, ngroups, gzc, gz)
-    if zp != 0:  # vLLM int4: each fp32 scale's low zp bits are a zero point: (code - zp) * the cleared scale
-        low = (np.uint32(1) << np.uint32(zp)) - np.uint32(1)
-        for j in range(n):
-            for gi in range(ngroups):
-                bits = _bits(gsc[j, gi])
-                gsc[j, gi] = _as_f32(bits & ~low)
-                gzc[j, gi] = -np.float32(bits & low) * gsc[j, gi]
+    if zp != 0:
+        _zero_points(gs, gz, units, zp)
         has_zero = True
     for k in range(units):  # x = code * s * tensor_scale + z - offset * s * tensor_scale
         a = gs[k] * tsv
@@ -331,12 +340,6 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
         gz[k] = (gz[k] if has_zero else nil) - off * a
     if gbits == 5:
         _ggml_fields(data, o, n, ngroups, gsc, gzc, raw)
-    elif ngroups == 1:
-        for j in range(n):
-            sc[j] = gsc[j, 0]
-            zc[j] = gzc[j, 0]
-        if meta[M_RENORM] != 0:
-            _renorm(raw, pb, nb_, n, sc)
     else:  # group gi of row j: bytes j * nb + gi * gp + [0, gp) of each field (planar: the group's channels)
         gp = nb_ // ngroups
         code = _unit_kind(elem, pb, ub)
