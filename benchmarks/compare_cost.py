@@ -26,7 +26,6 @@ one machine state.
 import argparse
 import contextlib
 import cProfile
-import os
 import pstats
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import torch  # noqa: E402
 
 import kvviz  # noqa: E402
