@@ -103,10 +103,18 @@ def use_backend(name: str):
         _chosen.name = previous
 
 
+_env_backend = ["auto", "auto"]  # KVVIZ_BACKEND as last read, and its checked name (every layer asks, every step)
+
+
 def _wanted() -> str:
     """This thread's use_backend() choice, else KVVIZ_BACKEND (checked), else auto."""
     wanted = getattr(_chosen, "name", None)
-    return wanted if wanted is not None else _backend_name(os.environ.get("KVVIZ_BACKEND", "auto"), "KVVIZ_BACKEND")
+    if wanted is not None:
+        return wanted
+    raw = os.environ.get("KVVIZ_BACKEND", "auto")
+    if raw != _env_backend[0]:
+        _env_backend[:] = [raw, _backend_name(raw, "KVVIZ_BACKEND")]
+    return _env_backend[1]
 
 
 def _compiling_elsewhere() -> bool:
@@ -248,12 +256,26 @@ def _bottom_right_causal(q_len: int, kv_len: int, device) -> torch.Tensor:
     return (torch.arange(kv_len, device=device)[None, :] <= q_pos)[None, None]
 
 
+def _module_sinks(module) -> torch.Tensor | None:
+    """`module.sinks` where it is a tensor (gpt-oss's learned sinks), else None. An nn.Module keeps parameters and
+    buffers outside its __dict__, and getattr of a name it lacks raises inside nn.Module (microseconds, asked by
+    every layer at every step), so its own stores are looked in directly."""
+    stores = getattr(module, "__dict__", None)
+    if stores is not None and "_parameters" in stores and "sinks" not in stores and not hasattr(type(module), "sinks"):
+        found = stores["_parameters"].get("sinks")
+        if found is None:
+            found = stores.get("_buffers", {}).get("sinks")
+    else:
+        found = getattr(module, "sinks", None)
+    return found if isinstance(found, torch.Tensor) else None
+
+
 def _sinks_and_softcap(module, kwargs: dict):
     """(sinks [q_heads] or None, softcap float or None) as transformers' eager attention reads them: gpt-oss
     passes its sinks as `s_aux` (eager reads `module.sinks`), Gemma 2 its logit cap as `softcap`."""
     sinks = kwargs.pop("s_aux", None)
-    if sinks is None and isinstance(getattr(module, "sinks", None), torch.Tensor):
-        sinks = module.sinks
+    if sinks is None:
+        sinks = _module_sinks(module)
     return sinks, kwargs.pop("softcap", None)
 
 
@@ -303,7 +325,7 @@ def kvviz_attention_forward(module, query, key, value, attention_mask, dropout: 
         assert q_len == 1 and isinstance(value, StagedStep), "a cache stages single-token decode steps only, K and V"
         sinks = kwargs.get("s_aux")
         if sinks is None:
-            sinks = getattr(module, "sinks", None)
+            sinks = _module_sinks(module)
         out = key.attend(query[:, :, 0], _query_row_mask(attention_mask), scaling, sinks, kwargs.get("softcap"))
         return out.unsqueeze(1), None  # [B, Hq, D_v] -> [B, 1, Hq, D_v]
     packed = isinstance(key, QTensor)

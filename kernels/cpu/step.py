@@ -118,6 +118,7 @@ class _Side:
         self.engine = plan.engine >= 0  # an engine's store: quantized by kernels/cpu/jit/pack_engines.py
         self.half_div_pk = self.pk[:6] + (True,) + self.pk[7:]  # an fp16 model's int sym: torch divides in fp16
         self.half_div_ok = plan.kind == cpu_pack._jit().KIND_INT_SYM and not plan.static
+        self.pk_by_dtype: dict = {}
         side = side_from_format(fmt, data, scale, zero, tensor_scale, head_dim=head_dim)
         self.rotation = side.rotation  # x = stored @ rotation: q takes rotation^T, the output rotation
         self.x_rotation = side.rotation if plan.rot else None  # /rot: the new token is rotated before it is packed
@@ -131,17 +132,18 @@ class _Side:
 
     def pk_for(self, dtype: torch.dtype) -> tuple:
         """The packing plan for new tokens of the model's dtype."""
-        if self.half_div_ok and dtype == torch.float16:
-            return self.half_div_pk
-        if self.engine:  # int4_per_token_head rounds its rotated values to the model's dtype
-            return self.pk[:11] + (cpu_pack.DTYPE_CODES.get(dtype, 0),)
-        return self.pk
+        pk = self.pk_by_dtype.get(dtype)
+        if pk is None:
+            pk = self.pk
+            if self.half_div_ok and dtype == torch.float16:
+                pk = self.half_div_pk
+            elif self.engine:  # int4_per_token_head rounds its rotated values to the model's dtype
+                pk = self.pk[:11] + (cpu_pack.DTYPE_CODES.get(dtype, 0),)
+            self.pk_by_dtype[dtype] = pk
+        return pk
 
     def new_token(self, x: torch.Tensor) -> tuple[np.ndarray, int]:
         """x [B, Hkv, 1, D] -> (fp32 numpy array to pack, values beyond a static fp8 scale counted before /rot)."""
-        if self.x_rotation is None and x.dtype == torch.float32 and not x.requires_grad:  # the common case
-            arr = x.numpy()
-            return (arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)), 0
         x = x.detach()
         over = 0
         if self.x_rotation is not None:
@@ -150,8 +152,7 @@ class _Side:
             x = x.float() @ self.x_rotation  # as kvviz.formats rotates: fp32
         if x.dtype != torch.float32:
             x = x.float()  # exact for fp16 / bf16
-        arr = x.numpy()
-        return (arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)), over
+        return _c_order(x.numpy()), over
 
 
 class DecodeStep:
@@ -160,14 +161,14 @@ class DecodeStep:
 
     def __init__(self, k_fmt, v_fmt):
         self.k_fmt, self.v_fmt = k_fmt, v_fmt
-        self.key = None  # what bind() was built from: (buffer data pointers and shapes, q heads)
+        self.held = None  # the buffer tensors bind() was built over (k data, scale, zero, v data, scale, zero)
+        self.q_heads = None
 
     def bound(self, k_bufs, v_bufs, q_heads: int) -> bool:
-        return self.key == self._key(k_bufs, v_bufs, q_heads)
-
-    @staticmethod
-    def _key(k_bufs, v_bufs, q_heads: int):
-        return q_heads, buffers_key((*k_bufs, *v_bufs))
+        """Whether bind() was built over these very buffer tensors (held, so an id is never reused) and q heads."""
+        held = self.held
+        return (held is not None and q_heads == self.q_heads and k_bufs[0] is held[0] and k_bufs[1] is held[1]
+                and k_bufs[2] is held[2] and v_bufs[0] is held[3] and v_bufs[1] is held[4] and v_bufs[2] is held[5])
 
     def bind(self, k_bufs, v_bufs, k_scale, v_scale, q_heads: int) -> None:
         """Derive every argument fixed by the buffers. k_bufs / v_bufs: (data, scale, zero) tensors [B, Hkv, cap,
@@ -188,7 +189,10 @@ class DecodeStep:
         self.threads = _jit().nb.get_num_threads()
         self.units = 0
         self._scratch(1)
-        self.key = self._key(k_bufs, v_bufs, q_heads)
+        # fp32 tokens and q go to the call as they are (numpy views): no rotation on either side
+        self.plain = self.k.x_rotation is None and self.v.x_rotation is None and self.k.rotation is None \
+            and self.v.rotation is None
+        self.held = (*k_bufs, *v_bufs)
 
     def _scratch(self, units: int) -> None:
         """mid_m, mid_l, mid_acc for `units` work items (grown by doubling, never per step)."""
@@ -208,16 +212,17 @@ class DecodeStep:
         pool for the work items (None: from KVVIZ_CPU_PARALLEL_ROWS batch x KV-head x token rows up, as the decode).
         Returns (out [B, Hq, D_v] in q's dtype, and the token's K and V values saturated under a static fp8
         scale)."""
-        jit, dtype = _jit(), q.dtype
-        xk, over_k = self.k.new_token(k_new)
-        xv, over_v = self.v.new_token(v_new)
-        if q.dtype != torch.float32 or self.k.rotation is not None or q.requires_grad:
+        dtype = q.dtype
+        if (self.plain and dtype == k_new.dtype == v_new.dtype == torch.float32
+                and not (q.requires_grad or k_new.requires_grad or v_new.requires_grad)):
+            xk, xv, qn, over_k, over_v = _c_order(k_new.numpy()), _c_order(v_new.numpy()), _c_order(q.numpy()), 0, 0
+        else:
+            xk, over_k = self.k.new_token(k_new)
+            xv, over_v = self.v.new_token(v_new)
             q = q.detach().float()
             if self.k.rotation is not None:
                 q = q @ self.k.rotation.T  # score = (q @ R^T) . stored
-        qn = q.numpy()
-        if not qn.flags.c_contiguous:
-            qn = np.ascontiguousarray(qn)
+            qn = _c_order(q.numpy())
         length = pos + 1 - start
         if parallel is None:
             parallel = self.batch * self.heads * length >= cpu_decode._PARALLEL_ROWS
@@ -239,6 +244,7 @@ class DecodeStep:
         k_pk, v_pk = k.pk_for(k_new.dtype), v.pk_for(v_new.dtype)
         sm = 1.0 / math.sqrt(self.dk) if sm_scale is None else float(sm_scale)
         out = np.empty((self.batch, self.q_heads, self.dv), np.float32)
+        jit = _jit()
         fn = jit.step_parallel if parallel else jit.step_serial
         with cpu_decode._LOCK:
             over = fn(xk, xv, qn, self.q_order, self.qp, start, pos, self.lengths, mask, has_mask, sm,
@@ -250,6 +256,10 @@ class DecodeStep:
             result = result @ v.rotation
         out = result.to(dtype) if dtype != torch.float32 else result
         return out, int(over[0]) + over_k, int(over[1]) + over_v
+
+
+def _c_order(a: np.ndarray) -> np.ndarray:
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 def _smoke() -> None:

@@ -138,6 +138,7 @@ class Side:
         self._packer_device: torch.device | None = None
         self._kernel_memo: dict = {}  # handed to fused kernels with every read (QTensor.memo)
         self._mirror: cpu_mirror.MirrorAppend | None = None  # append_mirrored's call, bound to the buffers
+        self._step_ok: bool | None = None  # fuses()'s answer for the format and head dim, once asked
 
     # -- setup -------------------------------------------------------------------------------------------------
     def init(self, x: torch.Tensor) -> None:
@@ -265,13 +266,18 @@ class Side:
     def fuses(self) -> bool:
         """Whether the one-call CPU step can append to this side now: token scales, no residual window, the CPU
         packer chosen (so the cpu backend on CPU states) and a decode branch for the format."""
-        return (self._packer is cpu_pack.quant_pack_cpu and self.residual == 0 and self.tail.shape[2] == 0
-                and _step_fuses(self.fmt, self.tail.shape[3]))
+        if self._packer is not cpu_pack.quant_pack_cpu or self.residual or self.tail.shape[2]:
+            return False
+        if self._step_ok is None:  # the format's own answer, fixed for the side (asked once: every layer, every step)
+            self._step_ok = _step_fuses(self.fmt, self.tail.shape[3])
+        return self._step_ok
 
     def reserve_row(self) -> tuple:
         """Room for one more token; returns the whole buffers (data, scale, zero), None where the format has none."""
         f = self.fields
-        return tuple(f[name].reserve(1) if name in f else None for name in ("data", "scale", "zero"))
+        scale, zero = f.get("scale"), f.get("zero")
+        return (f["data"].reserve(1), None if scale is None else scale.reserve(1),
+                None if zero is None else zero.reserve(1))
 
     def commit_row(self, x: torch.Tensor, over: int) -> None:
         """Count the token x [B, H, 1, D] the fused step wrote at the buffers' end (`over`: values it found
