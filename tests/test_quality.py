@@ -192,6 +192,43 @@ def test_perplexity(tiny):
         quality.perplexity(model, tok, ["int4"], window=16, prefill_tokens=16)
 
 
+def test_prefill_shared_runs_each_shared_prefix_once_and_holds_what_one_prefill_holds(tiny):
+    """Prompts that share their first tokens (a needle at two depths of one filler, the deeper one twice, and a
+    prompt of its own) prefill each shared run once, batched by span, and hold the K/V of one prefill of their batch
+    (up to float32 rounding: the matrix products' shapes differ), rows in order."""
+    from kvviz.quality.decode import prefill_shared
+
+    model, _ = tiny
+    g = torch.Generator().manual_seed(0)
+    filler = torch.randint(5, 200, (1, 64), generator=g)
+    needle = torch.tensor([[1, 2, 3, 4]])
+    deep, shallow = (torch.cat([filler[:, :at], needle, filler[:, at:60]], dim=1) for at in (40, 20))
+    other = torch.randint(5, 200, (1, 64), generator=g)
+    prompts = [shallow, deep, other, deep]  # deep twice: one row of work, two rows of K/V
+    ran = []
+    real = model.forward
+
+    def forward(*args, **kwargs):
+        ran.append(tuple(kwargs["input_ids"].shape))
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(model, "forward", forward)
+        shared = prefill_shared(model, prompts)
+    # the filler's first 20 tokens once; after them both needles' runs over positions 20..63 as one batch (the
+    # deep prompt once for its two rows); the other prompt alone: 172 tokens of 4 x 64
+    assert sorted(ran) == [(1, 20), (1, 64), (2, 44)], ran
+    whole, _ = quality.prefill(model, torch.cat(prompts))
+    for mine, theirs in zip(shared.layers, whole.layers):
+        assert mine.keys.shape == theirs.keys.shape == (4, *theirs.keys.shape[1:])
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mine.values, theirs.values, rtol=1e-5, atol=1e-5)
+        assert torch.equal(mine.keys[1], mine.keys[3])
+    alone = prefill_shared(model, [other, shallow])  # nothing shared: one pass, the batch's own cache
+    for mine, theirs in zip(alone.layers, quality.prefill(model, torch.cat([other, shallow]))[0].layers):
+        assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+
+
 def test_needle_runs(tiny):
     model, tok = tiny
     res = quality.needle(model, tok, ["fp16", "int2"], context_tokens=160, depths=(0.0, 1.0), answer_tokens=3)

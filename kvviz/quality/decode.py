@@ -1,6 +1,7 @@
-"""Running one cache on its own: the prompt through a DynamicCache once (`prefill`), its K/V copied into any other
-cache (`load_prefill`), and timed greedy decode steps after it (`timed_decode`). Compare, perplexity and the fused
-against unfused timings all start from here.
+"""Running one cache on its own: the prompt through a DynamicCache once (`prefill`; prompts that share their first
+tokens, once each: `prefill_shared`), its K/V copied into any other cache (`load_prefill`), and timed greedy decode
+steps after it (`timed_decode`). Compare, perplexity, the needle and the fused against unfused timings all start
+from here.
 
 The timed loop is what generation does after the prompt: model(next_token, cache=cache) per token, batch 1, with
 the model's attention function (for kvviz's cache: the active backend, kvviz.attention.active_backend()).
@@ -29,10 +30,86 @@ def prefill(model, ids: torch.Tensor):
     window has passed), so that a cache loaded from it (`load_prefill`, `RowStackCache.load_prefill`) gets the
     whole prompt and evicts by its own rule, as it would have holding the prompt itself.
     """
-    cache = DynamicCache(config=model.config)
-    cache.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer for layer in cache.layers]
+    cache = _kept_cache(model)
     out = model(input_ids=ids.to(model.device), cache=cache, use_cache=True, logits_to_keep=1)
     return cache, out.logits[:, -1].float()
+
+
+_MIN_FORK = 16  # tokens: a shared run shorter than this is computed by each prompt (one pass less per fork)
+
+
+@torch.no_grad()
+def prefill_shared(model, prompts: list[torch.Tensor]) -> Cache:
+    """Several prompts (ids [1, T] each, one T) through one DynamicCache, each run of tokens that prompts share from
+    their start computed once: K/V [len(prompts), kv_heads, T, head_dim] per layer, rows in the given order, as
+    `prefill` of their batch holds them (every token kept).
+
+    The prompts form a trie; each of its edges (the tokens from one fork to the next, or to the end; a run shared
+    for fewer than _MIN_FORK tokens is not forked for) runs once, reading its parent edge's K/V as the cache it
+    continues, and edges over the same positions run as one batch.
+    Haystacks hiding a needle at several depths of one filler share the filler up to the shallowest needle: lesson 5's
+    five depths of one filler run 1,760 of their 2,480 tokens. A prompt continued from a cache gets the K/V of a
+    prefill in chunks, equal to one prefill's up to float32 rounding (the matrix products' shapes differ).
+    Only for models whose every layer holds K/V (full or sliding attention): a linear-attention or Mamba state
+    cannot be cut at a fork."""
+    ids = torch.cat(prompts)  # [P, T]
+    t = ids.shape[1]
+    edges: list[tuple[int, int, int, int | None]] = []  # (start, end, a prompt it holds, parent edge)
+    leaf = [0] * len(prompts)  # each prompt's last edge
+
+    def split(rows: list[int], start: int, parent: int | None) -> None:
+        same = (ids[rows, start:] == ids[rows[0], start:]).all(0)  # [T - start]: positions every row agrees on
+        end = start + int(same.logical_not().int().argmax()) if not bool(same.all()) else t
+        by_token: dict[int, list[int]] = {}
+        for r in rows if end < t else ():
+            by_token.setdefault(int(ids[r, end]), []).append(r)
+        if end - start < _MIN_FORK and end < t:  # too short to be worth a pass of its own: each branch reruns it
+            for group in by_token.values():
+                split(group, start, parent)
+            return
+        edges.append((start, end, rows[0], parent))
+        node = len(edges) - 1
+        for r in rows if end == t else ():
+            leaf[r] = node
+        for group in by_token.values():
+            split(group, end, node)
+
+    split(list(range(len(prompts))), 0, None)
+    held: dict[int, tuple[Cache, int]] = {}  # edge -> (the cache of its batch, its row there)
+    spans: dict[tuple[int, int], list[int]] = {}
+    for e, (start, end, _, _) in enumerate(edges):  # parents precede children; one batch per span
+        spans.setdefault((start, end), []).append(e)
+    pending = list(spans.items())
+    while pending:
+        ready = [(span, es) for span, es in pending if all(edges[e][3] is None or edges[e][3] in held for e in es)]
+        assert ready, "an edge's parent is never computed"
+        pending = [p for p in pending if p not in ready]
+        for (start, end), es in ready:
+            cache = _kept_cache(model)
+            if start:  # the parents' K/V up to the fork, one row per edge
+                parents = [held[edges[e][3]] for e in es]
+                for i, layer in enumerate(cache.layers):
+                    assert isinstance(layer, DynamicLayer), f"layer {i} ({type(layer).__name__}) holds no K/V to fork"
+                    layer.update(torch.cat([c.layers[i].keys[r : r + 1, :, :start] for c, r in parents]),
+                                 torch.cat([c.layers[i].values[r : r + 1, :, :start] for c, r in parents]))
+            batch = ids[[edges[e][2] for e in es], start:end].to(model.device)  # [edges, end - start]
+            model(input_ids=batch, cache=cache, use_cache=True, logits_to_keep=1)
+            held.update({e: (cache, r) for r, e in enumerate(es)})
+    rows = [held[leaf[p]] for p in range(len(prompts))]
+    if all(c is rows[0][0] for c, _ in rows) and [r for _, r in rows] == list(range(len(prompts))):
+        return rows[0][0]  # one batch already in the prompts' order (nothing shared)
+    out = _kept_cache(model)
+    for i, layer in enumerate(out.layers):
+        layer.update(torch.cat([c.layers[i].keys[r : r + 1] for c, r in rows]),
+                     torch.cat([c.layers[i].values[r : r + 1] for c, r in rows]))
+    return out
+
+
+def _kept_cache(model) -> DynamicCache:
+    """An empty DynamicCache whose sliding-window layers keep every token, as full layers do (see `prefill`)."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer for layer in cache.layers]
+    return cache
 
 
 def load_prefill(cache: Cache, prefilled: Cache) -> Cache:

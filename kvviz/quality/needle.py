@@ -26,7 +26,7 @@ from kvviz.cache import model_layer_types
 from kvviz.cache.rows import RowStackCache
 from kvviz.formats import as_plans
 from kvviz.quality.corpus import wikitext
-from kvviz.quality.decode import prefill
+from kvviz.quality.decode import prefill_shared
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 NEEDLE = " The secret number is {value}. Remember it: {value}."
@@ -68,21 +68,23 @@ def _answers(model, tokenizer, haystacks: list, kvs: list, scales, answer_tokens
     """Greedy answers to each haystack's question, read through the exact cache and each plan's: [haystack][row]
     with row 0 the exact cache. haystacks: (prompt ids [1, T], question ids [1, q]) pairs, all of one T and q.
 
-    The prompts prefill as one batch [H, T]; its K/V, tiled format-major ([(1 + len(kvs)) * H, ...]: every
-    format's rows hold every haystack), load into one RowStackCache. A plan's rows share one cache, batched, unless
+    The prompts prefill as one batch [H, T], each run of filler they share from their start computed once
+    (kvviz.quality.decode.prefill_shared: the depths of one filler share it up to the shallowest needle); its K/V,
+    tiled format-major ([(1 + len(kvs)) * H, ...]: every format's rows hold every haystack), load into one
+    RowStackCache. A plan's rows share one cache, batched, unless
     the plan fits a scale on a cache's first update (per-tensor / per-head, NVFP4's global scale): over a shared
     cache that scale would be the batch's, and each haystack's must be its own, as it would be alone, so those rows
     get a cache each.
     """
     h, rows = len(haystacks), (1 + len(kvs)) * len(haystacks)
-    dyn, _ = prefill(model, torch.cat([p for p, _ in haystacks]))  # K/V [H, kv_heads, T, head_dim] per layer
+    dyn = prefill_shared(model, [p for p, _ in haystacks])  # K/V [H, kv_heads, T, head_dim] per layer
     if h > 1:  # batch-1 prefills load as they are (the cache expands them to every row)
         for layer in dyn.layers:
             layer.keys, layer.values = layer.keys.repeat(rows // h, 1, 1, 1), layer.values.repeat(rows // h, 1, 1, 1)
     specs = [p for p in [None] + kvs for _ in range(h)]
     own = {r for r, p in enumerate(specs) if p is not None and p.takes_scale}
     stack = RowStackCache(model.config, specs, scales=scales, own=own)
-    stack.load_prefill(dyn)
+    stack.load_prefill(dyn, reserve=haystacks[0][1].shape[1] + answer_tokens)
     del dyn
     inp = torch.cat([q for _, q in haystacks]).repeat(1 + len(kvs), 1).to(model.device)  # [rows, q]
     tokens = []

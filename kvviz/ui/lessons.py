@@ -54,7 +54,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson("errors", {"format": "fp8_e5m2", "formats": ["fp8_e4m3", "fp8_e5m2"], "custom": "",
                       "which": "K (post-RoPE)"}),
     # 5. Per-tensor int4 loses the needle; per-token int4 loses fewer. Three needles per depth (the Compare tab's
-    # NEEDLES_PER_DEPTH), so each depth's point is a rate. SmolLM2 at 512 tokens: exact 15/15, int4 14, int4/tensor 8;
+    # NEEDLES_PER_DEPTH), so each depth's point is a rate. SmolLM2 at 512 tokens: exact 15/15, int4 14, int4/tensor 9;
     # Gemma 3 270M at 256 tokens (its outliers decide it already, at half the cost): 15, 8, 0.
     Lesson("compare", {"specs": ["int4"], "custom": "int4/tensor", "needle_ctx": 512, "needle_box": OPEN},
            action="needle", by_model={"gemma-3-270m": {"needle_ctx": 256}}),
