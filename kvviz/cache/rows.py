@@ -227,13 +227,19 @@ class RowStackCache(Cache):
         c = self.row_caches[p]
         return None if c is None or c.plan[i] is None else c.layers[i]
 
-    def load_prefill(self, cache: Cache) -> None:
+    def load_prefill(self, cache: Cache, reserve: int = 0) -> None:
         """Copy a batch-1 prefilled cache (e.g. a DynamicCache) into every row: each row's cache stores (and
-        quantizes) the prompt's K/V as its own first update would; linear-attention / Mamba states are copied."""
+        quantizes) the prompt's K/V as its own first update would; linear-attention / Mamba states are copied.
+        reserve: tokens still to come (a question and its answer), for which the mirror is sized now: growing it
+        later copies every row's mirror into a new buffer."""
         for i, (layer, rows) in enumerate(zip(self.layers, self.batch)):
             src = cache.layers[i]
             if isinstance(layer, _RowStackLayer):
-                layer.update(src.keys.expand(rows, -1, -1, -1), src.values.expand(rows, -1, -1, -1))  # [1, H, T, D]
+                keys, values = src.keys.expand(rows, -1, -1, -1), src.values.expand(rows, -1, -1, -1)  # [1, H, T, D]
+                if reserve and not layer.is_initialized:
+                    layer.lazy_initialization(keys, values)
+                    layer._grow(keys.shape[2] + reserve)
+                layer.update(keys, values)
             if isinstance(layer, LinearAttentionCacheLayerMixin):  # linear-attention / Mamba states, as they are
                 copy_states(src, layer, rows)
 
