@@ -83,7 +83,7 @@ class MirrorAppend:
     def __init__(self, fmt, bufs, tensor_scale):
         data, scale, _ = bufs
         jit = _jit()
-        self.key = cpu_step.buffers_key(bufs)
+        self.held = tuple(bufs)  # the buffer tensors this binding was built over
         plan, self.pk, self.bufs = cpu_step.packing_args(fmt, bufs, tensor_scale, data.shape[3] * 8 // int(fmt.bits))
         skind, stab = _scale_kind(jit, None if plan.static else scale)
         self.read = (_codes(fmt, data), int(fmt.bits), int(plan.group), skind, stab, self.pk[0], fmt.base == "nvfp4",
@@ -91,12 +91,10 @@ class MirrorAppend:
         self.fn = jit.append_mirror
 
     def bound(self, bufs) -> bool:
-        return self.key == cpu_step.buffers_key(bufs)
+        return cpu_step.same_buffers(self.held, tuple(bufs))
 
     def run(self, x: torch.Tensor, pos: int, rows: np.ndarray, at: int, mirror: np.ndarray) -> int:
         """Pack x [B, Hkv, 1, D] (fp32) at buffer row pos; write its values to mirror[rows[b], :, at]. Returns the
         values saturated under a static fp8 scale."""
-        xn = x.detach().numpy()
-        if not xn.flags.c_contiguous:
-            xn = np.ascontiguousarray(xn)
+        xn = cpu_step.c_order(x.detach().numpy())
         return int(self.fn(xn, self.pk, *self.bufs, pos, *self.read, rows, at, mirror))

@@ -86,9 +86,21 @@ def _as_bytes(t: torch.Tensor | None) -> np.ndarray:
     return cpu_pack._bytes(t)
 
 
-def buffers_key(bufs) -> tuple:
-    """What a binding over buffers (data, scale, zero; None where absent) depends on: their addresses and shapes."""
-    return tuple(None if t is None else (t.data_ptr(), t.shape) for t in bufs)
+def same_buffers(held: tuple | None, bufs: tuple) -> bool:
+    """Whether a binding made over the buffer tensors `held` (data, scale, zero, ...; None where absent) still
+    serves `bufs`: the very same tensors. The binding holds them, so an id is never reused; a buffer that grew or
+    was reordered is a new tensor."""
+    if held is None or len(held) != len(bufs):
+        return False
+    for mine, theirs in zip(held, bufs):
+        if mine is not theirs:
+            return False
+    return True
+
+
+def c_order(a: np.ndarray) -> np.ndarray:
+    """a itself when it is C-contiguous (the common case, checked without a call into numpy), else a copy that is."""
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 def packing_args(fmt, bufs, tensor_scale, head_dim: int) -> tuple:
@@ -152,7 +164,7 @@ class _Side:
             x = x.float() @ self.x_rotation  # as kvviz.formats rotates: fp32
         if x.dtype != torch.float32:
             x = x.float()  # exact for fp16 / bf16
-        return _c_order(x.numpy()), over
+        return c_order(x.numpy()), over
 
 
 class DecodeStep:
@@ -165,10 +177,8 @@ class DecodeStep:
         self.q_heads = None
 
     def bound(self, k_bufs, v_bufs, q_heads: int) -> bool:
-        """Whether bind() was built over these very buffer tensors (held, so an id is never reused) and q heads."""
-        held = self.held
-        return (held is not None and q_heads == self.q_heads and k_bufs[0] is held[0] and k_bufs[1] is held[1]
-                and k_bufs[2] is held[2] and v_bufs[0] is held[3] and v_bufs[1] is held[4] and v_bufs[2] is held[5])
+        """Whether bind() was built over these very buffer tensors and q heads."""
+        return same_buffers(self.held, (*k_bufs, *v_bufs)) and q_heads == self.q_heads
 
     def bind(self, k_bufs, v_bufs, k_scale, v_scale, q_heads: int) -> None:
         """Derive every argument fixed by the buffers. k_bufs / v_bufs: (data, scale, zero) tensors [B, Hkv, cap,
@@ -215,14 +225,14 @@ class DecodeStep:
         dtype = q.dtype
         if (self.plain and dtype == k_new.dtype == v_new.dtype == torch.float32
                 and not (q.requires_grad or k_new.requires_grad or v_new.requires_grad)):
-            xk, xv, qn, over_k, over_v = _c_order(k_new.numpy()), _c_order(v_new.numpy()), _c_order(q.numpy()), 0, 0
+            xk, xv, qn, over_k, over_v = c_order(k_new.numpy()), c_order(v_new.numpy()), c_order(q.numpy()), 0, 0
         else:
             xk, over_k = self.k.new_token(k_new)
             xv, over_v = self.v.new_token(v_new)
             q = q.detach().float()
             if self.k.rotation is not None:
                 q = q @ self.k.rotation.T  # score = (q @ R^T) . stored
-            qn = _c_order(q.numpy())
+            qn = c_order(q.numpy())
         length = pos + 1 - start
         if parallel is None:
             parallel = self.batch * self.heads * length >= cpu_decode._PARALLEL_ROWS
@@ -256,10 +266,6 @@ class DecodeStep:
             result = result @ v.rotation
         out = result.to(dtype) if dtype != torch.float32 else result
         return out, int(over[0]) + over_k, int(over[1]) + over_v
-
-
-def _c_order(a: np.ndarray) -> np.ndarray:
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 def _smoke() -> None:
