@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
@@ -213,8 +214,6 @@ def _one_gguf_parse():
     it (the config, the tokenizer, the weights), each time building a reader that walks every metadata field: for
     Gemma 3's 262,144-token vocabulary that walk is most of a first load. The readers only read (the file is a
     read-only memmap), so the three can share one. One load at a time holds the patch (_GGUF_LOCK)."""
-    import gguf
-
     original = gguf.GGUFReader
     readers = {}
 

