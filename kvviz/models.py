@@ -189,8 +189,8 @@ def _load_bundled(name: str, dtype: torch.dtype):
                 f"The converted copy of {name} in {converted} is unreadable ({err}). Delete that directory and "
                 f"load again to rebuild it from the GGUF package."
             ) from err
-    gguf = bundled_gguf(name)
-    if gguf is None:
+    path = bundled_gguf(name)
+    if path is None:
         try:
             return _from_pretrained(spec.hub_id, dtype)
         except (OSError, ValueError) as err:
@@ -198,10 +198,10 @@ def _load_bundled(name: str, dtype: torch.dtype):
                 f"Could not load {name}: its GGUF package is not installed and the hub copy {spec.hub_id!r} could "
                 f"not be fetched ({err}). Install it with `{spec.install}`, or go online."
             ) from err
-    model, tok = _load_gguf(gguf, torch.float32, f"reinstall it with `{spec.install}`")
+    model, tok = _load_gguf(path, torch.float32, f"reinstall it with `{spec.install}`")
     _save_atomically(model, tok, converted)
     if spec.assembled:
-        gguf.unlink(missing_ok=True)  # the converted copy replaces it; the chunks stay installed
+        path.unlink(missing_ok=True)  # the converted copy replaces it; the chunks stay installed
     return (model.to(dtype) if dtype != torch.float32 else model), tok
 
 
@@ -231,14 +231,14 @@ def _one_gguf_parse():
             gguf.GGUFReader = original
 
 
-def _load_gguf(gguf: Path, dtype: torch.dtype, fix: str = "check the file"):
+def _load_gguf(path: Path, dtype: torch.dtype, fix: str = "check the file"):
     """Read a GGUF with transformers (dequantizing every weight) and drop the GGUF quantizer marker."""
     try:
         with _one_gguf_parse():
-            model, tok = _from_pretrained(gguf.parent, dtype, gguf_file=gguf.name, local_files_only=True)
+            model, tok = _from_pretrained(path.parent, dtype, gguf_file=path.name, local_files_only=True)
     except (OSError, ValueError, ImportError) as err:
         raise ValueError(
-            f"Could not read the GGUF file {gguf} ({err}). It needs the `gguf` and `accelerate` packages; {fix}."
+            f"Could not read the GGUF file {path} ({err}). It needs the `gguf` and `accelerate` packages; {fix}."
         ) from err
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:

@@ -21,7 +21,6 @@ from kvviz import models
 from kvviz.ui import common, registry
 
 
-
 @pytest.fixture(autouse=True)
 def _env(monkeypatch):
     """A served list of tiny models; no free hub ids unless a test allows them."""
