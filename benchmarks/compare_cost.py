@@ -22,12 +22,11 @@ both sides run under one OpenMP wait policy.
 off (kernels/cpu/mirror.py; QuantizedKVLayer.append_mirrored answering "not here"), so the two paths compare on
 one machine state.
 
-    python benchmarks/compare_cost.py --onednn             # also every linear layer through oneDNN, and the drift
+    python benchmarks/compare_cost.py --mkl                # also quality.compare with the batch not row-stable
 
---onednn adds quality.compare with every linear layer through oneDNN's inner product on weights packed once
-(torch.ops.mkldnn, AVX-512 on an AVX-512 CPU of either vendor) instead of F.linear's MKL sgemm (AVX2 on AMD CPUs),
-then prints how far its texts, KL and top-1 land from the default run's: both are float32, rounded differently,
-and the quantized rows' codes amplify the difference (docs/benchmarks.md, "The Compare tab's cost").
+--mkl adds, in the same interleaved rounds, quality.compare with kvviz.rowstable turned off (every linear layer
+through F.linear, MKL's sgemm, and attention through SDPA over the whole batch, as before row-stable batches), and
+prints how far its texts, KL and top-1 land from the default run's.
 """
 
 import argparse
@@ -44,10 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from torch.overrides import TorchFunctionMode  # noqa: E402
 
 import kvviz  # noqa: E402
-from kvviz import quality  # noqa: E402
+from kvviz import quality, rowstable  # noqa: E402
 from kvviz.cache.sides import ScaleWarning  # noqa: E402
 from kvviz.ui.common import EXAMPLES  # noqa: E402
 from kvviz.ui.compare import DEFAULT_SPECS  # noqa: E402
@@ -75,27 +73,10 @@ def _compare_s(model, tok, ids: torch.Tensor, specs: list[str], n: int) -> float
     return time.perf_counter() - t0
 
 
-class _OneDNNLinear(TorchFunctionMode):
-    """Inside `with`, on this thread: every nn.Linear of `model` through oneDNN's inner product, its weight packed
-    once for up to `rows` rows (a hint: any row count runs)."""
-
-    def __init__(self, model, rows: int = 16):
-        super().__init__()
-        self.packed = {id(m.weight): torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows)
-                       for m in model.modules() if isinstance(m, torch.nn.Linear)}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.linear and id(args[1]) in self.packed:
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            return torch.ops.mkldnn._linear_pointwise(args[0], self.packed[id(args[1])], bias, "none", [], "")
-        return func(*args, **kwargs)
-
-
-def _drift(mkl, onednn) -> str:
+def _drift(stable, mkl) -> str:
     """Per format: whether the free-running texts match, and the mean KL and top-1 of both runs."""
-    lines = [f"    baseline text {'same' if mkl.baseline_ids == onednn.baseline_ids else 'DIFFERS'}"]
-    for a, b in zip(mkl.formats, onednn.formats):
+    lines = [f"    baseline text {'same' if stable.baseline_ids == mkl.baseline_ids else 'DIFFERS'}"]
+    for a, b in zip(stable.formats, mkl.formats):
         text = "same" if a.token_ids == b.token_ids else "DIFFERS"
         lines.append(f"    {a.name}: text {text}, mean KL {a.kl.mean():.5f} -> {b.kl.mean():.5f} (largest step change "
                      f"{np.abs(a.kl - b.kl).max():.1e}), top-1 {100 * a.top1.mean():.1f}% -> "
@@ -116,6 +97,17 @@ def _two_step():
         QuantizedKVLayer.append_mirrored = real
 
 
+@contextlib.contextmanager
+def _mkl():
+    """The batch as before kvviz.rowstable: F.linear (MKL) and SDPA over all rows."""
+    real = rowstable.active
+    rowstable.active = lambda: False
+    try:
+        yield
+    finally:
+        rowstable.active = real
+
+
 def _endpoint_s(client, specs: list[str], n: int) -> float:
     """Seconds until the app's Compare endpoint returns for `specs` x n tokens on the tab's prompt."""
     t0 = time.perf_counter()
@@ -132,11 +124,11 @@ def main() -> int:
     p.add_argument("--app", action="store_true", help="time the running app's /compare endpoint (gradio_client)")
     p.add_argument("--two-step", action="store_true",
                    help="also time quality.compare with the rows' one-call append-and-mirror path off")
-    p.add_argument("--onednn", action="store_true",
-                   help="also time quality.compare with every linear layer through oneDNN, and print the drift")
+    p.add_argument("--mkl", action="store_true",
+                   help="also time quality.compare with the batch not row-stable, and print the drift")
     args = p.parse_args()
-    if args.app and args.onednn:
-        p.error("--onednn times quality.compare in this process; run it without --app.")
+    if args.app and args.mkl:
+        p.error("--mkl times quality.compare in this process; run it without --app.")
     if args.app and args.two_step:
         p.error("--two-step compares quality.compare in this process with and without the one-call path; run it "
                 "without --app (the app's endpoint cannot turn the path off).")
@@ -145,7 +137,6 @@ def main() -> int:
     ids = tok(TAB_PROMPT, return_tensors="pt")["input_ids"]
     cases = {"tab": ("the tab's defaults", DEFAULT_SPECS, TAB_TOKENS), "six": ("the issue's case", SIX, 128)}
     cases = [cases[c] for c in args.cases.split(",") if c]
-    onednn = _OneDNNLinear(model) if args.onednn else None
     with contextlib.ExitStack() as stack:
         if args.app:
             from gradio_client import Client
@@ -166,16 +157,16 @@ def main() -> int:
         print(f"SmolLM2-135M, prompt {ids.shape[1]} tokens, {torch.get_num_threads()} torch threads, timing {what}"
               f"\n[{_uptime()}]")
         for label, specs, n in cases:
-            gen, cmp, two, dnn = [], [], [], []
+            gen, cmp, two, mkl = [], [], [], []
             for _ in range(args.rounds):
                 gen.append(_generate_s(model, ids, n))
                 cmp.append(run(specs, n))
                 if args.two_step:
                     with _two_step():
                         two.append(_compare_s(model, tok, ids, specs, n))
-                if onednn is not None:
-                    with onednn:
-                        dnn.append(_compare_s(model, tok, ids, specs, n))
+                if args.mkl:
+                    with _mkl():
+                        mkl.append(_compare_s(model, tok, ids, specs, n))
             print(f"{label}: {len(specs)} formats ({', '.join(specs)}) x {n} tokens: compare {min(cmp):.2f} s, "
                   f"generate {min(gen):.2f} s, ratio {min(cmp) / min(gen):.2f}x  (rounds: compare "
                   f"{', '.join(f'{s:.2f}' for s in cmp)}; generate {', '.join(f'{s:.2f}' for s in gen)})",
@@ -183,11 +174,12 @@ def main() -> int:
             if two:
                 print(f"  without the one-call append and mirror: compare {min(two):.2f} s, ratio "
                       f"{min(two) / min(gen):.2f}x  (rounds: {', '.join(f'{s:.2f}' for s in two)})", flush=True)
-            if dnn:
-                with onednn:
+            if mkl:
+                with _mkl():
                     moved = quality.compare(model, tok, ids, specs, max_new_tokens=n)
-                print(f"  linear layers through oneDNN: compare {min(dnn):.2f} s, ratio {min(dnn) / min(gen):.2f}x  "
-                      f"(rounds: {', '.join(f'{s:.2f}' for s in dnn)}); against the default run:\n"
+                print(f"  not row-stable (MKL, batched SDPA): compare {min(mkl):.2f} s, "
+                      f"ratio {min(mkl) / min(gen):.2f}x"
+                      f"  (rounds: {', '.join(f'{s:.2f}' for s in mkl)}); row-stable -> not:\n"
                       + _drift(quality.compare(model, tok, ids, specs, max_new_tokens=n), moved), flush=True)
     print(f"[{_uptime()}]")
     if args.profile:

@@ -37,6 +37,7 @@ from kvviz.cache import QuantizedKVCache, model_layer_types
 from kvviz.formats import KVSpec, Plan, as_plan, parse_kv
 from kvviz.formats.engines import LLAMA_CPP_DTYPES
 from kvviz.metrics import log_probs, per_position
+from kvviz.rowstable import row_stable
 
 ENGINE = "llama.cpp"
 BASELINE = "llama.cpp:f16"  # what llama.cpp's KLD of a cache type is measured against
@@ -154,11 +155,12 @@ def held(model, plan: Plan) -> Plan:
 @contextlib.contextmanager
 def arithmetic(model, vec_dot: dict[str, str]):
     """Inside the block, `model` runs with llama.cpp's arithmetic: the "kvviz" attention function (which reads a
-    llama.cpp cache layer as kvviz.ggml_attention.read does) and every Linear's input rounded (rounded_inputs)."""
+    llama.cpp cache layer as kvviz.ggml_attention.read does) and every Linear's input rounded (rounded_inputs),
+    row-stable as every kvviz measurement (kvviz.rowstable)."""
     before = model.config._attn_implementation
     model.set_attn_implementation(ATTN_NAME)
     try:
-        with rounded_inputs(model, vec_dot):
+        with rounded_inputs(model, vec_dot), row_stable(model):
             yield
     finally:
         model.set_attn_implementation(before)

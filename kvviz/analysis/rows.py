@@ -36,6 +36,7 @@ import torch
 from kvviz.cache import model_layer_types
 from kvviz.cache.rows import RowStackCache
 from kvviz.formats import spec_key
+from kvviz.rowstable import row_stable
 from kvviz.metrics import Baseline, log_probs
 
 
@@ -154,15 +155,17 @@ def row_hidden(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk
     body = decoder(model)
     if layers is None:  # one row per plan in every layer, the batch fed as is
         stack = RowStackCache(model.config, specs, scales=scales)
-        return torch.cat([body(input_ids=ids[:, a:b].expand(n, -1), cache=stack, use_cache=True).last_hidden_state
-                          for a, b in zip(bounds[:-1], bounds[1:]) if b > a], dim=1)  # [rows, T, hidden]
+        with row_stable(model):
+            return torch.cat([body(input_ids=ids[:, a:b].expand(n, -1), cache=stack, use_cache=True).last_hidden_state
+                              for a, b in zip(bounds[:-1], bounds[1:]) if b > a], dim=1)  # [rows, T, hidden]
     owners, parents, leaves = _prefix_tree(plans)
     stack = RowStackCache(model.config, specs, scales=scales, layer_rows=owners)
     hooks = [layer.register_forward_pre_hook(_forking_hook(parent), with_kwargs=True)
              for layer, parent in zip(layers, parents)]
     try:
-        hidden = [body(input_ids=ids[:, a:b], cache=stack, use_cache=True).last_hidden_state
-                  for a, b in zip(bounds[:-1], bounds[1:]) if b > a]  # each [last layer's rows, t_chunk, hidden]
+        with row_stable(model):
+            hidden = [body(input_ids=ids[:, a:b], cache=stack, use_cache=True).last_hidden_state
+                      for a, b in zip(bounds[:-1], bounds[1:]) if b > a]  # each [last layer's rows, t_chunk, hidden]
     finally:
         for h in hooks:
             h.remove()

@@ -26,6 +26,7 @@ from kvviz.analysis.rows import row_values
 from kvviz.engines.llamacpp import resolve_gguf, type_pair
 from kvviz.formats import as_plans
 from kvviz.metrics import kld_stats, summarize
+from kvviz.rowstable import row_stable
 from kvviz.analysis.llamacpp import interleaved_rope, rounded_inputs, weight_vec_dot
 
 
@@ -65,7 +66,7 @@ def llamacpp_logprobs(model, ids: list[int], vec_dot: dict[str, str], k_type: st
     before = model.config._attn_implementation
     model.set_attn_implementation(_GGML_ATTN)
     try:
-        with torch.no_grad(), rounded_inputs(model, vec_dot):
+        with torch.no_grad(), rounded_inputs(model, vec_dot), row_stable(model):
             logits = model(input_ids=torch.tensor([ids], device=model.device), use_cache=False).logits[0]
     finally:
         model.set_attn_implementation(before)

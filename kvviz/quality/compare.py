@@ -35,6 +35,7 @@ from kvviz.analysis import llamacpp
 from kvviz.cache import model_layer_types
 from kvviz.cache.rows import RowStackCache
 from kvviz.formats import Plan, as_plans, parse_kv
+from kvviz.rowstable import row_stable_steps
 from kvviz.memory import kv_cache_bytes_for
 from kvviz.metrics import kl_top1
 from kvviz.quality.decode import decode_speed, prefill
@@ -62,10 +63,17 @@ def _spec_and_bits(plan: Plan, layer_types: list[str], head_dim: int) -> tuple[s
     return fitted.text, float(np.mean([kv.bits_per_value(head_dim) for kv in kvs]))
 
 
-@torch.no_grad()
 def compare_stream(model, tokenizer, prompt, specs: list[str], max_new_tokens: int = 32, scales: dict | None = None,
                    speed_tokens: int = 0, free_running: bool = True) -> Iterator[StreamUpdate]:
-    """Generator form of `compare`: one StreamUpdate per generated token, the last one carrying the report."""
+    """Generator form of `compare`: one StreamUpdate per generated token, the last one carrying the report.
+    Its batch runs row-stable (kvviz.rowstable): each row's numbers are what they would be beside any other rows."""
+    return row_stable_steps(model, _steps(model, tokenizer, prompt, specs, max_new_tokens, scales, speed_tokens,
+                                          free_running))
+
+
+@torch.no_grad()
+def _steps(model, tokenizer, prompt, specs: list[str], max_new_tokens: int, scales: dict | None, speed_tokens: int,
+           free_running: bool) -> Iterator[StreamUpdate]:
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     kvs = as_plans(specs, n_layers)  # checked before any compute
     if max_new_tokens < 2:

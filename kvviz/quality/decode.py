@@ -20,6 +20,7 @@ from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLa
 
 from kvviz.cache import QuantizedKVCache
 from kvviz.cache.layers import copy_states
+from kvviz.rowstable import row_stable
 
 
 @torch.no_grad()
@@ -145,13 +146,14 @@ def timed_decode(model, prefilled: Cache, spec, first_token: int, n_tokens: int,
     nxt = torch.tensor([[first_token]], device=model.device)  # [1, 1]
     out_ids = []
     start = None
-    for step in range(warmup + n_tokens):
-        if step == warmup:
-            on_timed()
-            start = time.perf_counter()
-        logits = model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1]
-        nxt = logits.argmax(-1, keepdim=True)
-        out_ids.append(int(nxt))
+    with row_stable(model, False):  # the linear layers as a server runs them, inside a row-stable run too
+        for step in range(warmup + n_tokens):
+            if step == warmup:
+                on_timed()
+                start = time.perf_counter()
+            logits = model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1]
+            nxt = logits.argmax(-1, keepdim=True)
+            out_ids.append(int(nxt))
     seconds = time.perf_counter() - start
     return n_tokens / seconds, cache, out_ids
 

@@ -22,6 +22,7 @@ from kvviz.formats import as_plans
 from kvviz.metrics import summarize
 from kvviz.analysis import llamacpp
 from kvviz.quality.corpus import wikitext
+from kvviz.rowstable import row_stable
 
 BASE_FORMAT = "kvviz-kld-base/1"
 
@@ -49,7 +50,7 @@ def base_logprobs(model, tokenizer, text: str | None = None, windows: int = 2, w
     check_score_from(score_from, window_tokens)
     body = decoder(model)
     lps = []
-    with torch.no_grad():
+    with torch.no_grad(), row_stable(model):  # as the rows it is compared with (row_values)
         for w in wins:
             h = body(input_ids=w[None].to(model.device)).last_hidden_state[0, score_from : window_tokens - 1]
             lps.append(lm_logprobs(model, h).float())

@@ -25,6 +25,7 @@ from kvviz.analysis import llamacpp
 from kvviz.cache import model_layer_types
 from kvviz.cache.rows import RowStackCache
 from kvviz.formats import as_plans
+from kvviz.rowstable import row_stable
 from kvviz.quality.corpus import wikitext
 from kvviz.quality.decode import prefill_shared
 
@@ -77,22 +78,24 @@ def _answers(model, tokenizer, haystacks: list, kvs: list, scales, answer_tokens
     get a cache each.
     """
     h, rows = len(haystacks), (1 + len(kvs)) * len(haystacks)
-    dyn = prefill_shared(model, [p for p, _ in haystacks])  # K/V [H, kv_heads, T, head_dim] per layer
-    if h > 1:  # batch-1 prefills load as they are (the cache expands them to every row)
-        for layer in dyn.layers:
-            layer.keys, layer.values = layer.keys.repeat(rows // h, 1, 1, 1), layer.values.repeat(rows // h, 1, 1, 1)
-    specs = [p for p in [None] + kvs for _ in range(h)]
-    own = {r for r, p in enumerate(specs) if p is not None and p.takes_scale}
-    stack = RowStackCache(model.config, specs, scales=scales, own=own)
-    stack.load_prefill(dyn, reserve=haystacks[0][1].shape[1] + answer_tokens)
-    del dyn
-    inp = torch.cat([q for _, q in haystacks]).repeat(1 + len(kvs), 1).to(model.device)  # [rows, q]
-    tokens = []
-    for _ in range(answer_tokens):
-        logits = model(input_ids=inp, cache=stack, use_cache=True, logits_to_keep=1).logits  # [rows, 1, vocab]
-        nxt = logits[:, -1].argmax(-1)  # [rows]
-        tokens.append(nxt.tolist())
-        inp = nxt[:, None]
+    with row_stable(model):  # each row's answer as it would be beside any other rows
+        dyn = prefill_shared(model, [p for p, _ in haystacks])  # K/V [H, kv_heads, T, head_dim] per layer
+        if h > 1:  # batch-1 prefills load as they are (the cache expands them to every row)
+            for layer in dyn.layers:
+                layer.keys = layer.keys.repeat(rows // h, 1, 1, 1)
+                layer.values = layer.values.repeat(rows // h, 1, 1, 1)
+        specs = [p for p in [None] + kvs for _ in range(h)]
+        own = {r for r, p in enumerate(specs) if p is not None and p.takes_scale}
+        stack = RowStackCache(model.config, specs, scales=scales, own=own)
+        stack.load_prefill(dyn, reserve=haystacks[0][1].shape[1] + answer_tokens)
+        del dyn
+        inp = torch.cat([q for _, q in haystacks]).repeat(1 + len(kvs), 1).to(model.device)  # [rows, q]
+        tokens = []
+        for _ in range(answer_tokens):
+            logits = model(input_ids=inp, cache=stack, use_cache=True, logits_to_keep=1).logits  # [rows, 1, vocab]
+            nxt = logits[:, -1].argmax(-1)  # [rows]
+            tokens.append(nxt.tolist())
+            inp = nxt[:, None]
     texts = [tokenizer.decode([step[r] for step in tokens], skip_special_tokens=True) for r in range(rows)]
     return [[texts[f * h + i] for f in range(1 + len(kvs))] for i in range(h)]
 

@@ -26,6 +26,7 @@ from kvviz.analysis import llamacpp
 from kvviz.formats import as_plans
 from kvviz.quality.corpus import wikitext
 from kvviz.quality.decode import make_cache
+from kvviz.rowstable import row_stable
 
 
 @torch.no_grad()
@@ -34,10 +35,11 @@ def _window_nll(model, ids: torch.Tensor, spec, prefill_tokens: int, chunk: int,
     prefill_tokens)."""
     cache = make_cache(model, spec, scales)
     p = prefill_tokens
-    logits = [model(input_ids=ids[:, :p], cache=cache, use_cache=True, logits_to_keep=1).logits]  # predicts token P
-    for start in range(p, ids.shape[1] - 1, chunk):
-        stop = min(start + chunk, ids.shape[1] - 1)
-        logits.append(model(input_ids=ids[:, start:stop], cache=cache, use_cache=True).logits)
+    with row_stable(model):  # the arithmetic of every kvviz measurement
+        logits = [model(input_ids=ids[:, :p], cache=cache, use_cache=True, logits_to_keep=1).logits]  # token P
+        for start in range(p, ids.shape[1] - 1, chunk):
+            stop = min(start + chunk, ids.shape[1] - 1)
+            logits.append(model(input_ids=ids[:, start:stop], cache=cache, use_cache=True).logits)
     return metrics.nll(metrics.log_probs(torch.cat(logits, dim=1)[0]), ids[0, p:])  # [W - P]
 
 

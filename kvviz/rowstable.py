@@ -1,0 +1,115 @@
+"""Row-stable batches: inside `with row_stable(model):`, on this thread, a batch row's outputs are the same bits
+whichever rows share the batch. kvviz runs many caches as rows of one batch (the Compare tab's side-by-side decode,
+the teacher-forced windows of KL, sensitivity and the plan search, the needle); a plan's numbers must not depend on
+which plans sit beside it.
+
+Two of torch's CPU kernels split their work by batch size, and round a row differently when it does:
+- F.linear calls MKL's sgemm, which rounds a row apart when a call holds 1-3 rows rather than 4 or more. Inside the
+  block every float32 nn.Linear of `model` on the CPU runs oneDNN's inner product on its weight packed once, which
+  gives a row the same bits for every row count from 2 up (tested to 1,024); a 1-row call runs as 2 rows (the row
+  twice), since one row takes another code path for some shapes. It is also the faster matmul for these batches:
+  MKL runs its AVX2 kernels on AMD CPUs, oneDNN its AVX-512 ones (SmolLM2's gate projection at 13 rows 0.27 ->
+  0.13 ms, its LM head 21 -> 6 ms on a 2-core AMD EPYC).
+- SDPA with two threads rounds a decode row differently at different batch sizes: the "kvviz" attention function
+  (kvviz.attention) runs each row of a batch on its own while `active()`.
+A quantized row turns such a 1e-7 difference into a different code and carries it through every later layer and
+step: before this, a plan's mean KL on SmolLM2 read 0.03580 alone and 0.03763 beside 35 plans.
+
+Both are float32 products rounded differently (about 1e-6 relative), so the exact row of a batch need not be
+bit-equal to a plain batch-1 `model.generate` (MKL, batched SDPA), and the figures still depend on the machine
+(its thread count, its instruction set). Runs that time what a server does (tokens/s, `python -m kvviz bench`) stay
+on F.linear: `row_stable(model, False)` inside a row-stable block.
+
+The packed weights are kept on each layer (`_kvviz_packed`, not a parameter or buffer: the state dict does not
+change) for later calls, and repacked when the weight changes: the model holds a second copy of its linear weights
+from its first row-stable call on. Other dtypes and devices, and torch builds without oneDNN, run F.linear.
+
+    with row_stable(model):
+        logits = model(input_ids=batch, cache=stack).logits   # [rows, t, vocab], each row as it would be alone
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import types
+from typing import Iterator, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+T = TypeVar("T")
+_ROWS_HINT = 16  # oneDNN's packing hint: the layout it picks for ~16 rows runs any row count, the same bits
+_state = threading.local()  # .on: this thread's row_stable blocks, innermost last (each True or False)
+
+
+def available() -> bool:
+    """Whether this torch build has oneDNN's CPU inner product (x86-64 and aarch64 wheels do): without it the
+    linear layers stay F.linear and only attention is row-stable."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _packed(layer: nn.Linear) -> torch.Tensor:
+    """layer.weight [out, in] in oneDNN's blocked layout, packed on first use and again after the weight changes."""
+    weight = layer.weight
+    key = (weight.data_ptr(), weight._version)
+    held = getattr(layer, "_kvviz_packed", None)
+    if held is None or held[0] != key:
+        held = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _ROWS_HINT))
+        layer._kvviz_packed = held
+    return held[1]
+
+
+def active() -> bool:
+    """Whether this thread is inside a row_stable block (the innermost one enabled)."""
+    on = getattr(_state, "on", None)
+    return bool(on) and on[-1]
+
+
+def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """nn.Linear.forward, through the packed inner product while this thread is inside row_stable."""
+    if not active() or x.dtype != torch.float32 or x.device.type != "cpu" or x.requires_grad:
+        return F.linear(x, self.weight, self.bias)
+    rows = x.reshape(-1, x.shape[-1])  # [M, in]
+    one = rows.shape[0] == 1
+    if one:  # a 1-row call rounds apart from the rest for some shapes: run it as 2 rows
+        rows = rows.expand(2, -1)
+    out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), _packed(self), self.bias, "none", [], "")
+    return out[:1].reshape(*x.shape[:-1], -1) if one else out.reshape(*x.shape[:-1], -1)
+
+
+def _install(model: nn.Module) -> None:
+    """Give every float32 CPU nn.Linear of `model` the dispatching forward (once; F.linear outside row_stable)."""
+    for module in model.modules():
+        if (type(module) is nn.Linear and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
+                and "forward" not in module.__dict__):
+            module.forward = types.MethodType(_forward, module)
+
+
+@contextlib.contextmanager
+def row_stable(model: nn.Module, enabled: bool = True):
+    """Inside the block, on this thread: `model`'s batches row-stable (see the module docstring); with
+    enabled=False, F.linear and batched attention again (a timed decode inside a row-stable run times what a server
+    runs). Other threads using the same model meanwhile run as before."""
+    if enabled and available():
+        _install(model)
+    if not hasattr(_state, "on"):
+        _state.on = []
+    _state.on.append(enabled)
+    try:
+        yield model
+    finally:
+        _state.on.pop()
+
+
+def row_stable_steps(model: nn.Module, steps: Iterator[T]) -> Iterator[T]:
+    """A generator's items, each computed inside row_stable(model) on whichever thread asks for it (a streaming
+    UI resumes a generator from a worker thread per item, so one block around the loop would not hold)."""
+    while True:
+        with row_stable(model):
+            try:
+                item = next(steps)
+            except StopIteration:
+                return
+        yield item
