@@ -38,6 +38,8 @@ import math
 
 import torch
 
+from kvviz.rowstable import HeadChunks
+
 STAT_KEYS = ("mean", "mean_se", "median", "p90", "p95", "p99", "p999", "max", "delta_p_mean", "delta_p_rms",
              "delta_p_rms_se", "same_top_p", "same_top_p_se", "ln_ppl_ratio", "ln_ppl_ratio_se", "ppl", "ppl_base",
              "n")
@@ -100,7 +102,7 @@ class Baseline:
         self.top = lp.argmax(-1)
         self.nll = nll(lp, targets)
         self._pw: tuple[torch.Tensor, torch.Tensor] | None = None  # (head weight, P W) of p_z
-        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # kl_linear's logits and float64 buffers
+        self._head: HeadChunks | None = None  # kl_linear's head, packed once
 
     def kl(self, logits: torch.Tensor, p_z: torch.Tensor | None = None) -> torch.Tensor:
         """KL(baseline || candidate) [N] of a candidate's logits [N, vocab], the vocabulary read in the logits' own
@@ -115,20 +117,22 @@ class Baseline:
 
     def kl_linear(self, weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """kl(hidden @ weight.T, p_z(weight, hidden)) [N] for a linear head (weight [vocab, hidden], no bias, no
-        softcapping) and a candidate's hidden states [N, hidden] in the weight's dtype: the same numbers, the same
-        operations, with the logits formed in a buffer and reduced in place, and the exponentials summed from a
-        float64 buffer, both kept for the next candidate. `kl` allocates four [N, vocab] arrays per candidate (the
-        logits, z - max, its exp, the float64 copy the sum makes); on a CPU each fresh page is faulted in and
-        zeroed, which at Gemma 3's 262K vocabulary costs about as much as the head's matrix product."""
-        n, vocab = hidden.shape[0], weight.shape[0]
-        if self._scratch is None or self._scratch[0].shape != (n, vocab) or self._scratch[0].dtype != weight.dtype \
-                or self._scratch[0].device != weight.device:
-            self._scratch = (torch.empty(n, vocab, dtype=weight.dtype, device=weight.device),
-                             torch.empty(n, vocab, dtype=torch.float64, device=weight.device))
-        logits, wide = self._scratch
-        z = torch.mm(hidden, weight.T, out=logits)  # [N, vocab]: the head's F.linear, into the buffer
-        top = z.amax(dim=-1, keepdim=True)  # [N, 1]
-        lse = top[:, 0].double() + wide.copy_(z.sub_(top).exp_()).sum(dim=-1).log()
+        softcapping) and a candidate's hidden states [N, hidden] in the weight's dtype, the logits formed and
+        reduced a vocabulary chunk at a time (kvviz.rowstable.HeadChunks: oneDNN's inner product on the weight
+        packed once per Baseline): lse(z) = top + log(sum_c exp(top_c - top) sum exp(z_c - top_c)), each chunk's
+        exponentials summed in float64 from its own max. `kl` holds four [N, vocab] arrays per candidate; at Gemma
+        3's 262K vocabulary, forming and faulting in those pages costs about as much as the head's product, which
+        MKL runs at half oneDNN's speed on AMD CPUs. Equal to `kl` to float32 rounding (the products round apart)."""
+        if self._head is None or self._head.weight is not weight:
+            self._head = HeadChunks(weight)
+        tops, sums = [], []
+        for _, z in self._head.logits(hidden):  # z: [N, chunk]
+            top = z.amax(dim=-1, keepdim=True)  # [N, 1]
+            tops.append(top[:, 0].double())
+            sums.append(z.sub_(top).exp_().sum(dim=-1, dtype=torch.float64))
+        top_c, sum_c = torch.stack(tops), torch.stack(sums)  # [chunks, N] each
+        top = top_c.amax(dim=0)  # [N]
+        lse = top + (sum_c * (top_c - top).exp()).sum(dim=0).log()
         return self._kl(lse, self.p_z(weight, hidden))
 
     def _kl(self, lse: torch.Tensor, p_z: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kvviz import metrics
+from kvviz.rowstable import HeadChunks
 
 
 def _pair(n=6, vocab=11, seed=0):
@@ -86,19 +87,33 @@ def test_baseline_p_z_is_sum_p_z_of_a_linear_head():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_baseline_kl_linear_is_kl_of_the_head_bit_for_bit(dtype):
-    """kl_linear's buffers (kept from one candidate to the next, remade for another shape) change no bit."""
+@pytest.mark.parametrize("vocab", [50, 3 * HeadChunks.CHUNK + 17])  # one chunk; several and a partial one
+def test_baseline_kl_linear_is_kl_of_the_head(dtype, vocab):
+    """kl_linear, the head's logits formed and reduced a vocabulary chunk at a time, is kl of the whole logits to
+    float32 rounding, for one candidate after another and after another shape."""
     g = torch.Generator().manual_seed(8)
-    weight = torch.randn(50, 7, generator=g).to(dtype)
-    base = torch.randn(6, 50, generator=g)
+    weight = torch.randn(vocab, 7, generator=g).to(dtype)
+    base = torch.randn(6, vocab, generator=g)
     ref = metrics.Baseline(metrics.log_probs(base), torch.zeros(6, dtype=torch.long))
-    for n in (6, 6, 4):
+    for n in (6, 6, 4, 1):
         hidden = torch.randn(n, 7, generator=g).to(dtype)
         if n != ref.lp.shape[0]:
             ref = metrics.Baseline(metrics.log_probs(base[:n]), torch.zeros(n, dtype=torch.long))
         want = ref.kl(torch.nn.functional.linear(hidden, weight), ref.p_z(weight, hidden))
-        assert torch.equal(ref.kl_linear(weight, hidden), want)
+        got = ref.kl_linear(weight, hidden)
+        torch.testing.assert_close(got, want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-8)
         torch.testing.assert_close(want, _plain_kl(base[:n], hidden @ weight.T), rtol=1e-5, atol=1e-8)
+
+
+def test_head_chunks_give_each_row_the_same_bits_whatever_the_row_count():
+    g = torch.Generator().manual_seed(9)
+    head = HeadChunks(torch.randn(2 * HeadChunks.CHUNK + 5, 64, generator=g))
+    hidden = torch.randn(130, 64, generator=g)
+    whole = torch.cat([z for _, z in head.logits(hidden)], dim=1)  # [130, vocab]
+    assert whole.shape == (130, 2 * HeadChunks.CHUNK + 5)
+    torch.testing.assert_close(whole, hidden @ head.weight.T, rtol=1e-5, atol=1e-5)
+    for n in (1, 2, 5, 64):
+        assert torch.equal(torch.cat([z for _, z in head.logits(hidden[:n])], dim=1), whole[:n])
 
 
 def test_kld_stats_from_plain_definitions():
