@@ -55,8 +55,8 @@ EN: dict[str, str] = {
                      "unit scale, and K's relative error is 24% against 2.4% with a calibrated scale."),
     "lesson_note5": ("**Lesson 5.** The needle chart plots retrieval against where a number sits in the context: 3 "
                      "needles at each of 5 depths, each in its own stretch of WikiText-2, so each point is a rate "
-                     "(0, 33, 67 or 100%). SmolLM2 at 512 tokens: the exact cache finds 15 of 15, per-token int4 14 "
-                     "(93%), per-tensor int4 9 (60%): one scale for the whole tensor, stretched by K's outlier "
+                     "(0, 33, 67 or 100%). SmolLM2 at 352 tokens: the exact cache finds 15 of 15, per-token int4 15 "
+                     "(100%), per-tensor int4 7 (47%): one scale for the whole tensor, stretched by K's outlier "
                      "channels, leaves too few levels for the rest, and the answer comes back wrong. Longer contexts "
                      "(the slider) press the 4-bit formats harder and take longer: each needle is one more prefill."),
     "lesson_models5": ("**Across models:** Gemma 3 270M runs this lesson at 256 tokens, where its outlier channels "
@@ -94,17 +94,17 @@ EN: dict[str, str] = {
                      "(asymmetric int4 per token and head after a Hadamard rotation), on 128 tokens of WikiText-2. "
                      "On SmolLM2 the rotation flattens the map: layer 1's K tops it at KL 0.0030 nats/token, 8× the "
                      "median tensor's, then layers 19 and 3 (0.0018). Then the plan search over that dtype and fp16 "
-                     "(budget 0.03): every layer in `int4_per_token_head` costs KL 0.039; keeping layers 1-3 in fp16 "
-                     "brings it to 0.029 for 0.35× an fp16 cache instead of 0.28×. Because the candidates are an "
-                     "engine dtype and fp16, the plan is one vLLM serves: *Serving it* gives `--kv-cache-dtype "
-                     "int4_per_token_head --kv-cache-dtype-skip-layers 1 2 3`. The map and the search each take "
-                     "about a minute on a 2-core CPU (longer when the machine is shared)."),
+                     "(budget 0.03): every layer in `int4_per_token_head` costs KL 0.037; keeping layers 1-3 and 10 in "
+                     "fp16 brings it to 0.024 for 0.38× an fp16 cache instead of 0.28×. Because the candidates are "
+                     "an engine dtype and fp16, the plan is one vLLM serves: *Serving it* gives `--kv-cache-dtype "
+                     "int4_per_token_head --kv-cache-dtype-skip-layers 1 2 3 10`. The map and the search each take "
+                     "about 10 seconds on an idle 2-core CPU (longer when the machine is shared)."),
     "lesson_models8": ("**Across models:** on Gemma 3 270M the full-attention layers 11 and 5 top the map (K's KL "
                        "0.028 and 0.025, 29× and 26× the median tensor's; their largest K channel about 32× the "
-                       "median). The search (budget 0.1) still starts with sliding-window layer 4: at 4,096 tokens a "
+                       "median). The search (budget 0.11) still starts with sliding-window layer 4: at 4,096 tokens a "
                        "sliding layer holds only its 512-token window, so keeping it in fp16 costs a tenth of what a "
                        "full layer does. Every layer in `int4_per_token_head` costs KL 0.15; layer 4 in fp16 brings "
-                       "it to 0.095: `--kv-cache-dtype int4_per_token_head --kv-cache-dtype-skip-layers 4`."),
+                       "it to 0.100: `--kv-cache-dtype int4_per_token_head --kv-cache-dtype-skip-layers 4`."),
     "tab_compare": "Compare",
     "tab_outliers": "K outliers",
     "tab_errors": "Quantization error",
@@ -523,7 +523,7 @@ KO: dict[str, str] = {
                      "오차는 보정된 스케일의 2.4%에 비해 24%입니다."),
     "lesson_note5": ("**레슨 5.** 바늘 그래프는 숫자가 문맥의 어디에 있는지에 따른 검색 성공률입니다: 다섯 깊이마다 바늘 "
                      "3개, 각각 WikiText-2의 다른 구간에 숨기므로 각 점은 비율(0, 33, 67, 100%)입니다. SmolLM2, "
-                     "512토큰: 원본 캐시는 15개 중 15개, 토큰 단위 int4는 14개(93%), 텐서 단위 int4는 9개(60%)를 "
+                     "352토큰: 원본 캐시는 15개 중 15개, 토큰 단위 int4는 15개(100%), 텐서 단위 int4는 7개(47%)를 "
                      "찾습니다. 텐서 전체에 스케일 하나를 쓰면 K의 이상치 채널이 스케일을 늘려 나머지 값에 남는 단계가 "
                      "너무 적고, 답이 틀리게 나옵니다. 문맥을 길게(슬라이더) 하면 4비트 포맷이 더 힘들어지고 시간도 "
                      "더 걸립니다: 바늘 하나마다 프리필이 한 번 더 듭니다."),
@@ -560,16 +560,16 @@ KO: dict[str, str] = {
                      "`int4_per_token_head`(하다마드 회전 뒤 토큰·헤드마다 비대칭 int4)로 양자화합니다. SmolLM2에서는 "
                      "회전이 맵을 평평하게 만듭니다: 레이어 1의 K가 KL 0.0030 nats/토큰으로 가장 높고(중간 텐서의 8배), "
                      "그다음이 레이어 19와 3(0.0018)입니다. 이어서 그 dtype과 fp16으로 계획을 탐색합니다(예산 0.03): "
-                     "모든 레이어를 `int4_per_token_head`로 두면 KL 0.039, 레이어 1-3을 fp16으로 두면 0.029가 되고 "
-                     "캐시는 fp16의 0.28배 대신 0.35배입니다. 후보가 엔진의 dtype과 fp16이라 결과는 vLLM이 서빙할 수 "
-                     "있는 계획입니다: *서빙하려면*에 `--kv-cache-dtype int4_per_token_head --kv-cache-dtype-skip-layers "
-                     "1 2 3`이 나옵니다. 맵과 탐색은 2코어 CPU에서 각각 1분 안팎 걸립니다(다른 작업과 나눠 쓰면 더 "
-                     "깁니다)."),
+                     "모든 레이어를 `int4_per_token_head`로 두면 KL 0.037, 레이어 1-3과 10을 fp16으로 두면 0.024가 "
+                     "되고 캐시는 fp16의 0.28배 대신 0.38배입니다. 후보가 엔진의 dtype과 fp16이라 결과는 vLLM이 서빙할 "
+                     "수 있는 계획입니다: *서빙하려면*에 `--kv-cache-dtype int4_per_token_head "
+                     "--kv-cache-dtype-skip-layers 1 2 3 10`이 나옵니다. 맵과 탐색은 쉬고 있는 2코어 CPU에서 각각 "
+                     "10초 안팎 걸립니다(다른 작업과 나눠 쓰면 더 깁니다)."),
     "lesson_models8": ("**모델 간 차이:** Gemma 3 270M에서는 전체 어텐션 레이어 11과 5가 맵의 맨 위입니다(K의 KL "
                        "0.028과 0.025, 중간 텐서의 29배와 26배; 가장 큰 K 채널은 중앙값의 약 32배). 그래도 탐색(예산 "
-                       "0.1)은 슬라이딩 윈도 레이어 4부터 올립니다: 4,096토큰에서 슬라이딩 레이어는 512토큰 윈도만 "
+                       "0.11)은 슬라이딩 윈도 레이어 4부터 올립니다: 4,096토큰에서 슬라이딩 레이어는 512토큰 윈도만 "
                        "담으므로 fp16으로 두는 비용이 전체 레이어의 10분의 1입니다. 모든 레이어를 "
-                       "`int4_per_token_head`로 두면 KL 0.15, 레이어 4를 fp16으로 두면 0.095: `--kv-cache-dtype "
+                       "`int4_per_token_head`로 두면 KL 0.15, 레이어 4를 fp16으로 두면 0.100: `--kv-cache-dtype "
                        "int4_per_token_head --kv-cache-dtype-skip-layers 4`."),
     "tab_compare": "비교",
     "tab_outliers": "K 이상치",
