@@ -14,7 +14,7 @@ import kvviz.models
 from kvviz import cli
 from kvviz.analysis.rows import _forking_hook, _prefix_tree, _runs, row_hidden, row_values
 from kvviz.analysis.sensitivity import _prompt_ids, layer_norms, layer_sensitivity, plans_kl, ranking, variant_plans
-from kvviz.analysis.search import SearchResult, SearchStep, search
+from kvviz.analysis.search import SearchResult, SearchStep, search, search_stream
 from kvviz.formats import as_plan
 from kvviz.metrics import Baseline
 from kvviz.quality.divergence import base_logprobs, kld, load_base, save_base
@@ -168,7 +168,8 @@ def test_row_values_takes_back_its_baseline(outlier_model):
 
 
 def test_tree_rows_equal_unshared_rows(outlier_model):
-    """Plans with shared prefixes (a search path) give the same hidden states as each plan run alone."""
+    """Plans with shared prefixes (a search path) give the same hidden states as each plan run alone, bit for bit:
+    the rows are row-stable (kvviz.rowstable)."""
     model, tok = outlier_model
     ids = tok(TEXT, return_tensors="pt")["input_ids"][:, :40]
     plans = [None if p is None else as_plan(p)
@@ -176,7 +177,7 @@ def test_tree_rows_equal_unshared_rows(outlier_model):
     together = row_hidden(model, ids, plans)
     for r, plan in enumerate(plans):
         alone = row_hidden(model, ids, [plan])[0]
-        torch.testing.assert_close(together[r], alone, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(together[r], alone, rtol=0, atol=0)
 
 
 def test_search_respects_the_budget_and_its_curve(outlier_model):
@@ -216,10 +217,23 @@ def test_search_reuses_given_sensitivities(outlier_model):
     again = search(model, tok, TEXT, cands, kl_budget=1e-3, max_tokens=48, sensitivity=first.sensitivity)
     assert again.sensitivity == first.sensitivity
     assert [s.plan for s in again.steps] == [s.plan for s in first.steps]
-    # the exact row ran in another batch (the path's, not the sensitivity run's): float sums differ slightly
-    assert [s.kl for s in again.steps] == pytest.approx([s.kl for s in first.steps], rel=1e-3)
+    # the exact row ran in another batch (the path's, not the sensitivity run's): row-stable, the same bits
+    assert [s.kl for s in again.steps] == [s.kl for s in first.steps]
     with pytest.raises(ValueError, match="previous search's result"):
         search(model, tok, TEXT, cands, kl_budget=1e-3, max_tokens=48, sensitivity={"int4": [0.0] * 4})
+
+
+def test_search_stream_measures_the_path_in_passes_to_the_same_result(outlier_model):
+    model, tok = outlier_model
+    cands = ["k=int4,v=fp16", "k=int2,v=fp16", "fp16"]
+    whole = search(model, tok, TEXT, cands, kl_budget=1e-3, max_tokens=48)
+    passes = list(search_stream(model, tok, TEXT, cands, kl_budget=1e-3, max_tokens=48, first_pass=2))
+    assert [len(p.steps) for p in passes] == [2, 6, 9]  # 2, then twice as many each pass, 9 plans in all
+    assert [p.complete for p in passes] == [False, False, True] and passes[-1].path_length == 9
+    for p in passes:  # each pass's steps are the whole path's first ones, the same bits
+        assert [(s.plan, s.kl, s.bytes) for s in p.steps] == [(s.plan, s.kl, s.bytes)
+                                                              for s in whole.steps[: len(p.steps)]]
+    assert passes[-1].chosen == whole.chosen and passes[-1].steps == whole.steps
 
 
 def test_search_bad_input(outlier_model):

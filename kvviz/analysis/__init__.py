@@ -18,7 +18,7 @@ Everything returns plain data (numpy arrays, dicts, a dataclass of tensors); not
 from kvviz.analysis.capture import KVCapture, LayerAttention, capture_ids, capture_kv
 from kvviz.analysis.errors import (ErrorSummary, attention_errors, error_map, error_maps, error_summary,
                                    layer_errors, relative_error, scale_comparison)
-from kvviz.analysis.search import SearchResult, SearchStep, search
+from kvviz.analysis.search import SearchResult, SearchStep, search, search_stream
 from kvviz.analysis.sensitivity import layer_norms, layer_sensitivity, ranking
 from kvviz.analysis.stats import (OUTLIER_FACTOR, capture_stats, channel_stats, coordinate_histogram,
                                   kv_outlier_summary, outlier_mask, rotation_view)
@@ -47,6 +47,7 @@ __all__ = [
     "ranking",
     "relative_error",
     "search",
+    "search_stream",
     "rotation_view",
     "scale_comparison",
 ]

@@ -4,6 +4,8 @@ kvviz.analysis.sensitivity (one batched run per step kind) and counts bytes with
 
     res = search(model, tok, prompts, ["int4", "int8", "fp16"], kl_budget=0.01)
     res.plan.text, res.chosen.kl, res.chosen.bytes      # the plan found; res.steps: the whole path
+    for res in search_stream(model, tok, prompts, ["int4", "fp16"], 0.01):   # the path's KL pass by pass
+        show(res.steps, res.complete)
     python -m kvviz plan --candidates int4,int8,fp16 --kl-budget 0.02
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 from kvviz.analysis.sensitivity import _prompt_ids, kv_layers, plans_kl
 from kvviz.cache import QuantizedKVCache, model_layer_types
@@ -39,7 +42,9 @@ class SearchResult:
     """The search's outcome. chosen: the cheapest step within the budget (the all-top one when none is); steps: the
     path, bytes rising step by step (the trade-off curve); ladder: the candidates, cheapest first; sensitivity:
     {candidate: [KL per layer]} for every rung but the top (NaN: a layer without K/V), to pass back to a search
-    with a new budget; bytes_fp16: an all-fp16 cache at `context` tokens; seconds: wall time."""
+    with a new budget; bytes_fp16: an all-fp16 cache at `context` tokens; seconds: wall time. path_length: the
+    plans on the whole path; a result of search_stream before its last pass holds the first of them only
+    (`complete` False), and `chosen` is the cheapest within budget so far."""
 
     chosen: SearchStep
     steps: tuple[SearchStep, ...]
@@ -50,10 +55,16 @@ class SearchResult:
     bytes_fp16: int
     sensitivity: dict
     seconds: float
+    path_length: int
 
     @property
     def plan(self) -> Plan:
         return self.chosen.plan
+
+    @property
+    def complete(self) -> bool:
+        """Whether every plan on the path is measured."""
+        return len(self.steps) == self.path_length
 
 
 def _move_order(sens: dict[str, list[float]], costs: dict[str, list[int]], ladder: list[str],
@@ -108,7 +119,8 @@ def search(model, tokenizer, prompts, candidates: list[str], kl_budget: float, m
        largest estimated KL reduction (its sensitivity at the current rung minus at the next; the top counts as
        0) per byte added. This fixes a path of L x (rungs - 1) + 1 plans, from all-cheapest to all-top.
     4. Measure the KL of every plan on the path (one batched run, the exact log-probs of step 2 reused), and
-       return the cheapest within the budget.
+       return the cheapest within the budget. The bytes rise along the path, so that is the first step within
+       it, up to ties in bytes (search_stream measures the path in passes and yields after each).
 
     Both runs go through kvviz.analysis.rows as prefix trees: plans that agree on their first layers share them.
 
@@ -121,6 +133,22 @@ def search(model, tokenizer, prompts, candidates: list[str], kl_budget: float, m
     sensitivity: a previous result's `sensitivity` for the same model, prompts, max_tokens and candidates, to
     skip step 2 (a new budget still measures the path; the path itself depends only on the sensitivities).
     """
+    last = None
+    for last in search_stream(model, tokenizer, prompts, candidates, kl_budget, max_tokens, context, rows_per_pass,
+                              sensitivity, first_pass=0):
+        pass
+    assert last is not None and last.complete, "search_stream ended before the whole path was measured"
+    return last
+
+
+def search_stream(model, tokenizer, prompts, candidates: list[str], kl_budget: float, max_tokens: int = 256,
+                  context: int = 4096, rows_per_pass: int | None = None, sensitivity: dict | None = None,
+                  first_pass: int = 8) -> Iterator[SearchResult]:
+    """`search`, yielding as the path's KL comes in: step 4 runs in passes, the first `first_pass` plans of the
+    path, then twice as many as the pass before, and a SearchResult follows each pass (its steps: the path so far;
+    the last one `complete`). first_pass=0: the whole path in one pass. A plan's KL does not depend on the pass it
+    runs in (its rows are row-stable, kvviz.rowstable): the passes cost only their shared layers again, about one
+    row per layer and pass. The plan found is known once a pass reaches a step within the budget."""
     t0 = time.perf_counter()
     if isinstance(candidates, str) or len(candidates) < 1:
         raise ValueError("candidates must be a list of one or more specs, e.g. ['int4', 'int8', 'fp16'].")
@@ -176,13 +204,17 @@ def search(model, tokenizer, prompts, candidates: list[str], kl_budget: float, m
         nxt[i] = hi
         path.append(nxt)
     path_plans = [per_layer(p) for p in path]
-    kls = plans_kl(model, ids_list, path_plans, rows_per_pass, bases=bases)
-    steps = []
-    for n, (plan, kl) in enumerate(zip(path_plans, kls)):
-        raised = None if n == 0 else moves[n - 1]
-        move = f"start: every layer {ladder[0]}" if raised is None else "layer {}: {} -> {}".format(*raised)
-        steps.append(SearchStep(n, move, plan, plan_bytes(plan), kl, kl <= kl_budget, raised))
-    ok = [s for s in steps if s.within_budget]
-    chosen = min(ok, key=lambda s: (s.bytes, s.kl)) if ok else steps[-1]
-    return SearchResult(chosen, tuple(steps), bool(ok), kl_budget, tuple(ladder), context,
-                        plan_bytes(as_plan("fp16")), sens, time.perf_counter() - t0)
+    steps: list[SearchStep] = []
+    size = first_pass or len(path_plans)
+    while len(steps) < len(path_plans):
+        done = len(steps)
+        todo = path_plans[done : done + size]
+        for n, (plan, kl) in enumerate(zip(todo, plans_kl(model, ids_list, todo, rows_per_pass, bases=bases)), done):
+            raised = None if n == 0 else moves[n - 1]
+            move = f"start: every layer {ladder[0]}" if raised is None else "layer {}: {} -> {}".format(*raised)
+            steps.append(SearchStep(n, move, plan, plan_bytes(plan), kl, kl <= kl_budget, raised))
+        size *= 2
+        ok = [s for s in steps if s.within_budget]
+        chosen = min(ok, key=lambda s: (s.bytes, s.kl)) if ok else steps[-1]
+        yield SearchResult(chosen, tuple(steps), bool(ok), kl_budget, tuple(ladder), context,
+                           plan_bytes(as_plan("fp16")), sens, time.perf_counter() - t0, len(path_plans))

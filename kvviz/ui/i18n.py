@@ -427,6 +427,8 @@ EN: dict[str, str] = {
     "plan_fig_title": "KV bytes against KL along the search ({where})",
     "plan_within": "within the budget of {budget:g}",
     "plan_over": "**no plan on the path stays within {budget:g}**: this is the all-top plan",
+    "plan_not_yet": "none of the path's first {n} plans stays within {budget:g} yet: the last of them so far",
+    "plan_partial": "*Measured {n} of the path's {total} plans; the rest follow.*",
     "plan_summary": ("**{where}**: `{plan}`, {verdict}. KL {kl:.4g} nats/token; {mib:.3f} MiB of KV cache at "
                      "{context:,} tokens: {fp16:.3f}× fp16, {uniform:.3f}× uniform {cheapest}. "
                      "Searched in {seconds:.1f} s."),
@@ -876,6 +878,8 @@ KO: dict[str, str] = {
     "plan_fig_title": "탐색 경로의 KV 바이트 대 KL ({where})",
     "plan_within": "예산 {budget:g} 이내",
     "plan_over": "**경로의 어떤 계획도 {budget:g} 안에 들지 않습니다**: 모든 레이어를 최상위 후보로 둔 계획입니다",
+    "plan_not_yet": "경로의 처음 {n}개 계획 중 아직 {budget:g} 안에 드는 것이 없습니다: 지금까지의 마지막 계획입니다",
+    "plan_partial": "*경로의 계획 {total}개 중 {n}개를 측정했습니다; 나머지가 이어집니다.*",
     "plan_summary": ("**{where}**: `{plan}`, {verdict}. KL {kl:.4g} nats/토큰; {context:,}토큰에서 KV 캐시 {mib:.3f} MiB: "
                      "fp16의 {fp16:.3f}배, 균일 {cheapest}의 {uniform:.3f}배. 탐색 {seconds:.1f}초."),
     "plan_export": "**서빙하려면:**",

@@ -10,6 +10,8 @@ input: "English" or "한국어" through the API). api_names:
       -> (K/V x layer heatmap, ranked bars, per-layer norms table, summary markdown)
     plan_search(source, prompt, candidates, custom_candidates, kl_budget, tokens, model, language)
       -> (trade-off figure, plan string, summary markdown (bytes, ratios, engine flags), steps table)
+      (a generator: the path's steps stream in passes, kvviz.analysis.search.search_stream; the first pass holds
+      the first 8 plans, where the plan found usually is)
 The plan's two buttons hand it to the Compare and Memory tabs (`wire_handover`, called by app.py).
 """
 
@@ -22,7 +24,7 @@ import gradio as gr
 from kvviz import memory as mem
 from kvviz import models, plots
 from kvviz.analysis import layer_norms, layer_sensitivity, ranking
-from kvviz.analysis.search import search as plan_search
+from kvviz.analysis.search import search_stream
 from kvviz.analysis.sensitivity import kv_layers, peaks
 from kvviz.cache import model_layer_types
 from kvviz.export import export_plan
@@ -143,19 +145,29 @@ def search(source, prompt, candidates, custom_candidates, kl_budget, tokens, mod
     llm, tok = get_model(progress, model=name)
     progress(0.1, desc=f"Ranking layers for {', '.join(p.name for p in names)}, then measuring every plan on the "
                        f"path (up to {tokens} tokens)…")
-    res = plan_search(llm, tok, text, names, budget, max_tokens=tokens, context=PLAN_CONTEXT)
-    steps, best = res.steps, res.chosen
+    for res in search_stream(llm, tok, text, names, budget, max_tokens=tokens, context=PLAN_CONTEXT):
+        yield _search_view(res, name, llm, lang)
+
+
+def _search_view(res, name: str, llm, lang: str) -> tuple:
+    """The search's outputs (figure, plan, summary, steps table) from a SearchResult, complete or a pass so far."""
+    steps, best, budget = res.steps, res.chosen, res.kl_budget
     uniform = steps[0].bytes  # step 0: every layer on the cheapest rung
     where = t("plan_where", lang).format(model=name, cands=", ".join(res.ladder), budget=budget)
     fig = plots.plan_tradeoff([s.bytes / _MIB for s in steps], [s.kl for s in steps],
                               [s.plan.text for s in steps], budget, best.step,
                               t("plan_fig_title", lang).format(where=where),
                               x_title=f"KV cache at {PLAN_CONTEXT:,} tokens (MiB)")
-    verdict = t("plan_within" if res.within_budget else "plan_over", lang).format(budget=budget)
+    if res.within_budget:
+        verdict = t("plan_within", lang).format(budget=budget)
+    else:
+        verdict = t("plan_over" if res.complete else "plan_not_yet", lang).format(budget=budget, n=len(steps))
     md = t("plan_summary", lang).format(
         where=where, verdict=verdict, plan=best.plan.text, kl=best.kl, mib=best.bytes / _MIB,
         context=PLAN_CONTEXT, fp16=best.bytes / res.bytes_fp16, cheapest=res.ladder[0],
         uniform=best.bytes / uniform, seconds=res.seconds)
+    if not res.complete:
+        md = t("plan_partial", lang).format(n=len(steps), total=res.path_length) + "\n\n" + md
     md += "\n\n" + t("plan_export", lang) + "\n\n" + _export_line(best.plan, model_layer_types(llm.config), name, lang)
     headers = [t(f"plan_col{i}", lang) for i in range(_STEP_COLUMNS)]
     rows = [[s.step, _move(s, res.ladder[0], lang), s.plan.text, round(s.bytes / _MIB, 3), round(s.kl, 6)]
