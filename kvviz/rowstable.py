@@ -21,8 +21,10 @@ bit-equal to a plain batch-1 `model.generate` (MKL, batched SDPA), and the figur
 on F.linear: `row_stable(model, False)` inside a row-stable block.
 
 The packed weights are kept on each layer (`_kvviz_packed`, not a parameter or buffer: the state dict does not
-change) for later calls, and repacked when the weight changes: the model holds a second copy of its linear weights
-from its first row-stable call on. Other dtypes and devices, and torch builds without oneDNN, run F.linear.
+change) for later calls, and repacked when the weight changes; one model at a time holds them (entering
+row_stable for another model drops the previous one's), so a process holds at most one second copy of a model's
+linear weights (SmolLM2-135M 513 MiB, Gemma 3 270M 1,022 MiB with its tied 262K-token head). Packing them all
+takes about half a second on SmolLM2. Other dtypes and devices, and torch builds without oneDNN, run F.linear.
 
     with row_stable(model):
         logits = model(input_ids=batch, cache=stack).logits   # [rows, t, vocab], each row as it would be alone
@@ -33,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import types
+import weakref
 from typing import Iterator, TypeVar
 
 import torch
@@ -42,6 +45,7 @@ from torch import nn
 T = TypeVar("T")
 _ROWS_HINT = 16  # oneDNN's packing hint: the layout it picks for ~16 rows runs any row count, the same bits
 _state = threading.local()  # .on: this thread's row_stable blocks, innermost last (each True or False)
+_holder: weakref.ref | None = None  # the model whose layers hold packed weights (one at a time)
 
 
 def available() -> bool:
@@ -79,6 +83,18 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return out[:1].reshape(*x.shape[:-1], -1) if one else out.reshape(*x.shape[:-1], -1)
 
 
+def _hold(model: nn.Module) -> None:
+    """Make `model` the one whose layers keep packed weights: the previous holder's are dropped."""
+    global _holder
+    previous = _holder() if _holder is not None else None
+    if previous is model:
+        return
+    if previous is not None:
+        for module in previous.modules():
+            module.__dict__.pop("_kvviz_packed", None)
+    _holder = weakref.ref(model)
+
+
 def _install(model: nn.Module) -> None:
     """Give every float32 CPU nn.Linear of `model` the dispatching forward (once; F.linear outside row_stable)."""
     for module in model.modules():
@@ -93,6 +109,7 @@ def row_stable(model: nn.Module, enabled: bool = True):
     enabled=False, F.linear and batched attention again (a timed decode inside a row-stable run times what a server
     runs). Other threads using the same model meanwhile run as before."""
     if enabled and available():
+        _hold(model)
         _install(model)
     if not hasattr(_state, "on"):
         _state.on = []

@@ -116,3 +116,17 @@ def test_grouped_decode_is_attention():
                                          scale=0.3).transpose(1, 2)  # [B, 1, Hq, Dv]
     for m in (mask, additive):
         torch.testing.assert_close(grouped_decode(q, k, v, m, 0.3), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_one_model_at_a_time_keeps_its_packed_weights():
+    first, second = _layer(64, 64), _layer(32, 64)
+    x = torch.randn(3, 64)
+    with rowstable.row_stable(first):
+        first(x)
+    assert hasattr(first[0], "_kvviz_packed")
+    with rowstable.row_stable(second):
+        second(x)
+    assert hasattr(second[0], "_kvviz_packed") and not hasattr(first[0], "_kvviz_packed")
+    with rowstable.row_stable(first):  # packed again on its next use, the same bits
+        again = first(x)
+    torch.testing.assert_close(again, F.linear(x, first[0].weight), rtol=1e-5, atol=1e-5)
