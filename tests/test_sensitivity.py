@@ -234,6 +234,14 @@ def test_search_stream_measures_the_path_in_passes_to_the_same_result(outlier_mo
         assert [(s.plan, s.kl, s.bytes) for s in p.steps] == [(s.plan, s.kl, s.bytes)
                                                               for s in whole.steps[: len(p.steps)]]
     assert passes[-1].chosen == whole.chosen and passes[-1].steps == whole.steps
+    # the tab's view of a pass: what is measured so far, and no "no plan stays within" before the path ends
+    from kvviz.ui.sensitivity import _search_view
+    tight = list(search_stream(model, tok, TEXT, cands, kl_budget=0.0, max_tokens=48, first_pass=2))
+    _, _, md, table = _search_view(tight[0], "tiny", model, "en")
+    assert md.startswith("*Measured 2 of the path's 9 plans; the rest follow.*") and len(table) == 2
+    assert "none of the path's first 2 plans stays within 0 yet" in md and "no plan on the path" not in md
+    _, _, md, table = _search_view(tight[-1], "tiny", model, "en")
+    assert "Measured" not in md and "no plan on the path stays within 0" in md and len(table) == 9
 
 
 def test_search_bad_input(outlier_model):
