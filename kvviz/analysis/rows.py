@@ -36,8 +36,8 @@ import torch
 from kvviz.cache import model_layer_types
 from kvviz.cache.rows import RowStackCache
 from kvviz.formats import spec_key
-from kvviz.rowstable import row_stable
 from kvviz.metrics import Baseline, log_probs
+from kvviz.rowstable import row_stable
 
 
 def decoder(model):

@@ -35,11 +35,11 @@ from kvviz.analysis import llamacpp
 from kvviz.cache import model_layer_types
 from kvviz.cache.rows import RowStackCache
 from kvviz.formats import Plan, as_plans, parse_kv
-from kvviz.rowstable import row_stable_steps
 from kvviz.memory import kv_cache_bytes_for
 from kvviz.metrics import kl_top1
 from kvviz.quality.decode import decode_speed, prefill
 from kvviz.quality.report import EXACT, LLAMACPP_METRICS, METRICS_BACKEND, FormatResult, QualityReport, StreamUpdate
+from kvviz.rowstable import row_stable_steps
 
 
 def _encode(tokenizer, prompt) -> torch.Tensor:

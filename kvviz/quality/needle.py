@@ -25,9 +25,9 @@ from kvviz.analysis import llamacpp
 from kvviz.cache import model_layer_types
 from kvviz.cache.rows import RowStackCache
 from kvviz.formats import as_plans
-from kvviz.rowstable import row_stable
 from kvviz.quality.corpus import wikitext
 from kvviz.quality.decode import prefill_shared
+from kvviz.rowstable import row_stable
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 NEEDLE = " The secret number is {value}. Remember it: {value}."
