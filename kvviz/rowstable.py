@@ -46,6 +46,7 @@ T = TypeVar("T")
 _ROWS_HINT = 16  # oneDNN's packing hint: the layout it picks for ~16 rows runs any row count, the same bits
 _state = threading.local()  # .on: this thread's row_stable blocks, innermost last (each True or False)
 _holder: weakref.ref | None = None  # the model whose layers hold packed weights (one at a time)
+_installed: weakref.WeakSet = weakref.WeakSet()  # models whose linear layers have the dispatching forward
 
 
 def available() -> bool:
@@ -97,6 +98,9 @@ def _hold(model: nn.Module) -> None:
 
 def _install(model: nn.Module) -> None:
     """Give every float32 CPU nn.Linear of `model` the dispatching forward (once; F.linear outside row_stable)."""
+    if model in _installed:  # a streamed run enters row_stable once per item
+        return
+    _installed.add(model)
     for module in model.modules():
         if (type(module) is nn.Linear and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
                 and "forward" not in module.__dict__):
