@@ -1,7 +1,7 @@
 """kvviz.ui.compare: the Compare tab: the same prompt generated through several KV formats, side by side.
 
-Texts stream as `kvviz.quality.compare_stream` decodes all formats as one batch; the first divergence from the
-unquantized baseline is marked. When the run ends, a table and bar charts give teacher-forced KL and top-1, cache bytes
+Texts stream as `kvviz.quality.compare_stream` decodes all formats as one batch (the columns at most every
+STREAM_EVERY_S seconds); the first divergence from the unquantized baseline is marked. When the run ends, a table and bar charts give teacher-forced KL and top-1, cache bytes
 and tokens/s (each format's own cache and attention backend). The needle test runs on demand.
 api_names:
     compare(prompt, specs, custom_specs, max_new_tokens, with_perplexity, model)
@@ -46,6 +46,9 @@ MAX_PROMPT_TOKENS = 2048  # on a 2-core CPU a longer prefill through every forma
 SPEED_TOKENS = 2
 NEEDLES_PER_DEPTH = 3  # each depth's point is a rate over this many needles (each one more prefill of the context)
 PPL_WINDOWS, PPL_WINDOW = 1, 512  # one 512-token WikiText-2 window: seconds per format on a 2-core CPU
+# the columns stream at most every this many seconds (the first token at once): each update is a page diff gradio
+# serializes and sends, ~14 ms of the same two cores per update, about 2 s of a 128-token click at one per token
+STREAM_EVERY_S = 0.2
 
 
 def _divergence(text: str, baseline: str) -> int | None:
@@ -156,8 +159,12 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, mode
     yield _columns("", {p.name: "" for p in plans}, {}, lang), None, empty, status, empty
     notes = ScaleNotes()  # the library's static-scale warnings, one line per format
     stream = quality.compare_stream(model, tok, prompt, plans, new_tokens, speed_tokens=SPEED_TOKENS)
+    shown = 0.0  # when the columns last streamed
     for update in notes.watch(stream):
         if update.report is None:
+            if update.step and time.perf_counter() - shown < STREAM_EVERY_S:
+                continue
+            shown = time.perf_counter()
             yield (_columns(update.baseline, update.texts, {}, lang), gr.skip(), gr.skip(),
                    t("r_token", lang).format(i=update.step + 1, n=new_tokens, model=name), gr.skip())
             continue
