@@ -72,16 +72,20 @@ def active() -> bool:
     return bool(on) and on[-1]
 
 
+def _inner_product(rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's inner product of rows [M, in] with a packed weight -> [M, out], each row the same bits for any M:
+    a 1-row call rounds apart from the rest for some shapes, so it runs as 2 rows (the row twice)."""
+    m = rows.shape[0]
+    wide = rows.expand(2, -1) if m == 1 else rows
+    return torch.ops.mkldnn._linear_pointwise(wide.contiguous(), packed, bias, "none", [], "")[:m]
+
+
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """nn.Linear.forward, through the packed inner product while this thread is inside row_stable."""
     if not active() or x.dtype != torch.float32 or x.device.type != "cpu" or x.requires_grad:
         return F.linear(x, self.weight, self.bias)
-    rows = x.reshape(-1, x.shape[-1])  # [M, in]
-    one = rows.shape[0] == 1
-    if one:  # a 1-row call rounds apart from the rest for some shapes: run it as 2 rows
-        rows = rows.expand(2, -1)
-    out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), _packed(self), self.bias, "none", [], "")
-    return out[:1].reshape(*x.shape[:-1], -1) if one else out.reshape(*x.shape[:-1], -1)
+    out = _inner_product(x.reshape(-1, x.shape[-1]), _packed(self), self.bias)  # [M, out]
+    return out.reshape(*x.shape[:-1], -1)
 
 
 def _hold(model: nn.Module) -> None:
@@ -141,7 +145,7 @@ class HeadChunks:
     (a log-sum-exp) that never hold the whole [N, vocab]: at Gemma 3's 262K vocabulary that array is 132 MB per
     128 positions, and a fresh one's pages cost about as much as the product. weight: [vocab, hidden], packed once
     for oneDNN chunk by chunk (a second copy of the head while this object lives); without oneDNN, torch.mm on
-    slices of it. Each row's logits are the same bits whatever the row count (2 up), as in row_stable.
+    slices of it. Each row's logits are the same bits whatever the row count, as in row_stable.
 
         for start, z in HeadChunks(weight).logits(hidden):   # hidden [N, hidden] -> z [N, chunk] per chunk
     """
@@ -161,7 +165,5 @@ class HeadChunks:
             for i in range(0, self.weight.shape[0], self.CHUNK):
                 yield i, torch.mm(hidden, self.weight[i : i + self.CHUNK].T)
             return
-        rows = hidden.contiguous() if hidden.shape[0] > 1 else hidden.expand(2, -1).contiguous()
         for n, packed in enumerate(self.packed):
-            z = torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], "")
-            yield n * self.CHUNK, z[: hidden.shape[0]]
+            yield n * self.CHUNK, _inner_product(hidden, packed, None)

@@ -204,6 +204,7 @@ def search_stream(model, tokenizer, prompts, candidates: list[str], kl_budget: f
         nxt[i] = hi
         path.append(nxt)
     path_plans = [per_layer(p) for p in path]
+    bytes_fp16 = plan_bytes(as_plan("fp16"))
     steps: list[SearchStep] = []
     size = first_pass or len(path_plans)
     while len(steps) < len(path_plans):
@@ -216,5 +217,5 @@ def search_stream(model, tokenizer, prompts, candidates: list[str], kl_budget: f
         size *= 2
         ok = [s for s in steps if s.within_budget]
         chosen = min(ok, key=lambda s: (s.bytes, s.kl)) if ok else steps[-1]
-        yield SearchResult(chosen, tuple(steps), bool(ok), kl_budget, tuple(ladder), context,
-                           plan_bytes(as_plan("fp16")), sens, time.perf_counter() - t0, len(path_plans))
+        yield SearchResult(chosen, tuple(steps), bool(ok), kl_budget, tuple(ladder), context, bytes_fp16, sens,
+                           time.perf_counter() - t0, len(path_plans))

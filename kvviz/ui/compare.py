@@ -1,8 +1,9 @@
 """kvviz.ui.compare: the Compare tab: the same prompt generated through several KV formats, side by side.
 
 Texts stream as `kvviz.quality.compare_stream` decodes all formats as one batch (the columns at most every
-STREAM_EVERY_S seconds); the first divergence from the unquantized baseline is marked. When the run ends, a table and bar charts give teacher-forced KL and top-1, cache bytes
-and tokens/s (each format's own cache and attention backend). The needle test runs on demand.
+STREAM_EVERY_S seconds); the first divergence from the unquantized baseline is marked. When the run ends, a table
+and bar charts give teacher-forced KL and top-1, cache bytes and tokens/s (each format's own cache and attention
+backend). The needle test runs on demand.
 api_names:
     compare(prompt, specs, custom_specs, max_new_tokens, with_perplexity, model)
       -> (columns html, metrics table, metrics figure, status, quality-against-bytes map)
