@@ -97,12 +97,12 @@ class Baseline:
     def __init__(self, lp: torch.Tensor, targets: torch.Tensor):
         self.lp, self.targets = lp, targets
         self.p = lp.exp()
-        self.p_lp = torch.where(self.p > 0, self.p * lp, torch.zeros_like(lp)).sum(-1)  # [N]
+        # 0 * ln 0 = 0: a token of no mass adds nothing (its lp may be -inf; finite lp times an underflowed 0 is 0)
+        self.p_lp = torch.linalg.vecdot(self.p, lp.nan_to_num(neginf=0.0))  # [N]
         self.p_sum = self.p.sum(-1)
         self.top = lp.argmax(-1)
         self.nll = nll(lp, targets)
         self._pw: tuple[torch.Tensor, torch.Tensor] | None = None  # (head weight, P W) of p_z
-        self._head: HeadChunks | None = None  # kl_linear's head, packed once
 
     def kl(self, logits: torch.Tensor, p_z: torch.Tensor | None = None) -> torch.Tensor:
         """KL(baseline || candidate) [N] of a candidate's logits [N, vocab], the vocabulary read in the logits' own
@@ -116,34 +116,39 @@ class Baseline:
         return self._kl(lse, p_z)
 
     def kl_linear(self, weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """kl(hidden @ weight.T, p_z(weight, hidden)) [N] for a linear head (weight [vocab, hidden], no bias, no
-        softcapping) and a candidate's hidden states [N, hidden] in the weight's dtype, the logits formed and
-        reduced a vocabulary chunk at a time (kvviz.rowstable.HeadChunks: oneDNN's inner product on the weight
-        packed once per Baseline): lse(z) = top + log(sum_c exp(top_c - top) sum exp(z_c - top_c)), each chunk's
-        exponentials summed in float64 from its own max. `kl` holds four [N, vocab] arrays per candidate; at Gemma
-        3's 262K vocabulary, forming and faulting in those pages costs about as much as the head's product, which
-        MKL runs at half oneDNN's speed on AMD CPUs. Equal to `kl` to float32 rounding (the products round apart)."""
-        if self._head is None or self._head.weight is not weight:
-            self._head = HeadChunks(weight)
+        """kl(hidden @ weight.T, p_z(weight, hidden)) [..., N] for a linear head (weight [vocab, hidden], no bias,
+        no softcapping) and candidates' hidden states [..., N, hidden] in the weight's dtype (several candidates
+        stacked in front share each product: the head runs faster on a few hundred rows than on one candidate's),
+        the logits formed and reduced a vocabulary chunk at a time (kvviz.rowstable.HeadChunks: oneDNN's inner
+        product on the weight packed once per process): lse(z) = top + log(sum_c exp(top_c - top) sum exp(z_c -
+        top_c)), each chunk's exponentials summed in float64 from its own max. `kl` holds four [N, vocab] arrays
+        per candidate; at Gemma 3's 262K vocabulary, forming and faulting in those pages costs about as much as the
+        head's product, which MKL runs at half oneDNN's speed on AMD CPUs. Equal to `kl` to float32 rounding (the
+        products round apart); a candidate's value does not depend on the candidates stacked beside it."""
+        rows = hidden.reshape(-1, hidden.shape[-1])  # [R N, hidden]
         tops, sums = [], []
-        for _, z in self._head.logits(hidden):  # z: [N, chunk]
-            top = z.amax(dim=-1, keepdim=True)  # [N, 1]
+        for _, z in HeadChunks.of(weight).logits(rows):  # z: [R N, chunk]
+            top = z.amax(dim=-1, keepdim=True)  # [R N, 1]
             tops.append(top[:, 0].double())
             sums.append(z.sub_(top).exp_().sum(dim=-1, dtype=torch.float64))
-        top_c, sum_c = torch.stack(tops), torch.stack(sums)  # [chunks, N] each
-        top = top_c.amax(dim=0)  # [N]
+        top_c, sum_c = torch.stack(tops), torch.stack(sums)  # [chunks, R N] each
+        top = top_c.amax(dim=0)  # [R N]
         lse = top + (sum_c * (top_c - top).exp()).sum(dim=0).log()
-        return self._kl(lse, self.p_z(weight, hidden))
+        return self._kl(lse.reshape(hidden.shape[:-1]), self.p_z(weight, hidden))
 
     def _kl(self, lse: torch.Tensor, p_z: torch.Tensor) -> torch.Tensor:
         """sum P lp - sum P z + lse(z) sum P [N]: KL(P || softmax(z)) from the candidate's lse(z) and sum P z."""
         return self.p_lp - p_z + lse * self.p_sum
 
     def p_z(self, weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """sum_v P_v z_v [N] for a linear head z = W h (weight [vocab, hidden], no bias, no softcapping) and the
-        candidate's hidden states [N, hidden], as (P W) . h: P W [N, hidden] is formed once per weight, in float64."""
+        """sum_v P_v z_v [..., N] for a linear head z = W h (weight [vocab, hidden], no bias, no softcapping) and
+        candidates' hidden states [..., N, hidden], as (P W) . h: P W [N, hidden] is formed once per weight, in float64,
+        a vocabulary chunk at a time (never a float64 copy of the whole head: 1.3 GB at Gemma 3's vocabulary)."""
         if self._pw is None or self._pw[0] is not weight:
-            self._pw = (weight, self.p @ weight.double())  # [N, hidden]
+            pw = self.p.new_zeros(self.p.shape[0], weight.shape[1])  # [N, hidden] float64
+            for i in range(0, weight.shape[0], HeadChunks.CHUNK):
+                pw.addmm_(self.p[:, i : i + HeadChunks.CHUNK], weight[i : i + HeadChunks.CHUNK].double())
+            self._pw = (weight, pw)
         return torch.linalg.vecdot(self._pw[1], hidden.double())
 
     def values(self, logits: torch.Tensor):

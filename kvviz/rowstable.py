@@ -81,10 +81,17 @@ def _inner_product(rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor 
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """nn.Linear.forward, through the packed inner product while this thread is inside row_stable."""
+    """nn.Linear.forward, through the packed inner product while this thread is inside row_stable (a layer as wide
+    as a vocabulary through HeadChunks, so that the LM head has one packed copy, in chunks)."""
     if not active() or x.dtype != torch.float32 or x.device.type != "cpu" or x.requires_grad:
         return F.linear(x, self.weight, self.bias)
-    out = _inner_product(x.reshape(-1, x.shape[-1]), _packed(self), self.bias)  # [M, out]
+    rows = x.reshape(-1, x.shape[-1])
+    if self.bias is None and self.weight.shape[0] >= HeadChunks.WIDE:
+        out = rows.new_empty(rows.shape[0], self.weight.shape[0])
+        for start, z in HeadChunks.of(self.weight).logits(rows):
+            out[:, start : start + z.shape[1]] = z
+    else:
+        out = _inner_product(rows, _packed(self), self.bias)  # [M, out]
     return out.reshape(*x.shape[:-1], -1)
 
 
@@ -97,6 +104,7 @@ def _hold(model: nn.Module) -> None:
     if previous is not None:
         for module in previous.modules():
             module.__dict__.pop("_kvviz_packed", None)
+    HeadChunks._held = None
     _holder = weakref.ref(model)
 
 
@@ -144,13 +152,30 @@ class HeadChunks:
     """A linear head's logits z = h W^T a chunk of the vocabulary at a time, for reductions over the vocabulary
     (a log-sum-exp) that never hold the whole [N, vocab]: at Gemma 3's 262K vocabulary that array is 132 MB per
     128 positions, and a fresh one's pages cost about as much as the product. weight: [vocab, hidden], packed once
-    for oneDNN chunk by chunk (a second copy of the head while this object lives); without oneDNN, torch.mm on
-    slices of it. Each row's logits are the same bits whatever the row count, as in row_stable.
+    for oneDNN chunk by chunk (a second copy of the head); without oneDNN, torch.mm on slices of it. Each row's
+    logits are the same bits whatever the row count, as in row_stable.
 
-        for start, z in HeadChunks(weight).logits(hidden):   # hidden [N, hidden] -> z [N, chunk] per chunk
+    `HeadChunks.of(weight)` keeps one head packed for the process (the last asked for; packing Gemma 3's takes
+    0.8 s), which a row-stable model's LM head also runs through: the baseline's logits and every candidate's are
+    the same products, and the head has one packed copy.
+
+        for start, z in HeadChunks.of(weight).logits(hidden):   # hidden [N, hidden] -> z [N, chunk] per chunk
     """
 
     CHUNK = 4096  # vocabulary rows per product: [128, 4096] float32 is 2 MB, reused from the heap
+    WIDE = 4 * CHUNK  # a linear layer with this many outputs or more is a vocabulary head (row_stable's _forward)
+    _held: "tuple[weakref.ref, tuple, HeadChunks] | None" = None  # (weight, its version key, its chunks)
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> "HeadChunks":
+        """The chunks of `weight`, packed on first use and kept until another head is asked for, the weight
+        changes, or row_stable moves to another model."""
+        key = (weight.data_ptr(), weight._version, tuple(weight.shape))
+        held = cls._held
+        if held is None or held[0]() is not weight or held[1] != key:
+            held = (weakref.ref(weight), key, cls(weight))
+            cls._held = held
+        return held[2]
 
     def __init__(self, weight: torch.Tensor):
         self.weight = weight

@@ -105,6 +105,32 @@ def test_baseline_kl_linear_is_kl_of_the_head(dtype, vocab):
         torch.testing.assert_close(want, _plain_kl(base[:n], hidden @ weight.T), rtol=1e-5, atol=1e-8)
 
 
+def test_kl_linear_of_stacked_candidates_is_each_candidates_own():
+    """Candidates stacked [R, N, hidden] share the head's products; each one's KL is the same bits as alone."""
+    g = torch.Generator().manual_seed(11)
+    weight = torch.randn(2 * HeadChunks.CHUNK + 9, 16, generator=g)
+    base = torch.randn(5, weight.shape[0], generator=g)
+    ref = metrics.Baseline(metrics.log_probs(base), torch.zeros(5, dtype=torch.long))
+    stack = torch.randn(3, 5, 16, generator=g)
+    got = ref.kl_linear(weight, stack)
+    assert got.shape == (3, 5)
+    for r in range(3):
+        assert torch.equal(got[r], ref.kl_linear(weight, stack[r]))
+
+
+def test_head_chunks_are_kept_for_one_head_and_repacked_when_it_changes():
+    g = torch.Generator().manual_seed(12)
+    first, second = torch.randn(HeadChunks.CHUNK + 3, 8, generator=g), torch.randn(40, 8, generator=g)
+    assert HeadChunks.of(first) is HeadChunks.of(first)
+    held = HeadChunks.of(first)
+    assert HeadChunks.of(second) is not held and HeadChunks.of(first) is not held  # one head at a time
+    with torch.no_grad():
+        first.mul_(2.0)  # the weight changed in place: packed again
+    x = torch.randn(3, 8, generator=g)
+    z = torch.cat([z for _, z in HeadChunks.of(first).logits(x)], dim=1)
+    torch.testing.assert_close(z, x @ first.T, rtol=1e-5, atol=1e-5)
+
+
 def test_head_chunks_give_each_row_the_same_bits_whatever_the_row_count():
     g = torch.Generator().manual_seed(9)
     head = HeadChunks(torch.randn(2 * HeadChunks.CHUNK + 5, 64, generator=g))

@@ -12,6 +12,7 @@ from kvviz import quality, rowstable
 from kvviz.analysis.rows import row_values
 from kvviz.formats import as_plan
 from kvviz.attention import grouped_decode, kvviz_attention_forward
+from kvviz.rowstable import HeadChunks
 from kvviz.tiny import tiny_model
 
 pytestmark = pytest.mark.skipif(not rowstable.available(), reason="this torch build has no oneDNN")
@@ -116,6 +117,22 @@ def test_grouped_decode_is_attention():
                                          scale=0.3).transpose(1, 2)  # [B, 1, Hq, Dv]
     for m in (mask, additive):
         torch.testing.assert_close(grouped_decode(q, k, v, m, 0.3), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_a_vocabulary_head_runs_through_the_shared_head_chunks():
+    """A layer as wide as a vocabulary is not packed whole: it runs through HeadChunks.of (one packed copy of the
+    head, the same products as Baseline.kl_linear's), each row the same bits for any row count."""
+    head = torch.nn.Sequential(torch.nn.Linear(64, HeadChunks.WIDE + 7, bias=False))
+    x = torch.randn(5, 64)
+    with rowstable.row_stable(head):
+        out = head(x)
+        alone = [head(x[r : r + 1]) for r in range(5)]
+    assert not hasattr(head[0], "_kvviz_packed")
+    want = torch.cat([z for _, z in HeadChunks.of(head[0].weight).logits(x)], dim=1)
+    assert torch.equal(out, want)
+    for r in range(5):
+        assert torch.equal(alone[r], out[r : r + 1])
+    torch.testing.assert_close(out, F.linear(x, head[0].weight), rtol=1e-5, atol=1e-5)
 
 
 def test_one_model_at_a_time_keeps_its_packed_weights():

@@ -39,6 +39,8 @@ from kvviz.formats import spec_key
 from kvviz.metrics import Baseline, log_probs
 from kvviz.rowstable import row_stable
 
+HEAD_ROWS = 4  # candidates whose KL shares each product of a linear LM head (Baseline.kl_linear)
+
 
 def decoder(model):
     """The decoder body of a causal LM (hidden states out, no LM head). transformers' get_decoder() returns the
@@ -198,7 +200,8 @@ def row_values(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk
     hidden = row_hidden(model, ids, run, first_chunk, chunk, scales)[:, score_from : t - 1]  # [R, N, hidden]
     targets = ids[0, score_from + 1 :]  # [N]
     if base is None:
-        base = lm_logprobs(model, hidden[0])
+        with row_stable(model):  # a linear head through the products every candidate's KL takes (HeadChunks)
+            base = lm_logprobs(model, hidden[0])
         hidden = hidden[1:]
     lp = base.lp if isinstance(base, Baseline) else base
     if lp.shape[0] != targets.shape[0]:
@@ -209,5 +212,6 @@ def row_values(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk
         weight = linear_head(model)
         if weight is None:
             return [ref.kl(lm_logits(model, h)) for h in hidden], ref
-        return [ref.kl_linear(weight, h) for h in hidden], ref
+        stacks = [ref.kl_linear(weight, hidden[i : i + HEAD_ROWS]) for i in range(0, len(hidden), HEAD_ROWS)]
+        return [kl for stack in stacks for kl in stack], ref
     return [ref.values(lm_logits(model, h)) for h in hidden], ref
