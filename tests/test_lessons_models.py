@@ -137,12 +137,15 @@ def test_lesson7_fused_reads_the_packed_bytes_and_unfused_copies_them(lesson, mo
 
 
 PLAN8 = {"smollm2-135m": "1-3,10", "gemma-3-270m": "4"}  # lesson_note8 / lesson_models8
+TOP8 = {"smollm2-135m": ["K of layer 1"], "gemma-3-270m": ["K of layer 5", "K of layer 11"]}  # the map's peaks
 
 
 def test_lesson8_ends_in_a_plan_an_engine_serves(lesson, model):
     out = lesson(8)
     _, _, norms, summary = out["run"]
     assert len(norms) == {"smollm2-135m": 30, "gemma-3-270m": 18}[model]
+    peaks = [line for line in summary.splitlines() if line.startswith("- **")]
+    assert [p.split("**")[1] for p in peaks[: len(TOP8[model])]] == TOP8[model], peaks
     _, plan, md, steps = out["search"]
     layers = PLAN8[model]
     assert plan == f"vllm:int4_per_token_head; {layers}=fp16"

@@ -91,19 +91,21 @@ EN: dict[str, str] = {
                        "4.06 bits (SmolLM2: 4.25 at head_dim 64); groups of 16 and 8 cost 5 and 6 bits on both. The "
                        "lesson opens the Memory tab on the picked model when it has a preset there."),
     "lesson_note8": ("**Lesson 8.** The map quantizes one layer's K or V at a time to vLLM's `int4_per_token_head` "
-                     "(asymmetric int4 per token and head after a Hadamard rotation), on 128 tokens of WikiText-2. "
-                     "On SmolLM2 the rotation flattens the map: layer 1's K tops it at KL 0.0030 nats/token, 8× the "
-                     "median tensor's, then layers 19 and 3 (0.0018). Then the plan search over that dtype and fp16 "
-                     "(budget 0.03): every layer in `int4_per_token_head` costs KL 0.037; keeping layers 1-3 and 10 in "
-                     "fp16 brings it to 0.024 for 0.38× an fp16 cache instead of 0.28×. Because the candidates are "
-                     "an engine dtype and fp16, the plan is one vLLM serves: *Serving it* gives `--kv-cache-dtype "
-                     "int4_per_token_head --kv-cache-dtype-skip-layers 1 2 3 10`. The map and the search each take "
-                     "about 10 seconds on an idle 2-core CPU (longer when the machine is shared)."),
-    "lesson_models8": ("**Across models:** on Gemma 3 270M the full-attention layers 11 and 5 top the map (K's KL "
-                       "0.028 and 0.025, 29× and 26× the median tensor's; their largest K channel about 32× the "
+                     "(asymmetric int4 per token and head after a Hadamard rotation), on 64 tokens of WikiText-2. "
+                     "On SmolLM2 the rotation flattens the map: layer 1's K tops it at KL 0.0038 nats/token, 8× the "
+                     "median tensor's, then layers 2 and 10 (0.0027). Then the plan search over that dtype and fp16 "
+                     "(budget 0.03): every layer in `int4_per_token_head` costs KL 0.046; keeping layers 1-3 and 10 in "
+                     "fp16 brings it to 0.027 for 0.38× an fp16 cache instead of 0.28×. Layer 1 alone reads 0.053, "
+                     "above the start: one layer's damage does not simply add to the others', which is why the search "
+                     "measures every plan on its path. Because the candidates are an engine dtype and fp16, the plan "
+                     "is one vLLM serves: *Serving it* gives `--kv-cache-dtype int4_per_token_head "
+                     "--kv-cache-dtype-skip-layers 1 2 3 10`. The map and the search each take about 5 seconds on an "
+                     "idle 2-core CPU (longer when the machine is shared)."),
+    "lesson_models8": ("**Across models:** on Gemma 3 270M the full-attention layers 5 and 11 top the map (K's KL "
+                       "0.036 and 0.034, 27× and 25× the median tensor's; their largest K channel 30× and 33× the "
                        "median). The search (budget 0.11) still starts with sliding-window layer 4: at 4,096 tokens a "
                        "sliding layer holds only its 512-token window, so keeping it in fp16 costs a tenth of what a "
-                       "full layer does. Every layer in `int4_per_token_head` costs KL 0.15; layer 4 in fp16 brings "
+                       "full layer does. Every layer in `int4_per_token_head` costs KL 0.17; layer 4 in fp16 brings "
                        "it to 0.100: `--kv-cache-dtype int4_per_token_head --kv-cache-dtype-skip-layers 4`."),
     "tab_compare": "Compare",
     "tab_outliers": "K outliers",
@@ -558,20 +560,21 @@ KO: dict[str, str] = {
     "lesson_models6": ("**모델 간 차이:** Gemma 3 270M은 head_dim이 256이라, 행마다 fp16 스케일 하나를 둔 int4는 "
                        "4.06비트입니다(SmolLM2는 head_dim 64에서 4.25). 16개·8개 그룹은 두 모델 모두 5비트와 6비트. "
                        "고른 모델에 프리셋이 있으면 레슨이 메모리 탭을 그 모델로 엽니다."),
-    "lesson_note8": ("**레슨 8.** 이 맵은 WikiText-2의 128토큰에서 한 번에 한 레이어의 K 또는 V만 vLLM의 "
+    "lesson_note8": ("**레슨 8.** 이 맵은 WikiText-2의 64토큰에서 한 번에 한 레이어의 K 또는 V만 vLLM의 "
                      "`int4_per_token_head`(하다마드 회전 뒤 토큰·헤드마다 비대칭 int4)로 양자화합니다. SmolLM2에서는 "
-                     "회전이 맵을 평평하게 만듭니다: 레이어 1의 K가 KL 0.0030 nats/토큰으로 가장 높고(중간 텐서의 8배), "
-                     "그다음이 레이어 19와 3(0.0018)입니다. 이어서 그 dtype과 fp16으로 계획을 탐색합니다(예산 0.03): "
-                     "모든 레이어를 `int4_per_token_head`로 두면 KL 0.037, 레이어 1-3과 10을 fp16으로 두면 0.024가 "
-                     "되고 캐시는 fp16의 0.28배 대신 0.38배입니다. 후보가 엔진의 dtype과 fp16이라 결과는 vLLM이 서빙할 "
-                     "수 있는 계획입니다: *서빙하려면*에 `--kv-cache-dtype int4_per_token_head "
-                     "--kv-cache-dtype-skip-layers 1 2 3 10`이 나옵니다. 맵과 탐색은 쉬고 있는 2코어 CPU에서 각각 "
-                     "10초 안팎 걸립니다(다른 작업과 나눠 쓰면 더 깁니다)."),
-    "lesson_models8": ("**모델 간 차이:** Gemma 3 270M에서는 전체 어텐션 레이어 11과 5가 맵의 맨 위입니다(K의 KL "
-                       "0.028과 0.025, 중간 텐서의 29배와 26배; 가장 큰 K 채널은 중앙값의 약 32배). 그래도 탐색(예산 "
+                     "회전이 맵을 평평하게 만듭니다: 레이어 1의 K가 KL 0.0038 nats/토큰으로 가장 높고(중간 텐서의 8배), "
+                     "그다음이 레이어 2와 10(0.0027)입니다. 이어서 그 dtype과 fp16으로 계획을 탐색합니다(예산 0.03): "
+                     "모든 레이어를 `int4_per_token_head`로 두면 KL 0.046, 레이어 1-3과 10을 fp16으로 두면 0.027이 "
+                     "되고 캐시는 fp16의 0.28배 대신 0.38배입니다. 레이어 1만 올리면 0.053으로 시작점보다 높습니다: 한 "
+                     "레이어의 손상이 다른 레이어의 손상에 그대로 더해지지 않으므로, 탐색은 경로의 모든 계획을 직접 "
+                     "잽니다. 후보가 엔진의 dtype과 fp16이라 결과는 vLLM이 서빙할 수 있는 계획입니다: *서빙하려면*에 "
+                     "`--kv-cache-dtype int4_per_token_head --kv-cache-dtype-skip-layers 1 2 3 10`이 나옵니다. 맵과 "
+                     "탐색은 쉬고 있는 2코어 CPU에서 각각 5초 안팎 걸립니다(다른 작업과 나눠 쓰면 더 깁니다)."),
+    "lesson_models8": ("**모델 간 차이:** Gemma 3 270M에서는 전체 어텐션 레이어 5와 11이 맵의 맨 위입니다(K의 KL "
+                       "0.036과 0.034, 중간 텐서의 27배와 25배; 가장 큰 K 채널은 중앙값의 30배와 33배). 그래도 탐색(예산 "
                        "0.11)은 슬라이딩 윈도 레이어 4부터 올립니다: 4,096토큰에서 슬라이딩 레이어는 512토큰 윈도만 "
                        "담으므로 fp16으로 두는 비용이 전체 레이어의 10분의 1입니다. 모든 레이어를 "
-                       "`int4_per_token_head`로 두면 KL 0.15, 레이어 4를 fp16으로 두면 0.100: `--kv-cache-dtype "
+                       "`int4_per_token_head`로 두면 KL 0.17, 레이어 4를 fp16으로 두면 0.100: `--kv-cache-dtype "
                        "int4_per_token_head --kv-cache-dtype-skip-layers 4`."),
     "tab_compare": "비교",
     "tab_outliers": "K 이상치",
