@@ -73,11 +73,28 @@ def active() -> bool:
 
 
 def _inner_product(rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """oneDNN's inner product of rows [M, in] with a packed weight -> [M, out], each row the same bits for any M:
-    a 1-row call rounds apart from the rest for some shapes, so it runs as 2 rows (the row twice)."""
+    """oneDNN's inner product of rows [M, in] with a packed weight -> [M, out], each row the same bits for any M.
+    The call runs as `_bucket(M)` rows, the rest zero: a 1-row call rounds apart from the rest for some shapes, so
+    it runs as 2; and oneDNN builds a kernel per row count on first use."""
     m = rows.shape[0]
-    wide = rows.expand(2, -1) if m == 1 else rows
-    return torch.ops.mkldnn._linear_pointwise(wide.contiguous(), packed, bias, "none", [], "")[:m]
+    wide = _bucket(m)
+    if wide != m:
+        padded = rows.new_empty(wide, rows.shape[1])
+        padded[:m] = rows
+        padded[m:].zero_()
+        rows = padded
+    return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), packed, bias, "none", [], "")[:m]
+
+
+def _bucket(m: int) -> int:
+    """The row count a call of m rows runs as: 2 for 1; up to 64, m; above, m rounded up to one of 8 steps per
+    octave (at most 1/8 more rows). oneDNN builds a kernel for each row count it meets, about 2 ms each, and a
+    prefix tree brings a new count per layer and batch (SmolLM2's sensitivity map and plan search, 64 tokens:
+    about 1 s of their first click); bucketed, a few dozen counts serve every batch."""
+    if m <= 64:
+        return max(m, 2)
+    step = 1 << (m.bit_length() - 4)
+    return -(-m // step) * step
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

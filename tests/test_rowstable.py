@@ -119,6 +119,22 @@ def test_grouped_decode_is_attention():
         torch.testing.assert_close(grouped_decode(q, k, v, m, 0.3), ref, rtol=1e-12, atol=1e-12)
 
 
+def test_calls_run_as_a_few_row_counts():
+    """oneDNN builds a kernel per row count: above 64 rows a call is padded to one of 8 counts per octave, never
+    more than 1/8 over; a row's result is the same bits padded or not (row-stable)."""
+    counts = [rowstable._bucket(m) for m in range(1, 8193)]
+    assert counts[0] == 2 and counts[1:64] == list(range(2, 65))
+    assert all(b >= m and (m <= 64 or b <= m * 9 / 8) for m, b in enumerate(counts, start=1))
+    assert counts == sorted(counts) and len(set(counts[64:])) <= 8 * 7
+    layer = _layer(48, 16)
+    x = torch.randn(300, 16)
+    with rowstable.row_stable(layer):
+        whole = layer(x)  # 300 rows run as 320
+        for m in (65, 100, 257):
+            assert rowstable._bucket(m) != m
+            assert torch.equal(layer(x[:m]), whole[:m])
+
+
 def test_a_vocabulary_head_runs_through_the_shared_head_chunks():
     """A layer as wide as a vocabulary is not packed whole: it runs through HeadChunks.of (one packed copy of the
     head, the same products as Baseline.kl_linear's), each row the same bits for any row count."""

@@ -9,6 +9,8 @@
   and the app keeps serving. Works for plain and generator (streaming) callbacks.
 - `on_click`: wires a named endpoint: raw values in (`preprocess=False`, so `kvviz.ui.checks` is the one place
   that checks every argument's type and range), the model's queue, queue position and progress shown.
+- `model_task`: a model computation as the app runs it: on the CPU, on the app's compute threads
+  (`on_compute_threads`), on ZeroGPU in a worker that holds a GPU.
 - `check_int`, `check_prompt`, `spec_list`, ...: re-exported from `kvviz.ui.checks`, the input checks at the UI
   boundary, raising ValueError with a sentence that says what to do.
 
@@ -18,6 +20,7 @@ lists more (registry.py); a tiny random model name (tiny-llama, tiny-gemma3...) 
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import logging
@@ -25,6 +28,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gradio as gr
@@ -316,9 +320,60 @@ def on_click(button: gr.Button, fn: Callable, inputs: list, outputs: list, api_n
 
 
 def model_task(fn: Callable, concurrency_id: str) -> Callable:
-    """`fn` decorated for ZeroGPU (kvviz.ui.zerogpu.gpu) when it computes on a model, i.e. waits in the "model"
-    queue; other endpoints (memory, the scale-file check) never ask for a GPU."""
-    return zerogpu.gpu(fn) if concurrency_id == "model" else fn
+    """`fn` as the app runs a computation on a model (an endpoint of the "model" queue): on the app's compute
+    threads (`on_compute_threads`) and decorated for ZeroGPU (kvviz.ui.zerogpu.gpu); other endpoints (memory, the
+    scale-file check) run as they are."""
+    return zerogpu.gpu(on_compute_threads(fn)) if concurrency_id == "model" else fn
+
+
+_COMPUTE: tuple[int, ThreadPoolExecutor] | None = None  # (the process that made it, the compute threads)
+_COMPUTE_PREFIX = "kvviz-compute"
+
+
+def _compute_pool() -> ThreadPoolExecutor:
+    """The app's compute threads: `concurrency()` long-lived threads, one pool per process (a ZeroGPU worker is a
+    fork, which inherits no threads)."""
+    global _COMPUTE
+    if _COMPUTE is None or _COMPUTE[0] != os.getpid():
+        _COMPUTE = (os.getpid(), ThreadPoolExecutor(concurrency(), thread_name_prefix=_COMPUTE_PREFIX))
+    return _COMPUTE[1]
+
+
+_DONE = object()
+
+
+def on_compute_threads(fn: Callable) -> Callable:
+    """`fn` run on the app's compute threads, each step of a generator too, in the caller's context (gradio's
+    request, for gr.Progress and gr.Warning); a call from a compute thread runs in place.
+
+    Why: torch's CPU kernels run on OpenMP, which keeps a team of worker threads per calling thread. Once two
+    teams exist, more threads than cores wait on OpenMP, and libgomp then lets every idle worker spin only ~100
+    times before it sleeps: each of the thousands of small parallel regions in a decode step or a prefix-tree
+    batch waits for a sleeping worker to wake. gradio runs callbacks and generator steps on whichever of its
+    worker threads is free, so the app's computations ran ~20% slower than in the thread that first ran torch
+    (SmolLM2's sensitivity map, 64 tokens: 4.7 s in one thread, 5.4-6.5 s in a second). One long-lived thread
+    (per allowed concurrent computation) keeps one team."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def steps(*args, **kwargs):
+            if threading.current_thread().name.startswith(_COMPUTE_PREFIX):
+                yield from fn(*args, **kwargs)
+                return
+            ctx, pool = contextvars.copy_context(), _compute_pool()
+            it = fn(*args, **kwargs)
+            try:
+                while (item := pool.submit(ctx.run, next, it, _DONE).result()) is not _DONE:
+                    yield item
+            finally:
+                pool.submit(ctx.run, it.close).result()
+        return steps
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if threading.current_thread().name.startswith(_COMPUTE_PREFIX):
+            return fn(*args, **kwargs)
+        return _compute_pool().submit(contextvars.copy_context().run, fn, *args, **kwargs).result()
+    return call
 
 
 def UploadFile(*args, **kwargs) -> gr.File:  # noqa: N802 (a component constructor, spelled like one)
