@@ -24,7 +24,10 @@ The packed weights are kept on each layer (`_kvviz_packed`, not a parameter or b
 change) for later calls, and repacked when the weight changes; one model at a time holds them (entering
 row_stable for another model drops the previous one's), so a process holds at most one second copy of a model's
 linear weights (SmolLM2-135M 513 MiB, Gemma 3 270M 1,022 MiB with its tied 262K-token head). Packing them all
-takes about half a second on SmolLM2. Other dtypes and devices, and torch builds without oneDNN, run F.linear.
+takes about half a second on SmolLM2. A vocabulary-wide layer (the LM head) is packed in 4,096-row chunks
+(`HeadChunks.of`), which the KL of every candidate reads too (kvviz.metrics.Baseline.kl_linear). A call runs as
+one of a few row counts (`_bucket`: oneDNN builds a kernel per count). Other dtypes and devices, and torch builds
+without oneDNN, run F.linear.
 
     with row_stable(model):
         logits = model(input_ids=batch, cache=stack).logits   # [rows, t, vocab], each row as it would be alone
