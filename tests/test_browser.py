@@ -21,6 +21,8 @@ import pytest
 
 from app_server import CHROMIUM, browser_page, screenshot_dir, serve_app
 
+from kvviz.ui.lessons import LESSONS
+
 playwright_api = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} missing: apt-get install chromium")
 
@@ -252,7 +254,8 @@ def test_sensitivity_lesson_runs_the_map_and_the_plan_search(page, server):
     page.locator("#lesson-8").click()
     page.locator("#tab-sensitivity").wait_for(state="visible")
     _wait_for_text(page, "#kv-lesson-note", "Lesson 8")
-    _wait_for_text(page, "#sensitivity-summary", "vllm:int4_per_token_head, 128 tokens")  # the lesson's window
+    tokens = LESSONS[7].settings["tokens"]  # the lesson's window
+    _wait_for_text(page, "#sensitivity-summary", f"vllm:int4_per_token_head, {tokens} tokens")
     _wait_for_text(page, "#sensitivity-plan-summary", "budget 0.03")  # then its own plan search
     assert not _error_toasts(page)
 
