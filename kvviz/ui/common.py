@@ -342,6 +342,12 @@ def _compute_pool() -> ThreadPoolExecutor:
 _DONE = object()
 
 
+def _on_compute_thread() -> bool:
+    """Whether this thread is one of the app's compute threads (a call from there runs in place: with one compute
+    thread, submitting would wait on itself)."""
+    return threading.current_thread().name.startswith(_COMPUTE_PREFIX)
+
+
 def on_compute_threads(fn: Callable) -> Callable:
     """`fn` run on the app's compute threads, each step of a generator too, in the caller's context (gradio's
     request, for gr.Progress and gr.Warning); a call from a compute thread runs in place.
@@ -356,7 +362,7 @@ def on_compute_threads(fn: Callable) -> Callable:
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def steps(*args, **kwargs):
-            if threading.current_thread().name.startswith(_COMPUTE_PREFIX):
+            if _on_compute_thread():
                 yield from fn(*args, **kwargs)
                 return
             ctx, pool = contextvars.copy_context(), _compute_pool()
@@ -370,7 +376,7 @@ def on_compute_threads(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if threading.current_thread().name.startswith(_COMPUTE_PREFIX):
+        if _on_compute_thread():
             return fn(*args, **kwargs)
         return _compute_pool().submit(contextvars.copy_context().run, fn, *args, **kwargs).result()
     return call
