@@ -68,6 +68,35 @@ def test_group_scales_applied_as_the_codes_unpack(spec, head_dim):
     assert run_case(spec, spec, 1, 17) <= TOL
 
 
+@pytest.mark.parametrize("shuffle", (True, False))
+def test_e2m1_vectors_decode_every_code_exactly(shuffle, monkeypatch):
+    """simd.py's 16-lane E2M1 decode, both ways (x86's byte shuffle of a table, and the arithmetic one other CPUs
+    take): every byte's low and high nibble is the OCP FP4 value bit for bit, -0 of code 8 included, scaled as
+    code * a + c."""
+    numba = pytest.importorskip("numba")
+    np = pytest.importorskip("numpy")
+    from kernels.cpu.jit import simd
+
+    if shuffle and not simd._BYTE_SHUFFLE:
+        pytest.skip("no byte shuffle on this CPU (x86 with SSSE3 only)")
+    monkeypatch.setattr(simd, "_BYTE_SHUFFLE", shuffle)  # read when the caller below compiles
+
+    @numba.njit
+    def unpack(data, raw, a, c):
+        for o in range(0, data.size, 16):
+            simd._scaled16_e2m1_lo(data, o, raw, o, a, a, c, c)
+            simd._scaled16_e2m1_hi(data, o, raw, data.size + o, a, a, c, c)
+
+    data = np.arange(256, dtype=np.uint8)
+    table = np.array([v for v in simd.E2M1] + [-v for v in simd.E2M1], np.float32)
+    raw = np.empty(512, np.float32)
+    unpack(data, raw, np.float32(1.0), np.float32(-0.0))  # x * 1 + -0 keeps x's bits, -0 too
+    want = np.concatenate([table[data & 15], table[data >> 4]])
+    assert raw.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    unpack(data, raw, np.float32(0.375), np.float32(-2.5))
+    np.testing.assert_array_equal(raw, want * np.float32(0.375) + np.float32(-2.5))
+
+
 @pytest.mark.parametrize("pb, nb, n", ((2, 32, 64), (1, 64, 61), (4, 16, 3), (2, 48, 17), (1, 128, 64)))
 def test_sixteen_row_scores_and_weighted_rows(pb, nb, n):
     """simd.py's _scores16 (16 rows' dot products summed by one transpose-and-add tree, then scaled) and _weighted16

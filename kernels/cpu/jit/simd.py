@@ -26,11 +26,16 @@ score vectors are summed by one transpose-and-add tree, and the accumulator stay
 
 from __future__ import annotations
 
+import platform
+import struct
+
+import llvmlite.binding as llvm
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 _LANES = 16
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # OCP MX v1.0 FP4 magnitudes by code & 7
 _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
 _V8, _V32, _VF = ir.VectorType(_I8, _LANES), ir.VectorType(_I32, _LANES), ir.VectorType(_F32, _LANES)
 
@@ -105,11 +110,39 @@ def _e2m1_of(builder, c):
     return builder.bitcast(e2m1_bits(builder, c, _splat), _VF)
 
 
+def _e2m1_bytes(byte: int) -> ir.Constant:
+    """Byte `byte` (3: the top one) of the float32 bits of each of the 16 E2M1 values, by code: a shuffle table."""
+    return ir.Constant(_V8, [struct.pack("<f", -E2M1[c & 7] if c & 8 else E2M1[c])[byte] for c in range(16)])
+
+
+# x86's byte shuffle (SSSE3) looks 16 codes up in a 16-byte table in one instruction. The float32 bits of every E2M1
+# value have two zero low bytes, so two lookups (the top byte, the next) give them whole, -0 of code 8 included.
+_SHUFFLE_BYTES = "llvm.x86.ssse3.pshuf.b.128"
+_TABLE_TOP, _TABLE_NEXT = _e2m1_bytes(3), _e2m1_bytes(2)
+_BYTE_SHUFFLE = platform.machine().lower() in ("x86_64", "amd64") and bool(llvm.get_host_cpu_features().get("ssse3"))
+
+
+def _e2m1_shuffled(builder, c8):
+    """16 E2M1 codes (i8 lanes, 0..15) -> their float32 values through two byte shuffles: the table's top and next
+    bytes interleaved into 16-bit words, then moved up into the top half of each float32 (4 vector operations
+    against e2m1_bits' 10)."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8, [_V8, _V8]), _SHUFFLE_BYTES)
+    top, nxt = builder.call(fn, [_TABLE_TOP, c8]), builder.call(fn, [_TABLE_NEXT, c8])
+    pairs = builder.shuffle_vector(nxt, top, ir.Constant(ir.VectorType(_I32, 2 * _LANES),
+                                                         [i // 2 + _LANES * (i % 2) for i in range(2 * _LANES)]))
+    words = builder.bitcast(pairs, ir.VectorType(ir.IntType(16), _LANES))  # little-endian: top << 8 | next
+    return builder.bitcast(builder.shl(builder.zext(words, _V32), _splat(16)), _VF)
+
+
 def _e2m1_lo(builder, b):
+    if _BYTE_SHUFFLE:
+        return _e2m1_shuffled(builder, builder.and_(b, ir.Constant(_V8, [15] * _LANES)))
     return _e2m1_of(builder, _nibble_lo(builder, b))
 
 
 def _e2m1_hi(builder, b):
+    if _BYTE_SHUFFLE:
+        return _e2m1_shuffled(builder, builder.lshr(b, ir.Constant(_V8, [4] * _LANES)))
     return _e2m1_of(builder, _nibble_hi(builder, b))
 
 
