@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 
 import pytest
+import torch
 
 from kvviz.cli import bench
+from kvviz.quality.decode import WARMUP
 from kvviz.cli import build_parser
 
 
@@ -163,3 +165,53 @@ def test_the_bundled_model_s_recorded_run_covers_lesson_7_s_curve():
     for rows in recorded["contexts"].values():
         assert rows["DynamicCache"]["ratio"] == 1.0
         assert all(rows[f]["ceiling"] > 1.0 and rows[f]["tokens_per_s"] > 0 for f in ("int4", "k8v4"))
+
+
+def test_speed_by_context_takes_the_caches_steps_in_turn(monkeypatch):
+    """Every cache's steps alternate with the others' (the first of each turn rotating), after two untimed steps
+    each; a row's speed is one over its median step; each cache decodes its own greedy continuation."""
+    from kvviz import quality, tiny_model
+    from kvviz.cli import bench_contexts
+
+    model, _ = tiny_model("llama")
+    order = []
+    original = quality.Decoding.step
+
+    def step(run):
+        order.append(run.name)
+        return original(run)
+
+    monkeypatch.setattr(quality.Decoding, "step", step)
+    init = quality.Decoding.__init__
+
+    def named(run, model, prefilled, spec, *args, **kwargs):
+        run.name = spec or "DynamicCache"
+        init(run, model, prefilled, spec, *args, **kwargs)
+
+    monkeypatch.setattr(quality.Decoding, "__init__", named)
+    ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(0))
+    result = bench_contexts.speed_by_context(model, ids, ["int4", "k8v4"], [24, 40], decode_tokens=3, rounds=2)
+    names = ["DynamicCache", "int4", "k8v4"]
+    warm = names * WARMUP
+    timed = names + names[1:] + names[:1] + names[2:] + names[:2]  # three turns, each starting one cache later
+    assert order == (warm + timed) * 4  # 2 contexts x 2 rounds
+    for context, rows in result["contexts"].items():
+        assert list(rows) == names and rows["DynamicCache"]["ratio"] == 1.0
+        assert rows["int4"]["bytes"] < rows["k8v4"]["bytes"] < rows["DynamicCache"]["bytes"]
+        for row in rows.values():
+            assert row["tokens_per_s"] > 0 and row["attention_ms"] > 0 and row["update_ms"] > 0
+            assert row["ceiling"] == pytest.approx((result["weights_bytes"] + rows["DynamicCache"]["bytes"])
+                                                   / (result["weights_bytes"] + row["bytes"]))
+
+
+def test_speed_by_context_is_one_over_the_median_step(monkeypatch):
+    """One slow step (a burst of other work) does not move a cache's speed: the median sets it aside."""
+    from kvviz import quality, tiny_model
+    from kvviz.cli import bench_contexts
+
+    model, _ = tiny_model("llama")
+    ticks = {"DynamicCache": [0.1, 0.1, 0.1, 5.0], "int4": [0.05, 0.05, 0.05, 0.05]}
+    monkeypatch.setattr(quality, "steps_in_turn", lambda runs, steps, timing: {n: ticks[n][:steps] for n in runs})
+    ids = torch.randint(1, 256, (1, 16), generator=torch.Generator().manual_seed(0))
+    rows = bench_contexts.speed_by_context(model, ids, ["int4"], [16], decode_tokens=4, rounds=1)["contexts"][16]
+    assert rows["DynamicCache"]["tokens_per_s"] == pytest.approx(10.0) and rows["int4"]["ratio"] == pytest.approx(2.0)

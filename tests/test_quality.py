@@ -18,6 +18,7 @@ from kvviz.formats import as_plan
 from kvviz.memory import kv_cache_bytes_for
 from kvviz.models import tiny_model
 from kvviz.tiny import TINY_ARCHS
+from kvviz.quality.decode import WARMUP
 from kvviz.quality.speed import EXACT, FUSED
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
@@ -258,7 +259,7 @@ def test_metrics_run_beside_states_and_shared_kv(arch):
                                       rounds=1)
     dyn = report.run("DynamicCache", EXACT)
     assert report.run("fp16", FUSED).tokens == dyn.tokens and report.same_tokens("int4/g16")
-    tokens = 40 + 3 + 1  # the prompt, the warm-up step's token and the timed steps'
+    tokens = 40 + 3 + WARMUP  # the prompt, the warm-up steps' tokens and the timed steps'
     assert dyn.bytes_read == kv_cache_bytes_for(model.config, tokens, k="fp16", layout="transformers") * 2  # fp32
 
 

@@ -10,6 +10,7 @@ import torch
 
 from kvviz import attention, parse_kv, quality
 from kvviz.models import tiny_model
+from kvviz.quality.decode import WARMUP
 from kvviz.quality.speed import EXACT, FUSED, UNFUSED, _fuses
 
 PROMPT_TOKENS, NEW_TOKENS = 96, 5
@@ -32,7 +33,7 @@ def test_runs_dynamic_cache_then_each_format_fused_and_unfused(report):
         ("DynamicCache", EXACT), ("int4", FUSED), ("int4", UNFUSED), ("k8v4", FUSED), ("k8v4", UNFUSED),
         ("fp16", FUSED), ("fp16", UNFUSED)]
     assert report.context == PROMPT_TOKENS and report.new_tokens == NEW_TOKENS and report.fused_backend == "cpu"
-    assert all(r.tokens_per_s > 0 and len(r.tokens) == NEW_TOKENS + 1 for r in report.runs)  # + the warm-up step
+    assert all(r.tokens_per_s > 0 and len(r.tokens) == NEW_TOKENS + WARMUP for r in report.runs)  # + the warm-up steps
     assert report.run("int4", UNFUSED).backend == "torch" and report.run("DynamicCache", EXACT).backend == "sdpa"
 
 
@@ -55,7 +56,7 @@ def test_fused_and_unfused_decode_the_same_tokens(report):
 def test_bytes_read_per_step_match_the_config(report):
     """Counted from the shapes alone: 2 layers x 2 KV heads x head_dim 16, K and V, at the last step's tokens."""
     layers, heads, dim = 2, 2, 16
-    tokens = PROMPT_TOKENS + NEW_TOKENS + 1  # the prompt, the warm-up step's token and the timed steps'
+    tokens = PROMPT_TOKENS + NEW_TOKENS + WARMUP  # the prompt, the warm-up steps' tokens and the timed steps'
     rows = layers * heads * tokens  # rows of head_dim values, per side
     exact = 2 * rows * dim * 4  # K and V in fp32
     int4 = 2 * rows * (dim // 2 + 2)  # 4-bit codes, one fp16 scale per token and head

@@ -7,8 +7,9 @@ reached over that ceiling. On the cpu backend the fused formats append their tok
 numba call per layer, kernels/cpu/step.py), so their `update` column is the staging alone and `attention` holds the
 append; on the two-call path (torch backend, channel formats) `update` is the append.
 
-Ratios are taken in one process, in interleaved rounds (best round kept), so that a busy machine slows every cache
-alike; the machine's cores and load average at the start and the end are printed with them.
+Ratios are taken in one process, the caches' decode steps taken in turn and each cache's median step kept, so that
+a busy machine slows every cache alike and a burst of other work is set aside; the machine's cores and load average
+at the start and the end are printed with them.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import contextlib
 import datetime
 import json
 import os
+import statistics
 import time
 
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicLayer
 
 from kvviz import attention, quality
-from kvviz.cache import QuantizedKVLayer
+from kvviz.cache import QuantizedKVCache, QuantizedKVLayer
 from kvviz.cache.layers import QuantizedSlidingLayer
 from kvviz.engines import llamacpp
 
@@ -31,15 +33,23 @@ LLAMA_CPP_TYPES = (("f16", "f16"), ("q4_0", "q4_0"), ("q8_0", "q8_0"))  # the pe
 
 
 class _Timer:
-    """Seconds spent in the cache layers' update and in the attention function, summed over the calls."""
+    """Seconds spent in the cache layers' update and in the attention function per cache, summed over the timed
+    steps: while `current` names a cache, its calls count for it (None: not timed)."""
 
-    def __init__(self):
-        self.reset()
+    def __init__(self, names):
+        self.update = dict.fromkeys(names, 0.0)
+        self.attention = dict.fromkeys(names, 0.0)
+        self.calls = dict.fromkeys(names, 0)
+        self.current: str | None = None
 
-    def reset(self) -> None:
-        """Forget what was timed so far (the untimed warm-up step's first-call costs)."""
-        self.update = self.attention = 0.0
-        self.calls = 0
+    @contextlib.contextmanager
+    def timing(self, name: str):
+        """Count the calls made inside the block for cache `name`."""
+        self.current = name
+        try:
+            yield
+        finally:
+            self.current = None
 
     @contextlib.contextmanager
     def patched(self):
@@ -49,22 +59,26 @@ class _Timer:
 
         def timed_update(original):
             def update(layer, key_states, *args, **kwargs):
-                if key_states.shape[-2] != 1:  # a prefill loaded into the cache: not a decode step's append
+                name = self.current
+                if name is None or key_states.shape[-2] != 1:  # untimed, or a prefill loaded into the cache
                     return original(layer, key_states, *args, **kwargs)
                 t0 = time.perf_counter()
                 try:
                     return original(layer, key_states, *args, **kwargs)
                 finally:
-                    self.update += time.perf_counter() - t0
+                    self.update[name] += time.perf_counter() - t0
             return update
 
         def timed_attention(*args, **kwargs):
+            name = self.current
+            if name is None:
+                return fn(*args, **kwargs)
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.attention += time.perf_counter() - t0
-                self.calls += 1
+                self.attention[name] += time.perf_counter() - t0
+                self.calls[name] += 1
 
         for cls, original in saved.items():
             cls.update = timed_update(original)
@@ -81,15 +95,27 @@ def load() -> tuple[float, float, float]:
     return os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
 
 
+def _cache_bytes(cache) -> int:
+    """K/V bytes a cache holds: DynamicCache's tensors, or a kvviz cache's packed buffers (its nbytes)."""
+    if isinstance(cache, QuantizedKVCache):
+        return cache.nbytes()
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+
+
 def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], decode_tokens: int, rounds: int,
                      log=lambda msg: None) -> dict:
-    """{"contexts": {context: {name: row}}, "weights_bytes", "load_start", "load_end"}; a row holds tokens_per_s,
-    ratio (to DynamicCache), bytes (K/V held), ceiling, share, update_ms / attention_ms (per layer and step).
+    """{"contexts": {context: {name: row}}, "weights_bytes", "load_start", "load_end"}; a row holds tokens_per_s
+    (one over the median step), ratio (to DynamicCache's), bytes (K/V held), ceiling, share, update_ms /
+    attention_ms (per layer and step, means over the timed steps).
 
+    Per context, `rounds` rounds of kvviz.quality.steps_in_turn (every cache fresh from one prefill, two untimed
+    and `decode_tokens` timed steps each, taken in turn). A cache's speed is its median step over all rounds: on a
+    shared machine a burst of other work lands on a few steps of every cache alike, and the median sets it aside.
     text_ids: [1, >= max(contexts)] token ids of the prompt; model: decoding through the "kvviz" attention."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     start_load = load()
     out = {}
+    names = ["DynamicCache", *formats]
     for context in contexts:
         ids = text_ids[:, :context]
         if ids.shape[1] < context:
@@ -97,24 +123,23 @@ def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], d
                              "pick smaller contexts.")
         dyn, logits0 = quality.prefill(model, ids)
         first = int(logits0.argmax())
-        rows = {name: {} for name in ("DynamicCache", *formats)}
-        for r in range(rounds):
-            for name in rows:
-                timer = _Timer()
-                with timer.patched():
-                    tps, cache, _ = quality.timed_decode(model, dyn, None if name == "DynamicCache" else name,
-                                                         first, decode_tokens, on_timed=timer.reset)
-                row = rows[name]
-                if tps > row.get("tokens_per_s", 0.0):
-                    per_call = 1e3 / max(timer.calls, 1)
-                    row.update(tokens_per_s=tps, update_ms=timer.update * per_call,
-                               attention_ms=timer.attention * per_call)
-                if name == "DynamicCache":
-                    row["bytes"] = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
-                else:
-                    row["bytes"] = cache.nbytes()
-                del cache
-            log(f"context {context}: round {r + 1}/{rounds} done")
+        timer = _Timer(names)
+        seconds: dict[str, list[float]] = {name: [] for name in names}
+        with timer.patched():
+            for r in range(rounds):
+                runs = {name: quality.Decoding(model, dyn, None if name == "DynamicCache" else name, first)
+                        for name in names}
+                taken = quality.steps_in_turn(runs, decode_tokens, timing=timer.timing)
+                for name in names:
+                    seconds[name] += taken[name]
+                held = {name: _cache_bytes(run.cache) for name, run in runs.items()}
+                del runs
+                log(f"context {context}: round {r + 1}/{rounds} done")
+        rows = {}
+        for name in names:
+            per_call = 1e3 / max(timer.calls[name], 1)
+            rows[name] = dict(tokens_per_s=1.0 / statistics.median(seconds[name]), bytes=held[name],
+                              update_ms=timer.update[name] * per_call, attention_ms=timer.attention[name] * per_call)
         base = rows["DynamicCache"]
         for row in rows.values():
             row["ratio"] = row["tokens_per_s"] / base["tokens_per_s"]

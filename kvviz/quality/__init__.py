@@ -23,7 +23,8 @@ from kvviz.cache.rows import RowStackCache
 from kvviz.metrics import kl_top1
 from kvviz.quality.compare import compare, compare_stream
 from kvviz.quality.corpus import wikitext, wikitext_ids
-from kvviz.quality.decode import decode_speed, load_prefill, make_cache, prefill, timed_decode
+from kvviz.quality.decode import (Decoding, decode_speed, load_prefill, make_cache, prefill, steps_in_turn,
+                                  timed_decode)
 from kvviz.quality.divergence import base_logprobs, kld, load_base, save_base
 from kvviz.quality.needle import DEPTHS, haystack, needle
 from kvviz.quality.perplexity import perplexity
@@ -58,6 +59,8 @@ __all__ = [
     "quality_map",
     "prefill",
     "timed_decode",
+    "Decoding",
+    "steps_in_turn",
     "wikitext",
     "wikitext_ids",
 ]

@@ -1,7 +1,7 @@
 """Running one cache on its own: the prompt through a DynamicCache once (`prefill`; prompts that share their first
 tokens, once each: `prefill_shared`), its K/V copied into any other cache (`load_prefill`), and timed greedy decode
-steps after it (`timed_decode`). Compare, perplexity, the needle and the fused against unfused timings all start
-from here.
+steps after it (`timed_decode`; a step at a time, several caches in turn: `Decoding`, `steps_in_turn`). Compare,
+perplexity, the needle and the fused against unfused timings all start from here.
 
 The timed loop is what generation does after the prompt: model(next_token, cache=cache) per token, batch 1, with
 the model's attention function (for kvviz's cache: the active backend, kvviz.attention.active_backend()).
@@ -12,12 +12,14 @@ the model's attention function (for kvviz's cache: the active backend, kvviz.att
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
+from kvviz import attention
 from kvviz.cache import QuantizedKVCache
 from kvviz.cache.layers import copy_states
 from kvviz.rowstable import row_stable
@@ -134,6 +136,65 @@ def make_cache(model, spec, scales: dict | None = None) -> Cache:
     return QuantizedKVCache(model.config, spec, scales=scales)
 
 
+class Decoding:
+    """One cache's greedy decode after a shared prefill, a step at a time: a fresh cache (make_cache) loaded from
+    the prefill, then `step()` per token (`ids`: the tokens it picked). backend: the attention backend its steps
+    run under (kvviz.attention.use_backend; None: the active one). Several Decodings stepped in turn
+    (`steps_in_turn`) time caches side by side; timed_decode runs one alone.
+
+        run = Decoding(model, dyn, "int4", int(logits.argmax()))
+        ids = [run.step() for _ in range(8)]
+    """
+
+    @torch.no_grad()
+    def __init__(self, model, prefilled: Cache, spec, first_token: int, scales: dict | None = None,
+                 backend: str | None = None):
+        self.model, self.backend = model, backend
+        self.cache = load_prefill(make_cache(model, spec, scales), prefilled)
+        self.next = torch.tensor([[first_token]], device=model.device)  # [1, 1]
+        self.ids: list[int] = []
+
+    @torch.no_grad()
+    def step(self) -> int:
+        """One token through the model and the cache; returns the id it picks (greedy). The linear layers run
+        as a server runs them, inside a row-stable run too."""
+        backend = attention.use_backend(self.backend) if self.backend else contextlib.nullcontext()
+        with backend, row_stable(self.model, False):
+            logits = self.model(input_ids=self.next, cache=self.cache, use_cache=True).logits[:, -1]
+        self.next = logits.argmax(-1, keepdim=True)
+        self.ids.append(int(self.next))
+        return self.ids[-1]
+
+
+WARMUP = 2  # untimed steps per cache before steps_in_turn times any
+
+
+def steps_in_turn(runs: dict, steps: int, warmup: int = WARMUP, timing=lambda key: contextlib.nullcontext()
+                  ) -> dict[object, list[float]]:
+    """Seconds of each of `steps` decode steps per Decoding in `runs` ({key: Decoding}), their steps taken in
+    turn (the first of each turn rotating), after `warmup` untimed steps of each: whatever else slows the
+    machine meanwhile slows every cache alike, and a cache's median step sets a burst of it aside.
+    timing(key): a context entered around each timed step (e.g. to count its calls).
+
+    Two untimed steps each: DynamicCache's steps replace every layer's K/V with a new tensor (torch.cat), and
+    with one warm-up step its first timed step at 4K took 0.53 s and 46K page faults (its whole K/V fetched
+    afresh; the steps after it 0.1 s and ~12 faults; with two, none such, measured); a format's first step loads
+    its kernels."""
+    keys = list(runs)
+    for _ in range(warmup):
+        for run in runs.values():
+            run.step()
+    seconds: dict[object, list[float]] = {key: [] for key in keys}
+    for i in range(steps):
+        for j in range(len(keys)):
+            key = keys[(i + j) % len(keys)]
+            with timing(key):
+                t0 = time.perf_counter()
+                runs[key].step()
+                seconds[key].append(time.perf_counter() - t0)
+    return seconds
+
+
 @torch.no_grad()
 def timed_decode(model, prefilled: Cache, spec, first_token: int, n_tokens: int, scales: dict | None = None,
                  warmup: int = 1, on_timed=lambda: None):
@@ -142,20 +203,13 @@ def timed_decode(model, prefilled: Cache, spec, first_token: int, n_tokens: int,
     generated ids)."""
     if n_tokens < 1:
         raise ValueError(f"n_tokens must be at least 1, got {n_tokens}.")
-    cache = load_prefill(make_cache(model, spec, scales), prefilled)
-    nxt = torch.tensor([[first_token]], device=model.device)  # [1, 1]
-    out_ids = []
-    start = None
-    with row_stable(model, False):  # the linear layers as a server runs them, inside a row-stable run too
-        for step in range(warmup + n_tokens):
-            if step == warmup:
-                on_timed()
-                start = time.perf_counter()
-            logits = model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1]
-            nxt = logits.argmax(-1, keepdim=True)
-            out_ids.append(int(nxt))
+    run = Decoding(model, prefilled, spec, first_token, scales)
+    out_ids = [run.step() for _ in range(warmup)]
+    on_timed()
+    start = time.perf_counter()
+    out_ids += [run.step() for _ in range(n_tokens)]
     seconds = time.perf_counter() - start
-    return n_tokens / seconds, cache, out_ids
+    return n_tokens / seconds, run.cache, out_ids
 
 
 def decode_speed(model, prefilled: Cache, spec, first_token: int, n_tokens: int, scales: dict | None = None) -> float:

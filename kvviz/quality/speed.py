@@ -1,6 +1,6 @@
 """Fused against unfused decode (lesson 7): the same prompt decoded through DynamicCache and through each format's
-cache twice, with tokens/s and the K/V bytes each path reads per step. The timed steps are
-kvviz.quality.decode.timed_decode's, every run starting from one shared prefill.
+cache twice, with tokens/s and the K/V bytes each path reads per step. The runs' steps are taken in turn
+(kvviz.quality.decode.steps_in_turn), every run starting from one shared prefill.
 
     report = fused_vs_unfused(model, wikitext_ids(tok, 1024), ["int4", "k8v4"])   # kvviz.quality.corpus.wikitext_ids
     report.runs[1].tokens_per_s, report.runs[1].vs_exact                           # one DecodeRun per cache and path
@@ -17,6 +17,7 @@ lesson draws as curves beside its own live point (contexts up to 8K take minutes
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,7 +28,7 @@ from transformers.cache_utils import Cache
 from kvviz import attention
 from kvviz.cache import QuantizedKVCache
 from kvviz.formats import KVSpec, as_plan
-from kvviz.quality.decode import prefill, timed_decode
+from kvviz.quality.decode import WARMUP, Decoding, prefill, steps_in_turn
 
 
 # ------------------------------------------------------------------------------------------ fused against unfused
@@ -41,10 +42,10 @@ class DecodeRun:
 
     name: "DynamicCache" or the format's spec as given; path: EXACT (DynamicCache), FUSED or UNFUSED; backend: what
     decoded: "sdpa" (DynamicCache), "cpu" / "triton" (the fused kernel) or "torch" (the reference; also a FUSED
-    run's when the fused path does not run here or has no branch for the format); tokens_per_s: the best round's;
+    run's when the fused path does not run here or has no branch for the format); tokens_per_s: one over its median step;
     vs_exact: tokens_per_s over DynamicCache's (1.0 for DynamicCache itself); bytes_read: bytes of K/V the
-    attention moves at the last timed step (see fused_vs_unfused); tokens: the ids generated, the warm-up step's
-    first.
+    attention moves at the last timed step (see fused_vs_unfused); tokens: the ids generated, the warm-up
+    steps' first (WARMUP of them).
     """
 
     name: str
@@ -129,11 +130,11 @@ def _dense_bytes(cache: QuantizedKVCache) -> int:
 def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 8, rounds: int = 2) -> FusedReport:
     """Greedy decode of new_tokens after the prompt `ids` ([1, N]) through DynamicCache, and through each format
     twice: fused (the kernel reads the packed buffers in place) and unfused (backend "torch": dequantize the whole
-    history, then SDPA). Every run starts from the same prefill (quality.prefill, copied in by load_prefill); the
-    runs are timed in `rounds` interleaved rounds, best kept (a busy machine penalizes all alike), one untimed
-    warm-up step each (timed_decode).
+    history, then SDPA). Every run starts from the same prefill (quality.prefill, copied in by load_prefill); in each
+    of `rounds` rounds every run starts afresh and the runs' steps are taken in turn after WARMUP untimed ones
+    (steps_in_turn), so a busy machine slows all alike; a run's speed is one over its median step.
 
-    Bytes read per decode step, at the last timed step (N + new_tokens + 1 tokens held), K and V of every layer:
+    Bytes read per decode step, at the last timed step (N + WARMUP + new_tokens tokens held), K and V of every layer:
     - DynamicCache: its K/V in the model's dtype (what SDPA reads);
     - fused: cache.nbytes(), the packed codes, scales, zero points and full-precision tails, read once in place;
     - unfused: cache.nbytes() read by the dequantize, plus the full-precision copy of every stored token that it
@@ -171,21 +172,24 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
             whys[name] = "unavailable" if not available else ("lossless" if lossless else "no_branch")
     dyn, logits = prefill(model, ids)
     first = int(logits.argmax())
-    best: dict[tuple[str, str], float] = {}
+    seconds: dict[tuple[str, str], list[float]] = {(name, path): [] for name, path, _, _ in plan}
     last: dict[tuple[str, str], tuple[int, list[int]]] = {}
     for _ in range(rounds):
-        for name, path, kv, backend in plan:
-            with attention.use_backend(backend or "torch"):  # DynamicCache hands SDPA plain tensors either way
-                tps, cache, out = timed_decode(model, dyn, kv, first, new_tokens)
+        # DynamicCache hands SDPA plain tensors under either backend
+        decodings = {(name, path): Decoding(model, dyn, kv, first, backend=backend or "torch")
+                     for name, path, kv, backend in plan}
+        for key, taken in steps_in_turn(decodings, new_tokens).items():
+            seconds[key] += taken
+        for (name, path), run in decodings.items():
             if path == EXACT:
-                nbytes = _dynamic_bytes(cache)
+                nbytes = _dynamic_bytes(run.cache)
             else:
-                nbytes = cache.nbytes() + (2 * _dense_bytes(cache) if path == UNFUSED else 0)
-            best[name, path] = max(tps, best.get((name, path), 0.0))
-            last[name, path] = (nbytes, out)
-            del cache
-    exact = best["DynamicCache", EXACT]
-    runs = [DecodeRun(name, path, backend or "sdpa", best[name, path], best[name, path] / exact, *last[name, path],
+                nbytes = run.cache.nbytes() + (2 * _dense_bytes(run.cache) if path == UNFUSED else 0)
+            last[name, path] = (nbytes, run.ids)
+        del decodings
+    speed = {key: 1.0 / statistics.median(taken) for key, taken in seconds.items()}
+    exact = speed["DynamicCache", EXACT]
+    runs = [DecodeRun(name, path, backend or "sdpa", speed[name, path], speed[name, path] / exact, *last[name, path],
                       why=whys.get(name, "") if path == FUSED else "") for name, path, _, backend in plan]
     return FusedReport(runs, ids.shape[1], new_tokens, rounds, fused_backend, available)
 

@@ -2,7 +2,7 @@
 through each format twice, fused and unfused, on the tab's model, live on this machine.
 
 The library does the work (kvviz.quality.fused_vs_unfused): one WikiText-2 prompt, one prefill shared by every
-run, interleaved timing rounds with the best kept. Fused is the backend that reads the packed buffers in place (on
+run, the runs' steps taken in turn and each run's median step kept. Fused is the backend that reads the packed buffers in place (on
 the CPU kernels/cpu/decode.py's numba kernel, on CUDA Triton's); unfused is the torch reference, which dequantizes the whole
 history at every step. Where the fused path does not run (numba missing), the result says so instead of showing the
 reference twice.
@@ -24,6 +24,7 @@ import time
 import gradio as gr
 
 from kvviz import plots, quality
+from kvviz.quality.decode import WARMUP
 from kvviz.quality.speed import EXACT, FUSED
 
 from .common import (ScaleNotes, check_int, check_language, check_model, fitting_specs, get_model, on_click, spec_list,
@@ -35,7 +36,7 @@ DEFAULT_SPECS = ["int4", "k8v4"]
 MAX_FORMATS = 3  # each format adds two timed runs (fused, unfused)
 MIN_CONTEXT, MAX_CONTEXT, DEFAULT_CONTEXT = 128, 4096, 1024
 MIN_NEW, MAX_NEW, DEFAULT_NEW = 2, 32, 6
-ROUNDS = 2  # interleaved rounds, best kept
+ROUNDS = 2  # rounds of steps taken in turn (quality.steps_in_turn), median step kept
 MIB = 2**20
 
 
@@ -68,7 +69,7 @@ def _status(report, seconds: float, name: str, cut: int | None, skipped: list[st
     same = [f for f in report.formats if report.same_tokens(f)]
     differ = [f for f in report.formats if not report.same_tokens(f)]
     if same:
-        parts.append(t("fused_same", lang).format(n=report.new_tokens + 1, formats=", ".join(f"`{f}`" for f in same)))
+        parts.append(t("fused_same", lang).format(n=len(report.runs[0].tokens), formats=", ".join(f"`{f}`" for f in same)))
     if differ:
         parts.append(t("fused_differ", lang).format(formats=", ".join(f"`{f}`" for f in differ)))
     if not report.fused_available:
@@ -102,8 +103,8 @@ def run(specs, custom_specs, context_tokens, new_tokens, model=None, lang="en", 
     names, skipped = fitting_specs(names, lm)
     positions = int(getattr(lm.config.get_text_config(decoder=True), "max_position_embeddings", 0) or 1 << 30)
     cut = None
-    if context + new + 2 > positions:  # warm-up step, timed steps and one spare
-        cut, context = context, positions - new - 2
+    if context + WARMUP + new + 1 > positions:  # warm-up steps, timed steps and one spare
+        cut, context = context, positions - WARMUP - new - 1
     progress(0.1, desc=f"Prefill {context} tokens, then {1 + 2 * len(names)} decode runs x {ROUNDS} rounds…")
     start = time.perf_counter()
     notes = ScaleNotes()
