@@ -150,6 +150,7 @@ def test_contexts_json_is_what_lesson_7_reads(tmp_path, monkeypatch):
     monkeypatch.setattr(speed, "RECORDED", tmp_path)
     recorded = speed.recorded_by_context("m")
     assert recorded["command"] == command and recorded["machine"] == "2 CPU cores" and "UTC" in recorded["date"]
+    assert recorded["timing"] == bench_contexts.TIMING
     assert recorded["contexts"]["4096"]["DynamicCache"]["tokens_per_s"] == 8.0
     assert speed.recorded_by_context("another-model") is None
 
@@ -159,17 +160,20 @@ def test_the_bundled_model_s_recorded_run_covers_lesson_7_s_curve():
     their ceilings, and the command that made it."""
     from kvviz.quality import recorded_by_context
 
+    from kvviz.cli.bench_contexts import TIMING
+
     recorded = recorded_by_context("smollm2-135m")
-    assert recorded["command"].startswith("python -m kvviz bench --contexts")
+    assert recorded["command"].startswith("python -m kvviz bench --contexts") and recorded["timing"] == TIMING
     assert sorted(int(c) for c in recorded["contexts"]) == [1024, 2048, 4096, 8192]
     for rows in recorded["contexts"].values():
         assert rows["DynamicCache"]["ratio"] == 1.0
         assert all(rows[f]["ceiling"] > 1.0 and rows[f]["tokens_per_s"] > 0 for f in ("int4", "k8v4"))
 
 
-def test_speed_by_context_takes_the_caches_steps_in_turn(monkeypatch):
-    """Every cache's steps alternate with the others' (the first of each turn rotating), after two untimed steps
-    each; a row's speed is one over its median step; each cache decodes its own greedy continuation."""
+def test_speed_by_context_times_each_cache_alone_in_rotating_rounds(monkeypatch):
+    """Per round every cache takes two untimed and then its timed steps alone, one cache after another, each round
+    starting one cache later; only the timed steps count in the per-layer times; a row's speed is one over its
+    median step."""
     from kvviz import quality, tiny_model
     from kvviz.cli import bench_contexts
 
@@ -192,9 +196,10 @@ def test_speed_by_context_takes_the_caches_steps_in_turn(monkeypatch):
     ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(0))
     result = bench_contexts.speed_by_context(model, ids, ["int4", "k8v4"], [24, 40], decode_tokens=3, rounds=2)
     names = ["DynamicCache", "int4", "k8v4"]
-    warm = names * WARMUP
-    timed = names + names[1:] + names[:1] + names[2:] + names[:2]  # three turns, each starting one cache later
-    assert order == (warm + timed) * 4  # 2 contexts x 2 rounds
+    steps = WARMUP + 3
+    first_round = [n for n in names for _ in range(steps)]
+    second_round = [n for n in names[1:] + names[:1] for _ in range(steps)]  # one cache later
+    assert order == (first_round + second_round) * 2  # 2 contexts
     for context, rows in result["contexts"].items():
         assert list(rows) == names and rows["DynamicCache"]["ratio"] == 1.0
         assert rows["int4"]["bytes"] < rows["k8v4"]["bytes"] < rows["DynamicCache"]["bytes"]
@@ -211,7 +216,14 @@ def test_speed_by_context_is_one_over_the_median_step(monkeypatch):
 
     model, _ = tiny_model("llama")
     ticks = {"DynamicCache": [0.1, 0.1, 0.1, 5.0], "int4": [0.05, 0.05, 0.05, 0.05]}
-    monkeypatch.setattr(quality, "steps_in_turn", lambda runs, steps, timing: {n: ticks[n][:steps] for n in runs})
+    monkeypatch.setattr(quality, "step_times", lambda run, steps, timing: ticks[run.name][:steps])
+    init = quality.Decoding.__init__
+
+    def named(run, model, prefilled, spec, *args, **kwargs):
+        run.name = spec or "DynamicCache"
+        init(run, model, prefilled, spec, *args, **kwargs)
+
+    monkeypatch.setattr(quality.Decoding, "__init__", named)
     ids = torch.randint(1, 256, (1, 16), generator=torch.Generator().manual_seed(0))
     rows = bench_contexts.speed_by_context(model, ids, ["int4"], [16], decode_tokens=4, rounds=1)["contexts"][16]
     assert rows["DynamicCache"]["tokens_per_s"] == pytest.approx(10.0) and rows["int4"]["ratio"] == pytest.approx(2.0)

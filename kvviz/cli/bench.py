@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=1024, help="prompt tokens before the timed decode (default 1024)")
     p.add_argument("--decode-tokens", type=int, default=6, help="timed decode steps per round (default 6)")
     p.add_argument("--rounds", type=int, default=4, help="timing rounds (default 4): the side-by-side run keeps "
-                   "each cache's best round; --contexts each cache's median step, the caches' steps taken in turn")
+                   "each cache's best round; --contexts each cache's median step")
     p.add_argument("--prompts", type=int, default=3, help="teacher-forced prompts (default 3)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="tokens per teacher-forced prompt (default 128)")
     p.add_argument("--tf-tokens", type=int, default=32, help="teacher-forced decode steps per prompt (default 32)")
@@ -115,7 +115,7 @@ def _run_contexts(args: argparse.Namespace, formats: list[str] | None) -> int:
         result = bench_contexts.speed_by_context(model, text_ids, formats, contexts, args.decode_tokens, args.rounds,
                                                  log=lambda msg: _log(True, msg))
     print(f"Backend `{active_backend()}`, {args.model or 'SmolLM2-135M-Instruct'}, greedy decode, median step of "
-          f"{args.rounds} rounds x {args.decode_tokens} tokens, the caches' steps taken in turn, "
+          f"{args.rounds} interleaved rounds x {args.decode_tokens} tokens, "
           f"{torch.get_num_threads()} torch threads.")
     print(bench_contexts.markdown(result, _machine()))
     if args.json:

@@ -7,9 +7,9 @@ reached over that ceiling. On the cpu backend the fused formats append their tok
 numba call per layer, kernels/cpu/step.py), so their `update` column is the staging alone and `attention` holds the
 append; on the two-call path (torch backend, channel formats) `update` is the append.
 
-Ratios are taken in one process, the caches' decode steps taken in turn and each cache's median step kept, so that
-a busy machine slows every cache alike and a burst of other work is set aside; the machine's cores and load average
-at the start and the end are printed with them.
+Ratios are taken in one process, each cache timed step by step in interleaved rounds and its median step kept, so
+that a burst of other work on a busy machine is set aside; the machine's cores and load average at the start and the
+end are printed with them.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from kvviz.cache import QuantizedKVCache, QuantizedKVLayer
 from kvviz.cache.layers import QuantizedSlidingLayer
 from kvviz.engines import llamacpp
 
+TIMING = "one over the median step, each cache's steps timed alone in interleaved rounds (kvviz.quality.step_times)"
 LLAMA_CPP_TYPES = (("f16", "f16"), ("q4_0", "q4_0"), ("q8_0", "q8_0"))  # the peer: f16 K/V against two KV types
 
 
@@ -108,9 +109,10 @@ def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], d
     (one over the median step), ratio (to DynamicCache's), bytes (K/V held), ceiling, share, update_ms /
     attention_ms (per layer and step, means over the timed steps).
 
-    Per context, `rounds` rounds of kvviz.quality.steps_in_turn (every cache fresh from one prefill, two untimed
-    and `decode_tokens` timed steps each, taken in turn). A cache's speed is its median step over all rounds: on a
-    shared machine a burst of other work lands on a few steps of every cache alike, and the median sets it aside.
+    Per context, `rounds` rounds in which every cache, fresh from one prefill, takes two untimed and `decode_tokens`
+    timed steps alone (kvviz.quality.step_times), one cache after another (each round starting one cache later). A
+    cache's speed is one over its median step over all rounds: a burst of other work on a shared machine lands on a
+    few steps, and the median sets it aside.
     text_ids: [1, >= max(contexts)] token ids of the prompt; model: decoding through the "kvviz" attention."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     start_load = load()
@@ -125,15 +127,14 @@ def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], d
         first = int(logits0.argmax())
         timer = _Timer(names)
         seconds: dict[str, list[float]] = {name: [] for name in names}
+        held: dict[str, int] = {}
         with timer.patched():
             for r in range(rounds):
-                runs = {name: quality.Decoding(model, dyn, None if name == "DynamicCache" else name, first)
-                        for name in names}
-                taken = quality.steps_in_turn(runs, decode_tokens, timing=timer.timing)
-                for name in names:
-                    seconds[name] += taken[name]
-                held = {name: _cache_bytes(run.cache) for name, run in runs.items()}
-                del runs
+                for name in names[r % len(names):] + names[: r % len(names)]:  # each round starts one cache later
+                    run = quality.Decoding(model, dyn, None if name == "DynamicCache" else name, first)
+                    seconds[name] += quality.step_times(run, decode_tokens, timing=lambda: timer.timing(name))
+                    held[name] = _cache_bytes(run.cache)
+                    del run
                 log(f"context {context}: round {r + 1}/{rounds} done")
         rows = {}
         for name in names:
@@ -170,7 +171,7 @@ def write_json(path: str, result: dict, model: str, machine: str, rounds: int, d
                command: str) -> None:
     """speed_by_context's result as JSON, with what produced it (kvviz.quality.speed.recorded_by_context reads it)."""
     record = {"model": model, "command": command, "machine": machine, "rounds": rounds,
-              "decode_tokens": decode_tokens,
+              "decode_tokens": decode_tokens, "timing": TIMING,
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "weights_bytes": result["weights_bytes"], "load_start": list(result["load_start"]),
               "load_end": list(result["load_end"]),

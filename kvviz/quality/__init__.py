@@ -23,7 +23,7 @@ from kvviz.cache.rows import RowStackCache
 from kvviz.metrics import kl_top1
 from kvviz.quality.compare import compare, compare_stream
 from kvviz.quality.corpus import wikitext, wikitext_ids
-from kvviz.quality.decode import (Decoding, decode_speed, load_prefill, make_cache, prefill, steps_in_turn,
+from kvviz.quality.decode import (Decoding, decode_speed, load_prefill, make_cache, prefill, step_times,
                                   timed_decode)
 from kvviz.quality.divergence import base_logprobs, kld, load_base, save_base
 from kvviz.quality.needle import DEPTHS, haystack, needle
@@ -60,7 +60,7 @@ __all__ = [
     "prefill",
     "timed_decode",
     "Decoding",
-    "steps_in_turn",
+    "step_times",
     "wikitext",
     "wikitext_ids",
 ]

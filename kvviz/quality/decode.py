@@ -1,6 +1,6 @@
 """Running one cache on its own: the prompt through a DynamicCache once (`prefill`; prompts that share their first
 tokens, once each: `prefill_shared`), its K/V copied into any other cache (`load_prefill`), and timed greedy decode
-steps after it (`timed_decode`; a step at a time, several caches in turn: `Decoding`, `steps_in_turn`). Compare,
+steps after it (`timed_decode`; a step at a time, each timed: `Decoding`, `step_times`). Compare,
 perplexity, the needle and the fused against unfused timings all start from here.
 
 The timed loop is what generation does after the prompt: model(next_token, cache=cache) per token, batch 1, with
@@ -139,8 +139,8 @@ def make_cache(model, spec, scales: dict | None = None) -> Cache:
 class Decoding:
     """One cache's greedy decode after a shared prefill, a step at a time: a fresh cache (make_cache) loaded from
     the prefill, then `step()` per token (`ids`: the tokens it picked). backend: the attention backend its steps
-    run under (kvviz.attention.use_backend; None: the active one). Several Decodings stepped in turn
-    (`steps_in_turn`) time caches side by side; timed_decode runs one alone.
+    run under (kvviz.attention.use_backend; None: the active one). `step_times` times its steps one by one
+    (caches side by side); timed_decode times a run of them.
 
         run = Decoding(model, dyn, "int4", int(logits.argmax()))
         ids = [run.step() for _ in range(8)]
@@ -166,32 +166,28 @@ class Decoding:
         return self.ids[-1]
 
 
-WARMUP = 2  # untimed steps per cache before steps_in_turn times any
+WARMUP = 2  # untimed steps of a Decoding before step_times times any
 
 
-def steps_in_turn(runs: dict, steps: int, warmup: int = WARMUP, timing=lambda key: contextlib.nullcontext()
-                  ) -> dict[object, list[float]]:
-    """Seconds of each of `steps` decode steps per Decoding in `runs` ({key: Decoding}), their steps taken in
-    turn (the first of each turn rotating), after `warmup` untimed steps of each: whatever else slows the
-    machine meanwhile slows every cache alike, and a cache's median step sets a burst of it aside.
-    timing(key): a context entered around each timed step (e.g. to count its calls).
+def step_times(run: Decoding, steps: int, warmup: int = WARMUP, timing=contextlib.nullcontext) -> list[float]:
+    """Seconds of each of `steps` consecutive decode steps of `run`, after `warmup` untimed ones; timing(): a
+    context entered around the timed steps (e.g. to count their calls).
 
-    Two untimed steps each: DynamicCache's steps replace every layer's K/V with a new tensor (torch.cat), and
-    with one warm-up step its first timed step at 4K took 0.53 s and 46K page faults (its whole K/V fetched
-    afresh; the steps after it 0.1 s and ~12 faults; with two, none such, measured); a format's first step loads
-    its kernels."""
-    keys = list(runs)
+    Side by side (`python -m kvviz bench --contexts`, lesson 7) every cache takes its steps alone, one cache after
+    another in rounds, and a cache's speed is one over its median step: a burst of other work on a shared machine
+    lands on a few steps and the median sets it aside. Alone, not in turn: DynamicCache's step replaces every
+    layer's K/V with a new tensor (torch.cat), and with other caches' steps in between its median step at 4K was 2-8%
+    slower than alone (five checks), the allocator's blocks taken by the others. The untimed steps absorb what the
+    previous cache left (with one warm-up step, DynamicCache's first timed step at 4K once took 0.53 s and 46K page
+    faults against 0.1 s and ~12 faults after) and a format's first-call kernel load."""
     for _ in range(warmup):
-        for run in runs.values():
+        run.step()
+    seconds = []
+    with timing():
+        for _ in range(steps):
+            t0 = time.perf_counter()
             run.step()
-    seconds: dict[object, list[float]] = {key: [] for key in keys}
-    for i in range(steps):
-        for j in range(len(keys)):
-            key = keys[(i + j) % len(keys)]
-            with timing(key):
-                t0 = time.perf_counter()
-                runs[key].step()
-                seconds[key].append(time.perf_counter() - t0)
+            seconds.append(time.perf_counter() - t0)
     return seconds
 
 

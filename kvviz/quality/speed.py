@@ -1,6 +1,6 @@
 """Fused against unfused decode (lesson 7): the same prompt decoded through DynamicCache and through each format's
-cache twice, with tokens/s and the K/V bytes each path reads per step. The runs' steps are taken in turn
-(kvviz.quality.decode.steps_in_turn), every run starting from one shared prefill.
+cache twice, with tokens/s and the K/V bytes each path reads per step. Each run's steps are timed one by one
+(kvviz.quality.decode.step_times), every run starting from one shared prefill.
 
     report = fused_vs_unfused(model, wikitext_ids(tok, 1024), ["int4", "k8v4"])   # kvviz.quality.corpus.wikitext_ids
     report.runs[1].tokens_per_s, report.runs[1].vs_exact                           # one DecodeRun per cache and path
@@ -28,7 +28,7 @@ from transformers.cache_utils import Cache
 from kvviz import attention
 from kvviz.cache import QuantizedKVCache
 from kvviz.formats import KVSpec, as_plan
-from kvviz.quality.decode import WARMUP, Decoding, prefill, steps_in_turn
+from kvviz.quality.decode import WARMUP, Decoding, prefill, step_times
 
 
 # ------------------------------------------------------------------------------------------ fused against unfused
@@ -131,8 +131,8 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
     """Greedy decode of new_tokens after the prompt `ids` ([1, N]) through DynamicCache, and through each format
     twice: fused (the kernel reads the packed buffers in place) and unfused (backend "torch": dequantize the whole
     history, then SDPA). Every run starts from the same prefill (quality.prefill, copied in by load_prefill); in each
-    of `rounds` rounds every run starts afresh and the runs' steps are taken in turn after WARMUP untimed ones
-    (steps_in_turn), so a busy machine slows all alike; a run's speed is one over its median step.
+    of `rounds` rounds every run starts afresh and takes WARMUP untimed and new_tokens timed steps alone, one run
+    after another (step_times); a run's speed is one over its median step, so a burst of other work is set aside.
 
     Bytes read per decode step, at the last timed step (N + WARMUP + new_tokens tokens held), K and V of every layer:
     - DynamicCache: its K/V in the model's dtype (what SDPA reads);
@@ -174,19 +174,17 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
     first = int(logits.argmax())
     seconds: dict[tuple[str, str], list[float]] = {(name, path): [] for name, path, _, _ in plan}
     last: dict[tuple[str, str], tuple[int, list[int]]] = {}
-    for _ in range(rounds):
-        # DynamicCache hands SDPA plain tensors under either backend
-        decodings = {(name, path): Decoding(model, dyn, kv, first, backend=backend or "torch")
-                     for name, path, kv, backend in plan}
-        for key, taken in steps_in_turn(decodings, new_tokens).items():
-            seconds[key] += taken
-        for (name, path), run in decodings.items():
+    for r in range(rounds):
+        for name, path, kv, backend in plan[r % len(plan):] + plan[: r % len(plan)]:  # each round one run later
+            # DynamicCache hands SDPA plain tensors under either backend
+            run = Decoding(model, dyn, kv, first, backend=backend or "torch")
+            seconds[name, path] += step_times(run, new_tokens)
             if path == EXACT:
                 nbytes = _dynamic_bytes(run.cache)
             else:
                 nbytes = run.cache.nbytes() + (2 * _dense_bytes(run.cache) if path == UNFUSED else 0)
             last[name, path] = (nbytes, run.ids)
-        del decodings
+            del run
     speed = {key: 1.0 / statistics.median(taken) for key, taken in seconds.items()}
     exact = speed["DynamicCache", EXACT]
     runs = [DecodeRun(name, path, backend or "sdpa", speed[name, path], speed[name, path] / exact, *last[name, path],

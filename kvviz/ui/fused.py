@@ -2,7 +2,7 @@
 through each format twice, fused and unfused, on the tab's model, live on this machine.
 
 The library does the work (kvviz.quality.fused_vs_unfused): one WikiText-2 prompt, one prefill shared by every
-run, the runs' steps taken in turn and each run's median step kept. Fused is the backend that reads the packed buffers in place (on
+run, each run's steps timed one by one in rounds and its median step kept. Fused is the backend that reads the packed buffers in place (on
 the CPU kernels/cpu/decode.py's numba kernel, on CUDA Triton's); unfused is the torch reference, which dequantizes the whole
 history at every step. Where the fused path does not run (numba missing), the result says so instead of showing the
 reference twice.
@@ -36,7 +36,7 @@ DEFAULT_SPECS = ["int4", "k8v4"]
 MAX_FORMATS = 3  # each format adds two timed runs (fused, unfused)
 MIN_CONTEXT, MAX_CONTEXT, DEFAULT_CONTEXT = 128, 4096, 1024
 MIN_NEW, MAX_NEW, DEFAULT_NEW = 2, 32, 6
-ROUNDS = 2  # rounds of steps taken in turn (quality.steps_in_turn), median step kept
+ROUNDS = 2  # rounds of every run's timed steps (quality.step_times), median step kept
 MIB = 2**20
 
 

@@ -167,8 +167,8 @@ EN: dict[str, str] = {
                     "step, then runs SDPA on the copy. *Bytes read per step* counts K/V at the last step: the exact "
                     "cache's values; fused, the packed bytes; unfused, the packed bytes plus the full-precision copy "
                     "written and read again (2x the exact cache; the reference's other temporaries are not counted). "
-                    "Every run starts from the same prefill; the runs take their steps in turn, and each run's median step "
-                    "is kept (a busy moment slows every run alike)."),
+                    "Every run starts from the same prefill and times its steps one by one, in two rounds; each run's median "
+                    "step is kept (a busy moment slows a few steps, not the figure)."),
     "fused_specs": "Formats (each decodes twice: fused and unfused)",
     "fused_context": "Prompt tokens (WikiText-2)",
     "fused_new": "Decode tokens timed",
@@ -193,7 +193,7 @@ EN: dict[str, str] = {
     "fused_why_no_branch": "no fused branch for this format",
     "fused_why_lossless": "a lossless cast: the reference reads DynamicCache's very values",
     "fused_done": ("Done in {s:.0f} s. `{model}`: a {n}-token WikiText-2 prompt, then greedy decode, median step of "
-                   "{rounds} rounds x {steps} timed steps, the runs' steps taken in turn; fused backend `{backend}`."),
+                   "{rounds} rounds x {steps} timed steps; fused backend `{backend}`."),
     "fused_cut": "The prompt was cut from {asked} to {n} tokens to fit this model's positions.",
     "fused_same": "Fused and unfused generated the same {n} tokens for {formats}.",
     "fused_differ": ("**Fused and unfused generated different tokens** for {formats}: the kernel sums in float32 in "
@@ -633,8 +633,8 @@ KO: dict[str, str] = {
                     "매 단계 기록 전체를 전체 정밀도로 역양자화한 뒤 그 복사본으로 SDPA를 돌립니다. *단계당 읽는 "
                     "바이트*는 마지막 단계의 K/V를 셉니다: 원본 캐시는 그 값, 융합은 패킹된 바이트, 비융합은 패킹된 "
                     "바이트에 전체 정밀도 복사본을 쓰고 다시 읽는 양(원본 캐시의 2배; 참조 구현의 다른 임시 텐서는 "
-                    "세지 않음)을 더합니다. 모든 실행은 같은 프리필에서 시작하고, 실행들이 한 단계씩 "
-                    "번갈아 돌며 각 실행의 중앙값 단계를 남깁니다(바쁜 순간은 모든 실행을 똑같이 늦춥니다)."),
+                    "세지 않음)을 더합니다. 모든 실행은 같은 프리필에서 시작해 두 라운드 동안 "
+                    "단계마다 시간을 재고, 각 실행의 중앙값 단계를 남깁니다(바쁜 순간은 몇 단계만 늦출 뿐 값을 바꾸지 않습니다)."),
     "fused_specs": "포맷 (각각 융합과 비융합으로 두 번 디코딩)",
     "fused_context": "프롬프트 토큰 수 (WikiText-2)",
     "fused_new": "시간을 재는 디코딩 토큰 수",
@@ -659,7 +659,7 @@ KO: dict[str, str] = {
     "fused_why_no_branch": "이 포맷의 융합 분기가 없음",
     "fused_why_lossless": "무손실 캐스트: 레퍼런스가 DynamicCache와 똑같은 값을 읽음",
     "fused_done": ("{s:.0f}초 만에 끝남. `{model}`: WikiText-2 프롬프트 {n}토큰 뒤 greedy 디코딩, {rounds}라운드 x "
-                   "{steps}단계를 실행들이 한 단계씩 번갈아 측정한 중앙값; 융합 백엔드 `{backend}`."),
+                   "{steps}단계 측정의 중앙값; 융합 백엔드 `{backend}`."),
     "fused_cut": "이 모델의 위치 수에 맞추려고 프롬프트를 {asked}토큰에서 {n}토큰으로 잘랐습니다.",
     "fused_same": "융합과 비융합이 {formats}에서 같은 {n}개 토큰을 생성했습니다.",
     "fused_differ": ("**융합과 비융합이 다른 토큰을 생성했습니다**: {formats}. 커널은 SDPA와 다른 순서로 float32 합을 "
