@@ -170,10 +170,22 @@ def test_the_bundled_model_s_recorded_run_covers_lesson_7_s_curve():
         assert all(rows[f]["ceiling"] > 1.0 and rows[f]["tokens_per_s"] > 0 for f in ("int4", "k8v4"))
 
 
+def _name_decodings(monkeypatch) -> None:
+    """Each quality.Decoding made while the test runs carries `.name`: its spec, or "DynamicCache"."""
+    from kvviz import quality
+
+    init = quality.Decoding.__init__
+
+    def named(run, model, prefilled, spec, *args, **kwargs):
+        run.name = spec or "DynamicCache"
+        init(run, model, prefilled, spec, *args, **kwargs)
+
+    monkeypatch.setattr(quality.Decoding, "__init__", named)
+
+
 def test_speed_by_context_times_each_cache_alone_in_rotating_rounds(monkeypatch):
     """Per round every cache takes two untimed and then its timed steps alone, one cache after another, each round
-    starting one cache later; only the timed steps count in the per-layer times; a row's speed is one over its
-    median step."""
+    starting one cache later; each row holds the cache's bytes, speed, ceiling and per-layer times."""
     from kvviz import quality, tiny_model
     from kvviz.cli import bench_contexts
 
@@ -186,13 +198,7 @@ def test_speed_by_context_times_each_cache_alone_in_rotating_rounds(monkeypatch)
         return original(run)
 
     monkeypatch.setattr(quality.Decoding, "step", step)
-    init = quality.Decoding.__init__
-
-    def named(run, model, prefilled, spec, *args, **kwargs):
-        run.name = spec or "DynamicCache"
-        init(run, model, prefilled, spec, *args, **kwargs)
-
-    monkeypatch.setattr(quality.Decoding, "__init__", named)
+    _name_decodings(monkeypatch)
     ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(0))
     result = bench_contexts.speed_by_context(model, ids, ["int4", "k8v4"], [24, 40], decode_tokens=3, rounds=2)
     names = ["DynamicCache", "int4", "k8v4"]
@@ -217,13 +223,7 @@ def test_speed_by_context_is_one_over_the_median_step(monkeypatch):
     model, _ = tiny_model("llama")
     ticks = {"DynamicCache": [0.1, 0.1, 0.1, 5.0], "int4": [0.05, 0.05, 0.05, 0.05]}
     monkeypatch.setattr(quality, "step_times", lambda run, steps, timing: ticks[run.name][:steps])
-    init = quality.Decoding.__init__
-
-    def named(run, model, prefilled, spec, *args, **kwargs):
-        run.name = spec or "DynamicCache"
-        init(run, model, prefilled, spec, *args, **kwargs)
-
-    monkeypatch.setattr(quality.Decoding, "__init__", named)
+    _name_decodings(monkeypatch)
     ids = torch.randint(1, 256, (1, 16), generator=torch.Generator().manual_seed(0))
     rows = bench_contexts.speed_by_context(model, ids, ["int4"], [16], decode_tokens=4, rounds=1)["contexts"][16]
     assert rows["DynamicCache"]["tokens_per_s"] == pytest.approx(10.0) and rows["int4"]["ratio"] == pytest.approx(2.0)
