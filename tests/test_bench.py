@@ -144,7 +144,7 @@ def test_contexts_json_is_what_lesson_7_reads(tmp_path, monkeypatch):
     bench.add_arguments(p)
     args = p.parse_args(["--contexts", "1024,4096", "--json", str(tmp_path / "m.json")])
     command = bench._contexts_command(args)
-    assert command.startswith("python -m kvviz bench --contexts 1024,4096 --rounds 4") and "--json" in command
+    assert command.startswith("python -m kvviz bench --contexts 1024,4096 --rounds 8") and "--json" in command
     bench_contexts.write_json(args.json, result, model="m", machine="2 CPU cores", rounds=4, decode_tokens=6,
                               command=command)
     monkeypatch.setattr(speed, "RECORDED", tmp_path)

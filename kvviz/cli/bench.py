@@ -46,6 +46,11 @@ from kvviz.models import DEFAULT_MODEL, load_model
 
 HELP = "decode speed, cache bytes and KL of every KV format vs DynamicCache and transformers' QuantizedCache"
 CONTEXT_FORMATS = ("int4", "k8v4", "mxfp4", "nvfp4", "q4_0", "q8_0")  # issue 23's targets at 4K
+ROUNDS = 4  # the side-by-side run's timing rounds, best kept
+# --contexts: rounds of every cache's 2 untimed + 6 timed steps, median step kept. On 2 shared cores 4 rounds let the
+# exact cache's drift between blocks move a ratio by up to 0.1 (1K read 0.94-1.08x over three runs); 8 read 1K at
+# 1.02-1.04x in one (docs/benchmarks.md)
+CONTEXT_ROUNDS = 8
 SIDE_BY_SIDE = ["fp8_e4m3", "fp8_e5m2", "int8", "int4", "k8v4", "k4v8", "kivi2", "nvfp4"]
 
 
@@ -53,8 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model name or path (default: the bundled SmolLM2-135M)")
     p.add_argument("--context", type=int, default=1024, help="prompt tokens before the timed decode (default 1024)")
     p.add_argument("--decode-tokens", type=int, default=6, help="timed decode steps per round (default 6)")
-    p.add_argument("--rounds", type=int, default=4, help="timing rounds (default 4): the side-by-side run keeps "
-                   "each cache's best round; --contexts each cache's median step")
+    p.add_argument("--rounds", type=int, default=None, help="timing rounds: the side-by-side run keeps each "
+                   f"cache's best round (default {ROUNDS}); --contexts each cache's median step (default "
+                   f"{CONTEXT_ROUNDS})")
     p.add_argument("--prompts", type=int, default=3, help="teacher-forced prompts (default 3)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="tokens per teacher-forced prompt (default 128)")
     p.add_argument("--tf-tokens", type=int, default=32, help="teacher-forced decode steps per prompt (default 32)")
@@ -72,6 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """CLI entry: run the benchmark, print the markdown table."""
+    if args.rounds is None:
+        args.rounds = CONTEXT_ROUNDS if args.contexts else ROUNDS
     if args.quick:
         args.context, args.decode_tokens, args.rounds = 256, 4, 1
         args.prompts, args.prompt_tokens, args.tf_tokens = 1, 96, 16
@@ -132,7 +140,8 @@ def _run_contexts(args: argparse.Namespace, formats: list[str] | None) -> int:
 
 def _contexts_command(args: argparse.Namespace) -> str:
     """The command line that reproduces a --contexts run."""
-    parts = ["python -m kvviz bench", f"--contexts {args.contexts}", f"--rounds {args.rounds}",
+    rounds = CONTEXT_ROUNDS if args.rounds is None else args.rounds
+    parts = ["python -m kvviz bench", f"--contexts {args.contexts}", f"--rounds {rounds}",
              f"--decode-tokens {args.decode_tokens}"]
     parts += [f"--formats {args.formats}"] if args.formats else []
     parts += [f"--model {args.model}"] if args.model else []
