@@ -47,9 +47,9 @@ from kvviz.models import DEFAULT_MODEL, load_model
 HELP = "decode speed, cache bytes and KL of every KV format vs DynamicCache and transformers' QuantizedCache"
 CONTEXT_FORMATS = ("int4", "k8v4", "mxfp4", "nvfp4", "q4_0", "q8_0")  # issue 23's targets at 4K
 ROUNDS = 4  # the side-by-side run's timing rounds, best kept
-# --contexts: rounds of every cache's 2 untimed + 6 timed steps, median step kept. On 2 shared cores 4 rounds let the
-# exact cache's drift between blocks move a ratio by up to 0.1 (1K read 0.94-1.08x over three runs); 8 read 1K at
-# 1.02-1.04x in one (docs/benchmarks.md)
+# --contexts: rounds of every cache's 2 untimed + 6 timed steps, median step kept (48 steps per cache). On 2 shared
+# cores the exact cache's drift between blocks still moves a ratio by up to 0.1 run to run, with 4 rounds or 8
+# (docs/benchmarks.md); 8 halves the sampling noise of the median for twice the time
 CONTEXT_ROUNDS = 8
 SIDE_BY_SIDE = ["fp8_e4m3", "fp8_e5m2", "int8", "int4", "k8v4", "k4v8", "kivi2", "nvfp4"]
 
