@@ -43,6 +43,7 @@ from kvviz.cli import bench_contexts
 from kvviz.formats import FORMAT_NAMES, PRESETS, parse_kv
 from kvviz.memory import kv_cache_bytes
 from kvviz.models import DEFAULT_MODEL, load_model
+from kvviz.quality.speed import dynamic_bytes
 
 HELP = "decode speed, cache bytes and KL of every KV format vs DynamicCache and transformers' QuantizedCache"
 CONTEXT_FORMATS = ("int4", "k8v4", "mxfp4", "nvfp4", "q4_0", "q8_0")  # issue 23's targets at 4K
@@ -208,7 +209,7 @@ def run_bench(model_name=None, formats=None, context=1024, decode_tokens=6, roun
             rows[name]["tokens_per_s"] = max(tps, rows[name].get("tokens_per_s", 0.0))
             held_tokens = ids.shape[1] + decode_tokens + 1
             if name == "DynamicCache":
-                rows[name]["bytes"] = sum(l.keys.nbytes + l.values.nbytes for l in cache.layers)
+                rows[name]["bytes"] = dynamic_bytes(cache)
                 rows[name]["bits"] = 8 * cache.layers[0].keys.element_size()  # the model's dtype, as stored
             elif name in specs:
                 rows[name]["bytes"] = cache.nbytes()

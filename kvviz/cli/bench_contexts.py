@@ -28,6 +28,7 @@ from kvviz import attention, quality
 from kvviz.cache import QuantizedKVCache, QuantizedKVLayer
 from kvviz.cache.layers import QuantizedSlidingLayer
 from kvviz.engines import llamacpp
+from kvviz.quality.speed import dynamic_bytes
 
 TIMING = "one over the median step, each cache's steps timed alone in interleaved rounds (kvviz.quality.step_times)"
 LLAMA_CPP_TYPES = (("f16", "f16"), ("q4_0", "q4_0"), ("q8_0", "q8_0"))  # the peer: f16 K/V against two KV types
@@ -98,9 +99,7 @@ def load() -> tuple[float, float, float]:
 
 def _cache_bytes(cache) -> int:
     """K/V bytes a cache holds: DynamicCache's tensors, or a kvviz cache's packed buffers (its nbytes)."""
-    if isinstance(cache, QuantizedKVCache):
-        return cache.nbytes()
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    return cache.nbytes() if isinstance(cache, QuantizedKVCache) else dynamic_bytes(cache)
 
 
 def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], decode_tokens: int, rounds: int,

@@ -200,12 +200,14 @@ def timed_decode(model, prefilled: Cache, spec, first_token: int, n_tokens: int,
     if n_tokens < 1:
         raise ValueError(f"n_tokens must be at least 1, got {n_tokens}.")
     run = Decoding(model, prefilled, spec, first_token, scales)
-    out_ids = [run.step() for _ in range(warmup)]
+    for _ in range(warmup):
+        run.step()
     on_timed()
     start = time.perf_counter()
-    out_ids += [run.step() for _ in range(n_tokens)]
+    for _ in range(n_tokens):
+        run.step()
     seconds = time.perf_counter() - start
-    return n_tokens / seconds, run.cache, out_ids
+    return n_tokens / seconds, run.cache, run.ids
 
 
 def decode_speed(model, prefilled: Cache, spec, first_token: int, n_tokens: int, scales: dict | None = None) -> float:

@@ -108,7 +108,7 @@ def _fuses(kv: KVSpec, backend: str, dtype: torch.dtype) -> bool:
     return attention._cpu_reads(*sides) if backend == "cpu" else attention._fused_reads(*sides)
 
 
-def _dynamic_bytes(cache: Cache) -> int:
+def dynamic_bytes(cache: Cache) -> int:
     """Bytes of the K/V a DynamicCache holds (the model's dtype; linear-attention / Mamba states are not K/V)."""
     return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers
                if getattr(layer, "keys", None) is not None)
@@ -180,7 +180,7 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
             run = Decoding(model, dyn, kv, first, backend=backend or "torch")
             seconds[name, path] += step_times(run, new_tokens)
             if path == EXACT:
-                nbytes = _dynamic_bytes(run.cache)
+                nbytes = dynamic_bytes(run.cache)
             else:
                 nbytes = run.cache.nbytes() + (2 * _dense_bytes(run.cache) if path == UNFUSED else 0)
             last[name, path] = (nbytes, run.ids)
