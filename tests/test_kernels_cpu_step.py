@@ -122,6 +122,29 @@ def test_one_call_generates_as_the_reference_and_stores_the_same_bytes(arch, spe
     assert all(torch.equal(a, b) for a, b in zip(fused[3], two_calls[3], strict=True)), "stored bytes differ"
 
 
+@pytest.mark.parametrize("beams", [1, 2])
+def test_one_call_rebinds_when_the_buffers_grow_or_a_beam_search_reorders_them(beams):
+    """A layer keeps its step bound over the buffers between steps: past a doubling (a 60-token prompt decoding
+    over 64 rows) and across beam search's reorders (new tensors every step) it binds again, and the beams and
+    bytes equal the two-call path's."""
+    model, _ = _model(16)
+    ids = torch.randint(1, 256, (1, 60), generator=torch.Generator().manual_seed(1))
+    got = []
+    with kvviz.attention.use_backend("cpu"), torch.no_grad():
+        for stage in (True, False):
+            cache = kvviz.QuantizedKVCache(model.config, "int4", stage=stage)
+            tokens = model.generate(input_ids=ids, max_new_tokens=8, num_beams=beams, do_sample=False,
+                                    cache=cache)
+            got.append((tokens, [buf.view().contiguous().view(torch.uint8) for layer in cache.layers
+                                 for side in (layer.k, layer.v) for buf in side.fields.values()]))
+            if stage:
+                layer = cache.layers[0]
+                assert layer.k.fields["data"].buf.shape[2] == 128 and layer._step is not None, "grew past 64 rows"
+    (fused, fused_bytes), (two_calls, two_call_bytes) = got
+    assert torch.equal(fused, two_calls), f"{beams} beam(s) through the fused step differ from the two-call path"
+    assert all(torch.equal(a, b) for a, b in zip(fused_bytes, two_call_bytes, strict=True)), "stored bytes differ"
+
+
 def test_a_staged_token_is_stored_once_when_the_cache_is_read_first():
     """update() stages a decode token; reading the cache before attention stores it, once, as update would."""
     model, _ = _model(16)

@@ -6,7 +6,7 @@ The two launchers it fuses (kernels/cpu/pack.py, kernels/cpu/decode.py) derive t
 `DecodeStep` derives them once per buffer set (`bind`: the numpy views over the buffers, the decode tables and
 meta vectors, the packing plans, scratch for the splits), so a step costs the glue of one call: new K/V and q as
 numpy views (no copy for fp32 CPU tensors), the mask if any, and the call. Buffers grow by doubling outside the
-step (the cache side reserves a row first); `bind` runs again only when they moved.
+step: the cache side reserves a row and binds again when its rows reach `capacity` or the buffers moved.
 
 Formats: what both launchers cover, token-granular (int, fp8, MX / NV FP4, llama.cpp's six types, /rot, and the
 engines' stores: vLLM's int8 / fp8 / int4 per-token-head, NVFP4 and 4over6, TurboQuant's keys and values); no tail
@@ -203,6 +203,9 @@ class DecodeStep:
         self.plain = self.k.x_rotation is None and self.v.x_rotation is None and self.k.rotation is None \
             and self.v.rotation is None
         self.held = (*k_bufs, *v_bufs)
+        self.capacity = min(t.shape[2] for t in self.held if t is not None)  # rows the step may write up to
+        self.rows = batch * heads
+        self._side_args = {}  # (K, V dtype) -> both sides' call arguments (packing plan, views, decode arguments)
 
     def _scratch(self, units: int) -> None:
         """mid_m, mid_l, mid_acc for `units` work items (grown by doubling, never per step)."""
@@ -234,38 +237,39 @@ class DecodeStep:
                 q = q @ self.k.rotation.T  # score = (q @ R^T) . stored
             qn = c_order(q.numpy())
         length = pos + 1 - start
+        rows = self.rows
         if parallel is None:
-            parallel = self.batch * self.heads * length >= cpu_decode._PARALLEL_ROWS
-        splits, per_split = split_tokens(length, self.batch * self.heads, self.threads if parallel else 1,
-                                         contract.BLOCK)
-        if self.batch * self.heads * splits > self.units:
-            self._scratch(self.batch * self.heads * splits)
-        if kv_mask is None:
-            mask, has_mask = cpu_decode._NO_MASK, False
-        else:
+            parallel = rows * length >= cpu_decode._PARALLEL_ROWS
+        splits, per_split = split_tokens(length, rows, self.threads if parallel else 1, contract.BLOCK)
+        if rows * splits > self.units:
+            self._scratch(rows * splits)
+        mask, has_mask, sink, has_sinks = cpu_decode._NO_MASK, False, cpu_decode._NO_SINKS, False
+        if kv_mask is not None:
             mask, has_mask = np.ascontiguousarray(kv_mask.detach().numpy()).view(np.uint8), True
-        if sinks is None:
-            sink, has_sinks = cpu_decode._NO_SINKS, False
-        else:
+        if sinks is not None:
             sink, has_sinks = sinks.detach().float().reshape(-1).contiguous().numpy(), True
             if sink.size != self.q_heads:
                 raise ValueError(f"sinks holds {sink.size} values; pass one logit per query head ({self.q_heads}).")
-        k, v = self.k, self.v
-        k_pk, v_pk = k.pk_for(k_new.dtype), v.pk_for(v_new.dtype)
+        dtypes = (k_new.dtype, v_new.dtype)
+        side_args = self._side_args.get(dtypes)
+        if side_args is None:
+            k, v = self.k, self.v
+            side_args = self._side_args[dtypes] = (k.pk_for(k_new.dtype), k.bufs, *k.decode,
+                                                   v.pk_for(v_new.dtype), v.bufs, *v.decode)
         sm = 1.0 / math.sqrt(self.dk) if sm_scale is None else float(sm_scale)
         out = np.empty((self.batch, self.q_heads, self.dv), np.float32)
         jit = _jit()
-        fn = jit.step_parallel if parallel else jit.step_serial
         with cpu_decode._LOCK:
-            over = fn(xk, xv, qn, self.q_order, self.qp, start, pos, self.lengths, mask, has_mask, sm,
-                      float(softcap or 0.0), self.heads, splits, per_split,
-                      k_pk, k.bufs, *k.decode, v_pk, v.bufs, *v.decode,
-                      self.mid_m, self.mid_l, self.mid_acc, sink, has_sinks, self.outp, self.out_order, out)
+            over = (jit.step_parallel if parallel else jit.step_serial)(
+                xk, xv, qn, self.q_order, self.qp, start, pos, self.lengths, mask, has_mask, sm, float(softcap or 0.0),
+                self.heads, splits, per_split, *side_args, self.mid_m, self.mid_l, self.mid_acc, sink, has_sinks,
+                self.outp, self.out_order, out)
         result = torch.from_numpy(out)
-        if v.rotation is not None:
-            result = result @ v.rotation
-        out = result.to(dtype) if dtype != torch.float32 else result
-        return out, int(over[0]) + over_k, int(over[1]) + over_v
+        if self.v.rotation is not None:
+            result = result @ self.v.rotation
+        if dtype != torch.float32:
+            result = result.to(dtype)
+        return result, int(over[0]) + over_k, int(over[1]) + over_v
 
 
 def _smoke() -> None:

@@ -33,30 +33,27 @@ from .sides import Side
 
 
 class _Staged(attention.StagedStep):
-    """A decode token staged by `QuantizedKVLayer.update`: K and V [B, H, 1, D] not yet stored, and where a
-    sliding layer evicts to once they are (None: a full-attention layer keeps everything).
+    """What `QuantizedKVLayer.update` returns for K (side "k") and V ("v") when it staged a decode token: K and V
+    [B, H, 1, D], held by the layer (`_pending`) and not yet stored. One pair per layer, returned step after step.
 
-    update returns it for K and its `v_side` for V. Read as a QTensor (any attribute but `shape`), each stores the
-    token as update would have and answers for its side: a caller of update that reads what it returned sees
-    exactly the QTensors it would have got without staging."""
+    The attention function calls `attend`, which stores the token and attends in one call. Read as a QTensor (any
+    attribute but `shape`), each stores the token as update would have and answers for its side: a caller of
+    update that reads what it returned sees exactly the QTensors it would have got without staging."""
 
-    def __init__(self, layer, key_states: torch.Tensor, value_states: torch.Tensor, keep_from: int | None,
-                 visible_from: int | None = None, side: str = "k"):
-        self.layer, self.k, self.v, self.keep_from = layer, key_states, value_states, keep_from
-        self.visible_from, self.side = visible_from, side
+    __slots__ = ("layer", "side")
 
-    @property
-    def v_side(self) -> "_Staged":
-        return _Staged(self.layer, self.k, self.v, self.keep_from, self.visible_from, side="v")
+    def __init__(self, layer, side: str):
+        self.layer, self.side = layer, side
 
     def attend(self, query, kv_mask, scaling, sinks, softcap):
-        return self.layer._append_attend(self, query, kv_mask, scaling, sinks, softcap)
+        return self.layer._append_attend(query, kv_mask, scaling, sinks, softcap)
 
     def __getattr__(self, name):
-        if name == "shape" or name.startswith("__") or name in ("layer", "k", "v", "side", "visible_from"):
+        if name == "shape" or name.startswith("__"):
             return super().__getattr__(name)
-        self.layer._flush()  # stored as update would have stored it (nothing, when attend already did)
-        k, v = self.layer._read(self.layer.k.packed(self.visible_from), self.layer.v.packed(self.visible_from))
+        layer = self.layer
+        layer._flush()  # stored as update would have stored it (nothing, when attend already did)
+        k, v = layer._read(layer.k.packed(layer._visible_from), layer.v.packed(layer._visible_from))
         return getattr(k if self.side == "k" else v, name)
 
 
@@ -93,34 +90,66 @@ class QuantizedKVLayer(CacheLayerMixin):
     def _new_sides(self, k_fmt: Format, v_fmt: Format, residual: int) -> None:
         self.k = Side(k_fmt, residual, self._scales[0], f"{self.name} K")
         self.v = Side(v_fmt, residual, self._scales[1], f"{self.name} V")
-        self._pending: _Staged | None = None
+        self._pending: tuple | None = None  # a staged decode token: (key_states, value_states, keep_from)
+        self._visible_from: int | None = None  # the staged token's first visible position (sliding layers)
+        self._staged = (_Staged(self, "k"), _Staged(self, "v"))  # what update returns for a staged token
+        self._staging = False  # whether update stages decode tokens now (_can_stage; asked after every store)
         self._step: DecodeStep | None = None
+        self._step_data = None  # K's data _Buffer once the step is bound over the buffers (None: bind first)
 
     # -- the fused CPU decode step ------------------------------------------------------------------------------
-    def _stages(self, key_states: torch.Tensor) -> bool:
-        """Whether this update's single token goes to the fused CPU step (append and attend in one numba call,
-        kernels/cpu/step.py) instead of being stored now: the cpu backend, CPU states, both sides fusable."""
-        return (self.stages and self.layout is None and key_states.shape[2] == 1 and key_states.device.type == "cpu"
-                and self.k.fuses() and self.v.fuses() and attention.active_backend() == "cpu")
+    def _can_stage(self) -> bool:
+        """Whether a decode token may go to the fused CPU step (append and attend in one numba call,
+        kernels/cpu/step.py) instead of being stored at once: fixed by the layer once it holds tokens (the cache
+        turned staging on, no llama.cpp layout, both sides fusable: the CPU packer, token scales, no residual
+        window); update checks the rest per token (one token, CPU states, the cpu backend)."""
+        return (self.stages and self.is_initialized and self.layout is None and self.k.seen > 0
+                and self.k.fuses() and self.v.fuses())
 
-    def _append_attend(self, staged: _Staged, query, kv_mask, scaling, sinks, softcap) -> torch.Tensor:
+    def _stage(self, key_states: torch.Tensor, value_states: torch.Tensor, keep_from: int | None = None,
+               visible_from: int | None = None):
+        """Hold this decode token for the attention function's fused call, or return None where it is stored now
+        (see _can_stage). Returns the pair update returns."""
+        if not (self._staging and key_states.shape[2] == 1 and key_states.is_cpu
+                and attention.active_backend() == "cpu"):
+            return None
+        self._pending, self._visible_from = (key_states, value_states, keep_from), visible_from
+        return self._staged
+
+    def _append_attend(self, query, kv_mask, scaling, sinks, softcap) -> torch.Tensor:
         """Store the staged token and attend over the layer's tokens in one call; see attention.StagedStep."""
-        assert self._pending is staged, f"{self.name}: a staged token is attended once, right after its update"
-        self._pending = None
-        k_bufs, v_bufs = self.k.reserve_row(), self.v.reserve_row()  # buffers grow here, never inside the step
-        start, pos = self.k.fields["data"].start, self.k.fields["data"].n
-        assert (self.v.fields["data"].start, self.v.fields["data"].n) == (start, pos), "K and V hold the same rows"
+        pending, self._pending = self._pending, None
+        assert pending is not None, f"{self.name}: a staged token is attended once, right after its update"
+        k_new, v_new, keep_from = pending
+        data, step = self._step_data, self._step
+        if data is None or data.n >= step.capacity or query.shape[1] != step.q_heads:
+            step = self._bind_step(query.shape[1])  # new or full buffers: they grow here, never inside the step
+            data = self._step_data
+        out, over_k, over_v = step.run(k_new, v_new, query, data.start, data.n, kv_mask, scaling, sinks, softcap)
+        self.k.commit_row(k_new, over_k)
+        self.v.commit_row(v_new, over_v)
+        if keep_from is not None:
+            self.k.evict(keep_from)
+            self.v.evict(keep_from)
+        return out
+
+    def _bind_step(self, q_heads: int) -> DecodeStep:
+        """Room for one more row in every buffer, and the fused step bound over them (kept while they stay)."""
+        k_bufs, v_bufs = self.k.reserve_row(), self.v.reserve_row()
+        k_data, v_data = self.k.fields["data"], self.v.fields["data"]
+        assert (k_data.start, k_data.n) == (v_data.start, v_data.n), "K and V hold the same rows"
         if self._step is None:
             self._step = DecodeStep(self.k.fmt, self.v.fmt)
-        if not self._step.bound(k_bufs, v_bufs, query.shape[1]):
-            self._step.bind(k_bufs, v_bufs, self.k.static, self.v.static, query.shape[1])
-        out, over_k, over_v = self._step.run(staged.k, staged.v, query, start, pos, kv_mask, scaling, sinks, softcap)
-        self.k.commit_row(staged.k, over_k)
-        self.v.commit_row(staged.v, over_v)
-        if staged.keep_from is not None:
-            self.k.evict(staged.keep_from)
-            self.v.evict(staged.keep_from)
-        return out
+        if not self._step.bound(k_bufs, v_bufs, q_heads):
+            self._step.bind(k_bufs, v_bufs, self.k.static, self.v.static, q_heads)
+        self._step_data = k_data
+        return self._step
+
+    def _stored(self) -> None:
+        """After tokens were stored outside the fused step (buffers may have grown or moved): bind again before
+        the next step, and ask again whether decode tokens stage."""
+        self._step_data = None
+        self._staging = self._can_stage()
 
     def append_mirrored(self, key_states: torch.Tensor, value_states: torch.Tensor, rows, at: int, k_mirror,
                         v_mirror) -> bool:
@@ -137,13 +166,15 @@ class QuantizedKVLayer(CacheLayerMixin):
 
     def _flush(self) -> None:
         """Store a staged token the attention function never took (the cache read in between): as update would."""
-        staged, self._pending = self._pending, None
-        if staged is not None:
-            self.k.append(staged.k)
-            self.v.append(staged.v)
-            if staged.keep_from is not None:
-                self.k.evict(staged.keep_from)
-                self.v.evict(staged.keep_from)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            k_new, v_new, keep_from = pending
+            self.k.append(k_new)
+            self.v.append(v_new)
+            if keep_from is not None:
+                self.k.evict(keep_from)
+                self.v.evict(keep_from)
+            self._stored()
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -159,16 +190,18 @@ class QuantizedKVLayer(CacheLayerMixin):
         Returns (key_states, value_states) unchanged on the first call (the prompt attends to its raw states),
         else (QTensor, QTensor) over every cached token, this call's included.
         """
-        self._flush()
+        if self._pending is not None:
+            self._flush()
+        staged = self._stage(key_states, value_states)
+        if staged is not None:
+            return staged
         first = not self.is_initialized or self.get_seq_length() == 0
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if not first and self._stages(key_states):
-            self._pending = _Staged(self, key_states, value_states, None)
-            return self._pending, self._pending.v_side
         key_states, value_states = self._held(key_states, value_states)
         self.k.append(key_states)
         self.v.append(value_states)
+        self._stored()
         if first and self.layout is None:
             return key_states, value_states
         return self._read(self.k.packed(), self.v.packed())
@@ -208,6 +241,7 @@ class QuantizedKVLayer(CacheLayerMixin):
         if self.is_initialized:
             self.k.map_batch(fn)
             self.v.map_batch(fn)
+            self._stored()
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: reorder the batch. Packed codes move as they are, nothing is re-quantized."""
@@ -227,6 +261,7 @@ class QuantizedKVLayer(CacheLayerMixin):
         if tokens_to_remove and self.is_initialized:
             self.k.crop(-tokens_to_remove)
             self.v.crop(-tokens_to_remove)
+            self._stored()
 
     def offload(self):  # the packed buffers stay where they are: kvviz does not offload
         pass
@@ -256,17 +291,18 @@ class QuantizedSlidingLayer(QuantizedKVLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """As QuantizedKVLayer.update; the handles cover what transformers' layer returns: the window - 1 tokens
         held before this call plus this call's tokens. Afterwards only the last window - 1 tokens stay."""
-        self._flush()
+        if self._pending is not None:
+            self._flush()
         first = not self.is_initialized or self.cumulative_length == 0
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         keep = self.sliding_window - 1
         visible_from = max(self.cumulative_length - keep, 0)
+        keep_from = max(self.cumulative_length + key_states.shape[-2] - keep, 0)
+        staged = self._stage(key_states, value_states, keep_from, visible_from)  # visible_from: the side's base
         self.cumulative_length += key_states.shape[-2]
-        keep_from = max(self.cumulative_length - keep, 0)
-        if not first and self._stages(key_states):  # visible_from is the side's base: token formats keep no skip
-            self._pending = _Staged(self, key_states, value_states, keep_from, visible_from)
-            return self._pending, self._pending.v_side
+        if staged is not None:
+            return staged
         key_states, value_states = self._held(key_states, value_states)
         if first and self.layout is not None:  # the whole prompt reads it as stored, evicted or not (llama.cpp)
             out = self._read(self.k.fmt.quantize(key_states), self.v.fmt.quantize(value_states))
@@ -280,6 +316,7 @@ class QuantizedSlidingLayer(QuantizedKVLayer):
             out = self._read(self.k.packed(visible_from), self.v.packed(visible_from))
         self.k.evict(keep_from)
         self.v.evict(keep_from)
+        self._stored()
         return out
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
