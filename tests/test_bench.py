@@ -185,16 +185,19 @@ def _name_decodings(monkeypatch) -> None:
 
 def test_speed_by_context_times_each_cache_alone_in_rotating_rounds(monkeypatch):
     """Per round every cache takes two untimed and then its timed steps alone, one cache after another, each round
-    starting one cache later; each row holds the cache's bytes, speed, ceiling and per-layer times."""
+    starting one cache later, then one step with its layers timed (the timed steps run without those timers); each
+    row holds the cache's bytes, speed, ceiling and per-layer times."""
+    from transformers.cache_utils import DynamicLayer
+
     from kvviz import quality, tiny_model
     from kvviz.cli import bench_contexts
 
     model, _ = tiny_model("llama")
     order = []
-    original = quality.Decoding.step
+    original, update = quality.Decoding.step, DynamicLayer.update
 
     def step(run):
-        order.append(run.name)
+        order.append((run.name, DynamicLayer.update is not update))  # (cache, its layers timed)
         return original(run)
 
     monkeypatch.setattr(quality.Decoding, "step", step)
@@ -202,9 +205,9 @@ def test_speed_by_context_times_each_cache_alone_in_rotating_rounds(monkeypatch)
     ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(0))
     result = bench_contexts.speed_by_context(model, ids, ["int4", "k8v4"], [24, 40], decode_tokens=3, rounds=2)
     names = ["DynamicCache", "int4", "k8v4"]
-    steps = WARMUP + 3
-    first_round = [n for n in names for _ in range(steps)]
-    second_round = [n for n in names[1:] + names[:1] for _ in range(steps)]  # one cache later
+    block = [False] * (WARMUP + 3) + [True]  # untimed and timed steps, then the one timed per layer
+    first_round = [(n, layers) for n in names for layers in block]
+    second_round = [(n, layers) for n in names[1:] + names[:1] for layers in block]  # one cache later
     assert order == (first_round + second_round) * 2  # 2 contexts
     for context, rows in result["contexts"].items():
         assert list(rows) == names and rows["DynamicCache"]["ratio"] == 1.0
@@ -222,7 +225,7 @@ def test_speed_by_context_is_one_over_the_median_step(monkeypatch):
 
     model, _ = tiny_model("llama")
     ticks = {"DynamicCache": [0.1, 0.1, 0.1, 5.0], "int4": [0.05, 0.05, 0.05, 0.05]}
-    monkeypatch.setattr(quality, "step_times", lambda run, steps, timing: ticks[run.name][:steps])
+    monkeypatch.setattr(quality, "step_times", lambda run, steps: ticks[run.name][:steps])
     _name_decodings(monkeypatch)
     ids = torch.randint(1, 256, (1, 16), generator=torch.Generator().manual_seed(0))
     rows = bench_contexts.speed_by_context(model, ids, ["int4"], [16], decode_tokens=4, rounds=1)["contexts"][16]

@@ -9,7 +9,8 @@ append; on the two-call path (torch backend, channel formats) `update` is the ap
 
 Ratios are taken in one process, each cache timed step by step in interleaved rounds and its median step kept, so
 that a burst of other work on a busy machine is set aside; the machine's cores and load average at the start and the
-end are printed with them.
+end are printed with them. The timed steps run as a user's do: the per-layer times come from one more step per round
+with every layer's update and attention call timed (the timers' own cost stays out of tokens/s).
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ from kvviz.cache.layers import QuantizedSlidingLayer
 from kvviz.engines import llamacpp
 from kvviz.quality.speed import dynamic_bytes
 
-TIMING = "one over the median step, each cache's steps timed alone in interleaved rounds (kvviz.quality.step_times)"
+TIMING = ("one over the median step, each cache's steps timed alone in interleaved rounds (kvviz.quality.step_times), "
+          "no per-layer timers in the timed steps")
 LLAMA_CPP_TYPES = (("f16", "f16"), ("q4_0", "q4_0"), ("q8_0", "q8_0"))  # the peer: f16 K/V against two KV types
 
 
 class _Timer:
-    """Seconds spent in the cache layers' update and in the attention function per cache, summed over the timed
-    steps: while `current` names a cache, its calls count for it (None: not timed)."""
+    """Seconds spent in the cache layers' update and in the attention function per cache, summed over the steps
+    timed per layer (the patched() block): while `current` names a cache, its calls count for it (None: not timed)."""
 
     def __init__(self, names):
         self.update = dict.fromkeys(names, 0.0)
@@ -106,12 +108,12 @@ def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], d
                      log=lambda msg: None) -> dict:
     """{"contexts": {context: {name: row}}, "weights_bytes", "load_start", "load_end"}; a row holds tokens_per_s
     (one over the median step), ratio (to DynamicCache's), bytes (K/V held), ceiling, share, update_ms /
-    attention_ms (per layer and step, means over the timed steps).
+    attention_ms (per layer and step, means over the steps timed per layer).
 
     Per context, `rounds` rounds in which every cache, fresh from one prefill, takes two untimed and `decode_tokens`
-    timed steps alone (kvviz.quality.step_times), one cache after another (each round starting one cache later). A
-    cache's speed is one over its median step over all rounds: a burst of other work on a shared machine lands on a
-    few steps, and the median sets it aside.
+    timed steps alone (kvviz.quality.step_times), one cache after another (each round starting one cache later),
+    then one step with its layers' update and attention calls timed. A cache's speed is one over its median step
+    over all rounds: a burst of other work on a shared machine lands on a few steps, and the median sets it aside.
     text_ids: [1, >= max(contexts)] token ids of the prompt; model: decoding through the "kvviz" attention."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     start_load = load()
@@ -127,14 +129,15 @@ def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], d
         timer = _Timer(names)
         seconds: dict[str, list[float]] = {name: [] for name in names}
         held: dict[str, int] = {}
-        with timer.patched():
-            for r in range(rounds):
-                for name in names[r % len(names):] + names[: r % len(names)]:  # each round starts one cache later
-                    run = quality.Decoding(model, dyn, None if name == "DynamicCache" else name, first)
-                    seconds[name] += quality.step_times(run, decode_tokens, timing=lambda: timer.timing(name))
-                    held[name] = _cache_bytes(run.cache)
-                    del run
-                log(f"context {context}: round {r + 1}/{rounds} done")
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[: r % len(names)]:  # each round starts one cache later
+                run = quality.Decoding(model, dyn, None if name == "DynamicCache" else name, first)
+                seconds[name] += quality.step_times(run, decode_tokens)
+                with timer.patched(), timer.timing(name):  # one more step, each layer's calls timed
+                    run.step()
+                held[name] = _cache_bytes(run.cache)
+                del run
+            log(f"context {context}: round {r + 1}/{rounds} done")
         rows = {}
         for name in names:
             per_call = 1e3 / max(timer.calls[name], 1)

@@ -169,9 +169,8 @@ class Decoding:
 WARMUP = 2  # untimed steps of a Decoding before step_times times any
 
 
-def step_times(run: Decoding, steps: int, warmup: int = WARMUP, timing=contextlib.nullcontext) -> list[float]:
-    """Seconds of each of `steps` consecutive decode steps of `run`, after `warmup` untimed ones; timing(): a
-    context entered around the timed steps (e.g. to count their calls).
+def step_times(run: Decoding, steps: int, warmup: int = WARMUP) -> list[float]:
+    """Seconds of each of `steps` consecutive decode steps of `run`, after `warmup` untimed ones.
 
     Side by side (`python -m kvviz bench --contexts`, lesson 7) every cache takes its steps alone, one cache after
     another in rounds, and a cache's speed is one over its median step: a burst of other work on a shared machine
@@ -183,11 +182,10 @@ def step_times(run: Decoding, steps: int, warmup: int = WARMUP, timing=contextli
     for _ in range(warmup):
         run.step()
     seconds = []
-    with timing():
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            run.step()
-            seconds.append(time.perf_counter() - t0)
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        run.step()
+        seconds.append(time.perf_counter() - t0)
     return seconds
 
 
