@@ -162,6 +162,7 @@ class QuantizedKVLayer(CacheLayerMixin):
             return False
         self.k.append_mirrored(key_states, rows, at, k_mirror)
         self.v.append_mirrored(value_states, rows, at, v_mirror)
+        self._step_data = None  # its row may have grown the buffers: a fused step binds again
         return True
 
     def _flush(self) -> None:
