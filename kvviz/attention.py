@@ -326,8 +326,7 @@ def kvviz_attention_forward(module, query, key, value, attention_mask, dropout: 
         sinks = kwargs.get("s_aux")
         if sinks is None:
             sinks = _module_sinks(module)
-        kv_mask = None if attention_mask is None else _query_row_mask(attention_mask)
-        out = key.attend(query.squeeze(2), kv_mask, scaling, sinks, kwargs.get("softcap"))
+        out = key.attend(query.squeeze(2), _query_row_mask(attention_mask), scaling, sinks, kwargs.get("softcap"))
         return out.unsqueeze(1), None  # [B, Hq, D_v] -> [B, 1, Hq, D_v]
     packed = isinstance(key, QTensor)
     if packed:

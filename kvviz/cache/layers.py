@@ -191,8 +191,7 @@ class QuantizedKVLayer(CacheLayerMixin):
         Returns (key_states, value_states) unchanged on the first call (the prompt attends to its raw states),
         else (QTensor, QTensor) over every cached token, this call's included.
         """
-        if self._pending is not None:
-            self._flush()
+        self._flush()
         staged = self._stage(key_states, value_states)
         if staged is not None:
             return staged
@@ -292,8 +291,7 @@ class QuantizedSlidingLayer(QuantizedKVLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """As QuantizedKVLayer.update; the handles cover what transformers' layer returns: the window - 1 tokens
         held before this call plus this call's tokens. Afterwards only the last window - 1 tokens stay."""
-        if self._pending is not None:
-            self._flush()
+        self._flush()
         first = not self.is_initialized or self.cumulative_length == 0
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)

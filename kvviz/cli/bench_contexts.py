@@ -29,6 +29,7 @@ from kvviz import attention, quality
 from kvviz.cache import QuantizedKVCache, QuantizedKVLayer
 from kvviz.cache.layers import QuantizedSlidingLayer
 from kvviz.engines import llamacpp
+from kvviz.quality.decode import rotated
 from kvviz.quality.speed import dynamic_bytes
 
 TIMING = ("one over the median step, each cache's steps timed alone in interleaved rounds (kvviz.quality.step_times), "
@@ -130,7 +131,7 @@ def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], d
         seconds: dict[str, list[float]] = {name: [] for name in names}
         held: dict[str, int] = {}
         for r in range(rounds):
-            for name in names[r % len(names):] + names[: r % len(names)]:  # each round starts one cache later
+            for name in rotated(names, r):  # each round starts one cache later
                 run = quality.Decoding(model, dyn, None if name == "DynamicCache" else name, first)
                 seconds[name] += quality.step_times(run, decode_tokens)
                 with timer.patched(), timer.timing(name):  # one more step, each layer's calls timed

@@ -169,6 +169,11 @@ class Decoding:
 WARMUP = 2  # untimed steps of a Decoding before step_times times any
 
 
+def rotated(items: list, r: int) -> list:
+    """Round r's order of the runs timed side by side: each round starts one run later than the one before."""
+    return items[r % len(items):] + items[: r % len(items)]
+
+
 def step_times(run: Decoding, steps: int, warmup: int = WARMUP) -> list[float]:
     """Seconds of each of `steps` consecutive decode steps of `run`, after `warmup` untimed ones.
 

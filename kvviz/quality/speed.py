@@ -28,7 +28,7 @@ from transformers.cache_utils import Cache
 from kvviz import attention
 from kvviz.cache import QuantizedKVCache
 from kvviz.formats import KVSpec, as_plan
-from kvviz.quality.decode import WARMUP, Decoding, prefill, step_times
+from kvviz.quality.decode import WARMUP, Decoding, prefill, rotated, step_times
 
 
 # ------------------------------------------------------------------------------------------ fused against unfused
@@ -175,7 +175,7 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
     seconds: dict[tuple[str, str], list[float]] = {(name, path): [] for name, path, _, _ in plan}
     last: dict[tuple[str, str], tuple[int, list[int]]] = {}
     for r in range(rounds):
-        for name, path, kv, backend in plan[r % len(plan):] + plan[: r % len(plan)]:  # each round one run later
+        for name, path, kv, backend in rotated(plan, r):  # each round one run later
             # DynamicCache hands SDPA plain tensors under either backend
             run = Decoding(model, dyn, kv, first, backend=backend or "torch")
             seconds[name, path] += step_times(run, new_tokens)
