@@ -201,8 +201,9 @@ class StagedStep:
 
     def attend(self, query: torch.Tensor, kv_mask: torch.Tensor | None, scaling: float,
                sinks: torch.Tensor | None, softcap: float | None) -> torch.Tensor:
-        """query: [B, Hq, D_k] (one token); kv_mask: None or bool [B, kv_len] (True = attend); sinks: [Hq] or
-        None; softcap: float or None. Returns [B, Hq, D_v] in query's dtype."""
+        """query: [B, Hq, 1, D_k] (one token); kv_mask: None or bool [B, kv_len] (True = attend); sinks: [Hq] or
+        None; softcap: float or None. Returns [B, 1, Hq, D_v] in query's dtype (what the attention function
+        returns)."""
         raise NotImplementedError
 
     def __getattr__(self, name):
@@ -318,16 +319,15 @@ def kvviz_attention_forward(module, query, key, value, attention_mask, dropout: 
     [batch, kv_heads, kv_len, head_dim_k / head_dim_v] or QTensor cache sides. Returns ([batch, q_len, q_heads, head_dim_v],
     None). Plain tensors without sinks or softcap take transformers' SDPA path exactly; sinks (`s_aux`, gpt-oss)
     and logit softcapping (`softcap`, Gemma 2) take `eager_reference`, as transformers' eager attention."""
-    q_len = query.shape[2]
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     if isinstance(key, StagedStep):  # append and attend in one fused call (kvviz.cache on the cpu backend)
-        assert q_len == 1 and isinstance(value, StagedStep), "a cache stages single-token decode steps only, K and V"
+        assert isinstance(value, StagedStep), "a cache stages K and V together"
         sinks = kwargs.get("s_aux")
         if sinks is None:
             sinks = _module_sinks(module)
-        out = key.attend(query.squeeze(2), _query_row_mask(attention_mask), scaling, sinks, kwargs.get("softcap"))
-        return out.unsqueeze(1), None  # [B, Hq, D_v] -> [B, 1, Hq, D_v]
+        return key.attend(query, _query_row_mask(attention_mask), scaling, sinks, kwargs.get("softcap")), None
+    q_len = query.shape[2]
     packed = isinstance(key, QTensor)
     if packed:
         assert isinstance(value, QTensor), "a QuantizedKVCache returns a QTensor for both K and V"

@@ -62,8 +62,8 @@ def test_step_stores_the_formats_bytes_and_attends_like_the_reference(spec):
     sinks, softcap = torch.randn(hq, generator=g), 30.0
     step = cpu_step.DecodeStep(fmt, fmt)
     step.bind(bufs["k"], bufs["v"], want_k.tensor_scale, want_v.tensor_scale, hq)
-    out, _, _ = step.run(k[:, :, n:], v[:, :, n:], q, 0, n, kv_mask=mask, sm_scale=0.125, sinks=sinks,
-                         softcap=softcap, parallel=spec in ON_THE_POOL)
+    out, _, _ = step.run(k[:, :, n:], v[:, :, n:], q[:, :, None], 0, n, kv_mask=mask, sm_scale=0.125, sinks=sinks,
+                         softcap=softcap, parallel=spec in ON_THE_POOL)  # q [B, Hq, 1, D] -> out [B, 1, Hq, D]
     for name, want in (("k", want_k), ("v", want_v)):
         for buf, field in zip(bufs[name], (want.data, want.scale, want.zero)):
             if buf is not None:
@@ -73,7 +73,7 @@ def test_step_stores_the_formats_bytes_and_attends_like_the_reference(spec):
     sides = [side_from_format(fmt, *bufs[name], w.tensor_scale, head_dim=d, n_packed=n + 1)
              for name, w in (("k", want_k), ("v", want_v))]
     ref = decode_attention_reference(q, *sides, n + 1, 0.125, mask, sinks=sinks, softcap=softcap)
-    assert rel_err(out, ref) <= TOL, f"{spec}: step output differs from the float64 reference"
+    assert rel_err(out[:, 0], ref) <= TOL, f"{spec}: step output differs from the float64 reference"
 
 
 def _generate(model, ids, mask, spec, backend, stages, steps):
@@ -160,7 +160,7 @@ def test_a_staged_token_is_stored_once_when_the_cache_is_read_first():
         assert layer.get_seq_length() == 10 and layer.k.n_quantized == 9  # counted, not yet stored
         assert cache.nbytes() > before and layer.k.n_quantized == 10 and layer.k.tokens_quantized == 10
         with pytest.raises(AssertionError, match="attended once"):
-            staged.attend(torch.randn(1, 4, 16), None, 0.25, None, None)
+            staged.attend(torch.randn(1, 4, 1, 16), None, 0.25, None, None)
         with pytest.raises(AttributeError, match="set_attn_implementation"):
             staged.shape  # noqa: B018 - another attention function reading it as a tensor
 

@@ -19,6 +19,7 @@ takes rotation^T, the output the rotation.
     step = DecodeStep(k_fmt, v_fmt)
     step.bind(k_bufs, v_bufs, k_scale, v_scale, q_heads)      # (data, scale, zero) [B, Hkv, cap, n] each
     out, over_k, over_v = step.run(k_new, v_new, q, start, pos, kv_mask=None, sm_scale=None, sinks=None, softcap=None)
+    # k_new, v_new [B, Hkv, 1, D], q [B, Hq, 1, D], out [B, 1, Hq, D_v]: as the attention function has them
 """
 
 from __future__ import annotations
@@ -205,6 +206,10 @@ class DecodeStep:
         self.held = (*k_bufs, *v_bufs)
         self.capacity = min(t.shape[2] for t in self.held if t is not None)  # rows the step may write up to
         self.rows = batch * heads
+        self.q_shape, self.out_shape = (batch, q_heads, 1, dk), (batch, 1, q_heads, self.dv)
+        self.sm_scale = 1.0 / math.sqrt(dk)
+        jit = _jit()
+        self.parallel_fn, self.serial_fn = jit.step_parallel, jit.step_serial
         self._side_args = {}  # (K, V dtype) -> both sides' call arguments (packing plan, views, decode arguments)
 
     def _scratch(self, units: int) -> None:
@@ -220,22 +225,28 @@ class DecodeStep:
             softcap: float | None = None, parallel: bool | None = None) -> tuple[torch.Tensor, int, int]:
         """Write the new token at row `pos` and attend over rows start..pos.
 
-        k_new, v_new: [B, Hkv, 1, D_k / D_v] (model dtype); q: [B, Hq, D_k]; kv_mask: None or bool
+        k_new, v_new: [B, Hkv, 1, D_k / D_v] (model dtype); q: [B, Hq, 1, D_k]; kv_mask: None or bool
         [B, >= pos + 1 - start], True = attend; sinks: [Hq] or None; softcap: float or None; parallel: numba's
         pool for the work items (None: from KVVIZ_CPU_PARALLEL_ROWS batch x KV-head x token rows up, as the decode).
-        Returns (out [B, Hq, D_v] in q's dtype, and the token's K and V values saturated under a static fp8
-        scale)."""
-        dtype = q.dtype
-        if (self.plain and dtype == k_new.dtype == v_new.dtype == torch.float32
-                and not (q.requires_grad or k_new.requires_grad or v_new.requires_grad)):
-            xk, xv, qn, over_k, over_v = c_order(k_new.numpy()), c_order(v_new.numpy()), c_order(q.numpy()), 0, 0
+        Returns (out [B, 1, Hq, D_v] in q's dtype, the attention function's layout, and the token's K and V values
+        saturated under a static fp8 scale)."""
+        views = _fp32_views(k_new, v_new, q) if self.plain else None
+        if views is not None:  # fp32 CPU tensors, no rotation: numpy views of them go to the call as they are
+            xk, xv, qn = views
+            over_k = over_v = 0
+            dtypes = _FP32_PAIR
         else:
             xk, over_k = self.k.new_token(k_new)
             xv, over_v = self.v.new_token(v_new)
+            dtype = q.dtype
             q = q.detach().float()
             if self.k.rotation is not None:
                 q = q @ self.k.rotation.T  # score = (q @ R^T) . stored
             qn = c_order(q.numpy())
+            dtypes = (k_new.dtype, v_new.dtype)
+        if qn.shape != self.q_shape:
+            raise ValueError(f"q has shape {tuple(qn.shape)}; the step was bound for {self.q_shape} (one decode "
+                             "token per row).")
         length = pos + 1 - start
         rows = self.rows
         if parallel is None:
@@ -250,26 +261,42 @@ class DecodeStep:
             sink, has_sinks = sinks.detach().float().reshape(-1).contiguous().numpy(), True
             if sink.size != self.q_heads:
                 raise ValueError(f"sinks holds {sink.size} values; pass one logit per query head ({self.q_heads}).")
-        dtypes = (k_new.dtype, v_new.dtype)
         side_args = self._side_args.get(dtypes)
         if side_args is None:
             k, v = self.k, self.v
-            side_args = self._side_args[dtypes] = (k.pk_for(k_new.dtype), k.bufs, *k.decode,
-                                                   v.pk_for(v_new.dtype), v.bufs, *v.decode)
-        sm = 1.0 / math.sqrt(self.dk) if sm_scale is None else float(sm_scale)
-        out = np.empty((self.batch, self.q_heads, self.dv), np.float32)
-        jit = _jit()
+            side_args = self._side_args[dtypes] = (k.pk_for(dtypes[0]), k.bufs, *k.decode,
+                                                   v.pk_for(dtypes[1]), v.bufs, *v.decode)
+        sm = self.sm_scale if sm_scale is None else float(sm_scale)
+        out = np.empty(self.out_shape, np.float32)
         with cpu_decode._LOCK:
-            over = (jit.step_parallel if parallel else jit.step_serial)(
+            over = (self.parallel_fn if parallel else self.serial_fn)(
                 xk, xv, qn, self.q_order, self.qp, start, pos, self.lengths, mask, has_mask, sm, float(softcap or 0.0),
                 self.heads, splits, per_split, *side_args, self.mid_m, self.mid_l, self.mid_acc, sink, has_sinks,
                 self.outp, self.out_order, out)
         result = torch.from_numpy(out)
-        if self.v.rotation is not None:
-            result = result @ self.v.rotation
-        if dtype != torch.float32:
-            result = result.to(dtype)
+        if views is None:
+            if self.v.rotation is not None:
+                result = result @ self.v.rotation
+            if dtype != torch.float32:
+                result = result.to(dtype)
         return result, int(over[0]) + over_k, int(over[1]) + over_v
+
+
+_F32 = np.dtype(np.float32)
+_FP32_PAIR = (torch.float32, torch.float32)
+
+
+def _fp32_views(k_new: torch.Tensor, v_new: torch.Tensor, q: torch.Tensor) -> tuple | None:
+    """C-ordered numpy views of three fp32 CPU tensors, or None where any is not one (another dtype, another
+    device, a tensor that requires grad). One call into torch per tensor: at a decode step the layer's code and
+    data are cold, and each torch property read costs microseconds there."""
+    try:
+        xk, xv, qn = k_new.numpy(), v_new.numpy(), q.numpy()
+    except (RuntimeError, TypeError):  # requires grad; a dtype numpy lacks (bfloat16); not on the CPU
+        return None
+    if xk.dtype is not _F32 or xv.dtype is not _F32 or qn.dtype is not _F32:
+        return None
+    return c_order(xk), c_order(xv), c_order(qn)
 
 
 def _smoke() -> None:
@@ -280,15 +307,15 @@ def _smoke() -> None:
             "int4", "int", 4, "token", None, False, False, False, False, "int4")
 
     keys = torch.tensor([[[[7.0, 0.0, 0.0, 0.0]]], [[[0.0, 7.0, 0.0, 0.0]]]])  # [2 steps, 1, 1, D]: int4 exact
-    q = torch.tensor([[[1.0, 0.0, 0.0, 0.0]]])
+    q = torch.tensor([[[[1.0, 0.0, 0.0, 0.0]]]])  # [B, Hq, 1, D]
     bufs = (torch.zeros(1, 1, 2, 2, dtype=torch.uint8), torch.zeros(1, 1, 2, 1, dtype=torch.float16), None)
     for parallel in (False, True):
         step = DecodeStep(_Int4(), _Int4())
         step.bind(bufs, bufs, None, None, 1)
         for pos in range(2):
             out, _, _ = step.run(keys[pos][None], keys[pos][None], q, 0, pos, sm_scale=1.0, parallel=parallel)
-        want = torch.softmax(keys[:, 0, 0] @ q[0, 0], 0) @ keys[:, 0, 0]
-        assert torch.allclose(out[0, 0], want, atol=1e-5), f"CPU decode step smoke test: {out} != {want}"
+        want = torch.softmax(keys[:, 0, 0] @ q[0, 0, 0], 0) @ keys[:, 0, 0]
+        assert torch.allclose(out[0, 0, 0], want, atol=1e-5), f"CPU decode step smoke test: {out} != {want}"
 
 
 if __name__ == "__main__":

@@ -48,10 +48,18 @@ from kvviz.quality.speed import dynamic_bytes
 HELP = "decode speed, cache bytes and KL of every KV format vs DynamicCache and transformers' QuantizedCache"
 CONTEXT_FORMATS = ("int4", "k8v4", "mxfp4", "nvfp4", "q4_0", "q8_0")  # issue 23's targets at 4K
 ROUNDS = 4  # the side-by-side run's timing rounds, best kept
-# --contexts: rounds of every cache's 2 untimed + 6 timed steps, median step kept (48 steps per cache). On 2 shared
-# cores the exact cache's drift between blocks still moves a ratio by up to 0.1 run to run, with 4 rounds or 8
-# (docs/benchmarks.md); 8 halves the sampling noise of the median for twice the time
+# --contexts: rounds of every cache's 2 untimed + 6 timed steps, median step kept. On a shared 2-core VM a step runs
+# in one of two speeds (at 1K about 70 or 95 ms) that last seconds at a time, so a ratio moves with how each cache's
+# blocks fell between them; more rounds narrow that. 8 rounds from 4K up, where the gains are 15-60%; 24 up to 2K,
+# where a step is cheap and the gain a few percent (the byte ceiling at 1K is 1.08x): over one 32-round run at 1K,
+# windows of 8 rounds read a format 0.95-1.13x, windows of 24 1.01-1.06x (docs/benchmarks.md)
 CONTEXT_ROUNDS = 8
+SHORT_CONTEXT, SHORT_CONTEXT_ROUNDS = 2048, 24
+
+
+def context_rounds(context: int) -> int:
+    """--contexts' default rounds at `context` tokens (see CONTEXT_ROUNDS)."""
+    return SHORT_CONTEXT_ROUNDS if context <= SHORT_CONTEXT else CONTEXT_ROUNDS
 SIDE_BY_SIDE = ["fp8_e4m3", "fp8_e5m2", "int8", "int4", "k8v4", "k4v8", "kivi2", "nvfp4"]
 
 
@@ -61,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-tokens", type=int, default=6, help="timed decode steps per round (default 6)")
     p.add_argument("--rounds", type=int, default=None, help="timing rounds: the side-by-side run keeps each "
                    f"cache's best round (default {ROUNDS}); --contexts each cache's median step (default "
-                   f"{CONTEXT_ROUNDS})")
+                   f"{SHORT_CONTEXT_ROUNDS} up to {SHORT_CONTEXT} tokens, {CONTEXT_ROUNDS} beyond)")
     p.add_argument("--prompts", type=int, default=3, help="teacher-forced prompts (default 3)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="tokens per teacher-forced prompt (default 128)")
     p.add_argument("--tf-tokens", type=int, default=32, help="teacher-forced decode steps per prompt (default 32)")
@@ -79,13 +87,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """CLI entry: run the benchmark, print the markdown table."""
-    if args.rounds is None:
-        args.rounds = CONTEXT_ROUNDS if args.contexts else ROUNDS
+    if args.rounds is None and not args.contexts:
+        args.rounds = ROUNDS  # --contexts: per context (context_rounds)
     if args.quick:
         args.context, args.decode_tokens, args.rounds = 256, 4, 1
         args.prompts, args.prompt_tokens, args.tf_tokens = 1, 96, 16
     for name in ("context", "decode_tokens", "rounds", "prompts", "prompt_tokens", "tf_tokens"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer.")
     formats = None if args.formats is None else [f.strip() for f in args.formats.split(",") if f.strip()]
     if args.contexts:
@@ -119,21 +127,20 @@ def _run_contexts(args: argparse.Namespace, formats: list[str] | None) -> int:
     text_ids = tok(quality.wikitext(), return_tensors="pt")["input_ids"]
     while text_ids.shape[1] < max(contexts):  # a long context repeats the slice
         text_ids = torch.cat([text_ids, text_ids], dim=1)
+    rounds = {c: args.rounds or context_rounds(c) for c in contexts}
     notes = ScaleNotes()
     with notes.catching():
-        result = bench_contexts.speed_by_context(model, text_ids, formats, contexts, args.decode_tokens, args.rounds,
+        result = bench_contexts.speed_by_context(model, text_ids, formats, contexts, args.decode_tokens, rounds,
                                                  log=lambda msg: _log(True, msg))
     print(f"Backend `{active_backend()}`, {args.model or 'SmolLM2-135M-Instruct'}, greedy decode, median step of "
-          f"{args.rounds} interleaved rounds x {args.decode_tokens} tokens, "
-          f"{torch.get_num_threads()} torch threads.")
+          f"interleaved rounds x {args.decode_tokens} tokens, {torch.get_num_threads()} torch threads.")
     print(bench_contexts.markdown(result, _machine()))
     if args.json:
         bench_contexts.write_json(args.json, result, model=args.model or DEFAULT_MODEL, machine=_machine(),
-                                  rounds=args.rounds, decode_tokens=args.decode_tokens,
-                                  command=_contexts_command(args))
+                                  rounds=rounds, decode_tokens=args.decode_tokens, command=_contexts_command(args))
     if args.llama_cpp:
         print(bench_contexts.llama_cpp_markdown(bench_contexts.llama_cpp_speed(
-            contexts, args.decode_tokens, args.rounds, torch.get_num_threads(), args.model)))
+            contexts, args.decode_tokens, rounds, torch.get_num_threads(), args.model)))
     for line in notes.lines():
         print(f"Warning: {line.replace('`', '')}")
     return 0
@@ -141,9 +148,9 @@ def _run_contexts(args: argparse.Namespace, formats: list[str] | None) -> int:
 
 def _contexts_command(args: argparse.Namespace) -> str:
     """The command line that reproduces a --contexts run."""
-    rounds = CONTEXT_ROUNDS if args.rounds is None else args.rounds
-    parts = ["python -m kvviz bench", f"--contexts {args.contexts}", f"--rounds {rounds}",
-             f"--decode-tokens {args.decode_tokens}"]
+    parts = ["python -m kvviz bench", f"--contexts {args.contexts}"]
+    parts += [f"--rounds {args.rounds}"] if args.rounds is not None else []  # else context_rounds per context
+    parts += [f"--decode-tokens {args.decode_tokens}"]
     parts += [f"--formats {args.formats}"] if args.formats else []
     parts += [f"--model {args.model}"] if args.model else []
     return " ".join(parts + [f"--json {args.json}"])

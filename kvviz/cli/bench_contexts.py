@@ -105,13 +105,13 @@ def _cache_bytes(cache) -> int:
     return cache.nbytes() if isinstance(cache, QuantizedKVCache) else dynamic_bytes(cache)
 
 
-def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], decode_tokens: int, rounds: int,
-                     log=lambda msg: None) -> dict:
-    """{"contexts": {context: {name: row}}, "weights_bytes", "load_start", "load_end"}; a row holds tokens_per_s
-    (one over the median step), ratio (to DynamicCache's), bytes (K/V held), ceiling, share, update_ms /
-    attention_ms (per layer and step, means over the steps timed per layer).
+def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], decode_tokens: int,
+                     rounds: int | dict[int, int], log=lambda msg: None) -> dict:
+    """{"contexts": {context: {name: row}}, "rounds": {context: rounds}, "weights_bytes", "load_start", "load_end"};
+    a row holds tokens_per_s (one over the median step), ratio (to DynamicCache's), bytes (K/V held), ceiling,
+    share, update_ms / attention_ms (per layer and step, means over the steps timed per layer).
 
-    Per context, `rounds` rounds in which every cache, fresh from one prefill, takes two untimed and `decode_tokens`
+    Per context, `rounds` (one count for all, or a count per context) rounds in which every cache, fresh from one prefill, takes two untimed and `decode_tokens`
     timed steps alone (kvviz.quality.step_times), one cache after another (each round starting one cache later),
     then one step with its layers' update and attention calls timed. A cache's speed is one over its median step
     over all rounds: a burst of other work on a shared machine lands on a few steps, and the median sets it aside.
@@ -120,7 +120,9 @@ def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], d
     start_load = load()
     out = {}
     names = ["DynamicCache", *formats]
+    per_context = {c: _rounds_at(rounds, c) for c in contexts}
     for context in contexts:
+        rounds = per_context[context]
         ids = text_ids[:, :context]
         if ids.shape[1] < context:
             raise ValueError(f"The prompt text holds {ids.shape[1]} tokens, fewer than --contexts' {context}; "
@@ -151,7 +153,13 @@ def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], d
             row["share"] = row["ratio"] / row["ceiling"]
         out[context] = rows
         del dyn
-    return {"contexts": out, "weights_bytes": weights, "load_start": start_load, "load_end": load()}
+    return {"contexts": out, "rounds": per_context, "weights_bytes": weights, "load_start": start_load,
+            "load_end": load()}
+
+
+def _rounds_at(rounds: int | dict[int, int], context: int) -> int:
+    """The rounds at `context`: `rounds` itself, or its entry for that context."""
+    return rounds[context] if isinstance(rounds, dict) else rounds
 
 
 def markdown(result: dict, machine: str) -> str:
@@ -160,7 +168,8 @@ def markdown(result: dict, machine: str) -> str:
     lines = [f"Machine: {machine}; load average {ls[0]:.2f} / {ls[1]:.2f} / {ls[2]:.2f} at the start, "
              f"{le[0]:.2f} / {le[1]:.2f} / {le[2]:.2f} at the end. Weights {result['weights_bytes'] / 1e6:.0f} MB."]
     for context, rows in result["contexts"].items():
-        lines += ["", f"Context {context} tokens:", "",
+        rounds = result.get("rounds", {}).get(context)
+        lines += ["", f"Context {context} tokens" + (f", {rounds} rounds:" if rounds else ":"), "",
                   "| cache | tokens/s | vs DynamicCache | K/V bytes | ceiling | share of ceiling | update ms/layer "
                   "| attention ms/layer |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -170,9 +179,11 @@ def markdown(result: dict, machine: str) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: str, result: dict, model: str, machine: str, rounds: int, decode_tokens: int,
+def write_json(path: str, result: dict, model: str, machine: str, rounds: int | dict[int, int], decode_tokens: int,
                command: str) -> None:
-    """speed_by_context's result as JSON, with what produced it (kvviz.quality.speed.recorded_by_context reads it)."""
+    """speed_by_context's result as JSON, with what produced it (kvviz.quality.speed.recorded_by_context reads it);
+    "rounds" per context."""
+    rounds = {str(c): _rounds_at(rounds, c) for c in result["contexts"]}
     record = {"model": model, "command": command, "machine": machine, "rounds": rounds,
               "decode_tokens": decode_tokens, "timing": TIMING,
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -184,10 +195,12 @@ def write_json(path: str, result: dict, model: str, machine: str, rounds: int, d
         f.write("\n")
 
 
-def llama_cpp_speed(contexts: list[int], decode_tokens: int, rounds: int, threads: int, model=None) -> dict:
+def llama_cpp_speed(contexts: list[int], decode_tokens: int, rounds: int | dict[int, int], threads: int,
+                    model=None) -> dict:
     """{context: {(k_type, v_type): tokens/s}} of llama.cpp (kvviz.engines.llamacpp.decode_speed) on the GGUF of
-    `model` (None: the bundled SmolLM2), with the same context, steps and threads as kvviz's run."""
-    return {c: llamacpp.decode_speed(list(LLAMA_CPP_TYPES), context=c, tokens=decode_tokens, rounds=rounds,
+    `model` (None: the bundled SmolLM2), with the same context, steps, rounds and threads as kvviz's run."""
+    return {c: llamacpp.decode_speed(list(LLAMA_CPP_TYPES), context=c, tokens=decode_tokens,
+                                     rounds=_rounds_at(rounds, c),
                                      model=model, threads=threads) for c in contexts}
 
 

@@ -51,19 +51,19 @@ def _prepare(xk, xv, q, q_order, qp, start, pos, lengths,
     for b in range(batch):
         for h in range(hq):
             for i in range(dk):
-                qp[b, h, i] = q[b, h, q_order[i]]
+                qp[b, h, i] = q[b, h, 0, q_order[i]]
     return over_k, over_v
 
 
 @nb.njit(**_OPTS)
 def _finish(mid_m, mid_l, mid_acc, sinks, has_sinks, n_kv, splits, outp, out_order, out):
-    """Merge the splits (decode.combine) and write out [B, Hq, Dv] in channel order."""
+    """Merge the splits (decode.combine) and write out [B, 1, Hq, Dv] in channel order."""
     combine(mid_m, mid_l, mid_acc, sinks, has_sinks, n_kv, splits, outp)
-    batch, hq, dv = out.shape
+    batch, _, hq, dv = out.shape
     for b in range(batch):
         for h in range(hq):
             for i in range(dv):
-                out[b, h, i] = outp[b, h, out_order[i]]
+                out[b, 0, h, i] = outp[b, h, out_order[i]]
 
 
 @nb.njit(**_OPTS)
@@ -73,11 +73,11 @@ def step_serial(xk, xv, q, q_order, qp, start, pos, lengths, mask, has_mask, sm_
                 mid_m, mid_l, mid_acc, sinks, has_sinks, outp, out_order, out):
     """One step on the calling thread (small work: waking the pool costs more).
 
-    xk, xv: fp32 [B, Hkv, 1, D_k / D_v], the new token (rotated for /rot); q: fp32 [B, Hq, D_k] (rotated);
+    xk, xv: fp32 [B, Hkv, 1, D_k / D_v], the new token (rotated for /rot); q: fp32 [B, Hq, 1, D_k] (rotated);
     q_order: [D_k] K's planar order; start: first live row of the buffers, pos: the row the token goes to;
     kbuf / vbuf: (data, scale, zero) uint8 views [B, Hkv, cap, n]; km .. ktail, vm .. vtail: decode.py's side
     arguments over the same storage; lengths [B] int64 (written: pos + 1 - start), also each side's packed count.
-    Writes out [B, Hq, D_v] (fp32, channel order); returns the static fp8 values saturated (K, V)."""
+    Writes out [B, 1, Hq, D_v] (fp32, channel order: the attention function's layout); returns the static fp8 values saturated (K, V)."""
     over = _prepare(xk, xv, q, q_order, qp, start, pos, lengths, kpk, kbuf, km, vpk, vbuf, vm)
     decode_partials_serial(qp, lengths, mask, has_mask, sm_scale, softcap, n_kv, splits, per_split,
                            km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, lengths,
