@@ -76,6 +76,32 @@ def test_step_stores_the_formats_bytes_and_attends_like_the_reference(spec):
     assert rel_err(out[:, 0], ref) <= TOL, f"{spec}: step output differs from the float64 reference"
 
 
+def test_step_takes_q_and_returns_its_output_in_the_attention_function_s_layouts():
+    """q [B, Hq, 1, D] in, [B, 1, Hq, D] out in q's dtype. fp32 CPU tensors go to the call as numpy views; tensors
+    that require grad take the copying path, to the same output; a q of another shape is refused with the bound one."""
+    fmt = F.get_format("int4")
+    b, hkv, hq, d, n = 1, 2, 4, 64, 40
+    g = torch.Generator().manual_seed(2)
+    k, v = torch.randn(2, b, hkv, n + 2, d, generator=g)
+    q = torch.randn(b, hq, 1, d, generator=g)
+    outs = []
+    for grad in (False, True):
+        bufs = {}
+        for name, x in (("k", k), ("v", v)):
+            bufs[name] = _buffers(fmt, fmt.quantize(x), n + 4)
+            quant_pack_cpu(fmt, x[:, :, :n], *bufs[name], pos=0)
+        step = cpu_step.DecodeStep(fmt, fmt)
+        step.bind(bufs["k"], bufs["v"], None, None, hq)
+        kn, vn, qn = (t.clone().requires_grad_(grad) for t in (k[:, :, n : n + 1], v[:, :, n : n + 1], q))
+        outs.append(step.run(kn, vn, qn, 0, n)[0])
+        with pytest.raises(ValueError, match=r"bound for \(1, 4, 1, 64\)"):
+            step.run(k[:, :, n + 1 :], v[:, :, n + 1 :], q[:, :, 0], 0, n + 1)  # [B, Hq, D]: not a decode query
+    assert outs[0].shape == (b, 1, hq, d) and outs[0].dtype == torch.float32
+    assert torch.equal(outs[0], outs[1]), "the copying path and the numpy views attend alike"
+    half = step.run(k[:, :, n + 1 :].half(), v[:, :, n + 1 :].half(), q.half(), 0, n + 1)[0]
+    assert half.shape == (b, 1, hq, d) and half.dtype == torch.float16
+
+
 def _generate(model, ids, mask, spec, backend, stages, steps):
     """Greedy tokens, the step's call count, nbytes and every side's stored bytes."""
     calls = []
