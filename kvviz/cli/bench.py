@@ -55,12 +55,12 @@ ROUNDS = 4  # the side-by-side run's timing rounds, best kept
 # windows of 8 rounds read a format 0.95-1.13x, windows of 24 1.01-1.06x (docs/benchmarks.md)
 CONTEXT_ROUNDS = 8
 SHORT_CONTEXT, SHORT_CONTEXT_ROUNDS = 2048, 24
+SIDE_BY_SIDE = ["fp8_e4m3", "fp8_e5m2", "int8", "int4", "k8v4", "k4v8", "kivi2", "nvfp4"]
 
 
 def context_rounds(context: int) -> int:
     """--contexts' default rounds at `context` tokens (see CONTEXT_ROUNDS)."""
     return SHORT_CONTEXT_ROUNDS if context <= SHORT_CONTEXT else CONTEXT_ROUNDS
-SIDE_BY_SIDE = ["fp8_e4m3", "fp8_e5m2", "int8", "int4", "k8v4", "k4v8", "kivi2", "nvfp4"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -137,7 +137,7 @@ def _run_contexts(args: argparse.Namespace, formats: list[str] | None) -> int:
     print(bench_contexts.markdown(result, _machine()))
     if args.json:
         bench_contexts.write_json(args.json, result, model=args.model or DEFAULT_MODEL, machine=_machine(),
-                                  rounds=rounds, decode_tokens=args.decode_tokens, command=_contexts_command(args))
+                                  decode_tokens=args.decode_tokens, command=_contexts_command(args))
     if args.llama_cpp:
         print(bench_contexts.llama_cpp_markdown(bench_contexts.llama_cpp_speed(
             contexts, args.decode_tokens, rounds, torch.get_num_threads(), args.model)))

@@ -111,8 +111,8 @@ def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], d
     a row holds tokens_per_s (one over the median step), ratio (to DynamicCache's), bytes (K/V held), ceiling,
     share, update_ms / attention_ms (per layer and step, means over the steps timed per layer).
 
-    Per context, `rounds` (one count for all, or a count per context) rounds in which every cache, fresh from one prefill, takes two untimed and `decode_tokens`
-    timed steps alone (kvviz.quality.step_times), one cache after another (each round starting one cache later),
+    Per context, `rounds` (one count for all, or a count per context) rounds in which every cache, fresh from one
+    prefill, takes two untimed and `decode_tokens` timed steps alone (kvviz.quality.step_times), one cache after another (each round starting one cache later),
     then one step with its layers' update and attention calls timed. A cache's speed is one over its median step
     over all rounds: a burst of other work on a shared machine lands on a few steps, and the median sets it aside.
     text_ids: [1, >= max(contexts)] token ids of the prompt; model: decoding through the "kvviz" attention."""
@@ -179,12 +179,11 @@ def markdown(result: dict, machine: str) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: str, result: dict, model: str, machine: str, rounds: int | dict[int, int], decode_tokens: int,
-               command: str) -> None:
+def write_json(path: str, result: dict, model: str, machine: str, decode_tokens: int, command: str) -> None:
     """speed_by_context's result as JSON, with what produced it (kvviz.quality.speed.recorded_by_context reads it);
     "rounds" per context."""
-    rounds = {str(c): _rounds_at(rounds, c) for c in result["contexts"]}
-    record = {"model": model, "command": command, "machine": machine, "rounds": rounds,
+    record = {"model": model, "command": command, "machine": machine,
+              "rounds": {str(c): n for c, n in result["rounds"].items()},
               "decode_tokens": decode_tokens, "timing": TIMING,
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "weights_bytes": result["weights_bytes"], "load_start": list(result["load_start"]),

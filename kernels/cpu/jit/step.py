@@ -77,7 +77,8 @@ def step_serial(xk, xv, q, q_order, qp, start, pos, lengths, mask, has_mask, sm_
     q_order: [D_k] K's planar order; start: first live row of the buffers, pos: the row the token goes to;
     kbuf / vbuf: (data, scale, zero) uint8 views [B, Hkv, cap, n]; km .. ktail, vm .. vtail: decode.py's side
     arguments over the same storage; lengths [B] int64 (written: pos + 1 - start), also each side's packed count.
-    Writes out [B, 1, Hq, D_v] (fp32, channel order: the attention function's layout); returns the static fp8 values saturated (K, V)."""
+    Writes out [B, 1, Hq, D_v] (fp32, channel order: the attention function's layout); returns the static fp8
+    values saturated (K, V)."""
     over = _prepare(xk, xv, q, q_order, qp, start, pos, lengths, kpk, kbuf, km, vpk, vbuf, vm)
     decode_partials_serial(qp, lengths, mask, has_mask, sm_scale, softcap, n_kv, splits, per_split,
                            km, kdata, klut, kscale, kzero, kslut, kts, ktz, ktail, lengths,
