@@ -418,3 +418,49 @@ def test_bad_inputs_raise_value_error():
         get_format("mxfp4").quantize(torch.ones(2, 48))
     with pytest.raises(ValueError, match="power of two"):
         get_format("int8/rot").quantize(torch.ones(2, 48))
+
+
+@pytest.mark.parametrize("granularity,group", [("token", 16), ("token", 64), ("channel", 8), ("tensor", None),
+                                               ("head", None)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_group_absmax_and_nonfinite_match_the_reduction_over_finite_values(granularity, group, dtype):
+    """groups.reduce's "absmax" (of the finite values) and "nonfinite", taken in one pass where every group is
+    finite, equal the reductions of the finite values: on finite x, and with NaN, +inf and -inf in some groups."""
+    from kvviz.formats import groups
+
+    def reference(x, op):
+        if op == "nonfinite":
+            view, dims = groups._grouped(~torch.isfinite(x), granularity, group)
+            return view.amax(dim=dims, keepdim=granularity == "head")
+        xf = torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype)).float().abs()
+        view, dims = groups._grouped(xf, granularity, group)
+        return view.amax(dim=dims, keepdim=granularity == "head")
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 3, 19, 64, generator=g) * 3).to(dtype)
+    spoiled = x.clone()
+    spoiled[0, 1, 4, 7], spoiled[1, 2, 18, 63], spoiled[1, 0, 0, 0] = float("nan"), float("inf"), float("-inf")
+    for t in (x, spoiled, x[:, :, :0]):
+        for op in ("absmax", "nonfinite"):
+            got, want = groups.reduce(t, granularity, group, op), reference(t, op) if t.numel() else None
+            if want is not None:
+                assert got.dtype == want.dtype and torch.equal(got, want), (op, t.shape)
+    assert bool(groups.reduce(spoiled, granularity, group, "nonfinite").any())
+
+
+@pytest.mark.parametrize("spec", ["int4/tensor", "int8/head", "int2/head", "fp8_e4m3/tensor", "fp8_e5m2/head",
+                                  "int4/head/rot", "fp8_e4m3/tensor/rot"])
+def test_fit_scale_is_the_static_scale_quantize_fits(spec):
+    """Format.fit_scale gives the static scale quantize(x) fits when given none (NaN for an int format's tensor or
+    head holding a non-finite value), without encoding x; formats with per-group scales have none to fit."""
+    fmt = get_format(spec)
+    x = torch.randn(2, 3, 40, 64, generator=torch.Generator().manual_seed(1))
+    spoiled = x.clone()
+    spoiled[0, 1, 3, 5] = float("inf")
+    for t in (x, spoiled, x.half()):
+        want, got = fmt.quantize(t).tensor_scale, fmt.fit_scale(t)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+    for other in ("int4", "int4/tensor/asym"):
+        with pytest.raises(ValueError, match="scale"):
+            get_format(other).fit_scale(x)

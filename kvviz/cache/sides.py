@@ -187,10 +187,10 @@ class Side:
                 return s.reshape(())
             return s.reshape(1, -1, 1, 1).expand(1, x.shape[1], 1, 1).contiguous()  # one per head
         if self.fmt.granularity == "tensor":
-            return self.fmt.quantize(x).tensor_scale.reshape(())
+            return self.fmt.fit_scale(x).reshape(())
         heads = x.shape[1]  # one scale per head over the whole batch: [1, H, B * T, D]
         pooled = x.transpose(0, 1).reshape(1, heads, -1, x.shape[3])
-        return self.fmt.quantize(pooled).tensor_scale.reshape(1, heads, 1, 1)
+        return self.fmt.fit_scale(pooled).reshape(1, heads, 1, 1)
 
     # -- append ------------------------------------------------------------------------------------------------
     def _quantize_raw(self, x: torch.Tensor):

@@ -82,6 +82,18 @@ class Format:
         fields = _CODECS[self.kind].encode(self, work, self._static_scale(scale, x))
         return QTensor(fmt=self, head_dim=x.shape[-1], dtype=x.dtype, **fields)
 
+    def fit_scale(self, x: torch.Tensor) -> torch.Tensor:
+        """The static scale quantize(x) fits to x when given none (per-tensor: a 0-d tensor; per-head: one per head,
+        [..., H, 1, 1]), without encoding x: what a cache fixes on its first states."""
+        if not self.static_scale:
+            raise ValueError(f"{self.spec} computes its own scales per group; only per-tensor and per-head formats "
+                             "fit a static one.")
+        groups.check_shape(x.shape, self.granularity, self.group)
+        fit = getattr(_CODECS[self.kind], "fit_scale", None)
+        if fit is None:  # a codec without the shortcut: what its encode returns
+            return self.quantize(x).tensor_scale
+        return fit(self, rotate(x) if self.rot else x)
+
     def dequantize(self, q: QTensor) -> torch.Tensor:
         """QTensor -> its quantized values, [..., n_quantized, head_dim] in q.dtype (a cache side's tail is not
         read: q.dequantize() adds it)."""

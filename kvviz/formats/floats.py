@@ -35,6 +35,15 @@ def _nan_where_nonfinite(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(x), x, torch.full((), float("nan"), dtype=x.dtype, device=x.device))
 
 
+def fit_scale(fmt, x: torch.Tensor) -> torch.Tensor:
+    """The scales encode computes for x [..., T, D] when given none (one per group; per tensor or per head for the
+    static-scale granularities): the amax of the group's finite values over the element type's largest value."""
+    amax = groups.reduce(x, fmt.granularity, fmt.group, "absmax")
+    # amax / fmax underflows to 0 for subnormal amax (1e-45 / 448): keep the scale a positive normal number
+    return torch.where(amax > 0, (amax / max_value(fmt.base)).clamp(min=torch.finfo(torch.float32).tiny),
+                       torch.ones((), device=x.device))
+
+
 def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
     """x: [..., T, D] float -> QTensor fields."""
     dtype, fmax = DTYPES[fmt.base], max_value(fmt.base)
@@ -43,10 +52,7 @@ def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
         return {"data": data}
     gran, group = fmt.granularity, fmt.group
     if scale is None:
-        amax = groups.reduce(x, gran, group, "absmax")
-        # amax / fmax underflows to 0 for subnormal amax (1e-45 / 448): keep the scale a positive normal number
-        scale = torch.where(amax > 0, (amax / fmax).clamp(min=torch.finfo(torch.float32).tiny),
-                            torch.ones((), device=x.device))
+        scale = fit_scale(fmt, x)
     s = groups.expand(scale, gran, group, x.shape)
     data = _nan_where_nonfinite(x.float() / s).clamp(-fmax, fmax).to(dtype)
     if fmt.static_scale:

@@ -59,16 +59,33 @@ def reduce(x: torch.Tensor, granularity: str, group: int | None, op: str) -> tor
         dtype = torch.bool if op == "nonfinite" else torch.float32
         shape = scale_shape(tuple(x.shape), granularity, group) if x.dim() >= 2 else ()
         return torch.zeros(shape, dtype=dtype, device=x.device)
-    if op == "nonfinite":
-        view, dims = _grouped(~torch.isfinite(x), granularity, group)
-        out = view.amax(dim=dims, keepdim=granularity == "head")
-        return out
+    keep = granularity == "head"
+    if op in ("nonfinite", "absmax"):
+        amax, bad = absmax_nonfinite(x, granularity, group)
+        return bad if op == "nonfinite" else amax
     xf = torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device)).float()
     if op == "absmax":
         xf = xf.abs()
     view, dims = _grouped(xf, granularity, group)
     reducer = torch.amin if op == "min" else torch.amax
-    return reducer(view, dim=dims, keepdim=granularity == "head")
+    return reducer(view, dim=dims, keepdim=keep)
+
+
+def absmax_nonfinite(x: torch.Tensor, granularity: str, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """reduce's "absmax" and "nonfinite" of x [..., T, D] in one pass where x is finite: |x|'s group
+    maximum is NaN or inf exactly where the group holds a non-finite element (amax carries NaN), and elsewhere it
+    is the absmax. Only when some group is not finite are the finite values reduced again."""
+    if x.numel() == 0:  # empty groups (reduce's own answer for them)
+        return reduce(x, granularity, group, "absmax"), reduce(x, granularity, group, "nonfinite")
+    keep = granularity == "head"
+    view, dims = _grouped(x.abs(), granularity, group)
+    amax = view.amax(dim=dims, keepdim=keep)
+    bad = ~torch.isfinite(amax)
+    if not bool(bad.any()):
+        return amax.float(), bad
+    xf = torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device)).float().abs()
+    view, dims = _grouped(xf, granularity, group)
+    return view.amax(dim=dims, keepdim=keep), bad
 
 
 def expand(s: torch.Tensor, granularity: str, group: int | None, shape: tuple[int, ...]) -> torch.Tensor:

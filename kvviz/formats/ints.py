@@ -35,12 +35,12 @@ def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
     """x: [..., T, D] float -> fields of a QTensor (data, scale or tensor_scale, zero)."""
     gran, group, bits = fmt.granularity, fmt.group, fmt.bits
     static = fmt.static_scale
-    bad = groups.reduce(x, gran, group, "nonfinite")
     zero = None
     if fmt.asym:
         if scale is not None:
             raise ValueError(f"{fmt.spec} computes its scale and zero point per group; pass no static scale.")
         levels = 2**bits - 1
+        bad = groups.reduce(x, gran, group, "nonfinite")
         lo = groups.reduce(x, gran, group, "min")
         hi = groups.reduce(x, gran, group, "max")
         s = _store_scale((hi - lo) / levels, static)
@@ -49,7 +49,10 @@ def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
         codes = (xe / groups.expand(s.float(), gran, group, x.shape)).round().clamp(0, levels)
     else:
         qmax = 2 ** (bits - 1) - 1
-        s = scale if scale is not None else _store_scale(groups.reduce(x, gran, group, "absmax") / qmax, static)
+        if scale is None:
+            s, bad = _sym_scale(fmt, x)
+        else:
+            s, bad = scale, groups.reduce(x, gran, group, "nonfinite")
         cdt = torch.float16 if x.dtype == torch.float16 and not static else torch.float32
         q = (x.to(cdt) / groups.expand(s.to(cdt), gran, group, x.shape)).round().clamp(-qmax, qmax)
         codes = q if bits == 8 else q + 2 ** (bits - 1)
@@ -65,6 +68,23 @@ def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
     if static:
         return {"data": data, "tensor_scale": s, "zero": zero}
     return {"data": data, "scale": s, "zero": zero}
+
+
+def _sym_scale(fmt, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A symmetric format's scales for x [..., T, D] (the amax of each group's finite values over qmax, stored)
+    and its groups that hold a non-finite value."""
+    qmax = 2 ** (fmt.bits - 1) - 1
+    amax, bad = groups.absmax_nonfinite(x, fmt.granularity, fmt.group)
+    return _store_scale(amax / qmax, fmt.static_scale), bad
+
+
+def fit_scale(fmt, x: torch.Tensor) -> torch.Tensor:
+    """The per-tensor / per-head scale encode fits to x when given none (NaN where x holds a non-finite value),
+    without encoding x."""
+    if fmt.asym:
+        raise ValueError(f"{fmt.spec} computes its scale and zero point per group; it has no static scale to fit.")
+    s, bad = _sym_scale(fmt, x)
+    return torch.where(bad, torch.tensor(float("nan"), dtype=s.dtype, device=s.device), s)
 
 
 @functools.cache
