@@ -363,6 +363,34 @@ def test_quality_map_marks_the_pareto_frontier_and_engine_flags():
     assert flags["fp8_e4m3"].startswith("vllm ") or flags["fp8_e4m3"].startswith("sglang ")
 
 
+def test_a_prefill_of_several_prompts_tiles_the_rows_in_place(tiny):
+    """load_prefill of P prompts gives row r prompt r % P (format-major tiling, the needle test's layout), read
+    from the prefill's rows in place: every row's packed bytes and mirror are those of loading the prefill tiled
+    by a copy; a count of prompts that does not divide the rows is refused."""
+    model, tok = tiny
+    ids = tok([PROMPT, PROMPT.upper()], return_tensors="pt", padding=True)["input_ids"][:, :12]  # [2, 12]
+    specs = [None, None] + [as_plan("int4")] * 2 + [as_plan("int4/tensor")] * 2
+    dyn, _ = quality.prefill(model, ids)
+    tiled = quality.RowStackCache(model.config, specs, own={4, 5})
+    tiled.load_prefill(dyn, reserve=3)
+    for layer in dyn.layers:
+        layer.keys, layer.values = layer.keys.repeat(3, 1, 1, 1), layer.values.repeat(3, 1, 1, 1)
+    copied = quality.RowStackCache(model.config, specs, own={4, 5})
+    copied.load_prefill(dyn, reserve=3)
+    for mine, theirs, prompts in zip(tiled.layers, copied.layers, dyn.layers):
+        n = mine.get_seq_length()
+        assert n == theirs.get_seq_length() == 12
+        assert torch.equal(mine.keys[:, :, :n], theirs.keys[:, :, :n])
+        assert torch.equal(mine.values[:, :, :n], theirs.values[:, :, :n])
+        assert torch.equal(mine.keys[:2, :, :n], prompts.keys[:2])  # the exact rows: the prompts as prefilled
+    for row in range(2, 6):
+        for a, b in zip(tiled.row_caches[row].layers, copied.row_caches[row].layers):
+            for side in ("k", "v"):
+                assert torch.equal(getattr(a, side).fields["data"].view(), getattr(b, side).fields["data"].view())
+    with pytest.raises(ValueError, match="does not tile"):
+        quality.RowStackCache(model.config, specs[:5]).load_prefill(quality.prefill(model, ids)[0])
+
+
 def test_rows_marked_own_fit_their_own_scale(tiny):
     """Rows of one plan share a batched cache, except rows marked `own` (the needle test's per-tensor rows, one per
     haystack): each of those fits its per-tensor scale on its own states and reads as the same cache alone."""

@@ -401,6 +401,9 @@ def copy_states(src: LinearAttentionLayer, dst: LinearAttentionLayer, rows: int 
     """Give dst (empty) the linear-attention / Mamba states of src, a batch-1 prefilled layer, in each of `rows`
     batch rows: the conv and recurrent states, as they are (they are not K/V, so nothing is quantized)."""
     for i in range(src.number_of_states):
+        held = [s for s in (src.conv_states[i], src.recurrent_states[i]) if s is not None]
+        if any(s.shape[0] != 1 for s in held):
+            raise ValueError("linear-attention / Mamba states copy from a batch-1 prefill only; prefill one prompt.")
         if src.is_conv_states_initialized[i]:
             conv = src.conv_states[i].expand(rows, *src.conv_states[i].shape[1:])
             dst.lazy_initialization(conv_states=conv, state_idx=i, conv_kernel_size=src.conv_kernel_size[i])

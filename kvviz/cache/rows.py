@@ -91,9 +91,9 @@ class _RowStackLayer(CacheLayerMixin):
         self._set_rows([self.rows[b] for b in index], done)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """The mirror for every batch row, shaped as key_states / value_states ([any rows, H, t, D])."""
         self.device, self.dtype = key_states.device, key_states.dtype
-        b, h, _, d = key_states.shape
-        assert b == len(self.rows), f"batch {b} but {len(self.rows)} rows"
+        b, h, d = len(self.rows), key_states.shape[1], key_states.shape[-1]
         self.keys = key_states.new_zeros((b, h, _MIN_CAPACITY, d))
         self.values = value_states.new_zeros((b, h, _MIN_CAPACITY, value_states.shape[-1]))
         self.is_initialized = True
@@ -107,14 +107,18 @@ class _RowStackLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """key_states, value_states: [rows, kv_heads, t, head_dim] -> the mirror views [rows, kv_heads, n + t, D]."""
+        return self._append(key_states, value_states, _same)
+
+    def _append(self, key_states: torch.Tensor, value_states: torch.Tensor, take):
+        """update, with take(states, batch rows) -> those rows' K or V (a tiled prefill maps rows onto its own)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         t = key_states.shape[2]
         end = self.n + t
         self._grow(end)
         if self.exact is not None:  # exact rows: what attention reads is what came in, one copy for all of them
-            self.keys[self.exact, :, self.n : end] = key_states[self.exact]
-            self.values[self.exact, :, self.n : end] = value_states[self.exact]
+            self.keys[self.exact, :, self.n : end] = take(key_states, self.exact)
+            self.values[self.exact, :, self.n : end] = take(value_states, self.exact)
         mirrors = None
         if t == 1 and self.keys.dtype == torch.float32 and self.keys.device.type == "cpu":
             mirrors = self.keys.numpy(), self.values.numpy()
@@ -126,7 +130,7 @@ class _RowStackLayer(CacheLayerMixin):
                                               *mirrors)):
                 self.done["k"][g] = self.done["v"][g] = end
                 continue
-            out = layer.update(key_states[rows], value_states[rows])  # [rows of the group, H, t, D] each
+            out = layer.update(take(key_states, rows), take(value_states, rows))  # [rows of the group, H, t, D] each
             for side, buf, got in (("k", self.keys, out[0]), ("v", self.values, out[1])):
                 if isinstance(got, torch.Tensor):  # the prefill (its own K/V), or a layer that hands back tensors
                     buf[rows, :, end - got.shape[2] : end] = got  # (MLA latents: the dequantized history)
@@ -228,18 +232,25 @@ class RowStackCache(Cache):
         return None if c is None or c.plan[i] is None else c.layers[i]
 
     def load_prefill(self, cache: Cache, reserve: int = 0) -> None:
-        """Copy a batch-1 prefilled cache (e.g. a DynamicCache) into every row: each row's cache stores (and
-        quantizes) the prompt's K/V as its own first update would; linear-attention / Mamba states are copied.
+        """Copy a prefilled cache (e.g. a DynamicCache) into every row: each row's cache stores (and quantizes) the
+        prompt's K/V as its own first update would; linear-attention / Mamba states are copied.
+
+        The prefill holds one prompt (batch 1: every row gets it) or P prompts, P dividing every layer's rows:
+        row r gets prompt r % P (the rows tiled format-major, each format's rows holding every prompt), read from
+        the prefill's rows in place (no tiled copy). Linear-attention / Mamba states load from batch 1 only.
         reserve: tokens still to come (a question and its answer), for which the mirror is sized now: growing it
         later copies every row's mirror into a new buffer."""
         for i, (layer, rows) in enumerate(zip(self.layers, self.batch)):
             src = cache.layers[i]
             if isinstance(layer, _RowStackLayer):
-                keys, values = src.keys.expand(rows, -1, -1, -1), src.values.expand(rows, -1, -1, -1)  # [1, H, T, D]
+                keys, values = src.keys, src.values  # [P, H, T, D]
+                if rows % keys.shape[0]:
+                    raise ValueError(f"a prefill of {keys.shape[0]} prompts does not tile layer {i}'s {rows} rows; "
+                                     "give one prompt, or a number of prompts that divides the rows.")
                 if reserve and not layer.is_initialized:
                     layer.lazy_initialization(keys, values)
                     layer._grow(keys.shape[2] + reserve)
-                layer.update(keys, values)
+                layer._append(keys, values, _tiled(keys.shape[0]))
             if isinstance(layer, LinearAttentionCacheLayerMixin):  # linear-attention / Mamba states, as they are
                 copy_states(src, layer, rows)
 
@@ -266,6 +277,22 @@ class RowStackCache(Cache):
         row)."""
         c = self.row_caches[row]
         return None if c is None else c.nbytes(one_row=True)
+
+
+def _same(states: torch.Tensor, rows) -> torch.Tensor:
+    """The given states' batch rows `rows` (a _selector)."""
+    return states[rows]
+
+
+def _tiled(p: int):
+    """take() for states of p prompts over rows tiled format-major (row r holds prompt r % p): a batch-1 prompt
+    expands (a view); p > 1 reads rows in place where they are consecutive, else gathers them."""
+    def take(states: torch.Tensor, rows) -> torch.Tensor:
+        index = range(rows.start, rows.stop) if isinstance(rows, slice) else rows.tolist()
+        if p == 1:
+            return states.expand(len(index), *states.shape[1:])
+        return states[_selector([r % p for r in index])]
+    return take
 
 
 def _selector(rows: list[int]):

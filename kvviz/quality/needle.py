@@ -70,9 +70,9 @@ def _answers(model, tokenizer, haystacks: list, kvs: list, scales, answer_tokens
     with row 0 the exact cache. haystacks: (prompt ids [1, T], question ids [1, q]) pairs, all of one T and q.
 
     The prompts prefill as one batch [H, T], each run of filler they share from their start computed once
-    (kvviz.quality.decode.prefill_shared: the depths of one filler share it up to the shallowest needle); its K/V,
-    tiled format-major ([(1 + len(kvs)) * H, ...]: every format's rows hold every haystack), load into one
-    RowStackCache. A plan's rows share one cache, batched, unless
+    (kvviz.quality.decode.prefill_shared: the depths of one filler share it up to the shallowest needle); its K/V
+    load into one RowStackCache whose rows are tiled format-major ([(1 + len(kvs)) * H, ...]: every format's rows
+    hold every haystack), read from the prefill's rows in place. A plan's rows share one cache, batched, unless
     the plan fits a scale on a cache's first update (per-tensor / per-head, NVFP4's global scale): over a shared
     cache that scale would be the batch's, and each haystack's must be its own, as it would be alone, so those rows
     get a cache each.
@@ -80,10 +80,6 @@ def _answers(model, tokenizer, haystacks: list, kvs: list, scales, answer_tokens
     h, rows = len(haystacks), (1 + len(kvs)) * len(haystacks)
     with row_stable(model):  # each row's answer as it would be beside any other rows
         dyn = prefill_shared(model, [p for p, _ in haystacks])  # K/V [H, kv_heads, T, head_dim] per layer
-        if h > 1:  # batch-1 prefills load as they are (the cache expands them to every row)
-            for layer in dyn.layers:
-                layer.keys = layer.keys.repeat(rows // h, 1, 1, 1)
-                layer.values = layer.values.repeat(rows // h, 1, 1, 1)
         specs = [p for p in [None] + kvs for _ in range(h)]
         own = {r for r, p in enumerate(specs) if p is not None and p.takes_scale}
         stack = RowStackCache(model.config, specs, scales=scales, own=own)
