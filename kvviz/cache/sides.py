@@ -65,6 +65,23 @@ def grown(rows: torch.Tensor, capacity: int, zeros: bool = False) -> torch.Tenso
     return new
 
 
+def _fields_of(q: QTensor) -> dict[str, torch.Tensor]:
+    """A quantized probe's stored fields (data, and scale / zero where the format has them)."""
+    return {name: t for name in ("data", "scale", "zero") if (t := getattr(q, name)) is not None}
+
+
+@functools.lru_cache(maxsize=512)
+def _field_templates(fmt: Format, lead: tuple, probe_len: int, d: int, dtype: torch.dtype,
+                     device: torch.device) -> dict[str, torch.Tensor]:
+    """Empty [*lead, 0, ...] tensors of each field a side of `fmt` stores, from quantizing zeros once per format,
+    shape and dtype (a static scale changes no field's shape): a cache's layers and sides share the probe. The
+    templates are only cloned (_Buffer), never written."""
+    probe = fmt.quantize(torch.zeros((*lead, probe_len, d), dtype=dtype, device=device))
+    if not fmt.static_scale and probe.tensor_scale is not None:
+        raise AssertionError(f"{fmt.spec}: unexpected tensor scale without a static-scale rule")
+    return {name: t[:, :, :0] for name, t in _fields_of(probe).items()}
+
+
 class _Buffer:
     """A tensor [batch, heads, capacity, *rest] whose rows start..n-1 are live; appends at n, evicts at start.
 
@@ -155,13 +172,13 @@ class Side:
             if self.given_scale is not None:
                 self.nv_amax = torch.as_tensor(self.given_scale, dtype=torch.float32, device=x.device) * 448.0 * 6.0
         probe_len = fmt.group if fmt.granularity == "channel" else 1
-        probe = self._quantize_raw(x.new_zeros((*x.shape[:2], probe_len, x.shape[3])))
-        self.fields = {name: _Buffer(t) for name in ("data", "scale", "zero")
-                       if (t := getattr(probe, name)) is not None}
-        if fmt.base == "nvfp4":
+        if fmt.base == "nvfp4":  # the probe pins the global scale too
+            probe = self._quantize_raw(x.new_zeros((*x.shape[:2], probe_len, x.shape[3])))
             self.static = probe.tensor_scale  # the global scale the anchor pins (see _quantize_raw)
-        if self.static is None and probe.tensor_scale is not None:
-            raise AssertionError(f"{fmt.spec}: unexpected tensor scale without a static-scale rule")
+            templates = _fields_of(probe)
+        else:
+            templates = _field_templates(fmt, tuple(x.shape[:2]), probe_len, x.shape[3], x.dtype, x.device)
+        self.fields = {name: _Buffer(t) for name, t in templates.items()}
 
     def _static_from(self, x: torch.Tensor) -> torch.Tensor:
         source = self.fmt.scale_source  # first | unit | calibrated for FP8; None (first) for int formats
