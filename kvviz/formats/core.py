@@ -89,10 +89,7 @@ class Format:
             raise ValueError(f"{self.spec} computes its own scales per group; only per-tensor and per-head formats "
                              "fit a static one.")
         groups.check_shape(x.shape, self.granularity, self.group)
-        fit = getattr(_CODECS[self.kind], "fit_scale", None)
-        if fit is None:  # a codec without the shortcut: what its encode returns
-            return self.quantize(x).tensor_scale
-        return fit(self, rotate(x) if self.rot else x)
+        return _CODECS[self.kind].fit_scale(self, rotate(x) if self.rot else x)  # int and float: the static kinds
 
     def dequantize(self, q: QTensor) -> torch.Tensor:
         """QTensor -> its quantized values, [..., n_quantized, head_dim] in q.dtype (a cache side's tail is not

@@ -59,16 +59,17 @@ def reduce(x: torch.Tensor, granularity: str, group: int | None, op: str) -> tor
         dtype = torch.bool if op == "nonfinite" else torch.float32
         shape = scale_shape(tuple(x.shape), granularity, group) if x.dim() >= 2 else ()
         return torch.zeros(shape, dtype=dtype, device=x.device)
-    keep = granularity == "head"
     if op in ("nonfinite", "absmax"):
         amax, bad = absmax_nonfinite(x, granularity, group)
         return bad if op == "nonfinite" else amax
-    xf = torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device)).float()
-    if op == "absmax":
-        xf = xf.abs()
-    view, dims = _grouped(xf, granularity, group)
+    view, dims = _grouped(_finite(x), granularity, group)
     reducer = torch.amin if op == "min" else torch.amax
-    return reducer(view, dim=dims, keepdim=keep)
+    return reducer(view, dim=dims, keepdim=granularity == "head")
+
+
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    """x in fp32 with its non-finite elements as 0 (what the reductions count them as)."""
+    return torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device)).float()
 
 
 def absmax_nonfinite(x: torch.Tensor, granularity: str, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,8 +84,7 @@ def absmax_nonfinite(x: torch.Tensor, granularity: str, group: int | None) -> tu
     bad = ~torch.isfinite(amax)
     if not bool(bad.any()):
         return amax.float(), bad
-    xf = torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device)).float().abs()
-    view, dims = _grouped(xf, granularity, group)
+    view, dims = _grouped(_finite(x).abs(), granularity, group)
     return view.amax(dim=dims, keepdim=keep), bad
 
 
