@@ -68,18 +68,21 @@ def test_group_scales_applied_as_the_codes_unpack(spec, head_dim):
     assert run_case(spec, spec, 1, 17) <= TOL
 
 
-@pytest.mark.parametrize("shuffle", (True, False))
-def test_e2m1_vectors_decode_every_code_exactly(shuffle, monkeypatch):
-    """simd.py's 16-lane E2M1 decode, both ways (x86's byte shuffle of a table, and the arithmetic one other CPUs
-    take): every byte's low and high nibble is the OCP FP4 value bit for bit, -0 of code 8 included, scaled as
-    code * a + c."""
+@pytest.mark.parametrize("way", ("permute", "shuffle", "arithmetic"))
+def test_e2m1_vectors_decode_every_code_exactly(way, monkeypatch):
+    """simd.py's 16-lane E2M1 decode, every way (AVX-512's lane permute of a value table, x86's byte shuffle of a
+    table, and the arithmetic one other CPUs take): every byte's low and high nibble is the OCP FP4 value bit for
+    bit, -0 of code 8 included, scaled as code * a + c."""
     numba = pytest.importorskip("numba")
     np = pytest.importorskip("numpy")
     from kernels.cpu.jit import simd
 
-    if shuffle and not simd._BYTE_SHUFFLE:
+    if way == "permute" and not simd._LANE_PERMUTE:
+        pytest.skip("no lane permute on this CPU (x86 with AVX-512 only)")
+    if way == "shuffle" and not simd._BYTE_SHUFFLE:
         pytest.skip("no byte shuffle on this CPU (x86 with SSSE3 only)")
-    monkeypatch.setattr(simd, "_BYTE_SHUFFLE", shuffle)  # read when the caller below compiles
+    monkeypatch.setattr(simd, "_LANE_PERMUTE", way == "permute")  # read when the caller below compiles
+    monkeypatch.setattr(simd, "_BYTE_SHUFFLE", way == "shuffle")
 
     @numba.njit
     def unpack(data, raw, a, c):

@@ -73,10 +73,12 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
     vpb, vnb, vgroups = _flat_shape(vm)
     kraw = np.empty((kpb, BLOCK * knb), np.float32)
     vraw = np.empty((vpb, BLOCK * vnb), np.float32)
-    kgsc = np.empty((BLOCK, kgroups), np.float32)
-    kgzc = np.empty((BLOCK, kgroups), np.float32)
-    vgsc = np.empty((BLOCK, vgroups), np.float32)
-    vgzc = np.empty((BLOCK, vgroups), np.float32)
+    kgs = np.empty(BLOCK * kgroups, np.float32)  # group scales, flat; kgsc: the same memory [BLOCK, groups]
+    kgz = np.empty(BLOCK * kgroups, np.float32)
+    vgs = np.empty(BLOCK * vgroups, np.float32)
+    vgz = np.empty(BLOCK * vgroups, np.float32)
+    kgsc, kgzc = kgs.reshape(BLOCK, kgroups), kgz.reshape(BLOCK, kgroups)  # once here, not per block
+    vgsc, vgzc = vgs.reshape(BLOCK, vgroups), vgz.reshape(BLOCK, vgroups)
     ksc = np.empty(BLOCK, np.float32)
     kzc = np.empty(BLOCK, np.float32)
     vsc = np.empty(BLOCK, np.float32)
@@ -110,11 +112,13 @@ def _attend(q, mask, has_mask, sm, cap, b, h, bh, start, stop,
         kf = kflat and n_live == n and t0 + n <= kn_
         vf = vflat and n_live == n and t0 + n <= vn_
         if kf:
-            _flat_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, b, h, t0, n, kraw, kgsc, kgzc, ksc, kzc, False)
+            _flat_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, b, h, t0, n, kraw, kgsc, kgzc, kgs, kgz,
+                        ksc, kzc, False)
         else:
             _decode_block(km, kdata, klut, kscale, kzero, kslut, kts_, ktz_, ktail, kn_, b, h, t0, n, live, ktile)
         if vf:
-            _flat_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, b, h, t0, n, vraw, vgsc, vgzc, vsc, vzc, True)
+            _flat_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, b, h, t0, n, vraw, vgsc, vgzc, vgs, vgz,
+                        vsc, vzc, True)
         else:
             _decode_block(vm, vdata, vlut, vscale, vzero, vslut, vts_, vtz_, vtail, vn_, b, h, t0, n, live, vtile)
         if n_live < n:  # V rows of masked tokens were not decoded: zero them, so that 0 * row adds exactly 0

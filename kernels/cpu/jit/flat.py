@@ -16,7 +16,7 @@ import numba as nb
 import numpy as np
 
 from kernels.cpu.jit.contract import (
-    BLOCK, E_BF16, E_E2M1, E_F16, E_F32, E_INT8, E_LUT, E_UINT, M_DIM, M_D_OFF, M_D_SB, M_D_SH, M_D_ST, M_ELEM, M_GGML, M_GROUP, M_OFFSET,
+    E_BF16, E_E2M1, E_F16, E_F32, E_INT8, E_LUT, E_UINT, M_DIM, M_D_OFF, M_D_SB, M_D_SH, M_D_ST, M_ELEM, M_GGML, M_GROUP, M_OFFSET,
     M_PER_BYTE, M_RENORM, M_SDT, M_SKIND, M_S_OFF, M_S_SB, M_S_SH, M_S_ST, M_UNIT, M_ZERO, M_ZP, M_Z_OFF, M_Z_SB,
     M_Z_SH, M_Z_ST, S_CHANNEL, S_NONE, S_TOKEN,
 )
@@ -257,7 +257,8 @@ def _renorm(raw, pb, nb_, n, sc):
 
 
 @nb.njit(**_OPTS)
-def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, gsc, gzc, sc, zc, apply_channels):
+def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, gsc, gzc, gs, gz, sc, zc,
+                apply_channels):
     """The flat path's decode of packed tokens t0..t0+n-1 of (b, h) into raw[p, j * nb + i] (channel p * nb + i of
     token j, planar order; q5_0 / q5_1 blocks in ggml's order) and sc / zc [BLOCK]: the token's channel is
     raw * sc[j] + zc[j]. With one scale per row (token or tensor scales) raw holds the bare codes, each field of
@@ -265,7 +266,7 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
     With several scales per row (groups, llama.cpp's blocks, KIVI's channel scales) they are applied to the block
     (groups: as they unpack where _unit_kind allows, q5_0 / q5_1: while unpacking each block), and sc / zc are
     1 / 0; channel scales only if apply_channels (else raw holds the bare codes). gsc / gzc [BLOCK, groups]:
-    scratch for the stored scales."""
+    scratch for the stored scales; gs / gz: the same memory, flat (group gi of row j at j * groups + gi)."""
     d = meta[M_DIM]
     elem = meta[M_ELEM]
     pb = meta[M_PER_BYTE]
@@ -326,8 +327,6 @@ def _flat_block(meta, data, lut, scale, zero, slut, tsv, tzv, b, h, t0, n, raw, 
         return
     ngroups = d // meta[M_GROUP]
     units = n * ngroups
-    gs = gsc.reshape(BLOCK * ngroups)  # group gi of row j at j * ngroups + gi
-    gz = gzc.reshape(BLOCK * ngroups)
     _group_floats(scale, s_base + t0 * s_st, s_st, sw, sdt, slut, n, ngroups, gsc, gs)
     if has_zero:  # zero points share the scales' storage type
         _group_floats(zero, z_base + t0 * z_st, z_st, sw, sdt, slut, n, ngroups, gzc, gz)

@@ -134,13 +134,30 @@ def _e2m1_shuffled(builder, c8):
     return builder.bitcast(builder.shl(builder.zext(words, _V32), _splat(16)), _VF)
 
 
+# AVX-512's lane permute (vpermps) looks 16 int32 indices up in a 16-float table held in one register: one
+# instruction from codes to values, where the byte shuffles need five.
+_PERMUTE_FLOATS = "llvm.x86.avx512.permvar.sf.512"
+_TABLE_FLOATS = ir.Constant(_VF, [-E2M1[c & 7] if c & 8 else E2M1[c] for c in range(16)])
+_LANE_PERMUTE = platform.machine().lower() in ("x86_64", "amd64") and bool(llvm.get_host_cpu_features().get("avx512f"))
+
+
+def _e2m1_permuted(builder, c32):
+    """16 E2M1 codes (i32 lanes, 0..15) -> their float32 values: one lane permute of the value table."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF, _V32]), _PERMUTE_FLOATS)
+    return builder.call(fn, [_TABLE_FLOATS, c32])
+
+
 def _e2m1_lo(builder, b):
+    if _LANE_PERMUTE:
+        return _e2m1_permuted(builder, _nibble_lo(builder, b))
     if _BYTE_SHUFFLE:
         return _e2m1_shuffled(builder, builder.and_(b, ir.Constant(_V8, [15] * _LANES)))
     return _e2m1_of(builder, _nibble_lo(builder, b))
 
 
 def _e2m1_hi(builder, b):
+    if _LANE_PERMUTE:
+        return _e2m1_permuted(builder, _nibble_hi(builder, b))
     if _BYTE_SHUFFLE:
         return _e2m1_shuffled(builder, builder.lshr(b, ir.Constant(_V8, [4] * _LANES)))
     return _e2m1_of(builder, _nibble_hi(builder, b))
