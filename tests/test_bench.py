@@ -156,7 +156,7 @@ def test_contexts_json_is_what_lesson_7_reads(tmp_path, monkeypatch):
     assert recorded["command"] == command and recorded["machine"] == "2 CPU cores" and "UTC" in recorded["date"]
     assert recorded["timing"] == bench_contexts.TIMING
     assert recorded["contexts"]["4096"]["DynamicCache"]["tokens_per_s"] == 8.0
-    assert recorded["rounds"] == {"1024": 24, "4096": 8}
+    assert recorded["rounds"] == {"1024": 24, "4096": bench.CONTEXT_ROUNDS}
     assert speed.recorded_by_context("another-model") is None
 
 

@@ -50,10 +50,12 @@ CONTEXT_FORMATS = ("int4", "k8v4", "mxfp4", "nvfp4", "q4_0", "q8_0")  # issue 23
 ROUNDS = 4  # the side-by-side run's timing rounds, best kept
 # --contexts: rounds of every cache's 2 untimed + 6 timed steps, median step kept. On a shared 2-core VM a step runs
 # in one of two speeds (at 1K about 70 or 95 ms) that last seconds at a time, so a ratio moves with how each cache's
-# blocks fell between them; more rounds narrow that. 8 rounds from 4K up, where the gains are 15-60%; 24 up to 2K,
-# where a step is cheap and the gain a few percent (the byte ceiling at 1K is 1.08x): over one 32-round run at 1K,
-# windows of 8 rounds read a format 0.95-1.13x, windows of 24 1.01-1.06x (docs/benchmarks.md)
-CONTEXT_ROUNDS = 8
+# blocks fell between them; more rounds narrow that. 12 rounds from 4K up, where the gains are 15-60% (with 8, a
+# bootstrap over the rounds of one run put a 4K ratio's 90% interval at +-7%, and one run read int4 at 1.09x where the
+# next read 1.30x); 24 up to 2K, where a step is cheap and the gain a few percent (the byte ceiling at 1K is 1.08x):
+# over one 32-round run at 1K, windows of 8 rounds read a format 0.95-1.13x, windows of 24 1.01-1.06x
+# (docs/benchmarks.md)
+CONTEXT_ROUNDS = 12
 SHORT_CONTEXT, SHORT_CONTEXT_ROUNDS = 2048, 24
 SIDE_BY_SIDE = ["fp8_e4m3", "fp8_e5m2", "int8", "int4", "k8v4", "k4v8", "kivi2", "nvfp4"]
 
