@@ -113,8 +113,9 @@ def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], d
 
     Per context, `rounds` (one count for all, or a count per context) rounds in which every cache, fresh from one
     prefill, takes two untimed and `decode_tokens` timed steps alone (kvviz.quality.step_times), one cache after
-    another (each round starting one cache later), then one step with its layers' update and attention calls timed. A cache's speed is one over its median step
-    over all rounds: a burst of other work on a shared machine lands on a few steps, and the median sets it aside.
+    another (each round starting one cache later), then one step with its layers' update and attention calls timed.
+    A cache's speed is one over its median step over all rounds: a burst of other work on a shared machine lands on
+    a few steps, and the median sets it aside.
     text_ids: [1, >= max(contexts)] token ids of the prompt; model: decoding through the "kvviz" attention."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     start_load = load()

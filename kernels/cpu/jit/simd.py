@@ -119,7 +119,9 @@ def _e2m1_bytes(byte: int) -> ir.Constant:
 # value have two zero low bytes, so two lookups (the top byte, the next) give them whole, -0 of code 8 included.
 _SHUFFLE_BYTES = "llvm.x86.ssse3.pshuf.b.128"
 _TABLE_TOP, _TABLE_NEXT = _e2m1_bytes(3), _e2m1_bytes(2)
-_BYTE_SHUFFLE = platform.machine().lower() in ("x86_64", "amd64") and bool(llvm.get_host_cpu_features().get("ssse3"))
+_X86_FEATURES = (llvm.get_host_cpu_features() if platform.machine().lower() in ("x86_64", "amd64")
+                 else {})  # the host's x86 features (none elsewhere): which table lookups compile
+_BYTE_SHUFFLE = bool(_X86_FEATURES.get("ssse3"))
 
 
 def _e2m1_shuffled(builder, c8):
@@ -138,7 +140,7 @@ def _e2m1_shuffled(builder, c8):
 # instruction from codes to values, where the byte shuffles need five.
 _PERMUTE_FLOATS = "llvm.x86.avx512.permvar.sf.512"
 _TABLE_FLOATS = ir.Constant(_VF, [-E2M1[c & 7] if c & 8 else E2M1[c] for c in range(16)])
-_LANE_PERMUTE = platform.machine().lower() in ("x86_64", "amd64") and bool(llvm.get_host_cpu_features().get("avx512f"))
+_LANE_PERMUTE = bool(_X86_FEATURES.get("avx512f"))
 
 
 def _e2m1_permuted(builder, c32):
