@@ -31,9 +31,10 @@ def _tile(*values: float, d: int) -> torch.Tensor:
 
 def test_fp8_scale_is_the_power_of_two_at_or_above_amax_over_448():
     """amax 56: 56 / 448 = 2**-3 exactly, the values fill E4M3's range (56 -> 448, 1 -> 8); amax 57 rounds the
-    scale up to 2**-2 (57 / 0.25 = 228 -> E4M3 224); a tile of tiny values takes the floor 1e-4, rounded up to 2**-13."""
-    q = FP8.k.quantize(torch.cat([_tile(56.0, 1.0, d=128), _tile(57.0, -1.0, d=128), torch.full((1, 1, 1, 128), 1e-3)],
-                                 dim=-1))
+    scale up to 2**-2 (57 / 0.25 = 228 -> E4M3 224); a tile of tiny values takes the floor 1e-4, rounded up to
+    2**-13."""
+    tiles = [_tile(56.0, 1.0, d=128), _tile(57.0, -1.0, d=128), torch.full((1, 1, 1, 128), 1e-3)]
+    q = FP8.k.quantize(torch.cat(tiles, dim=-1))
     assert q.scale.tolist() == [[[[0.125, 0.25, 2.0**-13]]]]
     assert q.data.float()[0, 0, 0, [0, 1, 128, 129]].tolist() == [448.0, 8.0, 224.0, -4.0]
     assert q.data.float()[0, 0, 0, 256].item() == 8.0  # 1e-3 / 2**-13 = 8.19 -> E4M3 8
@@ -100,7 +101,8 @@ def test_the_latent_must_fill_whole_tiles():
 # ------------------------------------------------------------------------------------------ vLLM's model rules
 
 def test_ds_mla_dtypes_are_refused_on_a_model_without_mla():
-    for where in (lambda s: QuantizedKVCache(tiny_config("llama"), s), lambda s: kv_cache_bytes_for("smollm2-135m", 8, k=s)):
+    for where in (lambda s: QuantizedKVCache(tiny_config("llama"), s),
+                  lambda s: kv_cache_bytes_for("smollm2-135m", 8, k=s)):
         for spec in ("vllm:fp8_ds_mla", "vllm:nvfp4_ds_mla"):
             with pytest.raises(ValueError, match="MLA models only.*vllm:fp8 or vllm:nvfp4"):
                 where(spec)
@@ -164,3 +166,9 @@ def test_fp8_ds_mla_generates_deepseeks_greedy_tokens():
     got = model.generate(**enc, max_new_tokens=8, do_sample=False, cache=QuantizedKVCache(model.config,
                                                                                            "vllm:fp8_ds_mla"))
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("spec", ("vllm:fp8_ds_mla", "vllm:nvfp4_ds_mla"))
+def test_export_gives_vllms_flag_and_says_mla_only(spec):
+    row = kvviz.export_commands(spec)["vllm"]
+    assert row["flags"] == f"--kv-cache-dtype {spec[5:]}" and "MLA models only" in row["note"]

@@ -53,10 +53,12 @@ def test_kvviz_stores_what_vllms_ultraquant_kernel_stores(model_dtype, head_dim,
     assert run.returncode == 0, run.stderr[-3000:]
     out = np.load(tmp_path / "out.npz")
     kv = parse_kv("vllm:ultraquant_4bit")
-    assert int(out["slot_size"]) * TOKENS * HEADS == sum(f.nbytes_for((1, HEADS, TOKENS, head_dim)) for f in (kv.k, kv.v))
+    held = sum(f.nbytes_for((1, HEADS, TOKENS, head_dim)) for f in (kv.k, kv.v))
+    assert int(out["slot_size"]) * TOKENS * HEADS == held  # format.py slot_size: K and V of one token and head
     for side, fmt, x in (("k", kv.k, k), ("v", kv.v, v)):
         q = fmt.quantize(x.transpose(0, 1)[None])  # [1, H, N, D]
         data = q.data[0].transpose(0, 1).numpy()  # [N, H, D/2]
         scale = q.scale[0].transpose(0, 1).numpy()  # [N, H, D/32]
-        assert np.array_equal(scale, out[f"{side}_scale"]), f"{side} scales: {np.argwhere(scale != out[f'{side}_scale'])}"
-        assert np.array_equal(data, out[f"{side}_data"]), f"{side} codes: {np.argwhere(data != out[f'{side}_data'])}"
+        for name, ours in (("scale", scale), ("data", data)):
+            theirs = out[f"{side}_{name}"]
+            assert np.array_equal(ours, theirs), f"{side} {name} differs at {np.argwhere(ours != theirs)[:8]}"

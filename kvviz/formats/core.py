@@ -2,9 +2,9 @@
 
 A Format is data plus pure functions: it dispatches to its family's codec (`floats`, `ints`, `fp4`, `ggml`; vLLM's own
 store paths `vllm`, `turboquant`, `ultraquant` and `ds_mla`; the TurboQuant paper's `tq`), applies the optional
-Hadamard rotation (`/rot`, QuaRot), and accounts for every byte it stores. A codec that stores a fixed number of bytes per token and head
-(the engines' layouts) says so with `token_head_bytes(fmt, head_dim)`, and may refuse a head_dim with
-`check_head_dim(fmt, head_dim)`.
+Hadamard rotation (`/rot`, QuaRot), and accounts for every byte it stores. A codec that stores a fixed number of
+bytes per token and head (the engines' layouts) says so with `token_head_bytes(fmt, head_dim)`, and may refuse a
+head_dim with `check_head_dim(fmt, head_dim)`.
 
     fmt = get_format("int4/channel/g32/asym")
     q = fmt.quantize(x)          # x: [..., tokens, head_dim] float

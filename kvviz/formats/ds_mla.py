@@ -62,7 +62,8 @@ def check_head_dim(fmt, head_dim: int) -> None:
     tile = _TILE[fmt.base]
     if head_dim % tile:
         raise ValueError(f"vllm:{fmt.base[5:]} quantizes the MLA latent in tiles of {tile}; this latent is {head_dim} "
-                         f"wide (kv_lora_rank). vLLM serves it for kv_lora_rank 512 (DeepSeek-V3 / V3.2).")
+                         f"wide (kv_lora_rank): give a model whose kv_lora_rank is a multiple of {tile} (vLLM serves "
+                         f"it for DeepSeek's 512).")
 
 
 # ------------------------------------------------------------------------------------------ encode / decode

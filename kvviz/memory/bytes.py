@@ -130,7 +130,7 @@ class CacheModel:
         self.shapes = shapes_of(cfg, "transformers" if layout == "transformers" else layout)
         self.formats = formats = _layer_formats(k, v, residual, [s.kind for s in self.shapes])  # per layer
         for fmts in {(k_fmt, v_fmt) for k_fmt, v_fmt, _ in formats}:
-            check_model(fmts, mla=bool(cfg.get("kv_lora_rank")))  # what vLLM refuses on this model (MLA-only dtypes, MLA's own dtype list)
+            check_model(fmts, mla=bool(cfg.get("kv_lora_rank")))  # what vLLM refuses on this model
         if layout == "engine" and any(is_latent(k_fmt) for k_fmt, _, _ in formats):
             # vLLM's DeepSeek layouts hold the latent and the RoPE key in one record, each part in its own format:
             # those layers count K as the latent (kv_lora_rank) and V as the RoPE key (qk_rope_head_dim)
