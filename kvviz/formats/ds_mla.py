@@ -17,8 +17,8 @@ The rules, in fp32:
 
 - fp8: per tile of 128, `scale = max(amax * fp32(1 / 448), 1e-4)`, then rounded up to a power of two,
   `2**ceil(log2(scale))` (the amax maps at most to 448); values `e4m3(x / scale)` (exact division by a power of two,
-  nearest even, saturating). The scale stays fp32. An older CUDA writer stored `max(amax / 448, FLT_MIN)` unrounded;
-  the pinned vLLM's readable writer rounds, and kvviz follows it.
+  nearest even, saturating). The scale stays fp32. A version of the CUDA writer found in public vLLM sources stores
+  `max(amax / 448, FLT_MIN)` unrounded; the writer the pinned vLLM ships as source rounds, and kvviz follows it.
 - nvfp4: per block of 16, `sf = e4m3(max(amax * fp32(1 / 6), 2**-9))` (nearest even), values
   `e2m1(x * (1 / sf))` (cvt.rn.satfinite.e2m1: nearest even, saturating at 6, the sign kept on -0); no global scale.
 
