@@ -1,6 +1,6 @@
 """vLLM's UltraQuant 4-bit KV cache (kvviz/formats/ultraquant.py, `vllm:ultraquant_4bit`): codes and scales of
 hand-checked groups, the exponent's rounding, the key rotation, error bounds, vLLM's bytes per slot, generation on a
-tiny Llama. Bit-exactness against vLLM's own Triton store kernel: tests/test_vllm_ultraquant.py.
+tiny Llama. Bit-exactness against vLLM's own Triton store kernel: tests/test_vllm_extra_stores.py.
 
     python -m pytest tests/test_formats_ultraquant.py -q
 """

@@ -27,7 +27,8 @@ the same per-tile rules to any latent a multiple of the tile (128, 16), so tiny 
 holds L + 4 L / 128 + 2 R (fp8) or L / 2 + L / 16 + R (nvfp4) bytes for a latent of L and a RoPE part of R. The
 permuted scale order is a byte layout only: kvviz keeps scales in block order (the bytes are the same set).
 Triton's log2 is taken as the correctly rounded one (it decides only when amax / 448 lies within an ulp of a power of
-two) and its fp32 division as IEEE.
+two) and its fp32 division as IEEE. tests/test_vllm_extra_stores.py runs the fp8 writer from the pinned vLLM in
+Triton's interpreter: its tile scales and RoPE bytes equal kvviz's (the interpreter's fp8 cast is not the GPU's).
 """
 
 from __future__ import annotations
