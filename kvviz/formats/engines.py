@@ -15,7 +15,8 @@ reached only through this table (`vllm.*`: formats/vllm.py and formats/turboquan
                                  to the engine's read path, which Format.engine_rot asks for.
 
 The engine's layer rules live here too: `engine_skip_layers` (vLLM's TurboQuant keeps the first and last 2 layers of
-a dense model in 16 bits).
+a dense model in 16 bits); and its model rules: `check_model` (vLLM's DeepSeek MLA records on MLA models only, and
+on MLA models only the dtypes its MLA backends take).
 """
 
 from __future__ import annotations

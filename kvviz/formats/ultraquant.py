@@ -12,7 +12,7 @@ vllm:ultraquant_4bit (engines.py). Source: vllm/v1/attention/ops/ultraquant/trit
   UE8M0 byte `e + 127` (0 when that leaves 0..255); a group whose absmax is 0 stores byte 0 and all codes +0.
 - codes: `x / 2**e` (exact) snapped to the 15 sorted E2M1 levels by counting the midpoints strictly below it (`>`):
   a tie goes to the lower level (toward -inf: 0.25 -> 0, -0.25 -> -0.5), |x| past 5 saturates at +-6, and every
-  value between -0.25 and 0.25 stores +0 (code 0, never -0); NaN counts no midpoint: code 15 (-6). Codes are
+  value in (-0.25, 0.25] stores +0 (code 0, never -0); NaN counts no midpoint: code 15 (-6). Codes are
   E2M1 bit patterns (sign, 2 exponent bits, 1 mantissa bit), two a byte, even element in the low nibble.
 - read: `code value * 2**(byte - 127)` (byte 0: 0), keys in the rotated basis; vLLM rotates the query (and casts it
   to FP8 E4M3 at decode, which kvviz's attention does not model). Prefill attends to the unquantized states.
