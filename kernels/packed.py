@@ -64,7 +64,9 @@ LAYOUTS = ("kvviz", "ggml")
 IQ4NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
 SCALE_KINDS = (None, "token", "channel")
 FUSED_KINDS = ("float", "int", "fp4", "ggml")  # kvviz format families the kernels read
-ENGINE_KINDS = ("vllm", "turboquant", "tq")  # engines' stores, described by fmt.kernel_fields(head_dim)
+# engines' stores, described by fmt.kernel_fields(head_dim). Not "ds_mla": MLA latents are expanded after the cache,
+# which hands the model dequantized tensors (kvviz.cache's materialize), so no kernel reads them
+ENGINE_KINDS = ("vllm", "turboquant", "tq", "ultraquant")
 GGML_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # llama.cpp's KV types, by their packers' TYPE code
 FP8_EXP = {"fp8_e4m3": 4, "fp8_e5m2": 5}  # exponent bits of each fp8 element, as the packers take them
 _GGML_OFFSETS = {"q4_0": 8, "q5_0": 16}  # value = code - offset; q4_1 / q5_1 add m instead

@@ -16,7 +16,8 @@ releases, so the notes say from which release a value exists):
 - vLLM `vllm/config/cache.py` `CacheDType`: "auto", "float16", "bfloat16", "fp8" (= E4M3 on CUDA), "fp8_e4m3",
   "fp8_e5m2", "fp8_inc", "fp8_ds_mla"; recent releases (0.24+) add "int8_per_token_head", "fp8_per_token_head"
   (dynamic per token-head fp32 scales, Triton attention backend only), "int4_per_token_head" (asymmetric with a
-  rotation), "nvfp4" (0.25+, Blackwell) and TurboQuant modes. FP8 per-tensor scales come from the checkpoint
+  rotation), "nvfp4" (0.25+, Blackwell) and TurboQuant modes; 0.32 lists "ultraquant_4bit" and "nvfp4_ds_mla".
+  The DeepSeek layouts fp8_ds_mla / nvfp4_ds_mla apply to MLA models only (kvviz.formats.engines.check_model). FP8 per-tensor scales come from the checkpoint
   (`k_scale`/`v_scale`, e.g. written by llm-compressor) or `--calculate-kv-scales` (computed on the first batch);
   without either they are 1.0.
 - SGLang `server_args.py` `--kv-cache-dtype` choices: "auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16",
@@ -144,9 +145,22 @@ def _engine_value(kv: KVSpec, engine: str) -> tuple[str | None, str | None]:
 _EXAMPLE = {"vllm": "fp8", "sglang": "fp8_e4m3", "llama.cpp": "q8_0"}
 
 
+# What serving an engine value takes beyond the flag (vllm/v1/attention/backends/*.py), added to its note.
+_ENGINE_NOTES = {
+    ("vllm", "ultraquant_4bit"): " vLLM serves it with its ULTRAQUANT attention backend (bf16 models, no attention "
+                                 "sinks; FlyDSL decode at head_dim 256 on AMD gfx950, Triton elsewhere); its decode "
+                                 "also casts the rotated query to FP8 E4M3, which kvviz's attention does not.",
+    ("vllm", "fp8_ds_mla"): " MLA models only (kv_lora_rank 512 + RoPE 64: 656 B per token and layer), served by "
+                            "vLLM's sparse MLA backends (FLASHMLA_SPARSE, which also stores --kv-cache-dtype fp8 "
+                            "this way, and FlashInfer's sparse MLA on SM120): DeepSeek-V3.2-style models.",
+    ("vllm", "nvfp4_ds_mla"): " MLA models only (352 B per token and layer), served by vLLM's FLASHMLA_SPARSE backend "
+                              "on Blackwell (SM100): DeepSeek-V3.2-style models.",
+}
+
+
 def _engine_result(dtype: str, flags: str, cli: str, python: str, engine: str) -> dict:
     note = (f"{engine}'s own --kv-cache-dtype {dtype}: kvviz simulates what its store path stores, byte for byte "
-            "(kvviz.formats.engines).")
+            "(kvviz.formats.engines)." + _ENGINE_NOTES.get((engine, dtype), ""))
     return _result(True, dtype, cli, python, note, flags=flags)
 
 

@@ -10,6 +10,7 @@ import torch
 from kvviz.analysis.anatomy import format_anatomy
 from kvviz.analysis.capture import KVCapture
 from kvviz.formats import FORMAT_NAMES, ENGINES, parse_kv
+from kvviz.formats.engines import VLLM_MLA_ONLY_DTYPES
 
 L, H, T, D = 2, 2, 32, 64  # [layers, kv_heads, tokens, head_dim]
 
@@ -24,7 +25,9 @@ def _capture(d: int = D) -> KVCapture:
 
 
 CAP = _capture()
-EVERY_FORMAT = [*FORMAT_NAMES, *(f"{e}:{dtype}" for e, (dtypes, _) in ENGINES.items() for dtype in dtypes)]
+# the app's anatomy choices (kvviz/ui/errors.py): every format but vLLM's MLA latent records (no capture holds a latent)
+EVERY_FORMAT = [*FORMAT_NAMES, *(f"{e}:{dtype}" for e, (dtypes, _) in ENGINES.items() for dtype in dtypes
+                                 if not (e == "vllm" and dtype in VLLM_MLA_ONLY_DTYPES))]
 
 
 def _stored_value(bits: str, dtype: str) -> float:

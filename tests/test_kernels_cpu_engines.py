@@ -28,6 +28,7 @@ ENGINE_SPECS = (
     "vllm:int8_per_token_head", "vllm:fp8_per_token_head", "vllm:int4_per_token_head", "vllm:nvfp4",
     "vllm:nvfp4_4over6", "vllm:turboquant_4bit_nc", "vllm:turboquant_k3v4_nc", "vllm:turboquant_3bit_nc",
     "vllm:turboquant_k8v4", "tq_mse1", "tq_mse2", "tq_mse3", "tq_mse4", "tq_prod2", "tq_prod3", "tq_prod4",
+    "vllm:ultraquant_4bit",  # no CPU packer (quantized by its encode), read by the e2m1 branch with E8M0 scales
 )
 
 

@@ -8,6 +8,7 @@ from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, DummyLay
 
 from kvviz import ggml_attention
 from kvviz.formats import KVSpec, Plan, as_plan
+from kvviz.formats.engines import check_model
 
 from .layers import QuantizedHybridLayer, QuantizedHybridSlidingLayer, QuantizedKVLayer, QuantizedSlidingLayer
 from .sides import check_fits
@@ -54,6 +55,8 @@ class QuantizedKVCache(Cache):
             raise ValueError(f"Static scales apply to per-tensor / per-head formats; {self._name()} computes "
                              f"its own scales. Drop `scales`, or pick e.g. fp8_e4m3.")
         materialize = _caches_latent(text)
+        for kv in self.kv_plan.specs:  # what vLLM refuses on this model (MLA-only dtypes, MLA's own dtype list)
+            check_model((kv.k, kv.v), mla=materialize)
         layers, self._exact = [], []
         for i, (kind, kwargs, kv) in enumerate(zip(layer_types, layer_kwargs, self.plan)):
             if kind in ATTENTION_TYPES and kv is None:

@@ -1,10 +1,10 @@
 """`Format`: a spec turned into quantize / dequantize / byte accounting (what it stores: `QTensor`, qtensor.py).
 
 A Format is data plus pure functions: it dispatches to its family's codec (`floats`, `ints`, `fp4`, `ggml`; vLLM's own
-store paths `vllm` and `turboquant`; the TurboQuant paper's `tq`), applies the optional Hadamard rotation (`/rot`,
-QuaRot), and accounts for every byte it stores. A codec that stores a fixed number of bytes per token and head
-(the engines' layouts) says so with `token_head_bytes(fmt, head_dim)`, and may refuse a head_dim with
-`check_head_dim(fmt, head_dim)`.
+store paths `vllm`, `turboquant`, `ultraquant` and `ds_mla`; the TurboQuant paper's `tq`), applies the optional
+Hadamard rotation (`/rot`, QuaRot), and accounts for every byte it stores. A codec that stores a fixed number of
+bytes per token and head (the engines' layouts) says so with `token_head_bytes(fmt, head_dim)`, and may refuse a
+head_dim with `check_head_dim(fmt, head_dim)`.
 
     fmt = get_format("int4/channel/g32/asym")
     q = fmt.quantize(x)          # x: [..., tokens, head_dim] float
@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import engines, floats, fp4, ggml, groups, ints, tq_paper, turboquant, vllm
+from . import ds_mla, engines, floats, fp4, ggml, groups, ints, tq_paper, turboquant, ultraquant, vllm
 from .packing import hadamard, rotate
 from .qtensor import QTensor
 from .spec import BASES, SpecParts
 
 _CODECS = {"float": floats, "int": ints, "fp4": fp4, "ggml": ggml, "vllm": vllm, "turboquant": turboquant,
-           "tq": tq_paper}
+           "tq": tq_paper, "ultraquant": ultraquant, "ds_mla": ds_mla}
 # Bytes of one stored scale / zero point by family and granularity.
 _SCALE_BYTES = {"int": 2, "float": 4, "fp4": 1, "ggml": 2}
 
@@ -46,8 +46,8 @@ class Format:
     scale_source = property(lambda self: self.parts.scale_source,
                             doc="FP8 only: first | unit | calibrated (per-tensor / per-head), dynamic; else None")
     kind = property(lambda self: BASES[self.parts.base].kind,
-                    doc="float | int | fp4 | ggml | vllm | turboquant | tq (every one read by the fused kernels: "
-                        "kernels.packed.describes_format)")
+                    doc="float | int | fp4 | ggml | vllm | turboquant | ultraquant | tq (read by the fused kernels: "
+                        "kernels.packed.describes_format) | ds_mla (an MLA latent, read dequantized)")
     engine = property(lambda self: None if self.parts.engine is None else self.parts.engine.engine,
                       doc="the engine this format models (vllm | sglang | llama.cpp, from an engine-qualified name) "
                           "or None for kvviz's own formats")

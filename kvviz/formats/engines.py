@@ -15,7 +15,8 @@ reached only through this table (`vllm.*`: formats/vllm.py and formats/turboquan
                                  to the engine's read path, which Format.engine_rot asks for.
 
 The engine's layer rules live here too: `engine_skip_layers` (vLLM's TurboQuant keeps the first and last 2 layers of
-a dense model in 16 bits).
+a dense model in 16 bits); and its model rules: `check_model` (vLLM's DeepSeek MLA records on MLA models only, and
+on MLA models only the dtypes its MLA backends take).
 """
 
 from __future__ import annotations
@@ -47,13 +48,22 @@ VLLM_DTYPES: dict[str, tuple[str, str]] = {
     "turboquant_4bit_nc": ("vllm.tq_k4_nc", "vllm.tq_v4"),
     "turboquant_k3v4_nc": ("vllm.tq_k3_nc", "vllm.tq_v4"),
     "turboquant_3bit_nc": ("vllm.tq_k3_nc", "vllm.tq_v3"),
+    # ultraquant/triton_store.py: E2M1 + UE8M0 per 32, K Hadamard-rotated, V not (formats/ultraquant.py)
+    "ultraquant_4bit": ("vllm.uq4_k", "vllm.uq4_v"),
+    # MLA models only (formats/ds_mla.py): K is the latent (kv_c_normed), V the RoPE key; one record per token
+    "fp8_ds_mla": ("vllm.fp8_ds_mla", "bf16"),
+    "nvfp4_ds_mla": ("vllm.nvfp4_ds_mla", "fp8_e4m3/unit"),
 }
 # vLLM values kvviz does not model, with the reason (named in the error).
-VLLM_UNMODELED = {"fp8_inc": "Intel Gaudi's FP8", "fp8_ds_mla": "DeepSeek MLA's latent cache",
-                  "nvfp4_ds_mla": "DeepSeek MLA's latent cache"}
+VLLM_UNMODELED = {"fp8_inc": "Intel Gaudi's FP8"}
 TURBOQUANT_DTYPES = tuple(name for name in VLLM_DTYPES if name.startswith("turboquant_"))
-# vLLM's per-token-head int4 and TurboQuant rotate with a Sylvester Hadamard matrix: power-of-two head_dim only.
-VLLM_POW2_DTYPES = ("int4_per_token_head", *TURBOQUANT_DTYPES)
+# vLLM's per-token-head int4, TurboQuant and UltraQuant rotate with a Sylvester Hadamard matrix: power-of-two
+# head_dim only.
+VLLM_POW2_DTYPES = ("int4_per_token_head", *TURBOQUANT_DTYPES, "ultraquant_4bit")
+# The latent records of MLA models (DeepSeek's layouts), and the dtypes vLLM's MLA backends take besides them
+# (v1/attention/backends/mla/*.py supported_kv_cache_dtypes; fp8_e5m2 on ROCm's AITER MLA).
+VLLM_MLA_ONLY_DTYPES = ("fp8_ds_mla", "nvfp4_ds_mla")
+VLLM_MLA_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", *VLLM_MLA_ONLY_DTYPES)
 
 # SGLang --kv-cache-dtype: FP8 with no scale file is a scale of 1.0; the FP4 modes compute their block scales.
 SGLANG_DTYPES: dict[str, tuple[str, str]] = {
@@ -149,6 +159,31 @@ def check_head_dim(ref: EngineRef, head_dim: int) -> None:
     if ref.engine == "vllm" and ref.dtype.startswith("nvfp4") and head_dim % 16:
         raise ValueError(f"vllm:{ref.dtype} needs head_dim to be a multiple of 16 (one E4M3 scale per 16 values), "
                          f"got {head_dim}.")
+
+
+def check_model(formats, mla: bool) -> None:
+    """ValueError where vLLM would refuse the formats of a KV spec (an iterable of Formats: a KVSpec's k and v) on a
+    model with MLA (`mla`: kv_lora_rank in the config) or without it:
+
+    - fp8_ds_mla / nvfp4_ds_mla store an MLA latent record: MLA models only (vLLM's MLA attention writes them).
+    - On an MLA model vLLM picks an MLA backend, and those take auto, float16, bfloat16, fp8, fp8_e4m3 (fp8_e5m2 on
+      ROCm) and the two DeepSeek layouts only (v1/attention/backends/mla/*.py supported_kv_cache_dtypes): nvfp4 is
+      refused by VllmConfig.validate_nvfp4_kv_cache_with_mla, the per-token-head, TurboQuant and UltraQuant dtypes
+      by backend selection (no MLA backend lists them).
+    """
+    for ref in {f.parts.engine for f in formats if f.parts.engine is not None}:
+        if ref.engine != "vllm":
+            continue
+        if ref.dtype in VLLM_MLA_ONLY_DTYPES and not mla:
+            raise ValueError(f"vllm:{ref.dtype} is DeepSeek's MLA latent cache (one record per token of the "
+                             f"compressed KV and the RoPE key): it applies to MLA models only (DeepSeek-V3, Kimi "
+                             f"K2: kv_lora_rank in the config), and this model has no MLA. Use vllm:fp8 or "
+                             f"vllm:nvfp4 here.")
+        if mla and ref.dtype not in VLLM_MLA_DTYPES:
+            why = ("vLLM refuses nvfp4 with MLA (VllmConfig.validate_nvfp4_kv_cache_with_mla)"
+                   if ref.dtype.startswith("nvfp4") else "no vLLM MLA attention backend takes it")
+            raise ValueError(f"vllm:{ref.dtype} cannot serve an MLA model (kv_lora_rank in the config): {why}. "
+                             f"On MLA models use one of vllm:{', vllm:'.join(VLLM_MLA_DTYPES)}.")
 
 
 # ------------------------------------------------------------------------------------------ layer rules

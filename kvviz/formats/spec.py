@@ -35,7 +35,7 @@ DEFAULT_SCALE_SOURCE = "first"
 class BaseInfo:
     """What a base format is: element kind and bits, and which scale layouts it accepts."""
 
-    kind: str  # "float" (casts and fp8), "int", "fp4", "ggml" (llama.cpp's block types)
+    kind: str  # "float" (casts and fp8), "int", "fp4", "ggml" (llama.cpp's block types); engines' own families
     bits: int  # bits per stored element
     default_granularity: str | None  # None: a plain cast, no scale
     granularities: tuple[str, ...]  # accepted granularities
@@ -77,6 +77,12 @@ BASES: dict[str, BaseInfo] = {
     "vllm.tq_k3_nc": BaseInfo("turboquant", 3, "token", ("token",), engine="vllm"),
     "vllm.tq_v4": BaseInfo("turboquant", 4, "token", ("token",), zero=True, engine="vllm"),
     "vllm.tq_v3": BaseInfo("turboquant", 3, "token", ("token",), zero=True, engine="vllm"),
+    # vLLM's UltraQuant (formats/ultraquant.py): E2M1 with a UE8M0 scale per 32; keys Hadamard-rotated
+    "vllm.uq4_k": BaseInfo("ultraquant", 4, "token", ("token",), block=32, engine="vllm"),
+    "vllm.uq4_v": BaseInfo("ultraquant", 4, "token", ("token",), block=32, engine="vllm"),
+    # vLLM's DeepSeek MLA latent records (formats/ds_mla.py): the latent's part; the RoPE part is the V side's
+    "vllm.fp8_ds_mla": BaseInfo("ds_mla", 8, "token", ("token",), block=128, engine="vllm"),
+    "vllm.nvfp4_ds_mla": BaseInfo("ds_mla", 4, "token", ("token",), block=16, engine="vllm"),
 }
 LLAMA_CPP_TYPES = tuple(name for name, info in BASES.items() if info.kind == "ggml")
 KVVIZ_BASES = tuple(name for name, info in BASES.items() if info.engine is None)  # the bare names a user types

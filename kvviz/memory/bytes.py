@@ -11,7 +11,8 @@ zero points are part of the format's bits (kvviz.formats), so the figure is what
   by every sequence, as vLLM's and SGLang's `k_scale` / `v_scale` are: counted once, not per sequence.
 - `channel` granularity (KIVI) quantizes whole groups of `group` tokens only; the partial group and the
   `residual` most recent tokens wait in a full-precision window, counted as fp16.
-- MLA in the engine layout stores one latent per token in K's format (there is no separate V).
+- MLA in the engine layout stores one latent per token in K's format (there is no separate V), except vLLM's
+  DeepSeek records (vllm:fp8_ds_mla, vllm:nvfp4_ds_mla): the latent in K's format, the RoPE key in V's.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from __future__ import annotations
 from collections import Counter
 
 from kvviz.formats import Format, Plan, as_plan, get_format, parse_kv
+from kvviz.formats.ds_mla import is_latent
+from kvviz.formats.engines import check_model
 
-from .configs import config_dict, layer_shapes, state_shapes
-from .layers import LAYOUTS, LayerShape
+from .configs import config_dict, state_shapes
+from .layers import LAYOUTS, LayerShape, shapes_of
 
 _FP16_BYTES = 2  # residual-window tokens are held in fp16
 _MODEL_DTYPE_BYTES = 2  # bf16 / fp16 weights and activations: the dtype of conv states
@@ -123,8 +126,16 @@ class CacheModel:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}.")
         self.layout = layout
-        self.shapes = layer_shapes(config, "transformers" if layout == "transformers" else layout)
+        _, cfg = config_dict(config)
+        self.shapes = shapes_of(cfg, "transformers" if layout == "transformers" else layout)
         self.formats = formats = _layer_formats(k, v, residual, [s.kind for s in self.shapes])  # per layer
+        for fmts in {(k_fmt, v_fmt) for k_fmt, v_fmt, _ in formats}:
+            check_model(fmts, mla=bool(cfg.get("kv_lora_rank")))  # what vLLM refuses on this model
+        if layout == "engine" and any(is_latent(k_fmt) for k_fmt, _, _ in formats):
+            # vLLM's DeepSeek layouts hold the latent and the RoPE key in one record, each part in its own format:
+            # those layers count K as the latent (kv_lora_rank) and V as the RoPE key (qk_rope_head_dim)
+            split = shapes_of(cfg, "transformers")
+            self.shapes = [t if is_latent(f[0]) else s for s, t, f in zip(self.shapes, split, formats)]
         self.uniform = len(set(formats)) == 1  # False also where an engine's layer rules keep layers in 16 bits
         # layers with equal shape and formats hold equal bytes: count them once
         self.groups = Counter((s.kind, s.window, s.k_heads, s.k_dim, s.v_heads, s.v_dim, f)

@@ -36,7 +36,8 @@ from .i18n import Translator, t
 TAB = "compare"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 SPEC_CHOICES = ["fp8_e4m3", "fp8_e5m2", "int8", "k8v4", "k4v8", "int4", "kivi4", "kivi2", "mxfp4", "nvfp4",
-                "k=q8_0,v=q4_0", "vllm:int4_per_token_head", "vllm:turboquant_4bit_nc", "llama.cpp:q8_0"]
+                "k=q8_0,v=q4_0", "vllm:int4_per_token_head", "vllm:turboquant_4bit_nc", "vllm:ultraquant_4bit",
+                "llama.cpp:q8_0"]
 DEFAULT_SPECS = ["fp8_e4m3", "k8v4", "k4v8", "int4"]
 BASELINE = "exact (baseline)"  # the unquantized cache, in the model's dtype
 MAX_NEW_TOKENS = 128

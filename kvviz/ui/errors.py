@@ -19,6 +19,7 @@ import math
 from kvviz import analysis, plots
 from kvviz.analysis.anatomy import format_anatomy
 from kvviz.formats import FORMAT_NAMES, ENGINES
+from kvviz.formats.engines import VLLM_MLA_ONLY_DTYPES
 
 from .common import (EXAMPLES, capture, check_choice, check_int, check_language, check_layer_head, check_model,
                      check_prompt, check_spec, follow_model, layer_head_inputs, model_input, on_click, prompt_input,
@@ -31,8 +32,10 @@ WHICH = {"K (post-RoPE)": "keys_post", "K (pre-RoPE)": "keys_pre", "V": "values"
 FORMAT_CHOICES = ["int8", "int4", "int2", "fp8_e4m3", "fp8_e5m2", "mxfp4", "nvfp4", "int4/channel/g32/asym",
                   "int4/rot", "k8v4", "k4v8", "kivi2", "q8_0", "q4_0", "iq4_nl"]
 DEFAULT_FORMATS = ["int8", "int4", "fp8_e4m3", "mxfp4"]
-# The anatomy's formats: every kvviz base, then every engine's dtype (kvviz.formats.engines), as typed in a spec.
-ANATOMY_CHOICES = [*FORMAT_NAMES, *(f"{engine}:{dtype}" for engine, (dtypes, _) in ENGINES.items() for dtype in dtypes)]
+# The anatomy's formats: every kvviz base, then every engine's dtype (kvviz.formats.engines), as typed in a spec;
+# not vLLM's MLA latent records: the capture holds per-head K and V, never an MLA latent.
+ANATOMY_CHOICES = [*FORMAT_NAMES, *(f"{engine}:{dtype}" for engine, (dtypes, _) in ENGINES.items() for dtype in dtypes
+                                    if not (engine == "vllm" and dtype in VLLM_MLA_ONLY_DTYPES))]
 SIDES = ("K", "V")
 ANATOMY_ROWS = 8  # elements the step table lists: the outlier channels first, then the first elements
 # Panels of the granularity figure: per-token, per-channel, per-tensor, and per-tensor after a rotation.

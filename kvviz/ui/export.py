@@ -32,7 +32,7 @@ TAB = "export"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 FORMAT_CHOICES = ["fp8_e4m3", "fp8_e5m2", "fp16", "bf16", "int8", "fp8_e4m3/token", "k8v4", "kivi4", "mxfp4",
                   "fp4_mx_block16", "nvfp4", "q8_0", "k=q8_0,v=q4_0", "vllm:turboquant_4bit_nc",
-                  "vllm:int4_per_token_head", "llama.cpp:k=q8_0,v=q4_0"]
+                  "vllm:int4_per_token_head", "vllm:ultraquant_4bit", "vllm:fp8_ds_mla", "llama.cpp:k=q8_0,v=q4_0"]
 SUPPORT_FORMATS = ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3/token", "int8", "int4", "k8v4", "kivi2",
                    "mxfp4", "fp4_mx_block16", "nvfp4", "q8_0", "q4_0", "k=q8_0,v=q4_0"]
 ENGINE_TITLES = (("vllm", "vLLM"), ("sglang", "SGLang"), ("llama.cpp", "llama.cpp"))

@@ -26,7 +26,8 @@ TAB = "memory"  # the tab id in app.py; prefixes elem_ids the browser test finds
 CUSTOM = "custom"
 MODEL_CHOICES = [*mem.MODEL_PRESETS, CUSTOM]
 FORMAT_CHOICES = ["fp16", "fp8_e4m3", "k8v4", "int4", "kivi2", "mxfp4", "nvfp4", "int4/g16", "int2", "q8_0", "q4_0",
-                  "vllm:turboquant_4bit_nc", "vllm:int4_per_token_head", "llama.cpp:q4_0"]
+                  "vllm:turboquant_4bit_nc", "vllm:int4_per_token_head", "vllm:ultraquant_4bit",
+                  "vllm:fp8_ds_mla", "vllm:nvfp4_ds_mla", "llama.cpp:q4_0"]  # ds_mla: MLA models (deepseek-v3)
 DEFAULT_FORMATS = ["fp16", "fp8_e4m3", "k8v4", "int4", "mxfp4"]
 GPU_CHOICES = list(mem.GPU_PRESETS)
 DEFAULT_GPUS = ["l4", "a100-40gb", "h100-80gb", "h200"]  # four capacities, four distinct lines

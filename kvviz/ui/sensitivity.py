@@ -41,7 +41,7 @@ TAB = "sensitivity"  # the tab id in app.py; prefixes elem_ids the browser test 
 
 SOURCES = ("prompt", "WikiText-2")
 SPEC_CHOICES = ["int4", "int2", "int4/tensor", "int8", "fp8_e4m3", "fp8_e5m2", "k8v4", "kivi2", "mxfp4", "nvfp4",
-                "q4_0", "int4/rot", "vllm:int4_per_token_head", "vllm:turboquant_4bit_nc"]
+                "q4_0", "int4/rot", "vllm:int4_per_token_head", "vllm:turboquant_4bit_nc", "vllm:ultraquant_4bit"]
 CANDIDATE_CHOICES = ["int2", "int4", "k8v4", "int8", "fp8_e4m3", "fp16", "vllm:int4_per_token_head",
                      "vllm:turboquant_3bit_nc", "vllm:fp8", "llama.cpp:q4_0", "llama.cpp:q8_0"]
 DEFAULT_CANDIDATES = ["int4", "fp16"]
