@@ -26,10 +26,12 @@ class CPUAttentionBackend(AttentionBackend):
     ]
 '''
 # $1 = -c: the package probe; else a server: "die" prints an error and exits 1, "hang" starts a child (same process
-# group) and both sleep without ever listening, their pids written to $FAKE_VLLM_PIDS.
+# group) and both sleep without ever listening, their pids written to $FAKE_VLLM_PIDS; "serve" answers vLLM's
+# recorded answers (tests/vllm_stand_in.py).
 FAKE_PYTHON = '''#!/bin/sh
 if [ "$1" = "-c" ]; then echo "$FAKE_VLLM_PKG"; exit 0; fi
 case "$FAKE_VLLM_MODE" in
+  serve) echo $$ >> "$FAKE_VLLM_PIDS"; exec "$FAKE_VLLM_PY" "$FAKE_VLLM_STAND_IN" "$@";;
   die) echo "INFO 12-06 starting the API server"; echo "ValueError: Model architectures ['FooForCausalLM'] are not supported for now."; exit 1;;
   hang) sleep 300 & echo "$$ $!" >> "$FAKE_VLLM_PIDS"; wait;;
 esac
@@ -52,6 +54,8 @@ def fake_vllm(tmp_path, monkeypatch):
     monkeypatch.setenv(vllm_local.PYTHON_ENV, str(python))
     monkeypatch.setenv("FAKE_VLLM_PKG", str(pkg))
     monkeypatch.setenv("FAKE_VLLM_PIDS", str(pids))
+    monkeypatch.setenv("FAKE_VLLM_PY", sys.executable)
+    monkeypatch.setenv("FAKE_VLLM_STAND_IN", str(ROOT / "tests" / "vllm_stand_in.py"))
     monkeypatch.setattr(vllm_local, "STOP_TIMEOUT", 3.0)
     return model, pids
 
@@ -157,3 +161,29 @@ def test_cli_refuses_a_dtype_with_the_list(fake_vllm):
     out = subprocess.run([sys.executable, "-m", "kvviz", "engines", "--vllm", "fp8", "--baseline", "http://h:1"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120, env=os.environ)
     assert out.returncode == 2 and "--vllm starts its own servers" in out.stderr
+
+
+def test_kld_runs_end_to_end_on_stand_in_servers(fake_vllm, monkeypatch):
+    """vllm_local.kld: servers started, measured through the bridge, stopped (the recorded answers: 10 tokens)."""
+    model, pids = fake_vllm
+    monkeypatch.setenv("FAKE_VLLM_MODE", "serve")
+    got = vllm_local.kld("fp8_e4m3", str(model), tokens=10, score_from=1)
+    assert list(got) == ["fp8_e4m3"] and got["fp8_e4m3"]["n"] == 8 and got["fp8_e4m3"]["mean"] > 0
+    assert got["fp8_e4m3"]["model"] == "smollm2-135m" and got["fp8_e4m3"]["capped"] is None
+    assert len(pids.read_text().split()) == 2 and _running(pids) == []
+
+
+def test_cli_prints_vllm_beside_the_simulation_with_a_verdict(fake_vllm, monkeypatch):
+    """--vllm end to end on stand-in servers with the recorded answers, judged against kvviz's SmolLM2."""
+    _, pids = fake_vllm
+    monkeypatch.setenv("FAKE_VLLM_MODE", "serve")
+    out = subprocess.run([sys.executable, "-m", "kvviz", "engines", "--vllm", "fp8_e4m3", "--tokens", "20"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600, env=os.environ)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "2/2 servers ready (auto, fp8_e4m3; smollm2-135m)" in out.stderr
+    assert lines[0].startswith("vllm (CPU build, started here): 8 positions (1 to 8)")
+    assert lines[2].split()[0] == "fp8_e4m3" and "vllm:fp8_e4m3" in out.stdout
+    (verdict_line,) = [line for line in lines if line.startswith("  fp8_e4m3 ")]
+    assert any(v in verdict_line for v in ("within the format's expected range", "loses more", "loses less"))
+    assert _running(pids) == []

@@ -314,4 +314,5 @@ def kld(dtypes, model: str | None = None, *, tokens: int = 512, text: str | None
     capped); score_from: the first scored position (1: as kvviz's simulation scores)."""
     with serve(dtypes, model, max_model_len=max_model_len or tokens + 1, top_k=top_k, port=port,
                together=together, progress=progress) as urls:
-        return servers.kld(urls, dtypes, text=text, tokens=tokens, top_k=top_k, api="vllm", score_from=score_from)
+        return servers.kld(urls, [n for n in urls if n != servers.BASELINE], text=text, tokens=tokens, top_k=top_k,
+                           api="vllm", score_from=score_from)
