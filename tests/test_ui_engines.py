@@ -267,3 +267,19 @@ def test_engine_view_puts_vllm_beside_llama_cpp_with_a_verdict(vllm_stand_in):
     assert "positions 1 to 8" in status and "within 1.5x" in status
     with pytest.raises(gr.Error, match="serve 'smollm2-135m', not 'gemma-3-270m'"):  # before llama.cpp runs
         engines.run(["q8_0"], 32, False, "gemma-3-270m", progress=lambda *a, **k: None, vllm=urls)
+
+
+def test_the_app_reads_vllm_urls_as_it_starts(monkeypatch):
+    import app
+    from kvviz.ui.i18n import t
+
+    def notes(demo) -> int:
+        return sum(getattr(b, "value", None) == t("engine_vllm_note") for b in demo.blocks.values())
+
+    monkeypatch.delenv(engines.VLLM_ENV, raising=False)
+    assert notes(app.build_demo()) == 0
+    monkeypatch.setenv(engines.VLLM_ENV, "baseline=http://127.0.0.1:1,fp8_e4m3=http://127.0.0.1:2")
+    assert notes(app.build_demo()) == 1
+    monkeypatch.setenv(engines.VLLM_ENV, "fp8_e4m3=http://127.0.0.1:2")
+    with pytest.raises(ValueError, match="needs baseline=URL"):
+        app.build_demo()
