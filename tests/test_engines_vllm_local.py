@@ -5,6 +5,7 @@ errors and on Ctrl-C) are checked in seconds. The live servers are tests/test_en
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -32,7 +33,8 @@ FAKE_PYTHON = '''#!/bin/sh
 if [ "$1" = "-c" ]; then echo "$FAKE_VLLM_PKG"; exit 0; fi
 case "$FAKE_VLLM_MODE" in
   serve) echo $$ >> "$FAKE_VLLM_PIDS"; exec "$FAKE_VLLM_PY" "$FAKE_VLLM_STAND_IN" "$@";;
-  die) echo "INFO 12-06 starting the API server"; echo "ValueError: Model architectures ['FooForCausalLM'] are not supported for now."; exit 1;;
+  die) echo "INFO 12-06 starting the API server"
+       echo "ValueError: Model architectures ['FooForCausalLM'] are not supported for now."; exit 1;;
   hang) sleep 300 & echo "$$ $!" >> "$FAKE_VLLM_PIDS"; wait;;
 esac
 '''
@@ -120,8 +122,8 @@ def test_a_model_vllm_cannot_load_is_refused(fake_vllm, tmp_path):
 def test_a_server_that_dies_at_start_is_quoted(fake_vllm, monkeypatch):
     model, _ = fake_vllm
     monkeypatch.setenv("FAKE_VLLM_MODE", "die")
-    with pytest.raises(ValueError, match=r"(?s)--kv-cache-dtype auto exited at start \(code 1\).*cannot serve.*'FooForCausalLM'\] are not "
-                                         "supported"):
+    with pytest.raises(ValueError, match=r"(?s)--kv-cache-dtype auto exited at start \(code 1\).*cannot serve"
+                                         r".*'FooForCausalLM'\] are not supported"):
         vllm_local.kld(["fp8_e4m3"], str(model), tokens=8)
 
 
@@ -187,3 +189,27 @@ def test_cli_prints_vllm_beside_the_simulation_with_a_verdict(fake_vllm, monkeyp
     (verdict_line,) = [line for line in lines if line.startswith("  fp8_e4m3 ")]
     assert any(v in verdict_line for v in ("within the format's expected range", "loses more", "loses less"))
     assert _running(pids) == []
+
+
+def test_cli_serve_prints_the_urls_and_stops_on_ctrl_c(fake_vllm, monkeypatch):
+    model, pids = fake_vllm
+    monkeypatch.setenv("FAKE_VLLM_MODE", "serve")
+    proc = subprocess.Popen([sys.executable, "-m", "kvviz", "engines", "--vllm", "fp8_e5m2", "--serve", "--model",
+                             str(model)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=os.environ)
+    try:
+        line = ""
+        while not line.startswith("KVVIZ_VLLM_URLS="):
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+        urls = dict(item.split("=", 1) for item in line.strip().removeprefix("KVVIZ_VLLM_URLS=").split(","))
+        assert list(urls) == ["baseline", "fp8_e5m2"]
+        from kvviz.engines import servers
+
+        assert servers.vllm_model(urls["fp8_e5m2"], timeout=5) == ("smollm2-135m", 1024)  # the stand-in answers
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(pids.read_text().split()) == 2 and _running(pids) == []
