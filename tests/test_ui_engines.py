@@ -25,6 +25,7 @@ from app_server import serve_app
 from kvviz.cache import ScaleWarning
 from kvviz.cache.sides import MIN_FIT_TOKENS, Side
 from kvviz.formats import get_format
+from kvviz.engines import servers, verdict
 from kvviz.ui import common, engines
 
 GOOD = (["q8_0"], 32, False, "smollm2-135m")
@@ -145,6 +146,7 @@ def test_engine_compare_puts_kvviz_beside_llama_cpp(client):
     assert rows[1][1] > rows[0][1] and rows[1][4] > rows[0][4] and rows[1][7] > rows[0][7], rows
     for r in rows:  # the simulation's ratio to llama.cpp: a finite number, the two means' quotient
         assert isinstance(r[8], float) and math.isfinite(r[8]) and r[8] == pytest.approx(r[7] / r[4], rel=0.05), r
+        assert r[9] == verdict.verdict(r[4], r[7]), r  # llama.cpp against kvviz's simulation of llama.cpp
     traces = _traces(fig)
     assert [t["name"] for t in traces] == ["kvviz (simulated)", "llama.cpp (unrotated K/V)",
                                            "kvviz's llama.cpp simulation"]
@@ -218,3 +220,66 @@ def test_check_pairs_takes_llama_cpp_names(pairs, rotate, expected):
 def test_check_pairs_refuses_other_engine_names(pairs, rotate, message):
     with pytest.raises(ValueError, match=message):
         engines.check_pairs(pairs, rotate)
+
+
+# --- vLLM servers beside llama.cpp (KVVIZ_VLLM_URLS), served by the bridge tests' stand-in ---------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_stand_in():
+    """The recorded vLLM answers (tests/data/) served as tests/test_engines_servers.py serves them."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from test_engines_servers import _Handler
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.mark.parametrize("value, message", [
+    ("fp8_e4m3=http://h:1", "needs baseline=URL"),
+    ("baseline=http://h:1", "needs baseline=URL .* and at least one DTYPE=URL"),
+    ("baseline=http://h:1,fp8_e4m3", "takes NAME=URL pairs separated by commas"),
+    ("baseline=h:1,fp8=http://h:2", "must start with http://"),
+])
+def test_vllm_urls_are_checked_as_the_app_starts(value, message):
+    with pytest.raises(ValueError, match=message):
+        engines.vllm_servers(value)
+    assert engines.vllm_servers(" ") is None
+    assert engines.vllm_servers("baseline=http://h:1/v1, fp8_e4m3=http://h:2") == {"baseline": "http://h:1",
+                                                                                "fp8_e4m3": "http://h:2"}
+
+
+def test_engine_view_puts_vllm_beside_llama_cpp_with_a_verdict(vllm_stand_in):
+    urls = engines.vllm_servers(f"baseline={vllm_stand_in}/vbase,fp8_e4m3={vllm_stand_in}/vfp8")
+    tab, _, status = engines.run(["q8_0"], 32, False, "smollm2-135m", progress=lambda *a, **k: None, vllm=urls)
+    rows = tab.values.tolist()
+    assert list(tab.columns) == engines.HEADERS and [r[0] for r in rows] == ["q8_0", "vllm:fp8_e4m3 (vLLM server)"]
+    measured = servers.kld(urls, tokens=32, score_from=1)["fp8_e4m3"]  # the recording holds 10 tokens
+    (judged,) = verdict.rows({"fp8_e4m3": measured})
+    v = rows[1]
+    assert v[4] == round(measured["mean"], 5) and v[6] == round(100 * measured["same_top_p"], 1)
+    assert v[1] == v[7] == round(judged.sim_mean, 5) and v[9] == judged.verdict
+    assert "positions 1 to 8" in status and "within 1.5x" in status
+    with pytest.raises(gr.Error, match="serve 'smollm2-135m', not 'gemma-3-270m'"):  # before llama.cpp runs
+        engines.run(["q8_0"], 32, False, "gemma-3-270m", progress=lambda *a, **k: None, vllm=urls)
+
+
+def test_the_app_reads_vllm_urls_as_it_starts(monkeypatch):
+    import app
+    from kvviz.ui.i18n import t
+
+    def notes(demo) -> int:
+        return sum(getattr(b, "value", None) == t("engine_vllm_note") for b in demo.blocks.values())
+
+    monkeypatch.delenv(engines.VLLM_ENV, raising=False)
+    assert notes(app.build_demo()) == 0
+    monkeypatch.setenv(engines.VLLM_ENV, "baseline=http://127.0.0.1:1,fp8_e4m3=http://127.0.0.1:2")
+    assert notes(app.build_demo()) == 1
+    monkeypatch.setenv(engines.VLLM_ENV, "fp8_e4m3=http://127.0.0.1:2")
+    with pytest.raises(ValueError, match="needs baseline=URL"):
+        app.build_demo()

@@ -7,14 +7,18 @@
 
     python -m kvviz engines --specs q8_0,k=q8_0,v=q4_0 --tokens 512
     python -m kvviz engines --baseline http://gpu0:8000 --server fp8_e4m3=http://gpu1:8000
+    python -m kvviz engines --vllm fp8_e4m3,fp8_e5m2 --tokens 128                    # local vLLM servers
 
 - llama.cpp (kvviz/engines/llamacpp.py): llama-cpp-python loads the GGUF once per K/V type pair with flash
   attention on and keeps every position's logits; the baseline is an f16 cache. Full-vocabulary KL.
 - vLLM and SGLang (kvviz/engines/servers.py): one server per `--kv-cache-dtype` plus a baseline server, all serving
   the same model; teacher-forced top-k prompt log-probs; KL over the top-k with the rest of the mass lumped (a
   lower bound). Servers spanning many GPUs are measured the same way as one.
+- vLLM's CPU build started here (kvviz/engines/vllm_local.py; `make vllm`, `--vllm fp8_e4m3,fp8_e5m2`): an `auto`
+  baseline and one server per dtype on 127.0.0.1, measured through the server bridge and stopped afterwards.
 - kvviz's own simulation of the same formats on the same token ids (kvviz/engines/simulate.py; `--with-kvviz`),
-  for side-by-side tables.
+  for side-by-side tables, and the verdict on a vLLM dtype (kvviz/engines/verdict.py): the engine's KLD beside the
+  simulation measured like with like.
 """
 
 from __future__ import annotations

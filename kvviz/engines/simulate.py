@@ -13,6 +13,7 @@ every matmul input rounded to the GGUF weight type's 8-bit partner, llama.cpp's 
     from kvviz.engines import simulate
     simulate.kld(["q8_0", "k=q8_0,v=q4_0"], ids)        # ids: the tokens the bridge scored (with BOS)
     simulate.llamacpp_kld(["q4_0"], ids, rotate=False)   # what llama.cpp with LLAMA_ATTN_ROT_DISABLE=1 measures
+    simulate.topk_kld(["vllm:fp8_e4m3"], ids, top_k=20)  # estimated as the server bridge estimates vLLM's KLD
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from kvviz import ggml_attention, models
-from kvviz.analysis.rows import row_values
+from kvviz.analysis.rows import lm_logprobs, row_hidden, row_values
 from kvviz.engines.llamacpp import resolve_gguf, type_pair
 from kvviz.formats import as_plans
-from kvviz.metrics import kld_stats, summarize
+from kvviz.metrics import kld_stats, kld_stats_topk, summarize
 from kvviz.rowstable import row_stable
 from kvviz.analysis.llamacpp import interleaved_rope, rounded_inputs, weight_vec_dot
 
@@ -109,5 +110,39 @@ def llamacpp_kld(specs: list[str], ids: list[int], model=None, gguf=None, rotate
         stats = kld_stats(base, cand, targets)
         stats.update(engine="kvviz (simulated llama.cpp: rounded matmul inputs, its flash attention"
                             f"{', rotated K/V' if rotate else ''})", estimate="full vocabulary")
+        out[spec] = stats
+    return out
+
+
+# ---- like with like for servers (top-k log-probs, the rest lumped) ---------------------------------------------
+
+def topk_kld(specs: list[str], ids: list[int], model=None, top_k: int = 20) -> dict[str, dict]:
+    """{spec: stats} of kvviz's formats against the exact model on the token ids [T], estimated as the server
+    bridge estimates an engine's (kvviz.engines.servers): each side's top-k log-probs per position with the rest of
+    the mass lumped in one bucket (kvviz.metrics.kld_stats_topk), positions 1..T-2 (servers.kld with score_from=1
+    scores the same ones). The formats run as kld() runs them (kvviz.analysis.rows, kvviz.formats), so a change to
+    a format's simulation changes these numbers too. model: a loaded causal LM or a name for load_model."""
+    if len(ids) < 3:
+        raise ValueError("Give at least three token ids: position 0 reads no cache, position 1 is the first scored.")
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be a whole number >= 1; got {top_k!r}.")
+    if model is None or isinstance(model, str):
+        model, _ = models.load_model(model)
+    plans = as_plans(specs, model.config.get_text_config(decoder=True).num_hidden_layers)
+    t = len(ids)
+    with torch.no_grad():
+        hidden = row_hidden(model, torch.tensor([ids], device=model.device), [None, *plans])[:, 1 : t - 1]  # [R, N, h]
+        with row_stable(model):
+            lps = [lm_logprobs(model, h) for h in hidden]  # R x [N, vocab] float64
+    targets = torch.tensor(ids[2:], device=lps[0].device)[:, None]  # [N, 1]
+    base_lp, base_ids = lps[0].topk(top_k, dim=-1)  # [N, k]
+    base_target = lps[0].gather(-1, targets)[:, 0]  # [N]
+    out = {}
+    for spec, lp in zip(specs, lps[1:]):
+        cand_lp, cand_ids = lp.topk(top_k, dim=-1)
+        stats = kld_stats_topk(base_ids.cpu(), base_lp.cpu(), base_target.cpu(), cand_ids.cpu(), cand_lp.cpu(),
+                               lp.gather(-1, targets)[:, 0].cpu())
+        stats.update(engine="kvviz (simulated: dequantized K/V, fp32 weights, SDPA)",
+                     estimate=f"top-{top_k} log-probs per position, the rest of the mass lumped in one bucket")
         out[spec] = stats
     return out

@@ -7,6 +7,13 @@ format (simulate.kld) and its simulation of llama.cpp's arithmetic (simulate.lla
 run's rotation setting), whose ratio to llama.cpp's mean KLD the table shows. Each is measured against its own
 unquantized baseline, with llama.cpp's `--kl-divergence` statistics (kvviz.metrics). Why the bare format differs
 is the static note under the chart (i18n "engine_why", after docs/engines.md).
+
+vLLM beside llama.cpp: when the app starts with KVVIZ_VLLM_URLS set (read once, in build(): "baseline=URL,
+fp8_e4m3=URL,..."; each name a --kv-cache-dtype, every server serving the picked model, e.g. started by
+`python -m kvviz engines --vllm` or by hand), each run also measures those servers on the same number of tokens
+(kvviz.engines.servers, positions 1 on) and adds a row per dtype: vLLM's top-20 KLD beside kvviz's simulation of
+`vllm:<dtype>` measured the same way (kvviz.engines.verdict), with the verdict. Every row's verdict column compares
+the engine's mean KLD with kvviz's simulation of that engine (llama.cpp's rows: the llama.cpp-arithmetic one).
 api_name:
     engine_compare(pairs, tokens, rotate, model) -> (table, figure, status markdown, in English)
       pairs: list of specs made of PAIR_TYPES (["q8_0", "k=q8_0,v=q4_0"]); tokens: MIN_TOKENS..MAX_TOKENS of
@@ -16,12 +23,13 @@ api_name:
 
 from __future__ import annotations
 
+import os
 import time
 
 import gradio as gr
 
 from kvviz import models, plots
-from kvviz.engines import llamacpp, simulate
+from kvviz.engines import llamacpp, servers, simulate, verdict
 from kvviz.engines.side_by_side import side_by_side
 from kvviz.formats import parse_kv
 
@@ -33,9 +41,28 @@ PAIR_CHOICES = [*PAIR_TYPES, "k=q8_0,v=q4_0", "k=q8_0,v=q5_0", "k=q8_0,v=iq4_nl"
 DEFAULT_PAIRS = ["q8_0", "k=q8_0,v=q4_0", "q4_0"]
 MAX_PAIRS = 6  # each pair loads the GGUF once and adds a row to kvviz's batch
 MIN_TOKENS, MAX_TOKENS, DEFAULT_TOKENS = 32, 512, 128  # 256 tokens of three pairs: minutes on a busy 2-core CPU
-HEADERS = ["format", "kvviz mean KLD", "kvviz p99 KLD", "kvviz same top (%)", "llama.cpp mean KLD",
-           "llama.cpp p99 KLD", "llama.cpp same top (%)", "kvviz's llama.cpp simulation mean KLD",
-           "simulation / llama.cpp"]  # English: engine_compare has no language input
+HEADERS = ["format", "kvviz mean KLD", "kvviz p99 KLD", "kvviz same top (%)", "engine mean KLD",
+           "engine p99 KLD", "engine same top (%)", "kvviz's engine simulation mean KLD",
+           "simulation / engine", "verdict"]  # English: engine_compare has no language input
+VLLM_ENV = "KVVIZ_VLLM_URLS"
+
+
+def vllm_servers(value: str | None) -> dict[str, str] | None:
+    """KVVIZ_VLLM_URLS ("baseline=http://127.0.0.1:8000,fp8_e4m3=http://127.0.0.1:8001") as servers.kld's engine
+    dict; None when unset or empty; ValueError saying how to write it when malformed."""
+    if not value or not value.strip():
+        return None
+    out = {}
+    for item in value.split(","):
+        name, sep, url = item.partition("=")
+        if not sep or not name.strip() or not url.strip():
+            raise ValueError(f"{VLLM_ENV} takes NAME=URL pairs separated by commas, one named baseline, e.g. "
+                             f"baseline=http://127.0.0.1:8000,fp8_e4m3=http://127.0.0.1:8001; got {item!r}.")
+        out[name.strip()] = servers.base_url(url)
+    if servers.BASELINE not in out or len(out) < 2:
+        raise ValueError(f"{VLLM_ENV} needs baseline=URL (vLLM with --kv-cache-dtype auto) and at least one "
+                         "DTYPE=URL, e.g. baseline=http://127.0.0.1:8000,fp8_e4m3=http://127.0.0.1:8001.")
+    return out
 
 
 def check_pairs(value, rotate: bool | None = None) -> list[str]:
@@ -87,17 +114,52 @@ def _cells(row) -> list:
     """A kvviz.engines.side_by_side.EngineRow as the table's cells (HEADERS)."""
     return [row.format, round(row.kvviz_mean, 5), round(row.kvviz_p99, 4), round(100 * row.kvviz_same_top, 1),
             round(row.engine_mean, 5), round(row.engine_p99, 4), round(100 * row.engine_same_top, 1),
-            round(row.sim_mean, 5), round(row.sim_ratio, 2)]
+            round(row.sim_mean, 5), round(row.sim_ratio, 2), verdict.verdict(row.engine_mean, row.sim_mean)]
+
+
+def _vllm_cells(row: verdict.VerdictRow) -> list:
+    """A vLLM dtype's verdict row as the table's cells: kvviz's simulation (top-k, like with like) in the kvviz and
+    engine-simulation columns, vLLM's measurement in the engine columns."""
+    sim, eng = row.sim, row.engine
+    return [f"{row.spec} (vLLM server)", round(sim["mean"], 5), round(sim["p99"], 4),
+            round(100 * sim["same_top_p"], 1), round(eng["mean"], 5), round(eng["p99"], 4),
+            round(100 * eng["same_top_p"], 1), round(sim["mean"], 5),
+            round(sim["mean"] / eng["mean"], 2) if eng["mean"] > 0 else None, row.verdict]
+
+
+def _check_vllm_model(urls: dict[str, str], model: str) -> None:
+    """ValueError when the vLLM baseline serves another model than the picked one (before anything runs)."""
+    served, _ = servers.vllm_model(urls[servers.BASELINE], timeout=10)
+    if os.path.basename(served.rstrip("/")) != model:  # vllm_local serves it by name, a hand start by its directory
+        raise ValueError(f"The vLLM servers in {VLLM_ENV} serve {served!r}, not {model!r}: pick {served!r} in the "
+                         "model picker, or start the servers on this model (python -m kvviz engines --vllm ... "
+                         f"--model {model} --serve).")
+
+
+def _vllm_rows(urls: dict[str, str], tokens: int, lm) -> tuple[list[verdict.VerdictRow], str]:
+    """vLLM's servers measured on `tokens` tokens (positions 1 on) and judged against kvviz's simulation on `lm`."""
+    results = servers.kld(urls, tokens=tokens, api="vllm", score_from=1)
+    first = next(iter(results.values()))
+    rows = verdict.rows(results, lm)
+    capped = f" {first['capped']}." if first.get("capped") else ""
+    note = (f" vLLM ({', '.join(urls[n] for n in results)}, baseline {urls[servers.BASELINE]}): top-{first['top_k']} "
+            f"log-probs per position with the rest lumped, positions 1 to {first['n']}, beside kvviz's simulation "
+            f"of the same dtypes estimated the same way on the same tokens; verdict: vLLM's mean KLD within "
+            f"{verdict.TOLERANCE:g}x of the simulation's, either way.{capped}")
+    return rows, note
 
 
 @user_errors
-def run(pairs, tokens, rotate, model=None, progress=gr.Progress()):
+def run(pairs, tokens, rotate, model=None, progress=gr.Progress(), vllm: dict[str, str] | None = None):
     """llama.cpp's KLD of each pair beside kvviz's simulation of it on `model` (the Compare tab's picker): table,
-    grouped bars, what was run (in English)."""
+    grouped bars, what was run (in English). vllm: servers.kld's engine dict of vLLM servers (vllm_servers) whose
+    dtypes are measured too and judged (kvviz.engines.verdict), or None."""
     model = check_model(model)
     tokens = check_int(tokens, "Tokens", MIN_TOKENS, MAX_TOKENS)
     rotate = check_bool(rotate, "Rotate K/V in llama.cpp")
     pairs = check_pairs(pairs, rotate)
+    if vllm:
+        _check_vllm_model(vllm, model)
     try:
         llamacpp.import_llama_cpp()
     except ValueError as err:
@@ -116,6 +178,10 @@ def run(pairs, tokens, rotate, model=None, progress=gr.Progress()):
     ours = simulate.kld(pairs, ids, lm)
     progress(0.75, desc=f"kvviz: the same tokens with llama.cpp's arithmetic, {len(pairs) + 1} runs…")
     rows = side_by_side(pairs, ours, theirs, simulate.llamacpp_kld(pairs, ids, lm, gguf, rotate=rotate))
+    vllm_rows, vllm_note = [], ""
+    if vllm:
+        progress(0.9, desc=f"vLLM: {tokens} tokens through {len(vllm)} servers, and kvviz's simulation of them…")
+        vllm_rows, vllm_note = _vllm_rows(vllm, tokens, lm)
     engine = f"llama.cpp ({'rotated' if rotate else 'unrotated'} K/V)"
     fig = plots.engine_bars(pairs, {"kvviz (simulated)": [round(r.kvviz_mean, 5) for r in rows],
                                     engine: [round(r.engine_mean, 5) for r in rows],
@@ -126,17 +192,21 @@ def run(pairs, tokens, rotate, model=None, progress=gr.Progress()):
               f"{len(ids) - 2}; kvviz's llama.cpp simulation rounds every matmul input to 8 bits and runs llama.cpp's "
               f"flash attention{', rotation' if rotate else ''} and channel order on the same weights, against itself "
               f"with an f16 cache, positions 0 to {len(ids) - 2}. The first {len(ids)} tokens of the WikiText-2 slice. "
-              "KLD in nats per token; same top: positions whose top token agrees with the engine's own baseline.")
-    return table([_cells(r) for r in rows], HEADERS), fig, status
+              "KLD in nats per token; same top: positions whose top token agrees with the engine's own baseline."
+              f"{vllm_note}")
+    return table([_cells(r) for r in rows] + [_vllm_cells(r) for r in vllm_rows], HEADERS), fig, status
 
 
 def build(tr: Translator, actions: dict, model: gr.Dropdown) -> dict:
     """Lay out the engine view (an accordion, inside the current tab), on the tab's model picker `model`; adds its
     action to `actions` as "engine"; returns its components, keys prefixed "engine_"."""
     c: dict = {}
+    vllm = vllm_servers(os.environ.get(VLLM_ENV))  # read once, as the app starts
     c["engine_box"] = tr(gr.Accordion(t("engine_title"), open=False, elem_id="compare-engine"), label="engine_title")
     with c["engine_box"]:
         tr(gr.Markdown(t("engine_intro")), value="engine_intro")
+        if vllm:
+            tr(gr.Markdown(t("engine_vllm_note")), value="engine_vllm_note")
         with gr.Row():
             with gr.Column(scale=2, min_width=280):
                 c["engine_pairs"] = tr(gr.CheckboxGroup(PAIR_CHOICES, value=DEFAULT_PAIRS, label=t("engine_pairs")),
@@ -152,6 +222,10 @@ def build(tr: Translator, actions: dict, model: gr.Dropdown) -> dict:
         tr(gr.Markdown(t("engine_why")), value="engine_why")
     inputs = [c["engine_pairs"], c["engine_tokens"], c["engine_rotate"], model]
     outputs = [c["engine_table"], c["engine_fig"], c["engine_status"]]
-    actions["engine"] = (run, inputs, outputs, "model")
-    on_click(c["engine_run"], run, inputs, outputs, "engine_compare")
+
+    def run_view(pairs, tokens, rotate, model=None, progress=gr.Progress()):
+        return run(pairs, tokens, rotate, model, progress, vllm=vllm)
+
+    actions["engine"] = (run_view, inputs, outputs, "model")
+    on_click(c["engine_run"], run_view, inputs, outputs, "engine_compare")
     return c

@@ -141,6 +141,12 @@ EN: dict[str, str] = {
     "engine_intro": ("**What you see:** llama.cpp's own KV cache types run inside llama.cpp (in-process, on the "
                      "model's GGUF file) and in kvviz's simulation, on the same tokens of WikiText-2. Each side's KLD "
                      "is taken against its own unquantized run, with llama.cpp's `--kl-divergence` statistics."),
+    "engine_vllm_note": ("**vLLM too:** this app was started with vLLM servers (KVVIZ_VLLM_URLS), so each run also "
+                         "measures vLLM's KV cache dtypes on the same tokens, beside kvviz's simulation of each dtype "
+                         "measured the same way (top-20 log-probs, the rest lumped). The verdict column says whether "
+                         "the engine's KLD is within 1.5x of the simulation's (*within the format's expected range*) "
+                         "or above it (*the engine loses more than the format explains*: the signature of engine "
+                         "bugs such as scales never passed to the kernel)."),
     "engine_pairs": "llama.cpp cache types (-ctk / -ctv; a pair is k=K,v=V)",
     "engine_tokens": "Tokens of WikiText-2 (more: slower, steadier figures)",
     "engine_rotate": "Rotate K/V in llama.cpp (Hadamard, its default; kvviz's formats are unrotated)",
@@ -609,6 +615,11 @@ KO: dict[str, str] = {
     "engine_intro": ("**보고 있는 것:** llama.cpp의 KV 캐시 타입을 llama.cpp 안에서(프로세스 안, 모델의 GGUF 파일로) "
                      "그리고 kvviz의 시뮬레이션으로, WikiText-2의 같은 토큰에 대해 돌린 결과입니다. 각각의 KLD는 자기 "
                      "엔진의 양자화하지 않은 실행과 비교하며, 통계는 llama.cpp의 `--kl-divergence`와 같습니다."),
+    "engine_vllm_note": ("**vLLM도:** 이 앱은 vLLM 서버와 함께 시작되었으므로(KVVIZ_VLLM_URLS), 실행할 때마다 같은 "
+                         "토큰에서 vLLM의 KV 캐시 dtype도 측정하고, 같은 방식(상위 20개 로그 확률, 나머지는 한 묶음)으로 "
+                         "잰 kvviz의 시뮬레이션 옆에 보여 줍니다. 판정 열은 엔진의 KLD가 시뮬레이션의 1.5배 안에 "
+                         "있는지(*포맷이 예상하는 범위 안*), 그보다 큰지(*엔진이 포맷으로 설명되는 것보다 더 잃음*: "
+                         "스케일이 커널에 전달되지 않는 것 같은 엔진 버그의 특징)를 말합니다."),
     "engine_pairs": "llama.cpp 캐시 타입 (-ctk / -ctv; 쌍은 k=K,v=V)",
     "engine_tokens": "WikiText-2 토큰 수 (많을수록 느리지만 수치가 안정적)",
     "engine_rotate": "llama.cpp에서 K/V 회전 (하다마드, 기본값; kvviz 포맷은 회전하지 않음)",
