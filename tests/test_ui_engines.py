@@ -14,6 +14,7 @@ import json
 import math
 import re
 import sys
+import threading
 import warnings
 
 import gradio as gr
@@ -97,6 +98,20 @@ def test_scale_notes_merge_every_layer_side_into_one_line_per_format():
     assert "`fp8_e4m3`: the static scale was fitted on 5 token(s), fewer than 64;" in lines[1]
     assert notes.markdown().startswith("\n\n**Warnings**: `fp8_e4m3/unit`")
     assert common.ScaleNotes().markdown() == ""
+
+
+def test_scale_notes_keep_only_their_own_thread_s_warnings():
+    """The app's warm-up decodes a 5-token prompt through fp8_e4m3 on its own thread while a click runs: its
+    warnings are not the click's."""
+    notes = common.ScaleNotes()
+    with pytest.warns(ScaleWarning, match="warm-up"):
+        with notes.catching():
+            other = threading.Thread(target=warnings.warn,
+                                     args=(ScaleWarning("warm-up", "few_tokens", "fp8_e4m3", "layer 0 K", tokens=5),))
+            other.start()
+            other.join()
+            warnings.warn(ScaleWarning("mine", "few_tokens", "int8/tensor", "layer 0 K", tokens=3))
+    assert [line.split(":")[0] for line in notes.lines()] == ["`int8/tensor`"]
 
 
 def test_scale_notes_pass_other_warnings_on_and_catch_each_step_of_a_stream():
@@ -228,7 +243,6 @@ def test_check_pairs_refuses_other_engine_names(pairs, rotate, message):
 @pytest.fixture(scope="module")
 def vllm_stand_in():
     """The recorded vLLM answers (tests/data/) served as tests/test_engines_servers.py serves them."""
-    import threading
     from http.server import ThreadingHTTPServer
 
     from test_engines_servers import _Handler

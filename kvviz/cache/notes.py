@@ -4,6 +4,7 @@ sentence per problem and format (the app's status lines and pop-ups, the bench's
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from collections.abc import Iterable, Iterator
 
@@ -28,8 +29,21 @@ class ScaleNotes:
 
     @contextlib.contextmanager
     def catching(self):
-        with warnings.catch_warnings(record=True) as caught:
+        """Collect the ScaleWarnings this thread raises while the block runs. warnings' handler is one per process,
+        so a warning another thread raises meanwhile (the app's warm-up decoding its own short prompt) goes on to
+        the handler that was in place, not into this call's lines."""
+        owner, outer = threading.get_ident(), warnings.showwarning
+        caught: list[warnings.WarningMessage] = []
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if threading.get_ident() == owner:
+                caught.append(warnings.WarningMessage(message, category, filename, lineno, file, line))
+            else:
+                outer(message, category, filename, lineno, file, line)
+
+        with warnings.catch_warnings():
             warnings.simplefilter("always", ScaleWarning)  # every side's, every call: not once per code location
+            warnings.showwarning = show
             yield self
         for w in caught:
             if isinstance(w.message, ScaleWarning):
