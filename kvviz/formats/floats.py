@@ -9,8 +9,9 @@ fp32 scale per group instead.
 
 Non-finite inputs: each such element is stored as NaN (these types have NaN); scales come from the finite values.
 
-vLLM's CPU build (`vllm:fp8_e4m3/cpu`, Format.rounds_toward_zero) rounds `x / scale` toward zero instead, saturating
-at +-max, NaN to +max and -0 to +0: what its `cpu_attn_reshape_and_cache` stores, checked byte for byte against
+vLLM's CPU build (`vllm:fp8_e4m3/cpu`, Format.rounds_toward_zero) rounds toward zero instead, saturating at +-max,
+NaN to +max and -0 to +0: what its `cpu_attn_reshape_and_cache` stores (csrc/cpu/cpu_attn_fp8.hpp keeps the top bits
+of `x * (1 / scale)`; its scale is 1.0 here, so `x / scale` gives the same bytes), checked byte for byte against
 vLLM 0.32.0's compiled op (tests/test_formats_vllm.py pins the rule).
 """
 
