@@ -84,7 +84,9 @@ def _serve_and_fetch(path: Path, dtype: str, ids: list[int], max_model_len: int,
                     raise RuntimeError(f"vLLM ({dtype}) did not answer within {timeout:.0f} s; log {log.name}")
                 time.sleep(3)
         # a list of ids as the prompt: vLLM scores exactly these tokens (no tokenizer between the two sides)
-        return servers.fetch(url, ids, api="vllm", top_k=TOP_K, timeout=timeout)
+        answer = servers.fetch(url, ids, api="vllm", top_k=TOP_K, timeout=timeout)
+        Path(log.name).unlink()  # the log is kept only when the server failed
+        return answer
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
