@@ -193,8 +193,8 @@ class RowStackCache(Cache):
     a run of its own, such as one needle's haystack, must fit its own).
     """
 
-    def __init__(self, config, specs: list, scales: dict | list | None = None, layer_rows: list[list[int]] | None = None,
-                 own: frozenset[int] | set[int] = frozenset()):
+    def __init__(self, config, specs: list, scales: dict | list | None = None,
+                 layer_rows: list[list[int]] | None = None, own: frozenset[int] | set[int] = frozenset()):
         n_layers = config.get_text_config(decoder=True).num_hidden_layers
         assert all(s is None or isinstance(s, Plan) for s in specs), "RowStackCache rows are kvviz.Plans or None"
         kinds, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
