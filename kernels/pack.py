@@ -23,6 +23,8 @@ def quant_pack_supported(fmt, head_dim: int) -> bool:
     """True when `quant_pack` can write this format (and head_dim, a power of two) on this machine's backend."""
     if head_dim < 2 or head_dim & (head_dim - 1) or fmt.granularity is None or not reads_format(fmt):
         return False
+    if getattr(fmt, "rounds_toward_zero", False):  # vLLM's CPU fp8 (toward zero): kvviz.formats stores it
+        return False
     if fmt.kind == "ggml":
         return head_dim >= 32 and fmt.base in GGML_TYPES
     if fmt.granularity == "channel":

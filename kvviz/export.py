@@ -38,6 +38,7 @@ from __future__ import annotations
 import warnings
 
 from kvviz.formats import LLAMA_CPP_TYPES, Format, KVSpec, as_plan, engine_skip_layers, parse_kv, spec_text
+from kvviz.formats.engines import VLLM_CPU
 
 ENGINES = ("vllm", "sglang", "llama.cpp")
 _SCALES_FILE = "scales.json"
@@ -136,8 +137,8 @@ def _engine_value(kv: KVSpec, engine: str) -> tuple[str | None, str | None]:
     this engine's, None) or (None, why another engine's value is not offered here); (None, None) for kvviz's own."""
     if kv.engine is None and kv.k.engine is None and kv.v.engine is None:
         return None, None
-    if kv.engine == engine:
-        return kv.k.parts.engine.dtype, None
+    if kv.engine == engine:  # vLLM's CPU build takes the same flag: /cpu names its store, not an option
+        return kv.k.parts.engine.dtype.removesuffix(VLLM_CPU), None
     return None, (f"{kv.spec} names another engine's own KV cache ({kv.k.engine or kv.v.engine}); {engine} is "
                   f"compared through its own values, e.g. {engine}:{_EXAMPLE[engine]}.")
 

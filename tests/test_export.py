@@ -168,6 +168,7 @@ def test_llama_cpp_warns_where_cuda_flash_attention_needs_all_quants(spec, warne
 @pytest.mark.parametrize("spec,engine,flags", [
     ("vllm:turboquant_k3v4_nc", "vllm", "--kv-cache-dtype turboquant_k3v4_nc"),
     ("vllm:int4_per_token_head", "vllm", "--kv-cache-dtype int4_per_token_head"),
+    ("vllm:fp8_e5m2/cpu", "vllm", "--kv-cache-dtype fp8_e5m2"),
     ("sglang:fp4_mx_block16", "sglang", "--kv-cache-dtype fp4_mx_block16"),
     ("llama.cpp:q4_0", "llama.cpp", "-ctk q4_0 -ctv q4_0 -fa on"),
 ])

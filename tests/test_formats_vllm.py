@@ -505,3 +505,70 @@ def test_cache_stores_what_the_format_stores(spec):
             assert (got is None) == (ref is None)
             assert got is None or torch.equal(_bits(got), _bits(ref))
         assert torch.equal(q.dequantize(), fmt.dequantize(want))
+
+
+# ------------------------------------------------------------------------------------------ fp8 on vLLM's CPU build
+
+# Bytes vLLM 0.32.0's CPU store (torch.ops._C.cpu_attn_reshape_and_cache, kv_cache_dtype fp8_e4m3 / fp8_e5m2, scale
+# 1.0, AVX-512 build) wrote for these fp32 inputs, read back from its cache: rounded toward zero (RNE would give
+# 211, 221, 67, 11 for the first four E4M3 ones), saturated at +-max, NaN to +max, -0 to +0, a tiny negative to -0.
+VLLM_CPU_BYTES = {
+    "fp8_e4m3": ((-10.76572704, 210), (-27.80035591, 221), (2.661592245, 66), (0.02073395625, 10),
+                 (0.007643328048, 3), (0.001411414822, 0), (500.0, 126), (-1e9, 254), (float("inf"), 126),
+                 (float("nan"), 126), (-0.0, 0), (-1e-9, 128)),
+    "fp8_e5m2": ((-154.8510437, 216), (-444.1522217, 222), (0.01919593476, 36), (3.872923116e-05, 2),
+                 (1.201726354e-05, 0), (70000.0, 123), (float("-inf"), 251), (float("nan"), 123), (-0.0, 0)),
+}
+
+
+def _toward_zero_reference(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The largest-magnitude fp8 value not beyond |x| (saturating), with x's sign; NaN -> +max, 0 -> +0: searched
+    in the table of every finite code, sharing nothing with kvviz.formats."""
+    table = torch.arange(128, dtype=torch.uint8).view(dtype).float()  # the non-negative codes, ascending
+    table = table[torch.isfinite(table)]
+    mags = torch.where(x.isnan(), torch.inf, x.abs())
+    code = (torch.searchsorted(table, mags.contiguous(), right=True) - 1).to(torch.uint8)
+    negative = (x < 0) & (code >= 0)
+    return torch.where(negative, code | 0x80, code)
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
+def test_cpu_fp8_store_rounds_toward_zero_as_vllms_cpu_build(name):
+    fmt = kvviz.parse_kv(f"vllm:{name}/cpu").k
+    assert fmt.rounds_toward_zero and not kvviz.parse_kv(f"vllm:{name}").k.rounds_toward_zero
+    values, want = zip(*VLLM_CPU_BYTES[name])
+    x = torch.tensor(values, dtype=torch.float32).repeat(32, 1).T[None, None]  # [1, 1, n, 32]: one value a token
+    got = _bits(fmt.quantize(x, 1.0).data)[0, 0, :, 0]  # the cache passes vLLM's default scale (unit)
+    assert got.tolist() == list(want)
+    g = torch.Generator().manual_seed(0)  # random magnitudes over the whole range, subnormals and saturation included
+    exponent = torch.empty(64, 64).uniform_(-26, 18, generator=g)
+    x = (torch.randn(64, 64, generator=g).sign() * 2.0 ** exponent)[None]  # [1, 64 tokens, 64]
+    dtype = torch.float8_e4m3fn if name == "fp8_e4m3" else torch.float8_e5m2
+    q = fmt.quantize(x, 1.0)
+    assert torch.equal(_bits(q.data), _toward_zero_reference(x, dtype))
+    nearest = kvviz.parse_kv(f"vllm:{name}").k.quantize(x, 1.0)  # the GPU's store rounds to nearest even
+    fmax = torch.finfo(dtype).max
+    assert torch.equal(_bits(nearest.data), _bits(x.clamp(-fmax, fmax).to(dtype)))
+    assert not torch.equal(_bits(nearest.data), _bits(q.data))
+
+
+def test_cpu_fp8_names_and_their_limits():
+    assert kvviz.parse_kv("vllm:fp8/cpu").spec == "vllm:fp8/cpu"
+    assert kvviz.parse_kv("vllm:fp8_e5m2/cpu").k.base == "fp8_e5m2"
+    with pytest.raises(ValueError, match="CPU build serves only auto and the fp8"):
+        kvviz.parse_kv("vllm:int8_per_token_head/cpu")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kvviz.parse_kv("vllm:fp8_e4m3/cpu").k.quantize(torch.randn(1, 1, 2, 16))
+
+
+def test_cpu_fp8_cache_stores_what_the_format_stores():
+    """No fused packer rounds toward zero: the cache quantizes through the format, prefill and appended tokens."""
+    config = tiny_config("llama", num_hidden_layers=2, head_dim=32)
+    g = torch.Generator().manual_seed(1)
+    k, v = (torch.randn(1, 2, 7, 32, generator=g) * 3 for _ in range(2))
+    cache = QuantizedKVCache(config, "vllm:fp8_e4m3/cpu")
+    cache.update(k[:, :, :5], v[:, :, :5], 0)
+    qk, qv = cache.update(k[:, :, 5:], v[:, :, 5:], 0)
+    for q, x in ((qk, k), (qv, v)):
+        assert torch.equal(_bits(q.data), _toward_zero_reference(x, torch.float8_e4m3fn))
+        assert torch.equal(q.dequantize().float(), q.data.float())  # scale 1.0

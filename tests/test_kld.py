@@ -198,3 +198,35 @@ def test_kld_on_chunked_hybrid_and_shared_kv_models(arch):
     torch.testing.assert_close(base["logprobs"][0].double(), own, rtol=1e-4, atol=1e-4)
     res = quality.kld(model, tok, ["fp16", "int2/g16"], text=text, windows=1, window_tokens=64)
     assert res["fp16"]["mean"] < 1e-5 < res["int2/g16"]["mean"]
+
+
+def test_kld_fits_static_scales_on_the_window():
+    """A bare fp8_e4m3 (per-tensor scale fitted on the cache's first update) is fitted on the window's exact K/V,
+    as a prefill of the window fits it, not on the window's first token alone: no ScaleWarning, the same figures as
+    the scales amax / 448 of every layer's exact K and V given as calibrated ones, and lower than a fit on the first
+    token. vLLM's unit scale beside it in the same batch takes no scale."""
+    import warnings
+
+    from kvviz import quality
+    from kvviz.cache import ScaleWarning
+    from kvviz.tiny import tiny_model
+
+    model, tok = tiny_model("llama")
+    text = "Keys and values of every token stay in the cache; attention reads them. " * 4
+    ids = tok(text, return_tensors="pt")["input_ids"][:, :64]
+    with torch.no_grad():
+        layers = model(input_ids=ids, use_cache=True).past_key_values.layers
+    whole = {i: (l.keys.abs().amax() / 448.0, l.values.abs().amax() / 448.0) for i, l in enumerate(layers)}
+    first = {i: (l.keys[:, :, :1].abs().amax() / 448.0, l.values[:, :, :1].abs().amax() / 448.0)
+             for i, l in enumerate(layers)}
+    run = lambda specs, scales=None: quality.kld(model, tok, specs, text=text, windows=1, window_tokens=64,  # noqa
+                                                 score_from=1, scales=scales)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScaleWarning)
+        fitted = run(["fp8_e4m3", "vllm:fp8"])
+    given = run(["fp8_e4m3/calibrated"], whole)["fp8_e4m3/calibrated"]
+    assert fitted["fp8_e4m3"]["mean"] == pytest.approx(given["mean"], rel=1e-9)
+    with pytest.warns(ScaleWarning, match="saturate"):
+        on_first = run(["fp8_e4m3/calibrated"], first)["fp8_e4m3/calibrated"]
+    assert on_first["mean"] > 2 * fitted["fp8_e4m3"]["mean"] > 0
+    assert fitted["vllm:fp8"]["mean"] > 0

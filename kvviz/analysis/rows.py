@@ -4,7 +4,7 @@ KL divergence against the exact model, with every position reading the quantized
 How a window of T tokens runs (`row_hidden`): each row holds its own spec or plan (kvviz.cache.rows.RowStackCache).
 The first `first_chunk` tokens (default 1) go in alone: a cache's first update hands attention the raw K/V, so
 keeping that chunk to one token means every later position reads quantized K/V, as llama.cpp does (it quantizes
-the prompt's K/V before attention reads them; vLLM's prefill instead attends to its own unquantized K/V). The rest
+the prompt's K/V before attention reads them; so does vLLM's CPU build, whose prefill reads its fp8 cache). The rest
 goes through in chunks of `chunk` tokens (default: all at once): each chunk's queries read the quantized history
 and their own tokens as the cache stores them (it quantizes on append, before attention reads), so for per-token
 formats the chunk size does not change the result; for per-channel (KIVI) formats a group's scales may see later
@@ -187,6 +187,8 @@ def row_values(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk
     """Per-position KL values of every row against the exact model on one window ids [1, T].
 
     rows: one kvviz.Plan per candidate (its None layers exact).
+    scales: static scales for every row ({layer: (k_scale, v_scale)}), or a list of such dicts (or None), one per
+    row (kvviz.cache.RowStackCache).
     base: the exact model's log-probs [N, vocab] at the scored positions, when already known (saved), or the
     Baseline an earlier call on the same window returned (what it formed from them is reused); else an exact row
     runs in the same batch (sharing its layers with every row whose first layers are exact).
@@ -197,6 +199,8 @@ def row_values(model, ids: torch.Tensor, rows: list, first_chunk: int = 1, chunk
     t = ids.shape[1]
     check_score_from(score_from, t)
     run = rows if base is not None else [None] + list(rows)
+    if isinstance(scales, list) and base is None:  # one dict per row: none for the exact row
+        scales = [None, *scales]
     hidden = row_hidden(model, ids, run, first_chunk, chunk, scales)[:, score_from : t - 1]  # [R, N, hidden]
     targets = ids[0, score_from + 1 :]  # [N]
     if base is None:

@@ -184,7 +184,8 @@ class RowStackCache(Cache):
 
     config: the model config. specs: one entry per batch row (per plan, with layer_rows), a kvviz.Plan (its None
     layers kept exact) or None (an exact row).
-    scales: static scales passed to every quantized row's QuantizedKVCache ({layer: (k_scale, v_scale)}).
+    scales: static scales passed to every quantized row's QuantizedKVCache ({layer: (k_scale, v_scale)}), or a
+    list with one such dict (or None) per entry of `specs` (kvviz.quality.divergence fits one per plan).
     layer_rows: None (every layer holds one row per spec, in order) or, per layer j, the index into `specs` of
     each row layer j holds (that row stores what specs[p]'s layer j stores); a (plan, layer) pair at most once.
     own: with layer_rows None, rows that get a cache of their own though their plan equals another row's (a
@@ -192,8 +193,8 @@ class RowStackCache(Cache):
     a run of its own, such as one needle's haystack, must fit its own).
     """
 
-    def __init__(self, config, specs: list, scales: dict | None = None, layer_rows: list[list[int]] | None = None,
-                 own: frozenset[int] | set[int] = frozenset()):
+    def __init__(self, config, specs: list, scales: dict | list | None = None,
+                 layer_rows: list[list[int]] | None = None, own: frozenset[int] | set[int] = frozenset()):
         n_layers = config.get_text_config(decoder=True).num_hidden_layers
         assert all(s is None or isinstance(s, Plan) for s in specs), "RowStackCache rows are kvviz.Plans or None"
         kinds, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
@@ -202,12 +203,12 @@ class RowStackCache(Cache):
             keys = [None if s is None else (s.fitted(n_layers, kinds), i if i in own else -1)
                     for i, s in enumerate(specs)]
             # stage=False: the rows read each update's return (their mirrors), so nothing may be left staged
-            caches = {k: QuantizedKVCache(config, specs[keys.index(k)], scales=_scales_for(s, scales), stage=False)
-                      for k, s in zip(keys, specs) if k is not None}
+            caches = {k: QuantizedKVCache(config, s, scales=_scales_for(s, scales, i), stage=False)
+                      for i, (k, s) in enumerate(zip(keys, specs)) if k is not None and keys.index(k) == i}
             self.row_caches = [None if k is None else caches[k] for k in keys]
         else:  # a layer's rows are distinct plans (kvviz.analysis.rows' prefix tree): one cache per plan
-            self.row_caches = [None if s is None else
-                               QuantizedKVCache(config, s, scales=_scales_for(s, scales), stage=False) for s in specs]
+            self.row_caches = [None if s is None else QuantizedKVCache(config, s, scales=_scales_for(s, scales, i),
+                                                                       stage=False) for i, s in enumerate(specs)]
         self.uniform = layer_rows is None  # every layer holds every row, in the same order
         if layer_rows is None:
             layer_rows = [list(range(len(specs)))] * n_layers
@@ -302,8 +303,11 @@ def _selector(rows: list[int]):
     return torch.tensor(rows)
 
 
-def _scales_for(plan: Plan, scales):
-    """Static scales only reach rows whose formats take them (QuantizedKVCache rejects them otherwise)."""
+def _scales_for(plan: Plan, scales, row: int):
+    """Static scales only reach rows whose formats take them (QuantizedKVCache rejects them otherwise); a list
+    gives each row its own."""
+    if isinstance(scales, list):
+        scales = scales[row]
     if not scales:
         return None
     return scales if plan.takes_scale else None

@@ -7,6 +7,8 @@ WikiText-2 windows, every position reading the quantized cache (kvviz.quality.di
 
 Each argument is one spec or plan (quote plans: they contain `;`). Prints one row per spec: mean KLD +- its
 standard error, median, p90 / p95 / p99 / p99.9 and max (nats), RMS delta-p and same top p (%), ln(PPL(Q)/PPL(base)).
+A static scale a cache fits on its first update (a bare `fp8_e4m3`) is fitted on each window's exact K/V, as a
+prefill of the window fits it (kvviz.quality.divergence.window_scales), not on the window's first token alone.
 """
 
 from __future__ import annotations
@@ -70,5 +72,6 @@ def run(args: argparse.Namespace) -> int:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     first = next(iter(stats.values()))
     print(f"\n{first['n']} positions scored; KLD in nats; every position after each window's first token reads "
-          "the quantized cache (the first token alone, then the rest).")
+          "the quantized cache (the first token alone, then the rest); scales fitted on a cache's first update "
+          "(bare fp8_e4m3) are fitted on each window's exact K/V.")
     return 0

@@ -56,6 +56,9 @@ class Format:
                               "is quantized, off with /norot): quantize stores the ggml block of what it is given; "
                               "a cache of llama.cpp: names stores the rotated blocks (kvviz.ggml_attention.Layout) "
                               "and its reads rotate Q and un-rotate the output")
+    rounds_toward_zero = property(lambda self: engines.rounds_toward_zero(self.parts.engine),
+                                  doc="fp8 stored rounded toward zero, as vLLM's CPU build stores it "
+                                      "(`vllm:fp8_e4m3/cpu`); every other format rounds to nearest even")
     static_scale = property(lambda self: self.parts.static_scale,
                             doc="one fp32 scale per tensor or per head, fixed for every token (per-tensor and "
                                 "per-head granularities): calibrated, loaded, or fitted on the first states")

@@ -7,6 +7,7 @@ reached only through this table (`vllm.*`: formats/vllm.py and formats/turboquan
 `EngineRef` (Format.engine, Format.engine_rot) so that everything below the parser knows which engine it models.
 
     vllm:<dtype>                 one of VLLM_DTYPES (vllm/config/cache.py CacheDType, the ones kvviz models)
+    vllm:<fp8 dtype>/cpu         vLLM's CPU build's fp8 store (fp8, fp8_e4m3, fp8_e5m2): rounded toward zero
     sglang:<dtype>               one of SGLANG_DTYPES
     llama.cpp:<type>             K and V of that type;  llama.cpp:k=<type>,v=<type> for a pair
     llama.cpp:...(/norot)        llama.cpp rotates Q, K and V with a Hadamard transform whenever K or V is quantized
@@ -28,6 +29,9 @@ from .spec import BASES, NOROT, EngineRef, SpecParts, llama_cpp_quantized, parse
 
 ENGINE_NAMES = ("vllm", "sglang", "llama.cpp")
 
+# vLLM's CPU build stores fp8 rounded toward zero, its CUDA and Triton stores round to nearest even (docs/engines.md,
+# "vLLM's fp8 on the CPU"): `vllm:fp8_e4m3` is the GPU's store, `vllm:fp8_e4m3/cpu` the CPU build's.
+VLLM_CPU = "/cpu"
 # vLLM --kv-cache-dtype -> (K storage, V storage). "auto" stores the model's own dtype, which kvviz models as a bf16
 # cast: what vLLM serves a bf16 checkpoint with (exact on a bf16 model; on an fp16 model use vllm:float16).
 # fp8 without checkpoint k_scale/v_scale and without --calculate-kv-scales: a per-tensor scale of 1.0 (`/unit`).
@@ -38,6 +42,9 @@ VLLM_DTYPES: dict[str, tuple[str, str]] = {
     "fp8": ("fp8_e4m3/unit", "fp8_e4m3/unit"),
     "fp8_e4m3": ("fp8_e4m3/unit", "fp8_e4m3/unit"),
     "fp8_e5m2": ("fp8_e5m2/unit", "fp8_e5m2/unit"),
+    # vLLM's CPU build (csrc/cpu, cpu_attn_reshape_and_cache): the same unit-scale fp8, rounded toward zero
+    **{f"{name}{VLLM_CPU}": ("fp8_e4m3/unit", "fp8_e4m3/unit") for name in ("fp8", "fp8_e4m3")},
+    f"fp8_e5m2{VLLM_CPU}": ("fp8_e5m2/unit", "fp8_e5m2/unit"),
     "int8_per_token_head": ("vllm.int8_per_token_head", "vllm.int8_per_token_head"),
     "fp8_per_token_head": ("vllm.fp8_per_token_head", "vllm.fp8_per_token_head"),
     "int4_per_token_head": ("vllm.int4_per_token_head", "vllm.int4_per_token_head"),
@@ -136,6 +143,9 @@ def _check_value(engine: str, value: str, spec: str) -> None:
     if value in table:
         return
     known = ", ".join(table)
+    if engine == "vllm" and value.endswith(VLLM_CPU):
+        raise ValueError(f"{spec!r}: vLLM's CPU build serves only auto and the fp8 cache dtypes; kvviz models its "
+                         f"fp8 stores as vllm:fp8/cpu, vllm:fp8_e4m3/cpu and vllm:fp8_e5m2/cpu.")
     if value in unmodeled:
         raise ValueError(f"{spec!r}: kvviz does not model {engine}'s {value} ({unmodeled[value]}). Pick one of "
                          f"{engine}'s values kvviz models: {known}.")
@@ -149,6 +159,11 @@ def _with_ref(storage: str, ref: EngineRef) -> SpecParts:
     return dataclasses.replace(parse_spec(storage), engine=ref)
 
 
+def rounds_toward_zero(ref: EngineRef | None) -> bool:
+    """True for vLLM's CPU-build fp8 names (`vllm:fp8_e4m3/cpu`): its store truncates toward zero."""
+    return ref is not None and ref.engine == "vllm" and ref.dtype.endswith(VLLM_CPU)
+
+
 def check_head_dim(ref: EngineRef, head_dim: int) -> None:
     """ValueError when the engine would refuse this head_dim for the value (what vLLM requires, said)."""
     pow2 = head_dim >= 8 and not head_dim & (head_dim - 1)
@@ -156,6 +171,10 @@ def check_head_dim(ref: EngineRef, head_dim: int) -> None:
         raise ValueError(f"vllm:{ref.dtype} needs a head_dim that is a power of two (at least 8): vLLM rotates "
                          f"each head with a Sylvester Hadamard matrix of that size; this model's head_dim is "
                          f"{head_dim}. Use vllm:fp8 or vllm:int8_per_token_head here.")
+    if rounds_toward_zero(ref) and head_dim % 32:
+        raise ValueError(f"vllm:{ref.dtype} needs head_dim to be a multiple of 32 (vLLM's CPU attention refuses an "
+                         f"fp8 cache otherwise), got {head_dim}. Use vllm:{ref.dtype.removesuffix(VLLM_CPU)}, the "
+                         "GPU's store.")
     if ref.engine == "vllm" and ref.dtype.startswith("nvfp4") and head_dim % 16:
         raise ValueError(f"vllm:{ref.dtype} needs head_dim to be a multiple of 16 (one E4M3 scale per 16 values), "
                          f"got {head_dim}.")

@@ -8,6 +8,11 @@ or a static one passed in (1.0, calibrated, or loaded from a scale file). `/toke
 fp32 scale per group instead.
 
 Non-finite inputs: each such element is stored as NaN (these types have NaN); scales come from the finite values.
+
+vLLM's CPU build (`vllm:fp8_e4m3/cpu`, Format.rounds_toward_zero) rounds toward zero instead, saturating at +-max,
+NaN to +max and -0 to +0: what its `cpu_attn_reshape_and_cache` stores (csrc/cpu/cpu_attn_fp8.hpp keeps the top bits
+of `x * (1 / scale)`; its scale is 1.0 here, so `x / scale` gives the same bytes), checked byte for byte against
+vLLM 0.32.0's compiled op (tests/test_formats_vllm.py pins the rule).
 """
 
 from __future__ import annotations
@@ -54,10 +59,24 @@ def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
     if scale is None:
         scale = fit_scale(fmt, x)
     s = groups.expand(scale, gran, group, x.shape)
-    data = _nan_where_nonfinite(x.float() / s).clamp(-fmax, fmax).to(dtype)
+    if fmt.rounds_toward_zero:
+        data = toward_zero(x.float() / s, dtype)
+    else:
+        data = _nan_where_nonfinite(x.float() / s).clamp(-fmax, fmax).to(dtype)
     if fmt.static_scale:
         return {"data": data, "tensor_scale": scale}
     return {"data": data, "scale": scale}
+
+
+def toward_zero(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 y -> fp8 `dtype` rounded toward zero, saturating at +-max, NaN to +max, -0 to +0: vLLM's CPU store."""
+    fmax = torch.finfo(dtype).max
+    y = torch.nan_to_num(y, nan=fmax).clamp(-fmax, fmax)
+    near = y.to(dtype)
+    codes = near.view(torch.uint8)
+    # the nearest code lies beyond y: take the next one toward zero (codes grow with magnitude within a sign)
+    codes = torch.where(near.float().abs() > y.abs(), codes - 1, codes)
+    return torch.where(y == 0, torch.zeros_like(codes), codes).view(dtype)
 
 
 @functools.lru_cache(maxsize=4)

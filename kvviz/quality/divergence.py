@@ -7,6 +7,12 @@ A `llama.cpp:<type>` name runs as llama.cpp runs it instead (kvviz.analysis.llam
 attention arithmetic, its 8-bit matmul inputs, the whole window in one batch) and is measured as llama.cpp measures
 it, against the same run with an f16 cache.
 
+A static scale that a cache fits on its first update (a bare `fp8_e4m3`: per tensor, fitted; int8/tensor; nvfp4's
+global scale) is fitted on the window's exact K/V instead, as a prefill of the window would fit it and as Compare
+fits it on its prompt (`window_scales`): the window's first update is a single token, and a scale fitted on it
+saturates the tokens after it (SmolLM2's bare fp8_e4m3 read a mean KLD of 0.73 so). Scales given (`scales`) and
+vLLM's / SGLang's unit scale are used as they are.
+
     report = kld(model, tok, ["fp8_e4m3", "int4", "int4; 0,29=fp16"])   # {spec: stats}, kvviz.metrics.STAT_KEYS
     base = base_logprobs(model, tok)          # saved once (save_base / load_base) and reused: kld(..., base=base)
 """
@@ -18,7 +24,10 @@ from pathlib import Path
 import torch
 
 from kvviz.analysis.rows import check_score_from, decoder, lm_logprobs, row_values
+from kvviz.cache import model_layer_types
 from kvviz.formats import as_plans
+from kvviz.formats.floats import max_value
+from kvviz.quality.decode import prefill
 from kvviz.metrics import summarize
 from kvviz.analysis import llamacpp
 from kvviz.quality.corpus import wikitext
@@ -73,6 +82,42 @@ def load_base(path: str | Path) -> dict:
     return base
 
 
+def _fits_scale(fmt) -> bool:
+    """A side whose cache fits a scale on its first update: per-tensor / per-head, neither unit nor calibrated;
+    NVFP4's global scale."""
+    return fmt.base == "nvfp4" or (fmt.static_scale and fmt.scale_source not in ("unit", "calibrated"))
+
+
+def window_scales(model, ids: torch.Tensor, plans: list) -> list[dict | None]:
+    """Per plan, the static scales its cache would fit on a prefill of the whole window ids [1, T]: {layer:
+    (k_scale, v_scale)} from the exact model's K/V (None for a side that fits none), or None for a plan with no
+    such side (then nothing is run). Per tensor: formats' fit_scale (0-d); per head: [1, H, 1, 1]; NVFP4: the
+    global scale amax / (448 * 6) that kvviz.cache derives from the prefill's amax."""
+    config = model.config.get_text_config(decoder=True)
+    resolved = [p.resolve(config.num_hidden_layers, model_layer_types(model.config)) for p in plans]
+    if not any(_fits_scale(f) for specs in resolved for kv in specs if kv is not None for f in (kv.k, kv.v)):
+        return [None] * len(plans)
+    dyn, _ = prefill(model, ids)  # every token kept, sliding layers included
+    out = []
+    for specs in resolved:
+        scales = {}
+        for i, (kv, layer) in enumerate(zip(specs, dyn.layers)):
+            if kv is None or getattr(layer, "keys", None) is None:
+                continue
+            scales[i] = tuple(_fit(f, x) for f, x in ((kv.k, layer.keys), (kv.v, layer.values)))
+        out.append(scales if any(s is not None for pair in scales.values() for s in pair) else None)
+    return out
+
+
+def _fit(fmt, x: torch.Tensor) -> torch.Tensor | None:
+    """The scale a cache side of fmt fits on its first states x [1, H, T, D] (kvviz.cache.sides.Side.init)."""
+    if not _fits_scale(fmt):
+        return None
+    if fmt.base == "nvfp4":
+        return x.detach().float().abs().amax() / (max_value("fp8_e4m3") * 6.0)
+    return fmt.fit_scale(x).reshape(() if fmt.granularity == "tensor" else (1, x.shape[1], 1, 1))
+
+
 def kld(model, tokenizer, specs: list, text: str | None = None, windows: int = 2, window_tokens: int = 512,
         score_from: int | None = None, first_chunk: int = 1, chunk: int | None = None, base: dict | None = None,
         scales: dict | None = None, gguf=None) -> dict:
@@ -83,6 +128,8 @@ def kld(model, tokenizer, specs: list, text: str | None = None, windows: int = 2
     score_from..window_tokens-2 of each window are scored (default: the second half, as llama.cpp scores each
     context); first_chunk / chunk: see the module docstring. base: a saved baseline (base_logprobs / load_base),
     whose windows, text tokens and settings are then used; else the exact model runs beside the candidates.
+    scales: static scales for every plan ({layer: (k_scale, v_scale)}); None fits each plan's per-tensor,
+    per-head and NVFP4 global scales on each window's exact K/V (see the module docstring).
     A plan holding a `llama.cpp:` name runs with llama.cpp's arithmetic against llama.cpp's f16-cache run (see the
     module docstring; first_chunk, chunk, base and scales do not apply to it); gguf: the GGUF the model's weights
     came from, whose tensor types set llama.cpp's matmul input rounding (None: a bundled model's own, else the
@@ -106,8 +153,10 @@ def kld(model, tokenizer, specs: list, text: str | None = None, windows: int = 2
     for w, ids in enumerate(wins):
         check_score_from(score_from, ids.shape[0])
         saved = None if base is None else base["logprobs"][w].double()
-        values = row_values(model, ids[None].to(model.device), [plans[i] for i in own], first_chunk, chunk,
-                            score_from, saved, scales)[0] if own else []
+        window = ids[None].to(model.device)
+        fitted = scales if scales is not None or not own else window_scales(model, window, [plans[i] for i in own])
+        values = row_values(model, window, [plans[i] for i in own], first_chunk, chunk, score_from, saved,
+                            fitted)[0] if own else []
         if engine:
             values = values + llamacpp.values(model, ids[None], [plans[i] for i in engine], score_from, vec_dot)
         for i, v in zip(own + engine, values):
