@@ -167,3 +167,10 @@ def test_tq_mse_and_prod_decode_fused_after_the_formats_quantize(spec, monkeypat
     assert len(calls) == 3 * model.config.num_hidden_layers and got[1] == 0, "two calls, the decode fused"
     calls.clear()
     assert torch.equal(got[0], _generate(model, ids, mask, spec, "torch", True, 4)[0]) and not calls
+
+
+@pytest.mark.parametrize("head_dim", (96,))
+def test_int4_per_token_head_decodes_at_a_head_dim_that_is_not_a_power_of_two(head_dim):
+    """vLLM rotates blocks of the largest power of two dividing head_dim (96: three of 32): the fused decode reads
+    the block-diagonal rotation as it reads the full one."""
+    test_engine_stores_decode_like_the_reference("vllm:int4_per_token_head", head_dim)

@@ -52,8 +52,9 @@ VLLM_DTYPES: dict[str, tuple[str, str]] = {
 VLLM_UNMODELED = {"fp8_inc": "Intel Gaudi's FP8", "fp8_ds_mla": "DeepSeek MLA's latent cache",
                   "nvfp4_ds_mla": "DeepSeek MLA's latent cache"}
 TURBOQUANT_DTYPES = tuple(name for name in VLLM_DTYPES if name.startswith("turboquant_"))
-# vLLM's per-token-head int4 and TurboQuant rotate with a Sylvester Hadamard matrix: power-of-two head_dim only.
-VLLM_POW2_DTYPES = ("int4_per_token_head", *TURBOQUANT_DTYPES)
+# TurboQuant rotates with a Sylvester Hadamard matrix of the head's size: power-of-two head_dim only
+# (int4_per_token_head rotates blocks of the largest power of two dividing head_dim: any even head_dim).
+VLLM_POW2_DTYPES = TURBOQUANT_DTYPES
 
 # SGLang --kv-cache-dtype: FP8 with no scale file is a scale of 1.0; the FP4 modes compute their block scales.
 SGLANG_DTYPES: dict[str, tuple[str, str]] = {
@@ -145,7 +146,7 @@ def check_head_dim(ref: EngineRef, head_dim: int) -> None:
     if ref.engine == "vllm" and ref.dtype in VLLM_POW2_DTYPES and not pow2:
         raise ValueError(f"vllm:{ref.dtype} needs a head_dim that is a power of two (at least 8): vLLM rotates "
                          f"each head with a Sylvester Hadamard matrix of that size; this model's head_dim is "
-                         f"{head_dim}. Use vllm:fp8 or vllm:int8_per_token_head here.")
+                         f"{head_dim}. Use vllm:int4_per_token_head, vllm:int8_per_token_head or vllm:fp8 here.")
     if ref.engine == "vllm" and ref.dtype.startswith("nvfp4") and head_dim % 16:
         raise ValueError(f"vllm:{ref.dtype} needs head_dim to be a multiple of 16 (one E4M3 scale per 16 values), "
                          f"got {head_dim}.")
