@@ -1,0 +1,234 @@
+"""Stores K/V with vLLM's own store kernels (the pinned vllm package) on the CPU and writes the cache out.
+
+Test tooling for tests/test_vllm_stores.py: it runs inside the vLLM venv (`make vllm`, .venv-vllm/bin/python), never
+in kvviz's, and imports nothing from kvviz. vLLM's Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1):
+vllm/triton_utils/importing.py turns Triton off on vLLM's CPU build unless `triton.backends.backends` holds a "cpu"
+backend whose driver is active, so a stand-in one is registered before vllm is imported (the interpreter itself
+needs no driver).
+
+    python tests/vllm_stores.py OUT.npz --inputs IN.npz     # K/V from IN.npz
+    python tests/vllm_stores.py OUT.npz --seed 0 --cases int8_per_token_head.bfloat16.d64 ...
+
+A case is named `<vllm dtype>.<model dtype>.<tag>`; IN.npz holds `<case>.k` and `<case>.v`, fp32 [N, H, D] holding
+values of the model dtype (numpy has no bfloat16); --seed draws N=4, H=2 and D from the tag `d<D>`. OUT.npz holds per
+case, for K (`<case>.k_*`) and V (`<case>.v_*`), [N, H, ...] arrays:
+
+    int8_per_token_head     data int8 [D], scale fp32 []                   (_reshape_cache_per_token_head)
+    fp8_per_token_head      pre_fp8 fp32 [D], scale fp32 []                (the same kernel into an fp32 cache)
+    int4_per_token_head     data uint8 [D/2], scale fp32 [] (zp in its low 4 bits),   (reshape_and_cache_int4)
+                            rotated fp32 [D] (single_rht's output in the model's dtype: the kernel's input)
+    fp8, fp8_e4m3, fp8_e5m2 pre_fp8 fp32 [D]                               (reshape_and_cache_kernel_flash, fp32 cache)
+    turboquant_*            data uint8, norm (K) / scale, zero (V) fp16    (triton_turboquant_store), plus
+                            `<case>.midpoints` fp32; K's y fp32 [D] and norm32 fp32 [] (the launcher's torch
+                            norm and matmul: the kernel's input); turboquant_k8v4's K is `pre_fp8` (its input)
+
+The fp8 paths stop before the fp8 cast, which the interpreter does not do as the GPU does: `pre_fp8` is what the
+kernel hands `tl.store` / `.to(tl.float8e4nv)`, which the GPU rounds to the nearest E4M3 / E5M2 value (ties to even).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+from triton.backends import Backend, backends  # noqa: E402
+from triton.backends.compiler import BaseBackend  # noqa: E402
+
+
+class _CpuDriver:
+    """The stand-in "cpu" backend's driver: vllm.triton_utils counts it as the one active Triton driver."""
+
+    @staticmethod
+    def is_active() -> bool:
+        return True
+
+
+backends.setdefault("cpu", Backend(compiler=BaseBackend, driver=_CpuDriver))
+
+import torch  # noqa: E402
+from vllm.triton_utils import HAS_TRITON  # noqa: E402
+
+if not HAS_TRITON:
+    sys.exit("vLLM turned Triton off although a 'cpu' backend is registered: vllm/triton_utils changed.")
+
+from vllm.model_executor.layers.quantization.turboquant.centroids import get_centroids  # noqa: E402
+from vllm.model_executor.layers.quantization.turboquant.config import TurboQuantConfig  # noqa: E402
+from vllm.v1.attention.backends.turboquant_attn import _build_hadamard  # noqa: E402
+from vllm.v1.attention.ops import triton_reshape_and_cache_flash as flash  # noqa: E402
+from vllm.v1.attention.ops import int4_per_token_head as int4_ops  # noqa: E402
+from vllm.v1.attention.ops import triton_turboquant_store as tq_store  # noqa: E402
+from vllm.v1.kv_cache_interface import KVQuantMode  # noqa: E402
+
+BLOCK = 16  # tokens per cache block
+_SEEN: dict = {}  # what vLLM's launchers handed their kernels, kept by the wrappers below
+
+
+def _keep_int4_inputs(kernel, **kwargs):
+    """int4_per_token_head's _run_reshape_kernel, keeping the rotated K and V it is given."""
+    _SEEN["k_rotated"], _SEEN["v_rotated"] = kwargs["key"], kwargs["value"]
+    return _run_int4_kernel(kernel, **kwargs)
+
+
+class _KeepTqInputs:
+    """_tq_fused_store_mse, keeping its first two arguments: the rotated unit keys y [N*H, D] and norms [N*H] that
+    the launcher computed with torch (a matmul whose summation order is the device's own)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            _SEEN["k_y"], _SEEN["k_norm32"] = args[0], args[1]
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+_run_int4_kernel = int4_ops._run_reshape_kernel
+int4_ops._run_reshape_kernel = _keep_int4_inputs
+tq_store._tq_fused_store_mse = _KeepTqInputs(tq_store._tq_fused_store_mse)
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _blocks(n: int) -> int:
+    return (n + BLOCK - 1) // BLOCK
+
+
+def _unpaged(cache: torch.Tensor, n: int) -> np.ndarray:
+    """[blocks, BLOCK, H, ...] -> numpy [n, H, ...]: slot t holds token t."""
+    return cache.reshape(-1, *cache.shape[2:])[:n].numpy()
+
+
+def per_token_head(k: torch.Tensor, v: torch.Tensor, cache_dtype: torch.dtype) -> dict:
+    """int8_per_token_head (int8 cache) or fp8_per_token_head (run into an fp32 cache: the values before the cast)."""
+    n, h, d = k.shape
+    slots = torch.arange(n)
+    scales = [torch.zeros(_blocks(n), BLOCK, h) for _ in range(2)]
+    if cache_dtype == torch.int8:
+        caches = [torch.zeros(_blocks(n), BLOCK, h, d, dtype=torch.int8) for _ in range(2)]
+        flash.triton_reshape_and_cache_flash_per_token_head_quant(k, v, *caches, *scales, slots,
+                                                                  KVQuantMode.INT8_PER_TOKEN_HEAD)
+        name = "data"
+    else:
+        # the launcher's own arguments for an fp8 cache, given an fp32 cache that keeps what tl.store would cast
+        quant_max, quant_min = flash._PER_TOKEN_HEAD_QUANT_PARAMS[flash.FP8_DTYPE]
+        caches = [torch.zeros(_blocks(n), BLOCK, h, d) for _ in range(2)]
+        kc, vc = caches
+        ks, vs = scales
+        flash._reshape_cache_per_token_head[(n, h)](
+            k, v, kc, vc, ks, vs, slots, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
+            ks.stride(0), ks.stride(1), ks.stride(2), vs.stride(0), vs.stride(1), vs.stride(2),
+            block_size=BLOCK, head_size=d, head_size_v=d, HEAD_SIZE_PADDED=1 << (d - 1).bit_length(),
+            QUANT_MAX=quant_max, QUANT_MIN=quant_min, IS_INT_QUANT=False)
+        name = "pre_fp8"
+    return {f"k_{name}": _unpaged(caches[0], n), f"v_{name}": _unpaged(caches[1], n),
+            "k_scale": _unpaged(scales[0], n), "v_scale": _unpaged(scales[1], n)}
+
+
+def int4(k: torch.Tensor, v: torch.Tensor) -> dict:
+    n, h, d = k.shape
+    caches = [torch.zeros(_blocks(n), BLOCK, h, d // 2, dtype=torch.uint8) for _ in range(2)]
+    scales = [torch.zeros(_blocks(n), BLOCK, h) for _ in range(2)]
+    int4_ops.reshape_and_cache_int4(k, v, *caches, torch.arange(n), k_scale_cache=scales[0],
+                                    v_scale_cache=scales[1])
+    return {"k_data": _unpaged(caches[0], n), "v_data": _unpaged(caches[1], n),
+            "k_scale": _unpaged(scales[0], n), "v_scale": _unpaged(scales[1], n),
+            "k_rotated": _SEEN["k_rotated"].float().numpy(), "v_rotated": _SEEN["v_rotated"].float().numpy()}
+
+
+def fp8_per_tensor(k: torch.Tensor, v: torch.Tensor) -> dict:
+    """fp8 / fp8_e4m3 / fp8_e5m2 with vLLM's default k_scale = v_scale = 1.0: reshape_and_cache_kernel_flash's
+    `key / k_scale` into an fp32 cache (the launcher asserts an SM89 GPU for fp8, so the kernel is called with the
+    launcher's flat-layout arguments)."""
+    n, h, d = k.shape
+    caches = [torch.zeros(_blocks(n), BLOCK, h, d) for _ in range(2)]
+    kc, vc = caches
+    one = torch.ones(1)
+    tile = min(2048, 1 << (h * d - 1).bit_length())
+    flash.reshape_and_cache_kernel_flash[(n, (h * d + tile - 1) // tile)](
+        k, v, kc, vc, torch.arange(n), one, one, k.stride(0), v.stride(0), kc.stride(0), kc.stride(2), 0, 0,
+        kc.stride(1), num_heads=h, head_size=d, block_size=BLOCK, x=1, USE_HEAD_MAJOR_LAYOUT=False,
+        FP8_KV_CACHE=True, TILE_SIZE=tile)
+    return {"k_pre_fp8": _unpaged(kc, n), "v_pre_fp8": _unpaged(vc, n)}
+
+
+def turboquant(k: torch.Tensor, v: torch.Tensor, dtype: str) -> dict:
+    """triton_turboquant_store as TurboQuantAttentionImpl calls it (its _ensure_on_device tables), slot split by
+    TurboQuantConfig's layout: [key: MSE indices, fp16 norm | key: D fp8 bytes][value: codes, fp16 scale, zero]."""
+    n, h, d = k.shape
+    cfg = TurboQuantConfig.from_cache_dtype(dtype, d)
+    cache = torch.zeros(_blocks(n), BLOCK, h, cfg.slot_size_aligned, dtype=torch.uint8)
+    c_sorted, _ = get_centroids(d, cfg.centroid_bits).float().sort()
+    midpoints = (c_sorted[:-1] + c_sorted[1:]) / 2
+    tq_store.triton_turboquant_store(k, v, cache, torch.arange(n, dtype=torch.int32), _build_hadamard(d, "cpu"),
+                                     midpoints, mse_bits=cfg.key_mse_bits, key_packed_size=cfg.key_packed_size,
+                                     value_quant_bits=cfg.effective_value_quant_bits, key_fp8=cfg.key_fp8)
+    slot = _unpaged(cache, n)  # [n, h, slot_size_aligned]
+    kps = cfg.key_packed_size
+    val_bytes = cfg.value_packed_size - 4
+
+    def f16(at: int) -> np.ndarray:
+        return slot[..., at : at + 2].copy().view(np.float16)[..., 0]
+
+    out = {"midpoints": midpoints.numpy(), "v_data": slot[..., kps : kps + val_bytes],
+           "v_scale": f16(kps + val_bytes), "v_zero": f16(kps + val_bytes + 2)}
+    if cfg.key_fp8:  # _tq_fused_store_fp8 casts the key, unscaled, with .to(tl.float8e4nv)
+        out["k_pre_fp8"] = k.float().numpy()
+    else:
+        out["k_data"], out["k_norm"] = slot[..., : kps - 2], f16(kps - 2)
+        out["k_y"] = _SEEN["k_y"].reshape(n, h, d).numpy()
+        out["k_norm32"] = _SEEN["k_norm32"].reshape(n, h).numpy()
+    return out
+
+
+def store(case: str, k: np.ndarray, v: np.ndarray) -> dict:
+    """One case -> its output arrays (keys without the case prefix)."""
+    dtype, model_dtype = case.split(".")[:2]
+    kt = torch.from_numpy(k).to(DTYPES[model_dtype])
+    vt = torch.from_numpy(v).to(DTYPES[model_dtype])
+    if dtype == "int8_per_token_head":
+        return per_token_head(kt, vt, torch.int8)
+    if dtype == "fp8_per_token_head":
+        return per_token_head(kt, vt, flash.FP8_DTYPE)
+    if dtype == "int4_per_token_head":
+        return int4(kt, vt)
+    if dtype in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        return fp8_per_tensor(kt, vt)
+    if dtype.startswith("turboquant_"):
+        return turboquant(kt, vt, dtype)
+    raise ValueError(f"vllm_stores.py has no store for {dtype!r}: add one, or drop the case.")
+
+
+def _seeded(case: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    d = int(case.split(".")[2].removeprefix("d"))
+    gen = torch.Generator().manual_seed(seed)
+    k, v = (torch.randn(4, 2, d, generator=gen) for _ in range(2))
+    return k.numpy(), v.numpy()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="the .npz to write")
+    ap.add_argument("--inputs", help="a .npz with <case>.k and <case>.v, fp32 [N, H, D]")
+    ap.add_argument("--seed", type=int, default=0, help="with --cases: draw K/V from this seed")
+    ap.add_argument("--cases", nargs="*", default=(), help="<vllm dtype>.<model dtype>.d<D>, with --seed")
+    args = ap.parse_args(argv)
+    if args.inputs:
+        with np.load(args.inputs) as f:
+            pairs = {name[:-2]: (f[name], f[name[:-2] + ".v"]) for name in f.files if name.endswith(".k")}
+    else:
+        pairs = {case: _seeded(case, args.seed) for case in args.cases}
+    out = {}
+    for case, (k, v) in pairs.items():
+        out.update({f"{case}.{key}": np.ascontiguousarray(val) for key, val in store(case, k, v).items()})
+    np.savez(args.out, **out)
+
+
+if __name__ == "__main__":
+    main()
