@@ -213,3 +213,39 @@ def test_kvviz_stores_what_vllm_stores(vllm_out, name, model_dtype, head_dim):
     if name.startswith("turboquant_"):
         bits = 4 if name in ("turboquant_4bit_nc", "turboquant_k8v4") else 3
         np.testing.assert_array_equal(_midpoints(head_dim, bits).numpy(), out[f"{case}.midpoints"])
+
+
+TQ_CASES = [c for c in CASES if c[0].startswith("turboquant_")]
+
+
+@pytest.mark.parametrize("name,model_dtype,head_dim", TQ_CASES, ids=[_case(*c) for c in TQ_CASES])
+def test_kvviz_reads_vllms_turboquant_bytes_as_vllm_does(vllm_out, name, model_dtype, head_dim):
+    """vLLM's own read of its TurboQuant slots (`_tq_full_dequant_kv`, fp16: keys norm * centroids, renormalized
+    with "nc", in the rotated domain; values code * scale + zero) equals kvviz's read of the same bytes, bit for bit.
+    (The interpreter sums c^2 in its own order and does not fuse code * scale + zero, where kvviz takes the correctly
+    rounded sum and the GPU's FMA; on these inputs no fp16 result depends on it.) So a reconstructed key's norm
+    differs from the stored fp16 norm by the fp16 rounding of its elements in vLLM as in kvviz."""
+    import dataclasses
+
+    from kvviz.formats import turboquant
+
+    inputs, out = vllm_out
+    case = _case(name, model_dtype, head_dim)
+    kv = kvviz.parse_kv(f"vllm:{name}")
+
+    def ours(fmt, x, fields):
+        """kvviz's QTensor of x with vLLM's stored bytes in place of its own ([N, H, ...] -> [1, H, N, ...])."""
+        q = fmt.quantize(x.permute(1, 0, 2).unsqueeze(0))
+        return dataclasses.replace(q, **{f: torch.from_numpy(a).transpose(0, 1).unsqueeze(0) for f, a in fields})
+
+    k, v = inputs[case]
+    pairs = []
+    if not name.endswith("k8v4"):
+        qk = ours(kv.k, k, [("data", out[f"{case}.k_data"]), ("scale", out[f"{case}.k_norm"][..., None])])
+        pairs.append(("k", turboquant.key_rotated(kv.k, qk), out[f"{case}.k_read"]))
+    qv = ours(kv.v, v, [("data", out[f"{case}.v_data"]), ("scale", out[f"{case}.v_scale"][..., None]),
+                        ("zero", out[f"{case}.v_zero"][..., None])])
+    pairs.append(("v", turboquant.decode(kv.v, qv).to(torch.float16), out[f"{case}.v_read"]))
+    for side, got, want in pairs:
+        got = got[0].transpose(0, 1)  # [N, H, D]
+        np.testing.assert_array_equal(_bits(got), want.view(np.uint8), err_msg=f"{case} {side}: vLLM's read")

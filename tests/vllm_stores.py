@@ -20,7 +20,8 @@ case, for K (`<case>.k_*`) and V (`<case>.v_*`), [N, H, ...] arrays:
     fp8, fp8_e4m3, fp8_e5m2 pre_fp8 fp32 [D]                               (reshape_and_cache_kernel_flash, fp32 cache)
     turboquant_*            data uint8, norm (K) / scale, zero (V) fp16    (triton_turboquant_store), plus
                             `<case>.midpoints` fp32; K's y fp32 [D] and norm32 fp32 [] (the launcher's torch
-                            norm and matmul: the kernel's input); turboquant_k8v4's K is `pre_fp8` (its input)
+                            norm and matmul: the kernel's input); turboquant_k8v4's K is `pre_fp8` (its input);
+                            read fp16 [D]: what _tq_full_dequant_kv reads back (K in the rotated domain)
 
 The fp8 paths stop before the fp8 cast, which the interpreter does not do as the GPU does: `pre_fp8` is what the
 kernel hands `tl.store` / `.to(tl.float8e4nv)`, which the GPU rounds to the nearest E4M3 / E5M2 value (ties to even).
@@ -61,6 +62,7 @@ from vllm.model_executor.layers.quantization.turboquant.config import TurboQuant
 from vllm.v1.attention.backends.turboquant_attn import _build_hadamard  # noqa: E402
 from vllm.v1.attention.ops import triton_reshape_and_cache_flash as flash  # noqa: E402
 from vllm.v1.attention.ops import int4_per_token_head as int4_ops  # noqa: E402
+from vllm.v1.attention.ops import triton_turboquant_decode as tq_decode  # noqa: E402
 from vllm.v1.attention.ops import triton_turboquant_store as tq_store  # noqa: E402
 from vllm.v1.kv_cache_interface import KVQuantMode  # noqa: E402
 
@@ -184,7 +186,25 @@ def turboquant(k: torch.Tensor, v: torch.Tensor, dtype: str) -> dict:
         out["k_data"], out["k_norm"] = slot[..., : kps - 2], f16(kps - 2)
         out["k_y"] = _SEEN["k_y"].reshape(n, h, d).numpy()
         out["k_norm32"] = _SEEN["k_norm32"].reshape(n, h).numpy()
+    out["k_read"], out["v_read"] = _tq_read(cache, cfg, n, h, d)
     return out
+
+
+def _tq_read(cache: torch.Tensor, cfg, n: int, h: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """triton_turboquant_decode.py `_tq_full_dequant_kv` over the stored slots, as TurboQuantAttentionImpl calls it
+    for a continuation prefill: fp16 [n, h, D] keys (norm * centroids, renormalized with "nc", in the rotated domain)
+    and values (code * scale + zero)."""
+    k_out, v_out = (torch.zeros(1, h, n, d, dtype=torch.float16) for _ in range(2))
+    block_table = torch.arange(cache.shape[0], dtype=torch.int32)[None]
+    centroids = get_centroids(d, cfg.centroid_bits).to(torch.float32)
+    tq_decode._tq_full_dequant_kv[(n, h)](
+        cache, block_table, centroids, k_out, v_out, k_out.stride(0), k_out.stride(1), k_out.stride(2),
+        v_out.stride(0), v_out.stride(1), v_out.stride(2), cache.stride(0), cache.stride(1), cache.stride(2),
+        block_table.stride(0), HEAD_DIM=d, BLOCK_SIZE=BLOCK, NUM_KV_HEADS=h, MSE_BYTES=-(-d * cfg.key_mse_bits // 8),
+        KPS=cfg.key_packed_size, VQB=cfg.effective_value_quant_bits, VAL_DATA_BYTES=cfg.value_packed_size - 4,
+        MSE_BITS=cfg.key_mse_bits, KEY_FP8=int(cfg.key_fp8), BLOCK_D=1 << (d - 1).bit_length(),
+        NORM_CORRECTION=int(cfg.norm_correction), FP8_E4B15=0)
+    return k_out[0].transpose(0, 1).numpy(), v_out[0].transpose(0, 1).numpy()
 
 
 def store(case: str, k: np.ndarray, v: np.ndarray) -> dict:
