@@ -2,13 +2,22 @@
 
 tests/vllm_stores.py runs in the vLLM venv (KVVIZ_VLLM_PYTHON, else .venv-vllm/bin/python; `make vllm` builds it) and
 stores the same K/V with vLLM's Triton store kernels in Triton's CPU interpreter; kvviz stores them here; codes and
-scales must agree exactly: int8 / int4 codes and fp32 scales (int4's zero point in their low bits), TurboQuant's
-packed key indices, fp16 norms, value codes and fp16 scale / zero, and TurboQuant's codebook midpoints.
+scales must agree exactly: int8 / int4 codes and fp32 scales (int4's zero point in their low bits), int4's rotation,
+TurboQuant's packed key indices, fp16 norms, value codes and fp16 scale / zero, its codebook midpoints, and what
+vLLM's TurboQuant read (`_tq_full_dequant_kv`) makes of its own bytes.
 
-fp8 (`fp8`, `fp8_e4m3`, `fp8_e5m2`, `fp8_per_token_head`, turboquant_k8v4's key): the interpreter does not round to
-fp8 as the GPU does, so vLLM's kernel runs into an fp32 cache (its scale division, clamp to +-448 for per-token-head)
-and the fp8 encoding is done here on the host: nearest, ties to even, saturating at the largest finite value, as
-Triton's fp32 -> fp8e4nv / fp8e5 store cast (cvt.rn.satfinite) does. turboquant_k8v4's key kernel casts its input
+Two differences between the interpreter and a GPU are accounted for element by element, never by a tolerance: the
+interpreter computes `x * inv + c` as a multiply then an add, the GPU as one FMA, which kvviz models (int8's
+`q +- 0.5`, int4's `x * inv + zp`: where the two round to different codes, kvviz must hold the fused code and vLLM the
+unfused one); TurboQuant's `k / ||k|| @ H` is a torch matmul outside the kernel, summed in the device's order (the
+kernel is checked on vLLM's own rotated keys; kvviz's codes may differ only where its y and vLLM's straddle a
+codebook midpoint).
+
+fp8 (`fp8`, `fp8_e4m3`, `fp8_e5m2`, `fp8_per_token_head`, turboquant_k8v4's key): the interpreter's fp32 -> fp8 cast
+is not round-to-nearest-even (on 4096 normal values in range it differs from it on 85 as E4M3, 165 as E5M2), so
+vLLM's kernel runs into an fp32 cache (its scale division, clamp to +-448 for per-token-head) and the fp8 encoding
+is done here on the host: nearest, ties to even, saturating at the largest finite value, as Triton's fp32 ->
+fp8e4nv / fp8e5 store cast (cvt.rn.satfinite) does on the GPU. turboquant_k8v4's key kernel casts its input
 unscaled (`.to(tl.float8e4nv)`), so its "kernel output" is K itself.
 
 Not run here: `auto`, `float16`, `bfloat16` (the model's own values, no quantization) and `nvfp4`, `nvfp4_4over6`
@@ -38,7 +47,6 @@ VLLM_PYTHON = Path(os.environ.get("KVVIZ_VLLM_PYTHON") or REPO / ".venv-vllm" / 
 
 CASTS = ("auto", "float16", "bfloat16")  # the model's values, unquantized
 CUDA_ONLY = ("nvfp4", "nvfp4_4over6")  # csrc/.../nvfp4 kernels: compiled, CUDA only
-FP8_PER_TENSOR = ("fp8", "fp8_e4m3", "fp8_e5m2")
 HEAD_DIMS = (64, 128, 256)
 TOKENS, HEADS = 5, 2
 
@@ -87,8 +95,8 @@ def vllm_out(tmp_path_factory) -> tuple[dict, dict]:
 
 
 def _kvviz_side(spec: str, side: str, x: torch.Tensor):
-    """kvviz's store of x [N, H, D] (vLLM's order) as the `side` format of `spec`: the QTensor, tensors in [N, H, ...]
-    again."""
+    """kvviz's store of x [N, H, D] (vLLM's order) as the `side` format of `spec`: (data, scale, zero), each
+    [N, H, ...] again (None where the format has none)."""
     fmt = getattr(kvviz.parse_kv(spec), side)
     xt = x.permute(1, 0, 2).unsqueeze(0)  # [1, H, N, D]: kvviz's [batch, heads, tokens, head_dim]
     q = fmt.quantize(xt, scale=1.0) if fmt.scale_source == "unit" else fmt.quantize(xt)
@@ -183,6 +191,8 @@ def test_every_vllm_dtype_is_compared_or_said_why_not():
 
 @pytest.mark.parametrize("name,model_dtype,head_dim", CASES, ids=[_case(*c) for c in CASES])
 def test_kvviz_stores_what_vllm_stores(vllm_out, name, model_dtype, head_dim):
+    """kvviz's codes and scales of each side equal those vLLM's store kernel wrote for the same K/V (the module
+    docstring says what is compared how)."""
     inputs, out = vllm_out
     case = _case(name, model_dtype, head_dim)
     spec = f"vllm:{name}"
