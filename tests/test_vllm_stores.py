@@ -9,7 +9,7 @@ vLLM's TurboQuant read (`_tq_full_dequant_kv`) makes of its own bytes.
 Two differences between the interpreter and a GPU are accounted for element by element, never by a tolerance: the
 interpreter computes `x * inv + c` as a multiply then an add, the GPU as one FMA, which kvviz models (int8's
 `q +- 0.5`, int4's `x * inv + zp`: where the two round to different codes, kvviz must hold the fused code and vLLM the
-unfused one); TurboQuant's `k / ||k|| @ H` is a torch matmul outside the kernel, summed in the device's order (the
+unfused one; that the GPU fuses them is checked on vLLM's kernels compiled for sm_90); TurboQuant's `k / ||k|| @ H` is a torch matmul outside the kernel, summed in the device's order (the
 kernel is checked on vLLM's own rotated keys; kvviz's codes may differ only where its y and vLLM's straddle a
 codebook midpoint).
 
@@ -28,6 +28,7 @@ transcribes it). Data: 5 tokens x 2 heads of bf16 (one case fp16), outliers and 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -259,3 +260,20 @@ def test_kvviz_reads_vllms_turboquant_bytes_as_vllm_does(vllm_out, name, model_d
     for side, got, want in pairs:
         got = got[0].transpose(0, 1)  # [N, H, D]
         np.testing.assert_array_equal(_bits(got), want.view(np.uint8), err_msg=f"{case} {side}: vLLM's read")
+
+
+def test_vllms_compiled_stores_fuse_the_multiply_adds_kvviz_fuses(tmp_path):
+    """The FMA kvviz models (and the interpreter lacks) is what vLLM's kernels compile to for an H100: Triton's
+    default options fuse int8's `q +- 0.5` (the sign from the rounded product q = x * inv, as kvviz takes it) and
+    int4's `x * inv + zp` into fma.rn.f32, one per side and stream, and nothing else."""
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"no vLLM venv at {VLLM_PYTHON}: run `make vllm` (or set KVVIZ_VLLM_PYTHON to its python)")
+    out = tmp_path / "fused.json"
+    proc = subprocess.run([str(VLLM_PYTHON), str(DRIVER), str(out), "--ptx"], capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    fused = json.loads(out.read_text())
+    assert sorted(fused["int8_per_token_head"]) == ["k_q = tl.where(k_q >= 0, k_q + 0.5, k_q - 0.5)",
+                                                    "v_q = tl.where(v_q >= 0, v_q + 0.5, v_q - 0.5)"]
+    int4_lines = {f"{s}_{p}_s = {s}_{p} * inv_{s} + {s}_zp_f" for s in "kv" for p in ("even", "odd")}
+    assert len(fused["int4_per_token_head"]) == 4 and set(fused["int4_per_token_head"]) <= int4_lines

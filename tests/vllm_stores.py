@@ -25,17 +25,28 @@ case, for K (`<case>.k_*`) and V (`<case>.v_*`), [N, H, ...] arrays:
 
 The fp8 paths stop before the fp8 cast, which the interpreter does not do as the GPU does: `pre_fp8` is what the
 kernel hands `tl.store` / `.to(tl.float8e4nv)`, which the GPU rounds to the nearest E4M3 / E5M2 value (ties to even).
+
+    python tests/vllm_stores.py OUT.json --ptx
+
+compiles the int8 per-token-head and int4 store kernels for an H100 (sm_90, Triton's default options, no GPU
+needed) instead and writes, per kernel, the source line of each fused multiply-add (`fma.rn.f32`) in its PTX: where
+the GPU rounds `a * b + c` once and the interpreter twice.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
 import os
+import re
 import sys
 
 import numpy as np
 
-os.environ["TRITON_INTERPRET"] = "1"
+# Triton decides between interpreting and compiling when a kernel is decorated, at vllm's import: --ptx compiles
+PTX = "--ptx" in sys.argv
+os.environ["TRITON_INTERPRET"] = "0" if PTX else "1"
 
 from triton.backends import Backend, backends  # noqa: E402
 from triton.backends.compiler import BaseBackend  # noqa: E402
@@ -49,10 +60,18 @@ class _CpuDriver:
         return True
 
 
-backends.setdefault("cpu", Backend(compiler=BaseBackend, driver=_CpuDriver))
+class _NoCompiler(BaseBackend):
+    """The stand-in backend compiles for no target (--ptx names NVIDIA's)."""
+
+    @staticmethod
+    def supports_target(target) -> bool:
+        return False
+
+
+backends.setdefault("cpu", Backend(compiler=_NoCompiler, driver=_CpuDriver))
 
 import torch  # noqa: E402
-from vllm.triton_utils import HAS_TRITON  # noqa: E402
+from vllm.triton_utils import HAS_TRITON, triton  # noqa: E402
 
 if not HAS_TRITON:
     sys.exit("vLLM turned Triton off although a 'cpu' backend is registered: vllm/triton_utils changed.")
@@ -232,13 +251,54 @@ def _seeded(case: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return k.numpy(), v.numpy()
 
 
+def fused_lines() -> dict:
+    """{kernel: [source line of each fma.rn.f32 in its sm_90 PTX]} for the int8 per-token-head (bf16 in, int8 cache)
+    and int4 store kernels at head_dim 128, compiled with Triton's default options."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ptrs = dict(key_ptr="*bf16", value_ptr="*bf16", k_scale_cache_ptr="*fp32", v_scale_cache_ptr="*fp32",
+                slot_mapping_ptr="*i64")
+    kernels = {
+        "int8_per_token_head": (flash._reshape_cache_per_token_head, dict(key_cache_ptr="*i8", value_cache_ptr="*i8"),
+                                dict(block_size=16, head_size=128, head_size_v=128, HEAD_SIZE_PADDED=128,
+                                     QUANT_MAX=127.0, QUANT_MIN=-128.0, IS_INT_QUANT=True)),
+        "int4_per_token_head": (int4_ops._reshape_cache_int4_kernel, dict(key_cache_ptr="*u8", value_cache_ptr="*u8"),
+                                dict(block_size=16, head_size=128, head_size_v=128, PACKED_HEAD_PADDED=64)),
+    }
+    out = {}
+    for name, (fn, cache_ptrs, consts) in kernels.items():
+        params = list(inspect.signature(fn.fn).parameters)
+        types = {**ptrs, **cache_ptrs}
+        sig = {n: "constexpr" if n in consts else types.get(n, "i64" if n.startswith("stride") else "i32")
+               for n in params}
+        src = ASTSource(fn=fn, signature=sig, constexprs={(params.index(k),): v for k, v in consts.items()})
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+        source = inspect.getsource(sys.modules[fn.fn.__module__]).splitlines()
+        base = os.path.basename(inspect.getsourcefile(fn.fn))
+        line, found = None, []
+        for text in ptx.splitlines():
+            loc = re.search(r"//\s*(\S+):(\d+):", text)
+            if loc and text.lstrip().startswith(".loc"):
+                line = int(loc.group(2)) if loc.group(1) == base else None
+            elif text.lstrip().startswith("fma.rn.f32"):
+                found.append(source[line - 1].strip() if line else "?")
+        out[name] = found
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", help="the .npz to write")
+    ap.add_argument("out", help="the .npz to write (with --ptx: the .json)")
+    ap.add_argument("--ptx", action="store_true", help="write fused_lines() instead of storing K/V")
     ap.add_argument("--inputs", help="a .npz with <case>.k and <case>.v, fp32 [N, H, D]")
     ap.add_argument("--seed", type=int, default=0, help="with --cases: draw K/V from this seed")
     ap.add_argument("--cases", nargs="*", default=(), help="<vllm dtype>.<model dtype>.d<D>, with --seed")
     args = ap.parse_args(argv)
+    if args.ptx:
+        with open(args.out, "w") as f:
+            json.dump(fused_lines(), f, indent=1)
+        return
     if args.inputs:
         with np.load(args.inputs) as f:
             pairs = {name[:-2]: (f[name], f[name[:-2] + ".v"]) for name in f.files if name.endswith(".k")}
