@@ -6,18 +6,18 @@ scales must agree exactly: int8 / int4 codes and fp32 scales (int4's zero point 
 TurboQuant's packed key indices, fp16 norms, value codes and fp16 scale / zero, its codebook midpoints, and what
 vLLM's TurboQuant read (`_tq_full_dequant_kv`) makes of its own bytes.
 
-Two differences between the interpreter and a GPU are accounted for element by element, never by a tolerance: the
-interpreter computes `x * inv + c` as a multiply then an add, the GPU as one FMA, which kvviz models (int8's
-`q +- 0.5`, int4's `x * inv + zp`: where the two round to different codes, kvviz must hold the fused code and vLLM the
-unfused one; that the GPU fuses them is checked on vLLM's kernels compiled for sm_90); TurboQuant's `k / ||k|| @ H` is a torch matmul outside the kernel, summed in the device's order (the
-kernel is checked on vLLM's own rotated keys; kvviz's codes may differ only where its y and vLLM's straddle a
-codebook midpoint).
+Two differences between the interpreter and a GPU are accounted for element by element: the interpreter computes
+`x * inv + c` as a multiply then an add, the GPU as one FMA, which kvviz models (int8's `q +- 0.5`, int4's
+`x * inv + zp`: where the two round to different codes, kvviz must hold the fused code and vLLM the unfused one; that
+the GPU fuses them is checked on vLLM's kernels compiled for sm_90); TurboQuant's `k / ||k|| @ H` is a torch matmul
+outside the kernel, summed in the device's order (the kernel is checked on vLLM's own rotated keys; kvviz's y is
+within a few fp32 ulps of vLLM's, and its codes may differ only where the two straddle a codebook midpoint).
 
 fp8 (`fp8`, `fp8_e4m3`, `fp8_e5m2`, `fp8_per_token_head`, turboquant_k8v4's key): the interpreter's fp32 -> fp8 cast
 is not round-to-nearest-even (on 4096 normal values in range it differs from it on 85 as E4M3, 165 as E5M2), so
 vLLM's kernel runs into an fp32 cache (its scale division, clamp to +-448 for per-token-head) and the fp8 encoding
 is done here on the host: nearest, ties to even, saturating at the largest finite value, as Triton's fp32 ->
-fp8e4nv / fp8e5 store cast (cvt.rn.satfinite) does on the GPU. turboquant_k8v4's key kernel casts its input
+fp8e4nv / fp8e5 store cast does on the GPU (cvt.rn.satfinite, read from the compiled kernels). turboquant_k8v4's key kernel casts its input
 unscaled (`.to(tl.float8e4nv)`), so its "kernel output" is K itself.
 
 Not run here: `auto`, `float16`, `bfloat16` (the model's own values, no quantization) and `nvfp4`, `nvfp4_4over6`
@@ -262,18 +262,23 @@ def test_kvviz_reads_vllms_turboquant_bytes_as_vllm_does(vllm_out, name, model_d
         np.testing.assert_array_equal(_bits(got), want.view(np.uint8), err_msg=f"{case} {side}: vLLM's read")
 
 
-def test_vllms_compiled_stores_fuse_the_multiply_adds_kvviz_fuses(tmp_path):
-    """The FMA kvviz models (and the interpreter lacks) is what vLLM's kernels compile to for an H100: Triton's
-    default options fuse int8's `q +- 0.5` (the sign from the rounded product q = x * inv, as kvviz takes it) and
-    int4's `x * inv + zp` into fma.rn.f32, one per side and stream, and nothing else."""
+def test_vllms_compiled_stores_round_as_kvviz_models_them(tmp_path):
+    """What the interpreter cannot show, read from vLLM's kernels compiled for an H100 (Triton's default options):
+    int8's `q +- 0.5` (the sign from the rounded product q = x * inv, as kvviz takes it) and int4's `x * inv + zp`
+    are fused multiply-adds (fma.rn.f32, one per side and stream, and no other), and every fp8 store converts with
+    cvt.rn.satfinite (nearest even, saturating), the host encoding the fp8 comparisons above use."""
     if not VLLM_PYTHON.exists():
         pytest.skip(f"no vLLM venv at {VLLM_PYTHON}: run `make vllm` (or set KVVIZ_VLLM_PYTHON to its python)")
-    out = tmp_path / "fused.json"
+    out = tmp_path / "ptx.json"
     proc = subprocess.run([str(VLLM_PYTHON), str(DRIVER), str(out), "--ptx"], capture_output=True, text=True,
                           timeout=300, check=False, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    fused = json.loads(out.read_text())
+    facts = json.loads(out.read_text())
+    fused = facts["fma"]
     assert sorted(fused["int8_per_token_head"]) == ["k_q = tl.where(k_q >= 0, k_q + 0.5, k_q - 0.5)",
                                                     "v_q = tl.where(v_q >= 0, v_q + 0.5, v_q - 0.5)"]
     int4_lines = {f"{s}_{p}_s = {s}_{p} * inv_{s} + {s}_zp_f" for s in "kv" for p in ("even", "odd")}
     assert len(fused["int4_per_token_head"]) == 4 and set(fused["int4_per_token_head"]) <= int4_lines
+    assert facts["fp8_cvt"] == {"fp8_per_token_head": ["cvt.rn.satfinite.e4m3x2.f32"],
+                                "fp8_e4m3": ["cvt.rn.satfinite.e4m3x2.f32"],
+                                "fp8_e5m2": ["cvt.rn.satfinite.e5m2x2.f32"]}

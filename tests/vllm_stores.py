@@ -28,9 +28,10 @@ kernel hands `tl.store` / `.to(tl.float8e4nv)`, which the GPU rounds to the near
 
     python tests/vllm_stores.py OUT.json --ptx
 
-compiles the int8 per-token-head and int4 store kernels for an H100 (sm_90, Triton's default options, no GPU
-needed) instead and writes, per kernel, the source line of each fused multiply-add (`fma.rn.f32`) in its PTX: where
-the GPU rounds `a * b + c` once and the interpreter twice.
+compiles the store kernels for an H100 (sm_90, Triton's default options, no GPU needed) instead and writes what
+their PTX does that the interpreter does not: the source line of each fused multiply-add (`fma.rn.f32`: the GPU
+rounds `a * b + c` once, the interpreter twice) in the int8 and int4 kernels, and the fp32 -> fp8 conversion
+instruction of the fp8 stores.
 """
 
 from __future__ import annotations
@@ -251,53 +252,70 @@ def _seeded(case: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return k.numpy(), v.numpy()
 
 
-def fused_lines() -> dict:
-    """{kernel: [source line of each fma.rn.f32 in its sm_90 PTX]} for the int8 per-token-head (bf16 in, int8 cache)
-    and int4 store kernels at head_dim 128, compiled with Triton's default options."""
+def _ptx(fn, ptrs: dict, consts: dict) -> str:
+    """A Triton kernel compiled for an H100 (sm_90) with Triton's default options: its PTX (ptrs: the pointer
+    arguments' types; the others i64 strides or i32)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    params = list(inspect.signature(fn.fn).parameters)
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "i64" if "stride" in n else "i32") for n in params}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(params.index(k),): v for k, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+
+
+def _fma_lines(fn, ptx: str) -> list[str]:
+    """The source line of each fma.rn.f32 in ptx (from the .loc before it)."""
+    source = inspect.getsource(sys.modules[fn.fn.__module__]).splitlines()
+    base = os.path.basename(inspect.getsourcefile(fn.fn))
+    line, found = None, []
+    for text in ptx.splitlines():
+        loc = re.search(r"//\s*(\S+):(\d+):", text)
+        if loc and text.lstrip().startswith(".loc"):
+            line = int(loc.group(2)) if loc.group(1) == base else None
+        elif text.lstrip().startswith("fma.rn.f32"):
+            found.append(source[line - 1].strip() if line else "?")
+    return found
+
+
+def ptx_facts() -> dict:
+    """What vLLM's store kernels compile to for an H100, at head_dim 128 from bf16: {"fma": {kernel: [source line
+    of each fma.rn.f32]}, "fp8_cvt": {dtype: [the fp32 -> fp8 conversions in its PTX]}} for the int8 per-token-head
+    and int4 kernels, and the fp8 per-token-head and per-tensor (E4M3, E5M2) stores."""
     ptrs = dict(key_ptr="*bf16", value_ptr="*bf16", k_scale_cache_ptr="*fp32", v_scale_cache_ptr="*fp32",
-                slot_mapping_ptr="*i64")
-    kernels = {
-        "int8_per_token_head": (flash._reshape_cache_per_token_head, dict(key_cache_ptr="*i8", value_cache_ptr="*i8"),
-                                dict(block_size=16, head_size=128, head_size_v=128, HEAD_SIZE_PADDED=128,
-                                     QUANT_MAX=127.0, QUANT_MIN=-128.0, IS_INT_QUANT=True)),
-        "int4_per_token_head": (int4_ops._reshape_cache_int4_kernel, dict(key_cache_ptr="*u8", value_cache_ptr="*u8"),
-                                dict(block_size=16, head_size=128, head_size_v=128, PACKED_HEAD_PADDED=64)),
-    }
-    out = {}
-    for name, (fn, cache_ptrs, consts) in kernels.items():
-        params = list(inspect.signature(fn.fn).parameters)
-        types = {**ptrs, **cache_ptrs}
-        sig = {n: "constexpr" if n in consts else types.get(n, "i64" if n.startswith("stride") else "i32")
-               for n in params}
-        src = ASTSource(fn=fn, signature=sig, constexprs={(params.index(k),): v for k, v in consts.items()})
-        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-        source = inspect.getsource(sys.modules[fn.fn.__module__]).splitlines()
-        base = os.path.basename(inspect.getsourcefile(fn.fn))
-        line, found = None, []
-        for text in ptx.splitlines():
-            loc = re.search(r"//\s*(\S+):(\d+):", text)
-            if loc and text.lstrip().startswith(".loc"):
-                line = int(loc.group(2)) if loc.group(1) == base else None
-            elif text.lstrip().startswith("fma.rn.f32"):
-                found.append(source[line - 1].strip() if line else "?")
-        out[name] = found
-    return out
+                slot_mapping_ptr="*i64", k_scale="*fp32", v_scale="*fp32")
+    per_token_head = dict(block_size=16, head_size=128, head_size_v=128, HEAD_SIZE_PADDED=128)
+    int8 = _ptx(flash._reshape_cache_per_token_head, {**ptrs, "key_cache_ptr": "*i8", "value_cache_ptr": "*i8"},
+                {**per_token_head, "QUANT_MAX": 127.0, "QUANT_MIN": -128.0, "IS_INT_QUANT": True})
+    int4 = _ptx(int4_ops._reshape_cache_int4_kernel, {**ptrs, "key_cache_ptr": "*u8", "value_cache_ptr": "*u8"},
+                dict(block_size=16, head_size=128, head_size_v=128, PACKED_HEAD_PADDED=64))
+    fp8 = {"fp8_per_token_head": _ptx(flash._reshape_cache_per_token_head,
+                                      {**ptrs, "key_cache_ptr": "*fp8e4nv", "value_cache_ptr": "*fp8e4nv"},
+                                      {**per_token_head, "QUANT_MAX": 448.0, "QUANT_MIN": -448.0,
+                                       "IS_INT_QUANT": False})}
+    for dtype, elt in (("fp8_e4m3", "*fp8e4nv"), ("fp8_e5m2", "*fp8e5")):  # key_stride & co: i64 like the strides
+        fp8[dtype] = _ptx(flash.reshape_and_cache_kernel_flash,
+                          {**ptrs, "key_cache_ptr": elt, "value_cache_ptr": elt, "key_stride": "i64",
+                           "value_stride": "i64"},
+                          dict(num_heads=2, head_size=128, block_size=16, x=1, USE_HEAD_MAJOR_LAYOUT=False,
+                               FP8_KV_CACHE=True, TILE_SIZE=256))
+    return {"fma": {"int8_per_token_head": _fma_lines(flash._reshape_cache_per_token_head, int8),
+                    "int4_per_token_head": _fma_lines(int4_ops._reshape_cache_int4_kernel, int4)},
+            "fp8_cvt": {dtype: sorted(set(re.findall(r"cvt\.\S*e[45]m[23]\S*\.f32", ptx)))
+                        for dtype, ptx in fp8.items()}}
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="the .npz to write (with --ptx: the .json)")
-    ap.add_argument("--ptx", action="store_true", help="write fused_lines() instead of storing K/V")
+    ap.add_argument("--ptx", action="store_true", help="write ptx_facts() instead of storing K/V")
     ap.add_argument("--inputs", help="a .npz with <case>.k and <case>.v, fp32 [N, H, D]")
     ap.add_argument("--seed", type=int, default=0, help="with --cases: draw K/V from this seed")
     ap.add_argument("--cases", nargs="*", default=(), help="<vllm dtype>.<model dtype>.d<D>, with --seed")
     args = ap.parse_args(argv)
     if args.ptx:
         with open(args.out, "w") as f:
-            json.dump(fused_lines(), f, indent=1)
+            json.dump(ptx_facts(), f, indent=1)
         return
     if args.inputs:
         with np.load(args.inputs) as f:
