@@ -17,8 +17,8 @@ fp8 (`fp8`, `fp8_e4m3`, `fp8_e5m2`, `fp8_per_token_head`, turboquant_k8v4's key)
 is not round-to-nearest-even (on 4096 normal values in range it differs from it on 85 as E4M3, 165 as E5M2), so
 vLLM's kernel runs into an fp32 cache (its scale division, clamp to +-448 for per-token-head) and the fp8 encoding
 is done here on the host: nearest, ties to even, saturating at the largest finite value, as Triton's fp32 ->
-fp8e4nv / fp8e5 store cast does on the GPU (cvt.rn.satfinite, read from the compiled kernels). turboquant_k8v4's key kernel casts its input
-unscaled (`.to(tl.float8e4nv)`), so its "kernel output" is K itself.
+fp8e4nv / fp8e5 store cast does on the GPU (cvt.rn.satfinite, read from the compiled kernels). turboquant_k8v4's
+key kernel casts its input unscaled (`.to(tl.float8e4nv)`), so its "kernel output" is K itself.
 
 Not run here: `auto`, `float16`, `bfloat16` (the model's own values, no quantization) and `nvfp4`, `nvfp4_4over6`
 (vLLM's store is a CUDA kernel in its compiled _C library, not shipped as source; tests/test_formats_vllm.py
