@@ -59,6 +59,16 @@ CASES += [("int4_per_token_head", "bfloat16", 96), ("int4_per_token_head", "bflo
 _TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _run_driver(*args: str) -> None:
+    """tests/vllm_stores.py ARGS in the vLLM venv, without this venv's PYTHONPATH (the two venvs' packages differ)."""
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"no vLLM venv at {VLLM_PYTHON}: run `make vllm` (or set KVVIZ_VLLM_PYTHON to its python)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([str(VLLM_PYTHON), str(DRIVER), *args], capture_output=True, text=True, timeout=300,
+                          check=False, env={**env, "VLLM_LOGGING_LEVEL": "ERROR"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 def _case(name: str, model_dtype: str, head_dim: int) -> str:
     return f"{name}.{model_dtype}.d{head_dim}"
 
@@ -77,8 +87,6 @@ def _states(head_dim: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def vllm_out(tmp_path_factory) -> tuple[dict, dict]:
     """Runs the driver once for every case: ({case: (K, V) in the model's dtype}, {output name: array})."""
-    if not VLLM_PYTHON.exists():
-        pytest.skip(f"no vLLM venv at {VLLM_PYTHON}: run `make vllm` (or set KVVIZ_VLLM_PYTHON to its python)")
     tmp = tmp_path_factory.mktemp("vllm_stores")
     inputs = {}
     for seed, (name, model_dtype, d) in enumerate(CASES):
@@ -87,10 +95,7 @@ def vllm_out(tmp_path_factory) -> tuple[dict, dict]:
         inputs[_case(name, model_dtype, d)] = (k, v)
     np.savez(tmp / "in.npz", **{f"{c}.{side}": t.float().numpy() for c, kv in inputs.items()
                                 for side, t in zip("kv", kv)})
-    proc = subprocess.run([str(VLLM_PYTHON), str(DRIVER), str(tmp / "out.npz"), "--inputs", str(tmp / "in.npz")],
-                          capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _run_driver(str(tmp / "out.npz"), "--inputs", str(tmp / "in.npz"))
     with np.load(tmp / "out.npz") as f:
         return inputs, {name: f[name] for name in f.files}
 
@@ -267,12 +272,8 @@ def test_vllms_compiled_stores_round_as_kvviz_models_them(tmp_path):
     int8's `q +- 0.5` (the sign from the rounded product q = x * inv, as kvviz takes it) and int4's `x * inv + zp`
     are fused multiply-adds (fma.rn.f32, one per side and stream, and no other), and every fp8 store converts with
     cvt.rn.satfinite (nearest even, saturating), the host encoding the fp8 comparisons above use."""
-    if not VLLM_PYTHON.exists():
-        pytest.skip(f"no vLLM venv at {VLLM_PYTHON}: run `make vllm` (or set KVVIZ_VLLM_PYTHON to its python)")
     out = tmp_path / "ptx.json"
-    proc = subprocess.run([str(VLLM_PYTHON), str(DRIVER), str(out), "--ptx"], capture_output=True, text=True,
-                          timeout=300, check=False, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _run_driver(str(out), "--ptx")
     facts = json.loads(out.read_text())
     fused = facts["fma"]
     assert sorted(fused["int8_per_token_head"]) == ["k_q = tl.where(k_q >= 0, k_q + 0.5, k_q - 0.5)",
