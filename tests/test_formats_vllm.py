@@ -56,7 +56,11 @@ def _ref_per_token_head(x: torch.Tensor, fp8: bool):
     codes, scales = [], []
     for row in _rows(x):
         k_scale = torch.maximum(row.abs().max() / qmax, torch.tensor(1e-6))  # tl.maximum(absmax / QUANT_MAX, 1e-6)
-        k_q = torch.clamp(row * (torch.tensor(1.0) / k_scale), qmin, qmax)  # 1.0 / k_scale: IEEE division
+        inv = torch.tensor(1.0) / k_scale  # 1.0 / k_scale: IEEE division
+        k_q = row * inv
+        if not fp8:  # IS_INT_QUANT: where(k_q >= 0, k_q + 0.5, k_q - 0.5), each k_h * inv +- 0.5 one FMA
+            k_q = torch.where(k_q >= 0, _fma(row, inv, torch.tensor(0.5)), _fma(row, inv, torch.tensor(-0.5)))
+        k_q = torch.clamp(k_q, qmin, qmax)
         codes.append(k_q.to(torch.float8_e4m3fn) if fp8 else k_q.trunc().to(torch.int8))  # tl.store's cast
         scales.append(k_scale.reshape(1))
     data = torch.stack(codes)
@@ -103,14 +107,24 @@ def _round_half_away(v: torch.Tensor) -> torch.Tensor:
     return torch.where(v >= 0, (v + 0.5).trunc(), (v - 0.5).trunc())
 
 
+def _ref_rht(row: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """int4_per_token_head.py `single_rht`, one row: blocks of b = largest_power_of_2_divisor(d) (d / b of them, each
+    with _get_rht_signs(b, 0)), H (x * signs) each, or (H x) * signs with inverse."""
+    d = row.shape[-1]
+    b = d & -d
+    signs = _ref_rht_signs(b)
+    blocks = [row[i : i + b] for i in range(0, d, b)]
+    return torch.cat([_ref_fwht(v) * signs if inverse else _ref_fwht(v * signs) for v in blocks])
+
+
 def _ref_int4(x: torch.Tensor):
     """int4_per_token_head.py `reshape_and_cache_int4` (single_rht, then `_reshape_cache_int4_kernel`) and the read
     path of `_attn_packed` + `unified_attention_int4` (un-rotation of the output, by linearity of each row)."""
     d = x.shape[-1]
-    signs = _ref_rht_signs(d)
+    rht_norm = d & -d  # largest_power_of_2_divisor(head_size)
     packed, scales, values = [], [], []
     for row in _rows(x):
-        k = _ref_fwht(row * signs).to(torch.bfloat16).float()  # single_rht(key.float()).to(key.dtype), then .to(fp32)
+        k = _ref_rht(row).to(torch.bfloat16).float()  # single_rht(key.float()).to(key.dtype), then .to(fp32)
         k_min, k_max = k.min(), k.max()
         k_scale = torch.maximum((k_max - k_min) / 15.0, torch.tensor(1e-6))
         k_zp_f = torch.clamp(_round_half_away(-k_min / k_scale), 0.0, 15.0)
@@ -121,13 +135,13 @@ def _ref_int4(x: torch.Tensor):
         bits = k_scale_packed.view(torch.int32)
         zp, scale = (bits & 0xF).float(), (bits & -16).view(torch.float32)
         rotated = (k_q - zp) * scale
-        values.append(_ref_fwht(rotated) * signs / d)  # single_rht(out, inverse=True) / head_size
+        values.append(_ref_rht(rotated, inverse=True) / rht_norm)  # single_rht(out, inverse=True) / rht_norm
         packed.append(byte)
         scales.append(k_scale_packed)
     return torch.stack(packed), torch.stack(scales), torch.stack(values)
 
 
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", [*HEAD_DIMS, 96, 80])  # 96, 80: blocks of 32, 16
 def test_int4_per_token_head_matches_vllm(head_dim):
     x = _kv(head_dim)
     fmt = kvviz.get_format("vllm:int4_per_token_head")
@@ -437,10 +451,11 @@ def test_turboquant_pair_is_not_one_format():
         kvviz.get_format("vllm:turboquant_k3v4_nc")
 
 
-@pytest.mark.parametrize("spec", ["vllm:turboquant_4bit_nc", "vllm:int4_per_token_head"])
-def test_non_power_of_two_head_dim_says_what_vllm_requires(spec):
-    x = torch.randn(1, 1, 2, 96)
-    with pytest.raises(ValueError, match="power of two"):
+@pytest.mark.parametrize("spec,head_dim,fragment", [("vllm:turboquant_4bit_nc", 96, "power of two"),
+                                                    ("vllm:int4_per_token_head", 97, "even head_dim")])
+def test_head_dims_vllm_refuses_say_what_vllm_requires(spec, head_dim, fragment):
+    x = torch.randn(1, 1, 2, head_dim)
+    with pytest.raises(ValueError, match=fragment):
         kvviz.parse_kv(spec).k.quantize(x)
 
 

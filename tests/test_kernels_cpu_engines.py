@@ -168,3 +168,30 @@ def test_tq_mse_and_prod_decode_fused_after_the_formats_quantize(spec, monkeypat
     assert len(calls) == 3 * model.config.num_hidden_layers and got[1] == 0, "two calls, the decode fused"
     calls.clear()
     assert torch.equal(got[0], _generate(model, ids, mask, spec, "torch", True, 4)[0]) and not calls
+
+
+@pytest.mark.parametrize("head_dim", (96,))
+def test_int4_per_token_head_decodes_at_a_head_dim_that_is_not_a_power_of_two(head_dim):
+    """vLLM rotates blocks of the largest power of two dividing head_dim (96: three of 32): the fused decode reads
+    the block-diagonal rotation as it reads the full one."""
+    test_engine_stores_decode_like_the_reference("vllm:int4_per_token_head", head_dim)
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+def test_int4_packer_rotates_blocks_at_a_head_dim_that_is_not_a_power_of_two(dtype):
+    """The numba store (pack_engines.engine_pack_rows, called directly: quant_pack_cpu takes engines' stores at
+    power-of-two head_dims only) rotates each block of 32 at head_dim 96 as formats.vllm does: the same bytes."""
+    from kernels.cpu.jit import pack_engines
+    from kernels.cpu.pack import DTYPE_CODES
+
+    fmt = parse_kv("vllm:int4_per_token_head").k
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(2, 2, 6, 96, generator=g) * torch.exp(torch.randn(2, 2, 6, 1, generator=g))).to(dtype)
+    x[0, 0, 0] = torch.arange(96) % 16  # ties on the codes' rounding
+    want = fmt.quantize(x)
+    data, scale = torch.zeros_like(want.data), torch.zeros_like(want.scale)
+    pack_engines.engine_pack_rows(x.float().numpy(), data.numpy(), scale.view(torch.uint8).numpy(),
+                                  torch.zeros(1, 1, 1, 1, dtype=torch.uint8).numpy(), pack_engines.EN_INT4, 4, 0,
+                                  fmt.pack_table(96).numpy(), DTYPE_CODES[dtype])
+    assert torch.equal(data, want.data)
+    assert torch.equal(scale.view(torch.int32), want.scale.view(torch.int32))

@@ -47,11 +47,12 @@ PROMPTS = ("The quick brown fox", "Hi")  # the cache test's two left-padded prom
 BATCH, KV_HEADS = 2, 2
 
 # (spec, GQA ratio, length of batch row 0 (row 1: half), splits, head_dim, tail tokens): every format once, each
-# meets GQA 1 / 3 / 4, a length inside one block or over three, one or two splits; two at head_dim 128.
+# meets GQA 1 / 3 / 4, a length inside one block or over three, one or two splits; three at head_dim 128, one at 96.
 CASES = (
     ("vllm:int8_per_token_head", 3, 19, 2, 64, 3),
     ("vllm:fp8_per_token_head", 1, 40, 1, 64, 0),
     ("vllm:int4_per_token_head", 4, 19, 2, 128, 3),
+    ("vllm:int4_per_token_head", 3, 19, 1, 96, 3),  # 96: vLLM rotates three blocks of 32
     ("vllm:nvfp4", 3, 40, 2, 64, 0),
     ("vllm:nvfp4_4over6", 1, 19, 1, 64, 3),
     ("vllm:turboquant_4bit_nc", 3, 40, 2, 64, 3),

@@ -64,9 +64,9 @@ VLLM_DTYPES: dict[str, tuple[str, str]] = {
 # vLLM values kvviz does not model, with the reason (named in the error).
 VLLM_UNMODELED = {"fp8_inc": "Intel Gaudi's FP8"}
 TURBOQUANT_DTYPES = tuple(name for name in VLLM_DTYPES if name.startswith("turboquant_"))
-# vLLM's per-token-head int4, TurboQuant and UltraQuant rotate with a Sylvester Hadamard matrix: power-of-two
-# head_dim only.
-VLLM_POW2_DTYPES = ("int4_per_token_head", *TURBOQUANT_DTYPES, "ultraquant_4bit")
+# TurboQuant and UltraQuant rotate with a Sylvester Hadamard matrix of the head's size: power-of-two head_dim only
+# (int4_per_token_head rotates blocks of the largest power of two dividing head_dim: any even head_dim).
+VLLM_POW2_DTYPES = (*TURBOQUANT_DTYPES, "ultraquant_4bit")
 # The latent records of MLA models (DeepSeek's layouts), and the dtypes vLLM's MLA backends take besides them
 # (v1/attention/backends/mla/*.py supported_kv_cache_dtypes; fp8_e5m2 on ROCm's AITER MLA).
 VLLM_MLA_ONLY_DTYPES = ("fp8_ds_mla", "nvfp4_ds_mla")
@@ -170,7 +170,7 @@ def check_head_dim(ref: EngineRef, head_dim: int) -> None:
     if ref.engine == "vllm" and ref.dtype in VLLM_POW2_DTYPES and not pow2:
         raise ValueError(f"vllm:{ref.dtype} needs a head_dim that is a power of two (at least 8): vLLM rotates "
                          f"each head with a Sylvester Hadamard matrix of that size; this model's head_dim is "
-                         f"{head_dim}. Use vllm:fp8 or vllm:int8_per_token_head here.")
+                         f"{head_dim}. Use vllm:int4_per_token_head, vllm:int8_per_token_head or vllm:fp8 here.")
     if rounds_toward_zero(ref) and head_dim % 32:
         raise ValueError(f"vllm:{ref.dtype} needs head_dim to be a multiple of 32 (vLLM's CPU attention refuses an "
                          f"fp8 cache otherwise), got {head_dim}. Use vllm:{ref.dtype.removesuffix(VLLM_CPU)}, the "

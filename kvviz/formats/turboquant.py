@@ -2,7 +2,7 @@
 
 Rows `vllm.tq_k4_nc`, `vllm.tq_k3_nc` (keys) and `vllm.tq_v4`, `vllm.tq_v3` (values) of spec.BASES, reached as
 vllm:turboquant_4bit_nc / k3v4_nc / 3bit_nc / k8v4 (engines.py; k8v4's key is a plain E4M3 cast, `fp8_e4m3/unit`).
-Sources, vLLM late 2026:
+Sources, vLLM 0.32.0 (tests/test_vllm_stores.py runs its store and read kernels against these, bit for bit):
 
 - keys, vllm/v1/attention/ops/triton_turboquant_store.py `triton_turboquant_store` + `_tq_fused_store_mse`:
   `norm = ||k||` (fp32), `y = (k / (norm + 1e-8)) @ H` with H the Sylvester Hadamard matrix / sqrt(d)
@@ -22,8 +22,9 @@ GPU approximations are taken at their IEEE result: Triton's fp32 division and `1
 c^2 is the correctly rounded one (float64, then fp32), where Triton's tree order may differ in the last bit; the
 value read `code * scale + zero` is one rounding, as the GPU's FMA. The key's norm and `@ H`, which Triton sums in
 an order of its own, are computed on the CPU in one fixed order (`key_rotation`), that of torch's AVX2 CPU kernels,
-which the CPU packer repeats. Bytes per token and head
-(turboquant/config.py): key ceil(d * b / 8) + 2, value ceil(d * b / 8) + 4.
+which the CPU packer repeats (vLLM's own norm and matmul sum in the device's order: on an AVX-512 CPU its y can
+differ from this one by an ulp, which moves a code only where y sits on a codebook midpoint). Bytes per token and
+head (turboquant/config.py): key ceil(d * b / 8) + 2, value ceil(d * b / 8) + 4.
 """
 
 from __future__ import annotations

@@ -3,29 +3,32 @@
 Rows of spec.BASES reached as `vllm:<dtype>` (engines.py). Each follows one vLLM store path, on the CPU in fp32:
 
 - `int8_per_token_head`, `fp8_per_token_head`: vllm/v1/attention/ops/triton_reshape_and_cache_flash.py,
-  `_reshape_cache_per_token_head`. One fp32 scale per token and head, `max(absmax / QMAX, 1e-6)`; the stored value is
-  `clamp(x * (1 / scale), QMIN, QMAX)` cast by `tl.store` into the cache's dtype: int8 truncates toward zero (Triton's
-  float-to-int cast), E4M3 rounds to nearest even. QMAX/QMIN: 127/-128 (int8), 448/-448 (E4M3).
+  `_reshape_cache_per_token_head`. One fp32 scale per token and head, `max(absmax / QMAX, 1e-6)`; `q = x * (1 / scale)`;
+  int8 first rounds half away from zero (`where(q >= 0, q + 0.5, q - 0.5)`, each a multiply-add the GPU fuses), then
+  clamps to QMIN..QMAX and `tl.store` casts into the cache's dtype: int8 truncates toward zero (Triton's float-to-int
+  cast), E4M3 (no rounding step before it) rounds to nearest even. QMAX/QMIN: 127/-128 (int8), 448/-448 (E4M3).
 - `int4_per_token_head`: vllm/v1/attention/ops/int4_per_token_head.py. `single_rht`: signs from a CPU generator
-  seeded 0x9E3779B9, then the unnormalized Walsh-Hadamard butterfly (H x, norm sqrt(d)), cast back to the model's
-  dtype; `_reshape_cache_int4_kernel`: asymmetric 4 bits over [min, max] with scale `max((max - min) / 15, 1e-6)`,
-  zero point `round(-min / scale)` in 0..15 hidden in the low 4 bits of the fp32 scale, codes
-  `round(x * (1 / scale) + zp)` in 0..15 (round half away from zero: `trunc(v +- 0.5)`); two per byte, even element
-  low. The read path takes `(u - zp) * scale_with_low_bits_cleared` and un-rotates the output by D H / d.
+  seeded 0x9E3779B9, then the unnormalized Walsh-Hadamard butterfly (H x, norm sqrt(b)), cast back to the model's
+  dtype, over blocks of b, the largest power of two dividing d (b = d for a power of two; head_dim 96: three blocks
+  of 32, each with the same b signs); `_reshape_cache_int4_kernel`: asymmetric 4 bits over [min, max] with scale
+  `max((max - min) / 15, 1e-6)`, zero point `round(-min / scale)` in 0..15 hidden in the low 4 bits of the fp32
+  scale, codes `round(x * (1 / scale) + zp)` in 0..15 (round half away from zero: `trunc(v +- 0.5)`); two per byte,
+  even element low. The read path takes `(u - zp) * scale_with_low_bits_cleared` and un-rotates the output by
+  D H / b.
 - `nvfp4`, `nvfp4_4over6`: csrc cache kernel `reshape_and_cache_nvfp4_kernel` (DEFAULT / FOUR_OVER_SIX scale
   search) with vLLM's default k_scale = v_scale = 1.0 (no checkpoint scales). Per 16 values an E4M3 block scale
   `e4m3(amax * (1 / 6))` (saturating, nearest even), elements `e2m1(x * (1 / scale))` (nearest even, saturating at
   6). 4over6 also tries the divisor 4 and keeps it when its squared error (fp32, summed pair by pair) is lower.
-  vLLM's Triton backend has its own NVFP4 store (triton_reshape_and_cache_flash.py `_reshape_cache_nvfp4_kernel`),
-  which divides by 6 and rounds the E4M3 scale half up through log2/floor; kvviz follows the CUDA kernel, the one
-  that also implements 4over6. nvcc may fuse the error's multiply-adds; that can only change the choice between
+  vLLM 0.32 stores NVFP4 only through FlashInfer's backend (`torch.ops._C_cache_ops.reshape_and_cache_flash`, this
+  CUDA kernel; no Triton store). nvcc may fuse the error's multiply-adds; that can only change the choice between
   two candidates whose errors agree to the last bit.
 
 The GPU's approximate reciprocal (`rcp.approx.ftz`, Triton's fp32 division) is taken as the IEEE result here, and
 Triton's fused multiply-add in `x * inv + zp` is computed exactly (float64, then rounded once to fp32), as an FMA
 rounds. vLLM computes the int4 rotation with hadacore on CUDA (through bf16), the butterfly on the CPU: this follows
-the butterfly. Bytes per token and head equal vLLM's page-size formula (v1/kv_cache_interface.py): int8 / fp8
-d + 4, int4 d / 2 + 4, nvfp4 d / 2 + d / 16.
+the butterfly. tests/test_vllm_stores.py runs vLLM's own Triton store kernels (the pinned package, in Triton's CPU
+interpreter) and checks every store here but NVFP4 against them, bit for bit. Bytes per token and head equal vLLM's
+page-size formula (v1/kv_cache_interface.py): int8 / fp8 d + 4, int4 d / 2 + 4, nvfp4 d / 2 + d / 16.
 """
 
 from __future__ import annotations
@@ -52,9 +55,9 @@ def token_head_bytes(fmt, head_dim: int) -> int:
 
 
 def check_head_dim(fmt, head_dim: int) -> None:
-    if fmt.base == "vllm.int4_per_token_head" and (head_dim < 2 or head_dim & (head_dim - 1)):
-        raise ValueError(f"vllm:int4_per_token_head needs a power-of-two head_dim (vLLM's Hadamard transform), "
-                         f"got {head_dim}.")
+    if fmt.base == "vllm.int4_per_token_head" and head_dim % 2:
+        raise ValueError(f"vllm:int4_per_token_head packs two values a byte: it needs an even head_dim, got "
+                         f"{head_dim}.")
     if fmt.base.startswith("vllm.nvfp4") and head_dim % NVFP4_BLOCK:
         raise ValueError(f"vllm:{fmt.base[5:]} needs head_dim to be a multiple of 16, got {head_dim}.")
 
@@ -72,14 +75,16 @@ def kernel_fields(fmt, head_dim: int) -> dict:
 
 
 def pack_table(fmt, head_dim: int) -> torch.Tensor | None:
-    """The table the CPU packer reads (kernels/cpu/jit/pack_engines.py): int4's RHT signs, else None."""
+    """The table the CPU packer reads (kernels/cpu/jit/pack_engines.py): int4's RHT signs [D] (one block's signs
+    repeated), else None."""
     return rht_signs(head_dim) if fmt.base == "vllm.int4_per_token_head" else None
 
 
 @functools.lru_cache(maxsize=16)
 def rht_matrix(d: int) -> torch.Tensor:
-    """R [d, d] fp32 with `decode`'s un-rotation as one matrix: walsh_hadamard(r) * signs / d == r @ R."""
-    return walsh_hadamard(torch.eye(d)) * rht_signs(d) / d
+    """R [d, d] fp32 with `decode`'s un-rotation as one matrix: block-diagonal, walsh_hadamard(r) * signs / b ==
+    r @ R (b = rht_block(d))."""
+    return rht(torch.eye(d), inverse=True) / rht_block(d)
 
 
 # ------------------------------------------------------------------------------------------ encode
@@ -98,17 +103,42 @@ def encode(fmt, x: torch.Tensor, scale) -> dict:
 def _per_token_head(x: torch.Tensor, qmax: float, qmin: float, fp8: bool) -> dict:
     x32 = x.float()
     scale = torch.clamp_min(x32.abs().amax(dim=-1, keepdim=True) / qmax, 1e-6)  # [..., T, 1] fp32
-    q = torch.clamp(x32 * (1.0 / scale), qmin, qmax)
-    data = q.to(torch.float8_e4m3fn) if fp8 else q.to(torch.int8)  # int8: truncation, as Triton's store casts
+    inv = 1.0 / scale
+    if fp8:
+        return {"data": torch.clamp(x32 * inv, qmin, qmax).to(torch.float8_e4m3fn), "scale": scale}
+    # where(q >= 0, q + 0.5, q - 0.5) with q = x * inv: each branch one fused multiply-add on the GPU (exact in
+    # float64 here, then rounded once); the sign test reads the rounded product
+    half = torch.where(x32 * inv >= 0, 0.5, -0.5).double()
+    q = (x32.double() * inv.double() + half).float()
+    data = torch.clamp(q, qmin, qmax).to(torch.int8)  # truncation, as Triton's store casts
     return {"data": data, "scale": scale}
+
+
+def rht_block(d: int) -> int:
+    """The size of single_rht's Hadamard blocks: the largest power of two dividing d (vllm's
+    largest_power_of_2_divisor)."""
+    return d & -d
 
 
 @functools.lru_cache(maxsize=16)
 def rht_signs(d: int) -> torch.Tensor:
-    """vLLM's ±1 signs for head_dim d (fp32 [d]), drawn exactly as int4_per_token_head.py draws them."""
+    """vLLM's ±1 signs for head_dim d (fp32 [d]), drawn exactly as int4_per_token_head.py draws them: b =
+    rht_block(d) signs, repeated for each of the d / b blocks."""
+    b = rht_block(d)
     gen = torch.Generator(device="cpu")
     gen.manual_seed(RHT_SEED)
-    return 2.0 * torch.bernoulli(torch.full((d,), 0.5), generator=gen) - 1.0
+    return (2.0 * torch.bernoulli(torch.full((b,), 0.5), generator=gen) - 1.0).repeat(d // b)
+
+
+def rht(x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """single_rht over the last dim of fp32 x [..., d]: H (x * signs) per block of rht_block(d), or with inverse
+    (H x) * signs; unnormalized (norm sqrt(b))."""
+    d = x.shape[-1]
+    b = rht_block(d)
+    signs = rht_signs(d).to(x.device)
+    blocks = (x if inverse else x * signs).reshape(*x.shape[:-1], d // b, b)
+    y = walsh_hadamard(blocks).reshape(x.shape)
+    return y * signs if inverse else y
 
 
 def walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
@@ -131,8 +161,7 @@ def _round_away(v: torch.Tensor) -> torch.Tensor:
 
 
 def _int4(x: torch.Tensor) -> dict:
-    d = x.shape[-1]
-    rotated = walsh_hadamard(x.float() * rht_signs(d).to(x.device)).to(x.dtype).float()  # single_rht(x).to(x.dtype)
+    rotated = rht(x.float()).to(x.dtype).float()  # single_rht(x.float()).to(x.dtype)
     lo = rotated.amin(dim=-1, keepdim=True)
     hi = rotated.amax(dim=-1, keepdim=True)
     scale = torch.clamp_min((hi - lo) / 15.0, 1e-6)  # [..., T, 1] fp32
@@ -209,8 +238,7 @@ def decode(fmt, q) -> torch.Tensor:
         return q.data.float() * q.scale
     if fmt.base == "vllm.int4_per_token_head":
         rotated = int4_unpacked(q)
-        d = rotated.shape[-1]
-        return walsh_hadamard(rotated) * rht_signs(d).to(rotated.device) / d  # single_rht(inverse) / head_size
+        return rht(rotated, inverse=True) / rht_block(rotated.shape[-1])  # single_rht(inverse) / rht_norm
     values = decode_bytes(q.data, 4, _E2M1_SIGNED)  # [..., T, D]
     scale = q.scale.float()  # [..., T, D/16]; times k_scale = 1.0
     blocks = values.reshape(*values.shape[:-1], scale.shape[-1], NVFP4_BLOCK)  # [..., T, D/16, 16]

@@ -5,9 +5,11 @@ the one-call decode step.
 
 Bit-exact with kvviz.formats: the same fp32 operations in the same order (no fastmath: IEEE division, no fused
 multiply-add), roundings to fp16 / bf16 / E4M3 / E2M1 in integer arithmetic (kernels/cpu/jit/pack.py's helpers):
-- int8 / fp8 per token head: s = max(amax / qmax, 1e-6) (fp32), y = clamp(x * (1 / s), qmin, qmax), int8 truncated
-  toward zero, E4M3 to nearest even; s stored as fp32.
-- int4 per token head: x * signs, the unnormalized Walsh-Hadamard butterfly in fp32, rounded to the model's dtype;
+- int8 / fp8 per token head: s = max(amax / qmax, 1e-6) (fp32), inv = 1 / s; int8: y = x * inv +- 0.5 (the sign
+  of the fp32 product; the multiply-add in float64, one rounding, as an FMA), clamped to -128..127, truncated toward
+  zero; E4M3: clamp(x * inv, -448, 448) to nearest even; s stored as fp32.
+- int4 per token head: x * signs, the unnormalized Walsh-Hadamard butterfly in fp32 over each block of the largest
+  power of two dividing D, rounded to the model's dtype;
   s = max((max - min) / 15, 1e-6), zp = round_away(-min / s) in 0..15, codes round_away(fp32(x * (1 / s) + zp)) with
   the multiply-add in float64 (one rounding, as an FMA), zp in the low 4 bits of the fp32 scale.
 - NVFP4 (and 4over6): per 16 values an E4M3 block scale e4m3(min(amax * fp32(1 / 6), 448)), elements e2m1(x / scale)
@@ -116,9 +118,11 @@ def _nvfp4_error(row, lo, out):
 
 @nb.njit(**_OPTS)
 def _butterfly(w, dim):
-    """The unnormalized Walsh-Hadamard transform of w[0:dim] in place, in formats.vllm.walsh_hadamard's order."""
+    """The unnormalized Walsh-Hadamard transform of each block of w[0:dim] in place (blocks of the largest power of
+    two dividing dim, as formats.vllm.rht), in formats.vllm.walsh_hadamard's order."""
+    size = dim & -dim
     hh = 1
-    while hh < dim:
+    while hh < size:
         for blk in range(0, dim, 2 * hh):
             for i in range(blk, blk + hh):
                 a, c = w[i], w[i + hh]
@@ -150,7 +154,11 @@ def engine_pack_rows(x, data, scale, zero, engine, bits, pos, aux, xdt):
                     s = max(amax / qmax, _F32(1e-6))
                     inv = _F32(1.0) / s
                     for i in range(dim):
-                        y = min(max(row[i] * inv, qmin), qmax)
+                        y = row[i] * inv
+                        if engine == EN_INT8:  # round half away from zero, the add fused into the multiply
+                            half = 0.5 if y >= 0 else -0.5
+                            y = _F32(np.float64(row[i]) * np.float64(inv) + half)
+                        y = min(max(y, qmin), qmax)
                         data[b, h, r, i] = (np.int64(y) if engine == EN_INT8 else _fp8(y, 4)) & 0xFF
                     _put(scale, b, h, r, 0, _bits(s), 4)
                 elif engine == EN_INT4:
