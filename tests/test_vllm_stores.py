@@ -47,13 +47,17 @@ DRIVER = REPO / "tests" / "vllm_stores.py"
 VLLM_PYTHON = Path(os.environ.get("KVVIZ_VLLM_PYTHON") or REPO / ".venv-vllm" / "bin" / "python")
 
 CASTS = ("auto", "float16", "bfloat16")  # the model's values, unquantized
-CUDA_ONLY = ("nvfp4", "nvfp4_4over6")  # csrc/.../nvfp4 kernels: compiled, CUDA only
+CUDA_ONLY = ("nvfp4", "nvfp4_4over6", "nvfp4_ds_mla")  # csrc/.../nvfp4 kernels, inline PTX: CUDA only
+# Checked against vLLM elsewhere: the CPU build's fp8 (its compiled op's bytes, tests/test_formats_vllm.py), and
+# UltraQuant's and DeepSeek's fp8 MLA stores (tests/test_vllm_extra_stores.py, the same venv and interpreter).
+ELSEWHERE = ("fp8/cpu", "fp8_e4m3/cpu", "fp8_e5m2/cpu", "ultraquant_4bit", "fp8_ds_mla")
 HEAD_DIMS = (64, 128, 256)
 TOKENS, HEADS = 5, 2
 
 # (vllm dtype, model dtype, head_dim): every dtype the interpreter can run at every head_dim, plus int4's
 # non-power-of-two head_dims and an fp16 model (int4 rounds its rotation to the model's dtype)
-CASES = [(name, "bfloat16", d) for name in VLLM_DTYPES if name not in CASTS + CUDA_ONLY for d in HEAD_DIMS]
+CASES = [(name, "bfloat16", d) for name in VLLM_DTYPES if name not in CASTS + CUDA_ONLY + ELSEWHERE
+         for d in HEAD_DIMS]
 CASES += [("int4_per_token_head", "bfloat16", 96), ("int4_per_token_head", "bfloat16", 80),
           ("int4_per_token_head", "float16", 128)]
 _TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -192,7 +196,7 @@ def _check_tq_key(case: str, x: torch.Tensor, data: torch.Tensor, norm: torch.Te
 def test_every_vllm_dtype_is_compared_or_said_why_not():
     """A new vLLM dtype in kvviz's table needs a case here (or a reason it cannot run in the interpreter)."""
     covered = {name for name, _, _ in CASES}
-    assert set(VLLM_DTYPES) == covered | set(CASTS) | set(CUDA_ONLY)
+    assert set(VLLM_DTYPES) == covered | set(CASTS) | set(CUDA_ONLY) | set(ELSEWHERE)
 
 
 @pytest.mark.parametrize("name,model_dtype,head_dim", CASES, ids=[_case(*c) for c in CASES])
