@@ -213,3 +213,16 @@ def test_cli_serve_prints_the_urls_and_stops_on_ctrl_c(fake_vllm, monkeypatch):
         if proc.poll() is None:
             proc.kill()
     assert len(pids.read_text().split()) == 2 and _running(pids) == []
+
+
+def test_progress_in_a_log_prints_a_line_when_the_status_changes(capsys, monkeypatch):
+    from kvviz.cli import engines as cli
+
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: False, raising=False)
+    progress = cli._progress_line()
+    for s in range(5):
+        progress(f"vLLM: 0/3 servers ready (auto, fp8_e4m3, fp8_e5m2; smollm2-135m), {s} s")
+    progress("vLLM: 3/3 servers ready (auto, fp8_e4m3, fp8_e5m2; smollm2-135m), 5 s")
+    assert capsys.readouterr().err.splitlines() == [
+        "vLLM: 0/3 servers ready (auto, fp8_e4m3, fp8_e5m2; smollm2-135m), 0 s",
+        "vLLM: 3/3 servers ready (auto, fp8_e4m3, fp8_e5m2; smollm2-135m), 5 s"]

@@ -132,17 +132,28 @@ def _print_capped(stats: dict) -> None:
         print(f"Note: {stats['capped']}.")
 
 
-def _progress(message: str) -> None:
-    """One status line, rewritten in place on a terminal."""
-    end = "" if sys.stderr.isatty() else "\n"
-    print(f"\r{message:<100}" if end == "" else message, end=end, file=sys.stderr, flush=True)
+def _progress_line():
+    """A progress(str) for vllm_local: one status line rewritten in place on a terminal; in a log, a line when the
+    status changes or every 15 s (not one a second)."""
+    last = {"what": None, "at": 0.0}
+
+    def progress(message: str) -> None:
+        if sys.stderr.isatty():
+            print(f"\r{message:<100}", end="", file=sys.stderr, flush=True)
+            return
+        what, now = message.rsplit(", ", 1)[0], time.monotonic()  # the status without its running seconds
+        if what != last["what"] or now - last["at"] >= 15:
+            last.update(what=what, at=now)
+            print(message, file=sys.stderr, flush=True)
+
+    return progress
 
 
 def _run_vllm(args: argparse.Namespace, text: str | None, options: dict) -> int:
     if args.serve:
         with vllm_local.serve(args.vllm, args.model, max_model_len=options["max_model_len"] or args.tokens + 1,
                               top_k=options["top_k"], port=options["port"], together=options["together"],
-                              progress=_progress) as urls:
+                              progress=_progress_line()) as urls:
             print(f"\nKVVIZ_VLLM_URLS={','.join(f'{n}={u}' for n, u in urls.items())}\nServing until Ctrl-C.",
                   flush=True)
             with contextlib.suppress(KeyboardInterrupt):
@@ -150,7 +161,7 @@ def _run_vllm(args: argparse.Namespace, text: str | None, options: dict) -> int:
                     time.sleep(3600)
         return 0
     results = vllm_local.kld(args.vllm, args.model, tokens=args.tokens, text=text, score_from=1,
-                             progress=_progress, **options)
+                             progress=_progress_line(), **options)
     if sys.stderr.isatty():
         print(file=sys.stderr)
     first = next(iter(results.values()))
