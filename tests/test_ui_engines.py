@@ -2,8 +2,9 @@
 static-scale warnings reaching the user (kvviz.ui.common.ScaleNotes in Compare and Export).
 
 The API tests run the app on the bundled SmolLM2 (tests/app_server.py) and call real llama.cpp through
-llama-cpp-python on its GGUF, with 32 tokens and one cache type so the call takes seconds. Bad input must come
-back as a message before anything runs.
+llama-cpp-python on its GGUF (in the app's llama.cpp worker process; one test kills it and expects the next call
+answered), with 32 tokens and one cache type so the call takes seconds. Bad input must come back as a message
+before anything runs.
 
 Run: python -m pytest tests/test_ui_engines.py -q
 """
@@ -12,10 +13,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import signal
 import sys
 import threading
+import time
+import urllib.request
 import warnings
+from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -139,9 +145,14 @@ def test_scale_notes_pass_other_warnings_on_and_catch_each_step_of_a_stream():
 
 
 @pytest.fixture(scope="module")
-def client():
+def server():
     with serve_app(model="smollm2-135m") as srv:
-        yield Client(srv.url, verbose=False, httpx_kwargs={"timeout": 600})
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return Client(server.url, verbose=False, httpx_kwargs={"timeout": 600})
 
 
 def _traces(plot: dict) -> list:
@@ -178,6 +189,41 @@ def test_engine_compare_rotation_changes_llama_cpp_only(client):
     assert rotated[0]["data"][0][4] != plain[0]["data"][0][4]
     assert rotated[0]["data"][0][7] != plain[0]["data"][0][7]  # the simulation of llama.cpp follows its rotation
     assert "llama.cpp's default" in rotated[2] and _traces(rotated[1])[1]["name"] == "llama.cpp (rotated K/V)"
+
+
+def _llama_cpp_workers(app_pid: int) -> list[int]:
+    """The live children of the app running kvviz's llama.cpp worker, from /proc (a zombie has no command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):  # the process ended while being read
+            continue
+        if ppid == app_pid and b"kvviz.engines.llamacpp_worker" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_the_app_survives_its_llama_cpp_worker_dying(server, client):
+    """llama.cpp runs in a worker process of the app: killed, it takes nothing else down, and the next engine_compare
+    starts a fresh one and gets the same figures."""
+    before = client.predict(["q8_0"], 32, False, "smollm2-135m", api_name="/engine_compare")
+    [worker] = _llama_cpp_workers(server.pid)
+    assert "libllama" not in Path(f"/proc/{server.pid}/maps").read_text()  # llama.cpp is mapped in the worker only
+    os.kill(worker, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _llama_cpp_workers(server.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _llama_cpp_workers(server.pid) == []
+    after = client.predict(["q8_0"], 32, False, "smollm2-135m", api_name="/engine_compare")
+    assert after[0]["data"] == before[0]["data"] and after[2].startswith("Done in"), after[2]
+    [fresh] = _llama_cpp_workers(server.pid)
+    assert fresh != worker
+    with urllib.request.urlopen(server.url, timeout=10) as page:  # the app still serves its page
+        assert page.status == 200
 
 
 @pytest.mark.parametrize("index, junk, message", [

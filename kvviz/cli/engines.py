@@ -1,4 +1,4 @@
-"""`python -m kvviz engines`: KV formats measured inside llama.cpp (in-process) or vLLM / SGLang servers.
+"""`python -m kvviz engines`: KV formats measured inside llama.cpp (in a worker process) or vLLM / SGLang servers.
 
     python -m kvviz engines --specs q8_0,k=q8_0,v=q4_0,q4_0 --tokens 512           # llama.cpp, bundled SmolLM2
     python -m kvviz engines --specs q4_0 --model path/to/model.gguf --no-rotate
@@ -24,7 +24,8 @@ from kvviz import engines
 from kvviz.engines import llamacpp, simulate, verdict, vllm_local
 from kvviz.memory import split_formats
 
-HELP = "KLD of KV formats inside a real engine: llama.cpp in-process, local vLLM servers, or vLLM / SGLang servers"
+HELP = ("KLD of KV formats inside a real engine: llama.cpp (in a worker process), vLLM servers kvviz starts, or "
+        "vLLM / SGLang servers")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

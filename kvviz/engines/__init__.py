@@ -2,7 +2,7 @@
 (kvviz.metrics, the same numbers `llama-perplexity --kl-divergence` prints).
 
     from kvviz import engines
-    engines.kld("llama.cpp", ["q8_0", "k=q8_0,v=q4_0"], tokens=512)          # in-process, the bundled SmolLM2 GGUF
+    engines.kld("llama.cpp", ["q8_0", "k=q8_0,v=q4_0"], tokens=512)          # the bundled SmolLM2 GGUF, in a worker
     engines.kld({"baseline": "http://gpu0:8000", "fp8_e4m3": "http://gpu1:8000"})   # vLLM / SGLang servers
 
     python -m kvviz engines --specs q8_0,k=q8_0,v=q4_0 --tokens 512
@@ -10,7 +10,8 @@
     python -m kvviz engines --vllm fp8_e4m3,fp8_e5m2 --tokens 128                    # local vLLM servers
 
 - llama.cpp (kvviz/engines/llamacpp.py): llama-cpp-python loads the GGUF once per K/V type pair with flash
-  attention on and keeps every position's logits; the baseline is an f16 cache. Full-vocabulary KL.
+  attention on and keeps every position's logits, in a worker process (a native crash ends only it); the baseline
+  is an f16 cache. Full-vocabulary KL.
 - vLLM and SGLang (kvviz/engines/servers.py): one server per `--kv-cache-dtype` plus a baseline server, all serving
   the same model; teacher-forced top-k prompt log-probs; KL over the top-k with the rest of the mass lumped (a
   lower bound). Servers spanning many GPUs are measured the same way as one.

@@ -1,9 +1,17 @@
-"""llama.cpp in-process through llama-cpp-python: teacher-forced KLD of its KV cache types against an f16 cache.
+"""llama.cpp through llama-cpp-python, in a worker process: teacher-forced KLD of its KV cache types against an
+f16 cache, and its decode speed.
 
 For each K/V type pair the GGUF is loaded once (`llama_cpp.Llama(..., logits_all=True, type_k=..., type_v=...,
 flash_attn=True)`), the same tokens are evaluated, and every position's logits are kept: [tokens, vocab] float32.
 The baseline is the same model with an f16 K and V cache. Statistics are kvviz.metrics' (llama.cpp's own
 `llama-perplexity --kl-divergence` definitions) over positions 0..tokens-2, each predicting the next token.
+
+Every llama.cpp call runs in one long-lived child process (kvviz/engines/llamacpp_worker.py), never in this one:
+a native crash there (a SIGILL from a build for instructions the CPU lacks took the whole app down once, inside
+ggml's AMX code) ends only the worker. The request it was serving gets a ValueError saying what happened and what
+to do (death_message), and the next request starts a fresh worker. Requests take turns under a lock; the worker
+computes the statistics and returns only token ids and stats dicts. This module checks specs and GGUF files and
+never imports llama_cpp itself; LLAMA_ATTN_ROT_DISABLE is set inside the worker, per request.
 
 Why llama.cpp's figures differ from kvviz's bare formats (measured: benchmarks/llamacpp_fidelity.py), each
 simulated by kvviz.engines.simulate.llamacpp_kld with kvviz.ggml_attention:
@@ -12,7 +20,7 @@ simulated by kvviz.engines.simulate.llamacpp_kld with kvviz.ggml_attention:
   kvviz's bare q8_0 at 512 tokens of SmolLM2);
 - builds since April 2026 (this one included) rotate a quantized K (and Q) by a Hadamard transform of the largest
   power of two >= 64 dividing head_dim, and a quantized V by 64-wide blocks, un-rotating the output
-  (`rotate=False` sets LLAMA_ATTN_ROT_DISABLE=1);
+  (`rotate=False` sets LLAMA_ATTN_ROT_DISABLE=1 in the worker);
 - for Llama-family GGUFs Q/K channels are RoPE-interleaved (the converter permutes the weights), so the cache's
   32-value blocks group other channels than transformers' order does;
 - its CPU flash attention converts Q to K's dot-product partner (q8_0 for q4_0 ...) when the cache is quantized;
@@ -27,35 +35,40 @@ Needs `pip install llama-cpp-python==0.3.36` (builds llama.cpp from source: abou
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import atexit
+import importlib.util
 import os
+import signal
+import subprocess
+import sys
 import threading
-import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import gguf
-import numpy as np
-import torch
 
 from kvviz import export, models
 from kvviz.formats import parse_kv
-from kvviz.metrics import kld_stats, log_probs
 from kvviz.quality.corpus import wikitext
 
 ENGINE = "llama.cpp"
-_ROT_ENV = "LLAMA_ATTN_ROT_DISABLE"
+ROT_ENV = "LLAMA_ATTN_ROT_DISABLE"
 MIN_TOKENS = 16
+INSTALL = ("The llama.cpp bridge needs llama-cpp-python: `pip install llama-cpp-python==0.3.36` (it builds llama.cpp "
+           "from source, a few minutes; `make test` builds it portable, with the Makefile's LLAMA_CMAKE flags)")
+_WORKER_MODULE = "kvviz.engines.llamacpp_worker"
 
 
-def import_llama_cpp():
+def check_installed() -> None:
+    """ValueError saying how to install llama-cpp-python when it is missing. Looks for the package without
+    importing it: llama.cpp's native code is only ever loaded in the worker process."""
     try:
-        import llama_cpp
-    except ImportError as err:
-        raise ValueError("The llama.cpp bridge needs llama-cpp-python: `pip install llama-cpp-python==0.3.36` "
-                         f"(it builds llama.cpp from source, a few minutes) ({err}).") from err
-    return llama_cpp
+        found = importlib.util.find_spec("llama_cpp") is not None
+    except ValueError:  # a module object without a spec sits in sys.modules
+        found = False
+    if not found:
+        raise ValueError(f"{INSTALL}.")
 
 
 def resolve_gguf(model: str | os.PathLike | None) -> Path:
@@ -106,51 +119,6 @@ def _check_model_gguf(path: Path) -> None:
         raise ValueError(f"{path} is a GGUF file but not a model ({what}); pass a GGUF that holds a model's weights.")
 
 
-@contextlib.contextmanager
-def _captured_log(llama_cpp):
-    """Collect llama.cpp's error lines (its own log, not Python's) while the block runs; restore after."""
-    lines: list[str] = []
-    last = [0]
-    error, cont = 4, 5  # ggml.h's GGML_LOG_LEVEL_ERROR and _CONT (continues the previous line)
-
-    @llama_cpp.llama_log_callback
-    def collect(level, text, user_data):
-        if level == error or (level == cont and last[0] == error):
-            lines.append(text.decode("utf-8", "replace"))
-        if level != cont:
-            last[0] = level
-
-    llama_cpp.llama_log_set(collect, ctypes.c_void_p(0))
-    try:
-        yield lines
-    finally:
-        from llama_cpp import _logger  # llama-cpp-python's own callback (prints errors when not verbose)
-
-        llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
-
-
-_ENV_LOCK = threading.Lock()  # the app serves requests on threads; os.environ is one per process
-
-
-@contextlib.contextmanager
-def _rotation(rotate: bool):
-    """llama.cpp reads LLAMA_ATTN_ROT_DISABLE when it builds a KV cache (at context creation); held under a lock so
-    two requests with different rotations cannot see each other's setting."""
-    with _ENV_LOCK:
-        old = os.environ.get(_ROT_ENV)
-        if not rotate:
-            os.environ[_ROT_ENV] = "1"
-        else:
-            os.environ.pop(_ROT_ENV, None)
-        try:
-            yield
-        finally:
-            if old is None:
-                os.environ.pop(_ROT_ENV, None)
-            else:
-                os.environ[_ROT_ENV] = old
-
-
 def type_pair(spec: str) -> tuple[str, str]:
     """llama.cpp's (-ctk, -ctv) types for a kvviz spec ("q8_0", "k=q8_0,v=q4_0", "fp16"); ValueError with
     kvviz.export's reason when llama.cpp has no such cache type."""
@@ -160,33 +128,6 @@ def type_pair(spec: str) -> tuple[str, str]:
         raise ValueError(f"{spec!r} cannot run in llama.cpp: {row['note']}")
     flags = row["flags"].split()  # "-ctk K -ctv V [-fa on]"
     return flags[flags.index("-ctk") + 1], flags[flags.index("-ctv") + 1]
-
-
-def _load(llama_cpp, path: Path, n_ctx: int, k_type: str, v_type: str, flash_attn: bool, rotate: bool,
-          threads: int | None):
-    """A llama_cpp.Llama with these cache types and all logits kept; llama.cpp's own reason when it refuses."""
-    kwargs = dict(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512), logits_all=True,
-                  flash_attn=flash_attn, verbose=False, type_k=getattr(llama_cpp, f"GGML_TYPE_{k_type.upper()}"),
-                  type_v=getattr(llama_cpp, f"GGML_TYPE_{v_type.upper()}"))
-    if threads:
-        kwargs.update(n_threads=threads, n_threads_batch=threads)
-    with _captured_log(llama_cpp) as log, _rotation(rotate):
-        try:
-            return llama_cpp.Llama(**kwargs)
-        except ValueError as err:  # "Failed to create llama_context" / "Failed to load model": why is in the log
-            reason = " ".join(line.strip() for line in log if line.strip()) or str(err)
-            raise ValueError(f"llama.cpp refused K {k_type}, V {v_type}"
-                             f"{'' if flash_attn else ' without flash attention'} for {path.name}: {reason}") from err
-
-
-def _logprobs(llm, ids: list[int]) -> torch.Tensor:
-    """Teacher-forced log-probs [len(ids), vocab] float32 (row t: the distribution of token t + 1); closes llm."""
-    try:
-        llm.eval(ids)
-        logits = torch.from_numpy(np.array(llm.scores[: len(ids)], dtype=np.float32))  # [T, vocab]
-    finally:
-        llm.close()
-    return log_probs(logits).float()
 
 
 def kld(specs: list[str], *, model=None, text: str | None = None, tokens: int = 512, flash_attn: bool = True,
@@ -205,6 +146,7 @@ def run(specs: list[str], *, model=None, text: str | None = None, tokens: int = 
     evaluated (tokens - 1 positions scored). flash_attn: llama.cpp refuses a quantized V without it (ValueError with
     its reason). rotate: llama.cpp's default Hadamard rotation of a quantized K/V (False: LLAMA_ATTN_ROT_DISABLE=1).
     on_pair(i, spec): called before the i-th spec runs (0-based, after the baseline), for a progress bar.
+    Runs in the llama.cpp worker process: a ValueError (death_message) when it dies under the request.
 
     Returns (token ids scored [T], {spec: stats}), stats: kvviz.metrics.STAT_KEYS plus "engine", "k_type",
     "v_type", "rotation", "model" and "estimate" ("full vocabulary").
@@ -215,28 +157,10 @@ def run(specs: list[str], *, model=None, text: str | None = None, tokens: int = 
         raise ValueError(f"tokens must be a whole number >= {MIN_TOKENS}; got {tokens!r}.")
     pairs = {spec: type_pair(spec) for spec in specs}  # bad specs fail before any model loads
     path = resolve_gguf(model)
-    llama_cpp = import_llama_cpp()
-    if text is None:
-        text = wikitext()
-    run = dict(flash_attn=flash_attn, rotate=rotate, threads=threads)
-    llm = _load(llama_cpp, path, tokens, "f16", "f16", **run)
-    ids = llm.tokenize(text.encode("utf-8"), add_bos=True)[:tokens]
-    if len(ids) < MIN_TOKENS:
-        llm.close()
-        raise ValueError(f"The text has {len(ids)} tokens; the bridge needs at least {MIN_TOKENS}. Give a longer text.")
-    targets = torch.tensor(ids[1:])  # [T - 1]
-    base = _logprobs(llm, ids)[:-1]  # [T - 1, vocab]
-    out = {}
-    for i, (spec, (k_type, v_type)) in enumerate(pairs.items()):
-        if on_pair is not None:
-            on_pair(i, spec)
-        cand = _logprobs(_load(llama_cpp, path, tokens, k_type, v_type, **run), ids)[:-1]
-        stats = kld_stats(base, cand, targets)
-        stats.update(engine=f"llama.cpp (llama-cpp-python {llama_cpp.__version__})", k_type=k_type, v_type=v_type,
-                     rotation="llama.cpp's default" if rotate else f"off ({_ROT_ENV}=1)",
-                     estimate="full vocabulary", model=path.name)
-        out[spec] = stats
-    return ids, out
+    check_installed()
+    return _WORKER.request("run", dict(path=str(path), text=wikitext() if text is None else text, tokens=tokens,
+                                       pairs=pairs, flash_attn=flash_attn, rotate=rotate, threads=threads),
+                           on_pair=on_pair)
 
 
 def decode_speed(types: list[tuple[str, str]], *, context: int, tokens: int = 8, rounds: int = 2, model=None,
@@ -245,25 +169,137 @@ def decode_speed(types: list[tuple[str, str]], *, context: int, tokens: int = 8,
     load per pair (flash attention, llama.cpp's default rotation), in interleaved rounds (best kept): the peer of
     `python -m kvviz bench --contexts`. types: llama.cpp cache types, e.g. [("f16", "f16"), ("q4_0", "q4_0")];
     threads: llama.cpp's threads (None: its default). The prompt is `text` (default WikiText-2) repeated."""
-    llama_cpp = import_llama_cpp()
     path = resolve_gguf(model)
-    llms = {pair: _load(llama_cpp, path, context + tokens + 8, *pair, True, True, threads) for pair in types}
-    try:
-        first = next(iter(llms.values()))
-        ids = first.tokenize((text or wikitext()).encode(), add_bos=False)
-        while len(ids) < context + tokens:
-            ids = ids + ids
-        best = dict.fromkeys(llms, 0.0)
-        for llm in llms.values():  # logits_all keeps every position's logits: prefill once, then rewind
-            llm.eval(ids[:context])
-        for _ in range(rounds):
-            for pair, llm in llms.items():
-                llm.n_tokens = context  # rewind: eval() drops the cache past n_tokens
-                start = time.perf_counter()
-                for t in range(tokens):
-                    llm.eval([ids[context + t]])
-                best[pair] = max(best[pair], tokens / (time.perf_counter() - start))
-        return best
-    finally:
-        for llm in llms.values():
-            llm.close()
+    check_installed()
+    return _WORKER.request("decode_speed", dict(path=str(path), types=list(types), context=context, tokens=tokens,
+                                                rounds=rounds, threads=threads, text=text or wikitext()))
+
+
+_ADVICE = {
+    signal.SIGILL: "Its llama-cpp-python was built for instructions this CPU lacks (a -march=native build, AVX-512 "
+                   "or AMX code): rebuild it portable with `make test`, or `pip install llama-cpp-python==0.3.36` "
+                   "with CMAKE_ARGS set to the Makefile's LLAMA_CMAKE flags (-DGGML_NATIVE=OFF, x86-64-v3)",
+    signal.SIGKILL: "Something killed it, most often the kernel's out-of-memory killer: free memory or score fewer "
+                    "tokens, then run again",
+}
+
+
+def death_message(returncode: int, op: str) -> str:
+    """The sentence a request gets when the worker ended under it: what happened and what to do."""
+    if returncode < 0:
+        sig = signal.Signals(-returncode)
+        what = f"died with {sig.name} ({(signal.strsignal(sig) or sig.name).lower()})"
+        advice = _ADVICE.get(sig, "The crash is inside llama.cpp: run again, and if it repeats, report the model "
+                                  "and cache types")
+    else:
+        what, advice = f"exited with status {returncode}", "Its last lines on stderr (the app's log) say why; run again"
+    return (f"llama.cpp's worker process {what} during {op}; the app is unharmed. {advice}. The next request starts "
+            "a fresh worker.")
+
+
+class _Worker:
+    """The one llama.cpp worker process of this process (kvviz.engines.llamacpp_worker): started on first use,
+    reused, restarted after it dies; requests take turns under a lock (llama.cpp's work is CPU-bound anyway)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._send: Connection | None = None
+        self._recv: Connection | None = None
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def _start(self) -> None:
+        worker_r, send_w = os.pipe()  # requests: parent -> worker
+        recv_r, worker_w = os.pipe()  # replies: worker -> parent
+        root = str(Path(__file__).resolve().parents[2])  # this kvviz, whatever the caller's cwd
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        env.pop(ROT_ENV, None)  # the worker sets it per request
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-m", _WORKER_MODULE, str(worker_r), str(worker_w)],
+                                          pass_fds=(worker_r, worker_w), stdin=subprocess.DEVNULL, stdout=2, env=env)
+        finally:
+            os.close(worker_r)  # the worker holds its own copies; ours would hide its death (no EOF)
+            os.close(worker_w)
+        self._send, self._recv = Connection(send_w, readable=False), Connection(recv_r, writable=False)
+        kind, value = self._reply("starting llama-cpp-python")
+        if kind == "error":  # llama-cpp-python does not import there
+            self._reap()
+            raise ValueError(value)
+        assert kind == "ready", f"the llama.cpp worker's first message was {kind!r}, not 'ready'"
+
+    def _reply(self, op: str) -> tuple:
+        try:
+            return self._recv.recv()
+        except (EOFError, OSError):  # its end of the pipe closed: the process is gone
+            returncode = self._proc.wait()
+            self._close()
+            raise ValueError(death_message(returncode, op)) from None
+
+    def _close(self) -> None:
+        for conn in (self._send, self._recv):
+            if conn is not None:
+                conn.close()
+        self._proc = self._send = self._recv = None
+
+    def _reap(self) -> None:
+        """Stop the worker (it may be mid-request, with replies no one will read) and forget it."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+        self._close()
+
+    def request(self, op: str, kwargs: dict, on_pair: Callable[[int, str], None] | None = None):
+        """Run `op` in the worker and return its result; ValueError with llama.cpp's reason when it refuses, or
+        with death_message when the worker ends under the request."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is not None:  # died between requests
+                self._close()
+            if self._proc is None:
+                self._start()
+            answered = False
+            try:
+                try:
+                    self._send.send((op, kwargs))
+                except OSError:  # died after the check above
+                    self._reap()
+                    self._start()
+                    self._send.send((op, kwargs))
+                while True:
+                    kind, *value = self._reply(op)
+                    if kind == "pair":
+                        if on_pair is not None:
+                            on_pair(*value)
+                        continue
+                    answered = True
+                    if kind == "done":
+                        return value[0]
+                    if kind == "error":
+                        raise ValueError(value[0])
+                    raise RuntimeError(f"llama.cpp's worker failed in {op}:\n{value[0]}")
+            finally:
+                if not answered:  # a callback raised, or an interrupt: the worker's late replies must not answer
+                    self._reap()  # the next request
+
+    def stop(self) -> None:
+        """End the worker if it runs (at exit, and for tests that want a fresh one)."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                try:
+                    self._send.send(None)
+                    self._proc.wait(timeout=10)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass  # _reap below ends it either way
+            self._reap()
+
+
+_WORKER = _Worker()
+atexit.register(_WORKER._reap)  # not stop(): at exit a daemon thread may still hold the lock mid-request
+
+
+def worker_pid() -> int | None:
+    """The llama.cpp worker process's pid while it runs, else None."""
+    return _WORKER.pid

@@ -1,7 +1,8 @@
 """kvviz.ui.engines: the Compare tab's engine view: kvviz's formats beside llama.cpp's own KLD, for the same
 llama.cpp cache types on the same model and the same tokens.
 
-llama.cpp runs in-process (kvviz.engines.llamacpp, llama-cpp-python) on the model's GGUF file; kvviz runs the
+llama.cpp runs in the app's llama.cpp worker process (kvviz.engines.llamacpp, llama-cpp-python: a native crash
+ends the worker and comes back as a message, never the app) on the model's GGUF file; kvviz runs the
 same GGUF's weights, dequantized (kvviz.engines.simulate), on the token ids llama.cpp scored, twice: its bare
 format (simulate.kld) and its simulation of llama.cpp's arithmetic (simulate.llamacpp_kld, with the llama.cpp
 run's rotation setting), whose ratio to llama.cpp's mean KLD the table shows. Each is measured against its own
@@ -161,7 +162,7 @@ def run(pairs, tokens, rotate, model=None, progress=gr.Progress(), vllm: dict[st
     if vllm:
         _check_vllm_model(vllm, model)
     try:
-        llamacpp.import_llama_cpp()
+        llamacpp.check_installed()
     except ValueError as err:
         raise ValueError(f"The engine view runs llama.cpp, which this app cannot load: {err} Then restart the app; "
                          "kvviz's own figures are in the Compare tab above.") from err

@@ -138,9 +138,10 @@ EN: dict[str, str] = {
                      "each depth, and ask for it back through each format's cache. Coarse scales lose it first."),
     # Compare: the engine view (kvviz/ui/engines.py)
     "engine_title": "kvviz against llama.cpp: the same cache types measured inside the engine",
-    "engine_intro": ("**What you see:** llama.cpp's own KV cache types run inside llama.cpp (in-process, on the "
-                     "model's GGUF file) and in kvviz's simulation, on the same tokens of WikiText-2. Each side's KLD "
-                     "is taken against its own unquantized run, with llama.cpp's `--kl-divergence` statistics."),
+    "engine_intro": ("**What you see:** llama.cpp's own KV cache types run inside llama.cpp (in a worker process of "
+                     "the app, on the model's GGUF file) and in kvviz's simulation, on the same tokens of WikiText-2. "
+                     "Each side's KLD is taken against its own unquantized run, with llama.cpp's `--kl-divergence` "
+                     "statistics."),
     "engine_vllm_note": ("**vLLM too:** this app was started with vLLM servers (KVVIZ_VLLM_URLS), so each run also "
                          "measures vLLM's KV cache dtypes on the same tokens, beside kvviz's simulation of each dtype "
                          "measured the same way (top-20 log-probs, the rest lumped). The verdict column says whether "
@@ -612,7 +613,7 @@ KO: dict[str, str] = {
                      "물어봅니다. 거친 스케일이 먼저 놓칩니다."),
     # Compare: 엔진 보기 (kvviz/ui/engines.py)
     "engine_title": "kvviz와 llama.cpp: 같은 캐시 타입을 엔진 안에서 측정",
-    "engine_intro": ("**보고 있는 것:** llama.cpp의 KV 캐시 타입을 llama.cpp 안에서(프로세스 안, 모델의 GGUF 파일로) "
+    "engine_intro": ("**보고 있는 것:** llama.cpp의 KV 캐시 타입을 llama.cpp 안에서(앱의 작업자 프로세스에서, 모델의 GGUF 파일로) "
                      "그리고 kvviz의 시뮬레이션으로, WikiText-2의 같은 토큰에 대해 돌린 결과입니다. 각각의 KLD는 자기 "
                      "엔진의 양자화하지 않은 실행과 비교하며, 통계는 llama.cpp의 `--kl-divergence`와 같습니다."),
     "engine_vllm_note": ("**vLLM도:** 이 앱은 vLLM 서버와 함께 시작되었으므로(KVVIZ_VLLM_URLS), 실행할 때마다 같은 "
