@@ -103,6 +103,8 @@ def test_lesson5_per_tensor_int4_loses_the_needle_and_per_token_loses_fewer(less
     assert f"{NEEDLES_PER_DEPTH} needles at each of 5 depths" in status
     mean = {name: statistics.mean(v) for name, v in rates.items()}
     assert mean["baseline"] == 1.0, "the exact cache finds every needle: the test is fair"
+    # SmolLM2 at 352 tokens: 7-8 of 15 under AVX-512 and AVX2 kernels (at 304 tokens 8-10: docs/benchmarks.md,
+    # "Lesson 5 on any x86 CPU"); Gemma 3 270M: none
     assert mean["int4/tensor"] <= 0.6, mean
     assert mean["int4"] >= mean["int4/tensor"] + 0.3, mean
 

@@ -55,8 +55,8 @@ EN: dict[str, str] = {
                      "unit scale, and K's relative error is 24% against 2.4% with a calibrated scale."),
     "lesson_note5": ("**Lesson 5.** The needle chart plots retrieval against where a number sits in the context: 3 "
                      "needles at each of 5 depths, each in its own stretch of WikiText-2, so each point is a rate "
-                     "(0, 33, 67 or 100%). SmolLM2 at 304 tokens: the exact cache finds 15 of 15, per-token int4 15 "
-                     "(100%), per-tensor int4 8 (53%): one scale for the whole tensor, stretched by K's outlier "
+                     "(0, 33, 67 or 100%). SmolLM2 at 352 tokens: the exact cache finds 15 of 15, per-token int4 15 "
+                     "(100%), per-tensor int4 7 (47%): one scale for the whole tensor, stretched by K's outlier "
                      "channels, leaves too few levels for the rest, and the answer comes back wrong. Longer contexts "
                      "(the slider) press the 4-bit formats harder and take longer: each needle is one more prefill."),
     "lesson_models5": ("**Across models:** Gemma 3 270M runs this lesson at 256 tokens, where its outlier channels "
@@ -535,7 +535,7 @@ KO: dict[str, str] = {
                      "오차는 보정된 스케일의 2.4%에 비해 24%입니다."),
     "lesson_note5": ("**레슨 5.** 바늘 그래프는 숫자가 문맥의 어디에 있는지에 따른 검색 성공률입니다: 다섯 깊이마다 바늘 "
                      "3개, 각각 WikiText-2의 다른 구간에 숨기므로 각 점은 비율(0, 33, 67, 100%)입니다. SmolLM2, "
-                     "304토큰: 원본 캐시는 15개 중 15개, 토큰 단위 int4는 15개(100%), 텐서 단위 int4는 8개(53%)를 "
+                     "352토큰: 원본 캐시는 15개 중 15개, 토큰 단위 int4는 15개(100%), 텐서 단위 int4는 7개(47%)를 "
                      "찾습니다. 텐서 전체에 스케일 하나를 쓰면 K의 이상치 채널이 스케일을 늘려 나머지 값에 남는 단계가 "
                      "너무 적고, 답이 틀리게 나옵니다. 문맥을 길게(슬라이더) 하면 4비트 포맷이 더 힘들어지고 시간도 "
                      "더 걸립니다: 바늘 하나마다 프리필이 한 번 더 듭니다."),
