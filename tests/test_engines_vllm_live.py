@@ -55,5 +55,6 @@ def test_fp8_e4m3_against_auto_live():
     assert beyond["ids"] == stats["ids"]
 
     (row,) = verdict.rows({"fp8_e4m3": stats})
-    assert row.spec == "vllm:fp8_e4m3" and row.sim["n"] == stats["n"] and row.sim["mean"] > 0
-    assert row.verdict in verdict.VERDICTS and row.ratio == pytest.approx(stats["mean"] / row.sim["mean"])
+    # vLLM's CPU build against kvviz's simulation of its truncating fp8 store: 0.99x at 128 tokens on 2026-12-06
+    assert row.spec == "vllm:fp8_e4m3/cpu" and row.sim["n"] == stats["n"] and row.sim["mean"] > 0
+    assert row.ratio == pytest.approx(stats["mean"] / row.sim["mean"]) and row.verdict == verdict.WITHIN, row.ratio

@@ -318,7 +318,7 @@ def test_engine_view_puts_vllm_beside_llama_cpp_with_a_verdict(vllm_stand_in):
     urls = engines.vllm_servers(f"baseline={vllm_stand_in}/vbase,fp8_e4m3={vllm_stand_in}/vfp8")
     tab, _, status = engines.run(["q8_0"], 32, False, "smollm2-135m", progress=lambda *a, **k: None, vllm=urls)
     rows = tab.values.tolist()
-    assert list(tab.columns) == engines.HEADERS and [r[0] for r in rows] == ["q8_0", "vllm:fp8_e4m3 (vLLM server)"]
+    assert list(tab.columns) == engines.HEADERS and [r[0] for r in rows] == ["q8_0", "vllm:fp8_e4m3/cpu (vLLM server)"]
     measured = servers.kld(urls, tokens=32, score_from=1)["fp8_e4m3"]  # the recording holds 10 tokens
     (judged,) = verdict.rows({"fp8_e4m3": measured})
     v = rows[1]

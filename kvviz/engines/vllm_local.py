@@ -31,10 +31,12 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvviz import models
 from kvviz.engines import servers
 
 PYTHON_ENV = "KVVIZ_VLLM_PYTHON"
@@ -118,8 +120,6 @@ def check_dtypes(dtypes, package: Path | None = None) -> list[str]:
 def model_dir(model: str | None) -> tuple[Path, str]:
     """(transformers directory vLLM loads, served name) for a bundled model name (None: the default; converted on
     first use) or a local directory holding config.json."""
-    from kvviz import models  # transformers: only when a server is about to start
-
     name = model or models.DEFAULT_MODEL
     if name in models.BUNDLED:
         path = models.cache_dir() / "models" / name
@@ -239,8 +239,6 @@ def alive(pgid: int) -> bool:
 @contextlib.contextmanager
 def _terminate_as_interrupt():
     """In the main thread, SIGTERM and SIGHUP raise KeyboardInterrupt while servers run, so the cleanup runs."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return

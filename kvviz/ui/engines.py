@@ -145,7 +145,8 @@ def _vllm_rows(urls: dict[str, str], tokens: int, lm) -> tuple[list[verdict.Verd
     capped = f" {first['capped']}." if first.get("capped") else ""
     note = (f" vLLM ({', '.join(urls[n] for n in results)}, baseline {urls[servers.BASELINE]}): top-{first['top_k']} "
             f"log-probs per position with the rest lumped, positions 1 to {first['n']}, beside kvviz's simulation "
-            f"of the same dtypes estimated the same way on the same tokens; verdict: vLLM's mean KLD within "
+            f"of the same dtypes as vLLM's CPU build stores them (fp8 rounded toward zero: `vllm:<dtype>/cpu`), "
+            f"estimated the same way on the same tokens; verdict: vLLM's mean KLD within "
             f"{verdict.TOLERANCE:g}x of the simulation's, either way.{capped}")
     return rows, note
 
