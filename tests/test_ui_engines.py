@@ -316,8 +316,11 @@ def test_vllm_urls_are_checked_as_the_app_starts(value, message):
 
 def test_engine_view_puts_vllm_beside_llama_cpp_with_a_verdict(vllm_stand_in):
     urls = engines.vllm_servers(f"baseline={vllm_stand_in}/vbase,fp8_e4m3={vllm_stand_in}/vfp8")
-    tab, _, status = engines.run(["q8_0"], 32, False, "smollm2-135m", progress=lambda *a, **k: None, vllm=urls)
+    tab, fig, status = engines.run(["q8_0"], 32, False, "smollm2-135m", progress=lambda *a, **k: None, vllm=urls)
     rows = tab.values.tolist()
+    bars = {trace.name: list(trace.y) for trace in fig.data}
+    assert list(fig.data[0].x) == ["q8_0", "vllm:fp8_e4m3/cpu (vLLM)"] and bars["vLLM (CPU build)"][0] is None
+    assert bars["vLLM (CPU build)"][1] == rows[1][4] and bars["kvviz (simulated)"][1] == rows[1][7]
     assert list(tab.columns) == engines.HEADERS and [r[0] for r in rows] == ["q8_0", "vllm:fp8_e4m3/cpu (vLLM server)"]
     measured = servers.kld(urls, tokens=32, score_from=1)["fp8_e4m3"]  # the recording holds 10 tokens
     (judged,) = verdict.rows({"fp8_e4m3": measured})

@@ -184,10 +184,7 @@ def run(pairs, tokens, rotate, model=None, progress=gr.Progress(), vllm: dict[st
     if vllm:
         progress(0.9, desc=f"vLLM: {tokens} tokens through {len(vllm)} servers, and kvviz's simulation of them…")
         vllm_rows, vllm_note = _vllm_rows(vllm, tokens, lm)
-    engine = f"llama.cpp ({'rotated' if rotate else 'unrotated'} K/V)"
-    fig = plots.engine_bars(pairs, {"kvviz (simulated)": [round(r.kvviz_mean, 5) for r in rows],
-                                    engine: [round(r.engine_mean, 5) for r in rows],
-                                    "kvviz's llama.cpp simulation": [round(r.sim_mean, 5) for r in rows]})
+    fig = _bars(pairs, rows, vllm_rows, f"llama.cpp ({'rotated' if rotate else 'unrotated'} K/V)")
     status = (f"Done in {time.perf_counter() - start:.0f} s. `{model}`: {rows[0].engine} runs `{gguf.name}` as "
               f"is, f16-cache baseline, positions 0 to {len(ids) - 2} scored, K/V rotation: "
               f"{rows[0].rotation}; kvviz runs the same weights dequantized to fp32, exact baseline, positions 1 to "
@@ -197,6 +194,18 @@ def run(pairs, tokens, rotate, model=None, progress=gr.Progress(), vllm: dict[st
               "KLD in nats per token; same top: positions whose top token agrees with the engine's own baseline."
               f"{vllm_note}")
     return table([_cells(r) for r in rows] + [_vllm_cells(r) for r in vllm_rows], HEADERS), fig, status
+
+
+def _bars(pairs: list[str], rows: list, vllm_rows: list[verdict.VerdictRow], engine: str):
+    """The mean KLDs as grouped bars: per llama.cpp pair kvviz's bare format, llama.cpp and kvviz's simulation of
+    llama.cpp; per vLLM dtype kvviz's simulation of its store and vLLM (a series of its own, gaps elsewhere)."""
+    gap = [None] * len(vllm_rows)
+    series = {"kvviz (simulated)": [round(r.kvviz_mean, 5) for r in rows] + [round(r.sim_mean, 5) for r in vllm_rows],
+              engine: [round(r.engine_mean, 5) for r in rows] + gap,
+              "kvviz's llama.cpp simulation": [round(r.sim_mean, 5) for r in rows] + gap}
+    if vllm_rows:
+        series["vLLM (CPU build)"] = [None] * len(rows) + [round(r.engine_mean, 5) for r in vllm_rows]
+    return plots.engine_bars(pairs + [f"{r.spec} (vLLM)" for r in vllm_rows], series)
 
 
 def build(tr: Translator, actions: dict, model: gr.Dropdown) -> dict:
@@ -220,7 +229,7 @@ def build(tr: Translator, actions: dict, model: gr.Dropdown) -> dict:
                 c["engine_run"] = tr(gr.Button(t("engine_run"), elem_id="compare-engine-run"), value="engine_run")
         c["engine_status"] = gr.Markdown(elem_id="compare-engine-status", label="engine status")
         c["engine_table"] = tr(gr.Dataframe(headers=HEADERS, label=t("engine_table"), wrap=True), label="engine_table")
-        c["engine_fig"] = gr.Plot(plots.empty_figure(), label="kvviz against llama.cpp", show_label=False)
+        c["engine_fig"] = gr.Plot(plots.empty_figure(), label="kvviz against the engines", show_label=False)
         tr(gr.Markdown(t("engine_why")), value="engine_why")
     inputs = [c["engine_pairs"], c["engine_tokens"], c["engine_rotate"], model]
     outputs = [c["engine_table"], c["engine_fig"], c["engine_status"]]

@@ -137,7 +137,7 @@ EN: dict[str, str] = {
     "needle_intro": ("**Needle in a haystack:** hide a number at several depths of a long context, a few times at "
                      "each depth, and ask for it back through each format's cache. Coarse scales lose it first."),
     # Compare: the engine view (kvviz/ui/engines.py)
-    "engine_title": "kvviz against llama.cpp: the same cache types measured inside the engine",
+    "engine_title": "kvviz against the engines: llama.cpp's (and vLLM's, when configured) cache types measured inside them",
     "engine_intro": ("**What you see:** llama.cpp's own KV cache types run inside llama.cpp (in a worker process of "
                      "the app, on the model's GGUF file) and in kvviz's simulation, on the same tokens of WikiText-2. "
                      "Each side's KLD is taken against its own unquantized run, with llama.cpp's `--kl-divergence` "
@@ -612,7 +612,7 @@ KO: dict[str, str] = {
     "needle_intro": ("**건초더미 속 바늘:** 긴 문맥의 여러 깊이에 숫자를 깊이마다 몇 번씩 숨기고, 각 포맷의 캐시로 다시 "
                      "물어봅니다. 거친 스케일이 먼저 놓칩니다."),
     # Compare: 엔진 보기 (kvviz/ui/engines.py)
-    "engine_title": "kvviz와 llama.cpp: 같은 캐시 타입을 엔진 안에서 측정",
+    "engine_title": "kvviz와 엔진: llama.cpp(설정하면 vLLM도)의 캐시 타입을 엔진 안에서 측정",
     "engine_intro": ("**보고 있는 것:** llama.cpp의 KV 캐시 타입을 llama.cpp 안에서(앱의 작업자 프로세스에서, 모델의 GGUF 파일로) "
                      "그리고 kvviz의 시뮬레이션으로, WikiText-2의 같은 토큰에 대해 돌린 결과입니다. 각각의 KLD는 자기 "
                      "엔진의 양자화하지 않은 실행과 비교하며, 통계는 llama.cpp의 `--kl-divergence`와 같습니다."),
