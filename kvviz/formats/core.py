@@ -78,7 +78,13 @@ class Format:
     def layout(self, head_dim: int) -> Layout | None:
         """How packed buffers hold this format at head_dim (what the kernels read), or None when no kernel reads
         it (an MLA latent)."""
-        return self.family.layout(self, head_dim)
+        own = self.family.layout
+        return None if own is None else own(self, head_dim)
+
+    @property
+    def has_layout(self) -> bool:
+        """Whether the family describes its packed layout (so kernels may read it) at some head_dim."""
+        return self.family.layout is not None
 
     def __repr__(self) -> str:
         return f"Format({self.spec!r})"

@@ -111,7 +111,7 @@ class Family:
     bases: Mapping[str, BaseInfo]  # the base names it owns, in the order docs and errors list them
     codec: Any  # encode(fmt, x, scale) -> QTensor fields; decode(fmt, q) -> fp32; optional fit_scale,
     #             token_head_bytes (fixed bytes per token and head), check_head_dim, given_scale
-    layout: Callable[[Any, int], Layout | None] = lambda fmt, head_dim: None  # None: no kernel reads it
+    layout: Callable[[Any, int], Layout] | None = None  # the packed layout at a head_dim; None: no kernel reads it
     scale_bytes: int = 0  # bytes of one stored per-group scale (and of one zero point)
     # (dtype or None, note) for an engine ("vllm", "sglang", "llama.cpp"); dtype None says why not
     engine_value: Callable[[Any, str], tuple[str | None, str]] = lambda fmt, engine: engine_default(fmt, engine)

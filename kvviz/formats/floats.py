@@ -117,7 +117,8 @@ def layout(fmt, head_dim: int) -> Layout:
     static = fmt.static_scale
     return layout_of(fmt.base, 8, scale_kind=fmt.granularity, scale_dtype="fp32",
                      group=fmt.group or (head_dim if fmt.granularity == "token" else None), global_scale=static,
-                     rotation=rotation, packer=None if fmt.granularity == "channel" else "fp8",
+                     rotation=rotation,
+                     packer=None if fmt.granularity == "channel" or fmt.rounds_toward_zero else "fp8",
                      fp8_exp=_FP8_EXP[fmt.base], fmax=max_value(fmt.base))
 
 

@@ -18,7 +18,7 @@ import sys
 import torch
 
 from . import groups
-from .family import BaseInfo, Family, Layout, choice, engine_default
+from .family import BaseInfo, Family, Layout, choice, engine_default, rotation_of
 from .family import layout as layout_of
 from .packing import decode_bytes, pack
 
@@ -144,7 +144,7 @@ def layout(fmt, head_dim: int) -> Layout:
     """E2M1 codes, two a byte, under an E8M0 (MX) or E4M3 (NVFP4, times its global scale) scale per block."""
     nv = fmt.base == "nvfp4"
     return layout_of("e2m1", 4, scale_kind="token", scale_dtype="e4m3" if nv else "e8m0", group=fmt.group,
-                     global_scale=nv, packer="nv" if nv else "mx")
+                     global_scale=nv, rotation=rotation_of(fmt, head_dim), packer="nv" if nv else "mx")
 
 
 def engine_value(fmt, engine: str) -> tuple[str | None, str]:

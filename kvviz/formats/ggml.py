@@ -273,7 +273,7 @@ def layout(fmt, head_dim: int) -> Layout:
     """ggml's blocks of 32 (see the module docstring): codes in ggml's order, an fp16 d per block (and m)."""
     offset, _, has_min = _LINEAR.get(fmt.base, (0, 0, False))
     elem = "iq4_nl" if fmt.base == "iq4_nl" else ("float" if fmt.base == "q8_0" else "int")
-    return Layout(elem=elem, bits=fmt.bits, storage="ggml", per_unit=QK, unit_bytes=QK * fmt.bits // 8,
+    return Layout(elem=elem, bits=fmt.bits, storage="ggml", per_unit=2 if fmt.bits == 4 else 1, unit_bytes=1,
                   offset=offset, scale_kind="token", scale_dtype="fp16", group=QK, zero=has_min,
                   values=torch.tensor(KVALUES_IQ4NL, dtype=torch.float32) if fmt.base == "iq4_nl" else None,
                   rotation=rotation_of(fmt, head_dim), packer="ggml", ggml_type=fmt.base)
