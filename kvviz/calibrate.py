@@ -36,6 +36,7 @@ from kvviz.cache.sides import MIN_FIT_TOKENS, ScaleWarning
 from kvviz.formats import max_value
 
 SGLANG_DTYPE = "float8_e4m3fn"
+SGLANG_BASE = "fp8_e4m3"  # the kvviz base whose elements SGLANG_DTYPE stores: the only one its scale file takes
 _FMT_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 
 
@@ -112,7 +113,7 @@ def _statistic(x: torch.Tensor, percentile: float | None) -> torch.Tensor:
 
 def scales_to_json(scales: KVScales, tp_size: int = 1, model_type: str | None = None) -> dict:
     """The SGLang --quantization-param-path document for these scales (one max(k, v) scale per layer per rank)."""
-    if scales.base != "fp8_e4m3":
+    if scales.base != SGLANG_BASE:
         raise ValueError(f"SGLang's scale file is for float8_e4m3fn only; these scales are for {scales.base}. "
                          "Calibrate with base='fp8_e4m3'.")
     if not isinstance(tp_size, int) or tp_size < 1:

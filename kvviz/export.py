@@ -37,13 +37,10 @@ from __future__ import annotations
 
 import warnings
 
-from kvviz.formats import LLAMA_CPP_TYPES, Format, KVSpec, as_plan, engine_skip_layers, parse_kv, spec_text
+from kvviz.formats import ENGINE_NAMES, Format, KVSpec, as_plan, engine_skip_layers, parse_kv, spec_text
 from kvviz.formats.engines import VLLM_CPU
 
-ENGINES = ("vllm", "sglang", "llama.cpp")
 _SCALES_FILE = "scales.json"
-# kvviz base -> llama.cpp cache type (-ctk / -ctv); kvviz's fp16 / bf16 are plain casts, as llama.cpp's f16 / bf16
-_LLAMA_CPP_TYPES = {"fp16": "f16", "bf16": "bf16", **{name: name for name in LLAMA_CPP_TYPES}}
 # K/V type pairs whose CUDA flash-attention kernels a default llama.cpp build compiles (GGML_CUDA_FA_ALL_QUANTS off)
 _CUDA_FA_DEFAULT_PAIRS = {("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")}
 
@@ -96,7 +93,7 @@ def export_table(specs: list[str], model: str = "MODEL") -> list[dict]:
     for spec in specs:
         out = export_commands(spec, model)
         rows.append({"spec": parse_kv(spec).spec,
-                     **{e: out[e]["kv_cache_dtype"] if out[e]["supported"] else None for e in ENGINES}})
+                     **{e: out[e]["kv_cache_dtype"] if out[e]["supported"] else None for e in ENGINE_NAMES}})
     return rows
 
 
@@ -112,7 +109,7 @@ def _result(supported: bool, dtype: str | None, cli: str, python: str, note: str
 
 def _llama_cpp_problem(kv: KVSpec, engine: str) -> str | None:
     """vLLM and SGLang have none of llama.cpp's block types: say so rather than map them to something else."""
-    names = sorted({f.base for f in (kv.k, kv.v) if f.kind == "ggml"})
+    names = sorted({f.base for f in (kv.k, kv.v) if f.family.native_engine == "llama.cpp"})
     if not names:
         return None
     return (f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} llama.cpp's KV cache type"
@@ -175,8 +172,8 @@ def _vllm(kv: KVSpec, model: str) -> dict:
                               f'from vllm import LLM\nllm = LLM(model="{model}", kv_cache_dtype="{own}")', "vllm")
     problem = _llama_cpp_problem(kv, "vLLM") or _pair_problem(kv, "vLLM")
     if problem:
-        extra = (" The closest built-in mode is turboquant_k8v4 (vLLM 0.28+), a different quantizer (rotation + "
-                 "codebooks), not kvviz's per-token int8/int4." if kv.k.base == "int8" and kv.v.base == "int4" else "")
+        pair_note = kv.k.family.extra.get("pair_note")  # a family's word on its mixed pairs (k8v4)
+        extra = pair_note(kv.k, kv.v, "vllm") if pair_note else ""
         return _result(False, None, "", "", problem + extra)
     fmt = kv.k
     dtype, note = _vllm_dtype(fmt)
@@ -199,42 +196,8 @@ def _vllm(kv: KVSpec, model: str) -> dict:
 
 
 def _vllm_dtype(fmt: Format) -> tuple[str | None, str]:
-    """(vLLM kv_cache_dtype or None, note) for one format."""
-    if fmt.rot and fmt.base != "int4":
-        return None, f"vLLM has no Hadamard-rotated {fmt.base} KV cache; drop /rot."
-    if fmt.base == "fp16":
-        return "float16", "Unquantized half precision (\"auto\" does the same for an fp16 model)."
-    if fmt.base == "bf16":
-        return "bfloat16", "Unquantized bfloat16 (\"auto\" does the same for a bf16 model)."
-    if fmt.base in ("fp8_e4m3", "fp8_e5m2"):
-        if fmt.granularity == "tensor":
-            if fmt.base == "fp8_e5m2":
-                return "fp8_e5m2", "E5M2 per-tensor; vLLM uses no scale for E5M2 (its range covers K/V)."
-            return "fp8_e4m3", ("E4M3 with one scale per layer for K and one for V. --calculate-kv-scales computes "
-                                "them on the first batch; a checkpoint with k_scale/v_scale (e.g. from "
-                                "llm-compressor) provides calibrated ones; without either they are 1.0, which "
-                                "vLLM warns may hurt accuracy. \"fp8\" is the same as fp8_e4m3 on CUDA.")
-        if fmt.granularity == "token" and fmt.base == "fp8_e4m3" and fmt.group is None:
-            return "fp8_per_token_head", ("Dynamic fp32 scale per token and head (vLLM 0.24+, Triton attention "
-                                          "backend only: --attention-backend TRITON_ATTN; needs SM89+).")
-        return None, (f"vLLM has no {fmt.granularity}-granularity {fmt.base} KV cache; per-tensor fp8_e4m3/"
-                      "fp8_e5m2 (and per-token-head fp8_per_token_head for E4M3) are the options.")
-    if fmt.base == "int8":
-        if fmt.granularity == "token" and fmt.group is None and not fmt.asym:
-            return "int8_per_token_head", ("Symmetric int8 with one scale per token and head (vLLM 0.24+, Triton "
-                                           "attention backend only). vLLM stores fp32 scales, kvviz fp16: 2 bytes "
-                                           "more per token-head there.")
-        return None, ("vLLM's only int8 KV mode is int8_per_token_head (symmetric, one scale per token-head over "
-                      f"head_dim); {fmt.spec} differs in granularity, grouping or zero point.")
-    if fmt.base == "int4":
-        return None, ("vLLM has no plain int4 KV dtype. Its closest, int4_per_token_head (0.28+), is asymmetric "
-                      f"with a rotation, not the same quantizer as kvviz's {fmt.spec}.")
-    if fmt.base == "nvfp4":
-        return "nvfp4", ("NVFP4: E2M1 with E4M3 scales per 16 values and a per-tensor fp32 scale (vLLM 0.25+, "
-                         "Blackwell GPUs).")
-    if fmt.base in ("mxfp4", "fp4_mx_block16"):
-        return None, f"vLLM has no MX-style FP4 ({fmt.base}) KV cache; its FP4 KV cache is nvfp4."
-    return None, f"vLLM has no {fmt.base} KV cache dtype."
+    """(vLLM kv_cache_dtype or None, note) for one format: its family's word (kvviz.formats.family)."""
+    return fmt.family.engine_value(fmt, "vllm")
 
 
 def _sglang(kv: KVSpec, model: str, scales_path: str | None) -> dict:
@@ -277,30 +240,8 @@ def _sglang(kv: KVSpec, model: str, scales_path: str | None) -> dict:
 
 
 def _sglang_dtype(fmt: Format) -> tuple[str | None, str]:
-    """(SGLang --kv-cache-dtype or None, note) for one format."""
-    if fmt.rot:
-        return None, "SGLang has no Hadamard-rotated KV cache; drop /rot."
-    if fmt.base == "fp16":
-        return "auto", "\"auto\" keeps the model dtype: fp16 only when the model runs in fp16 (--dtype float16)."
-    if fmt.base == "bf16":
-        return "bf16", "Unquantized bfloat16."
-    if fmt.base in ("fp8_e4m3", "fp8_e5m2"):
-        if fmt.granularity != "tensor":
-            return None, (f"SGLang's FP8 KV cache uses one scale per layer; {fmt.spec} ({fmt.granularity} scales) "
-                          f"is not available. Use {fmt.base} (per-tensor).")
-        if fmt.base == "fp8_e5m2":
-            return "fp8_e5m2", "E5M2 per-tensor. The scale file is for E4M3 only (its dtype must be float8_e4m3fn)."
-        return "fp8_e4m3", "E4M3 with one per-tensor scale per layer, shared by K and V."
-    if fmt.base == "fp4_mx_block16":
-        return "fp4_mx_block16", ("E2M1 with an E8M0 scale per 16 values, computed on the fly (experimental; CUDA "
-                                  "12.8+, PyTorch 2.8+).")
-    if fmt.base == "nvfp4":
-        return "nvfp4", ("E2M1 with E4M3 scales per 16 values and a per-tensor scale (experimental; CUDA 12.8+, "
-                         "PyTorch 2.8+).")
-    if fmt.base == "mxfp4":
-        return None, ("SGLang's MX FP4 KV cache uses blocks of 16 (fp4_mx_block16), not OCP's 32: pick "
-                      "fp4_mx_block16 to see what SGLang stores.")
-    return None, f"SGLang has no integer KV cache dtype ({fmt.spec}); its options are FP8 and FP4."
+    """(SGLang --kv-cache-dtype or None, note) for one format: its family's word."""
+    return fmt.family.engine_value(fmt, "sglang")
 
 
 def _llama_cpp(kv: KVSpec, model: str) -> dict:
@@ -319,7 +260,7 @@ def _llama_cpp(kv: KVSpec, model: str) -> dict:
     if problems:
         return _result(False, None, "", "", " ".join(problems))
     k_type, v_type = types
-    rotated = [f.rot for f in (kv.k, kv.v) if f.kind == "ggml"]
+    rotated = [f.rot for f in (kv.k, kv.v) if f.family.native_engine == "llama.cpp"]
     if any(rotated):  # kvviz rotates one Hadamard over head_dim; llama.cpp's own rotation is not checked against it
         return _result(False, None, "", "", (
             "llama.cpp rotates a quantized K / V with its own Hadamard transform by default (builds since April "
@@ -328,7 +269,7 @@ def _llama_cpp(kv: KVSpec, model: str) -> dict:
     v_quantized = v_type not in ("f16", "bf16")
     flags = f"-ctk {k_type} -ctv {v_type}" + (" -fa on" if v_quantized else "")
     # llama.cpp:<type> is llama.cpp's default (it rotates); a bare ggml type or /norot is its unrotated cache
-    ggml = kv.k.kind == "ggml" or kv.v.kind == "ggml"
+    ggml = any(f.family.native_engine == "llama.cpp" for f in (kv.k, kv.v))
     env = "LLAMA_ATTN_ROT_DISABLE=1 " if ggml and not (kv.k.engine_rot or kv.v.engine_rot) else ""
     cli = f"{env}llama-server -m {model} {flags}"
     kwargs = (f"type_k=llama_cpp.GGML_TYPE_{k_type.upper()}, type_v=llama_cpp.GGML_TYPE_{v_type.upper()}"
@@ -353,17 +294,9 @@ def _llama_cpp(kv: KVSpec, model: str) -> dict:
 
 
 def _llama_cpp_type(fmt: Format) -> tuple[str | None, str | None]:
-    """(llama.cpp cache type, None) for one side, or (None, why not)."""
-    if fmt.base in _LLAMA_CPP_TYPES and (fmt.kind == "ggml" or not fmt.rot):
-        return _LLAMA_CPP_TYPES[fmt.base], None
-    if fmt.base in ("fp16", "bf16"):
-        return None, "llama.cpp does not rotate an unquantized cache; drop /rot."
-    closest = {"int8": " The closest is q8_0 (int8 codes, one fp16 scale per 32 values, rounding halves away "
-                       "from zero).",
-               "int4": " The closest are q4_0 / iq4_nl (one fp16 scale per 32 values) and q4_1 (with a minimum).",
-               "mxfp4": " llama.cpp stores MXFP4 weights, not a MXFP4 KV cache."}.get(fmt.base, "")
-    return None, (f"llama.cpp has no {fmt.base} KV cache type; its -ctk / -ctv take f32, f16, bf16, q8_0, q4_0, "
-                  f"q4_1, iq4_nl, q5_0, q5_1.{closest}")
+    """(llama.cpp cache type, None) for one side, or (None, why not): its family's word."""
+    name, note = fmt.family.engine_value(fmt, "llama.cpp")
+    return (name, None) if name else (None, note)
 
 
 # ---- per-layer plans ------------------------------------------------------------------------------------------
@@ -389,7 +322,7 @@ def export_plan(plan, num_layers: int, model: str = "MODEL", layer_types=None) -
     if fitted.is_uniform:
         return export_commands(fitted.default, model)
     layers, text = fitted.resolve(num_layers, layer_types), fitted.text
-    sixteen = [i for i, kv in enumerate(layers) if kv.k.base in ("fp16", "bf16") and kv.v.base in ("fp16", "bf16")]
+    sixteen = [i for i, kv in enumerate(layers) if kv.k.bits == 16 and kv.v.bits == 16]  # fp16 / bf16 casts
     quantized = {spec_text(kv) for i, kv in enumerate(layers) if i not in sixteen}
     one = next(kv for i, kv in enumerate(layers) if i not in sixteen) if quantized else None
     if len(quantized) == 1:

@@ -9,7 +9,7 @@ import torch
 
 from kvviz.analysis.anatomy import format_anatomy
 from kvviz.analysis.capture import KVCapture
-from kvviz.formats import FORMAT_NAMES, ENGINES, parse_kv
+from kvviz.formats import ENGINE_VALUES, FORMAT_NAMES, parse_kv
 from kvviz.formats.engines import VLLM_MLA_ONLY_DTYPES
 
 L, H, T, D = 2, 2, 32, 64  # [layers, kv_heads, tokens, head_dim]
@@ -26,7 +26,7 @@ def _capture(d: int = D) -> KVCapture:
 
 CAP = _capture()
 # the app's anatomy choices (kvviz/ui/errors.py): every format but vLLM's MLA latent records (no capture holds a latent)
-EVERY_FORMAT = [*FORMAT_NAMES, *(f"{e}:{dtype}" for e, (dtypes, _) in ENGINES.items() for dtype in dtypes
+EVERY_FORMAT = [*FORMAT_NAMES, *(f"{e}:{dtype}" for e, (dtypes, _) in ENGINE_VALUES.items() for dtype in dtypes
                                  if not (e == "vllm" and dtype in VLLM_MLA_ONLY_DTYPES))]
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from kvviz import formats
-from kvviz.export import ENGINES, export_commands, export_table
+from kvviz.export import export_commands, export_table
+from kvviz.formats import ENGINE_NAMES
 
 # base format -> (vLLM --kv-cache-dtype, SGLang --kv-cache-dtype, llama.cpp -ctk/-ctv type; None: unsupported),
 # default granularity.
@@ -39,10 +40,10 @@ def test_expected_covers_every_base_format():
 
 
 @pytest.mark.parametrize("base", formats.FORMAT_NAMES)
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", ENGINE_NAMES)
 def test_every_base_format(base, engine):
     out = export_commands(base, model="org/model")[engine]
-    want = EXPECTED[base][ENGINES.index(engine)]
+    want = EXPECTED[base][ENGINE_NAMES.index(engine)]
     assert set(out) == {"supported", "kv_cache_dtype", "flags", "cli", "python", "note"}
     assert out["supported"] is (want is not None)
     assert out["kv_cache_dtype"] == want
@@ -78,7 +79,7 @@ def test_vllm_fp8_calculates_scales():
                                   "k=int8,v=q4_0"])
 def test_pairs_and_presets_are_unsupported(spec):
     out = export_commands(spec)
-    for engine in ENGINES:
+    for engine in ENGINE_NAMES:
         assert out[engine]["supported"] is False and out[engine]["note"]
 
 
@@ -175,7 +176,7 @@ def test_llama_cpp_warns_where_cuda_flash_attention_needs_all_quants(spec, warne
 def test_engine_names_export_exactly_that_flag(spec, engine, flags):
     out = export_commands(spec, model="org/model")
     assert out[engine]["supported"] and out[engine]["flags"] == flags
-    others = [e for e in ENGINES if e != engine]
+    others = [e for e in ENGINE_NAMES if e != engine]
     assert not any(out[e]["supported"] for e in others)
     assert all(f"{e}:" in out[e]["note"] for e in others)
 

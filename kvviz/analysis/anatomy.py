@@ -25,7 +25,6 @@ import torch
 from kvviz.formats import Format, groups, rotate, turboquant, unpack
 from kvviz.formats.ggml import unpack_block_codes
 from kvviz.formats.kv import parse_kv
-from kvviz.formats.tq_paper import centroids, rotation
 
 from .capture import KVCapture
 from .stats import outlier_mask
@@ -98,14 +97,13 @@ def _codes(fmt: Format, row: torch.Tensor, head_dim: int) -> tuple[list[int], li
         else:
             codes = [int(v) for v in row]
         return codes, [_bits(row[i]) for i in range(head_dim)]
-    if fmt.kind in ("turboquant", "tq"):
-        bits = fmt.bits - 1 if fmt.base.startswith("tq_prod") else fmt.bits
-        codes = turboquant.unpack_bits(row[: head_dim * bits // 8], bits)
-    elif fmt.kind == "ggml":
-        bits = fmt.bits
+    layout = fmt.layout(head_dim)
+    bits = fmt.bits if layout is None else layout.bits  # TQ-prod: its codes' bits, the sign bits after them
+    if layout is not None and layout.storage == "ggml":
         codes = unpack_block_codes(row.reshape(head_dim // 32, -1), bits).reshape(-1)
+    elif layout is not None and (layout.elem == "table" or layout.unit_bytes > 1 or bits == 1):  # a bit stream
+        codes = turboquant.unpack_bits(row[: head_dim * bits // 8], bits)
     else:
-        bits = fmt.bits
         codes = unpack(row, bits)
     return [int(c) for c in codes], [format(int(c), f"0{bits}b") for c in codes]
 
@@ -176,19 +174,15 @@ def format_anatomy(cap: KVCapture, fmt: str | Format, side: str = "K", layer: in
 
     rotation_note, codebook, norm, rotated_all = None, None, None, None
     domain, q_in, q_out = "input", inputs.float(), recon
-    turbo_key = f.kind == "tq" or (f.kind == "turboquant" and not f.base.startswith("vllm.tq_v"))
+    layout = f.layout(d)
+    turbo_key = layout is not None and layout.elem == "table"  # a codebook index per rotated coordinate
     if f.rot:
         rotation_note = f"normalized Hadamard H ({d}x{d}): the codes store x @ H; the read multiplies by H again"
         domain, q_in, q_out = "Hadamard-rotated input", rotate(inputs), rotate(recon)
     if turbo_key:
-        if f.kind == "turboquant":
-            r = turboquant.vllm_hadamard(d)
-            cb = turboquant.vllm_centroids(d, f.bits)
-            rotation_note = f"Sylvester Hadamard H / sqrt({d}) (vLLM's TurboQuant): y = (k / ||k||) @ H"
-        else:
-            r = rotation(d)
-            cb = centroids(d, f.bits - 1 if f.base.startswith("tq_prod") else f.bits).float()
-            rotation_note = f"Haar-random orthogonal R ({d}x{d}, seed 0, the paper's): y = (k / ||k||) @ R"
+        r = layout.rotation.T.contiguous()  # stored = x @ rotation^T (the layout reads x = stored @ rotation)
+        cb = layout.values
+        rotation_note = f.family.rotation_note(f, d)
         unit = x[0, 0].float() / x[0, 0].float().norm(dim=-1, keepdim=True).clamp(min=1e-30)  # [T, D]
         y = unit @ r  # [T, D] rotated unit vectors
         domain, q_in = "rotated unit vector", y[token]
@@ -197,12 +191,12 @@ def format_anatomy(cap: KVCapture, fmt: str | Format, side: str = "K", layer: in
         q_out = torch.tensor(levels)
         norm = float(q.scale[0, 0, token, 0].float())
         stored = [Stored("norm", norm, _dtype_name(q.scale), _bits(q.scale[0, 0, token, 0]), (0, d))]
-        if f.base.startswith("tq_prod"):
+        if layout.qjl is not None:
             stored.append(Stored("residual norm", float(q.scale[0, 0, token, 1].float()), _dtype_name(q.scale),
                                  _bits(q.scale[0, 0, token, 1]), (0, d)))
             notes.append("tq_prod adds one sign bit per coordinate (QJL of the residual) read through a Gaussian "
                          "sketch: the reconstruction is the codebook vector plus that correction.")
-        if f.base.endswith("_nc"):
+        if layout.renorm:
             notes.append("\"nc\": the centroid vector is renormalized to unit length before the norm multiplies it.")
         rotated_all = (y * math.sqrt(d)).reshape(-1).tolist()
         scale = zero = None

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from . import engines
 from .core import Format, QTensor
-from .engines import ENGINE_NAMES, ENGINES, EngineRef, engine_skip_layers
+from .engines import ENGINE_NAMES, ENGINE_VALUES, EngineRef, engine_skip_layers
 from .floats import max_value
 from .fp4 import e2m1_decode, e2m1_encode
 from .kv import KVSpec, get_format, parse_kv
@@ -39,7 +39,7 @@ FORMAT_NAMES: tuple[str, ...] = KVVIZ_BASES  # the bare names (an engine's own r
 
 __all__ = [
     "BASES",
-    "ENGINES",
+    "ENGINE_VALUES",
     "ENGINE_NAMES",
     "EngineRef",
     "FORMAT_NAMES",

@@ -25,9 +25,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .spec import BASES, NOROT, EngineRef, SpecParts, llama_cpp_quantized, parse_spec
-
-ENGINE_NAMES = ("vllm", "sglang", "llama.cpp")
+from .family import ENGINE_NAMES  # the engines kvviz models (re-exported)
+from .spec import BASES, LLAMA_CPP_TYPES, NOROT, EngineRef, SpecParts, llama_cpp_quantized, parse_spec
 
 # vLLM's CPU build stores fp8 rounded toward zero, its CUDA and Triton stores round to nearest even (docs/engines.md,
 # "vLLM's fp8 on the CPU"): `vllm:fp8_e4m3` is the GPU's store, `vllm:fp8_e4m3/cpu` the CPU build's.
@@ -85,11 +84,10 @@ SGLANG_DTYPES: dict[str, tuple[str, str]] = {
 SGLANG_UNMODELED = {"mxfp8": "MX FP8", "fp4_e2m1": "deprecated, use fp4_mx_block16"}
 
 # llama.cpp -ctk / -ctv -> kvviz base (f32 is not modeled).
-LLAMA_CPP_DTYPES: dict[str, str] = {"f16": "fp16", "bf16": "bf16", **{t: t for t in
-                                    ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")}}
+LLAMA_CPP_DTYPES: dict[str, str] = {"f16": "fp16", "bf16": "bf16", **{t: t for t in LLAMA_CPP_TYPES}}
 LLAMA_CPP_UNMODELED = {"f32": "32-bit floats (kvviz stores at most 16)"}
 # The one table: engine -> (its values -> storage, values kvviz lacks -> why).
-ENGINES: dict[str, tuple[dict, dict]] = {
+ENGINE_VALUES: dict[str, tuple[dict, dict]] = {
     "vllm": (VLLM_DTYPES, VLLM_UNMODELED),
     "sglang": (SGLANG_DTYPES, SGLANG_UNMODELED),
     "llama.cpp": (LLAMA_CPP_DTYPES, LLAMA_CPP_UNMODELED),
@@ -106,12 +104,12 @@ def engine_sides(spec: str) -> tuple[SpecParts, SpecParts]:
     """`engine:value` -> (K parts, V parts), each carrying its EngineRef. ValueError naming the engine's list."""
     engine, _, value = spec.strip().partition(":")
     engine, value = engine.strip().lower(), value.strip()
-    if engine not in ENGINES:
+    if engine not in ENGINE_VALUES:
         raise ValueError(f"Unknown engine {engine!r} in {spec!r}: kvviz knows {', '.join(ENGINE_NAMES)} "
                          "(write e.g. vllm:turboquant_k3v4_nc, sglang:fp8_e4m3, llama.cpp:q4_0).")
     if engine == "llama.cpp":
         return _llama_cpp_sides(spec, value)
-    table, _ = ENGINES[engine]
+    table, _ = ENGINE_VALUES[engine]
     key = value.lower()
     _check_value(engine, key, spec)
     k, v = table[key]
@@ -139,7 +137,7 @@ def _llama_cpp_sides(spec: str, value: str) -> tuple[SpecParts, SpecParts]:
 
 
 def _check_value(engine: str, value: str, spec: str) -> None:
-    table, unmodeled = ENGINES[engine]
+    table, unmodeled = ENGINE_VALUES[engine]
     if value in table:
         return
     known = ", ".join(table)

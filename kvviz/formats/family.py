@@ -47,6 +47,7 @@ class BaseInfo:
     scale_source: bool = False  # its static scale has a source (/first, /unit, /calibrated, /dynamic): FP8
     global_scale: bool = False  # a cache fits one fp32 scale on its first states and passes it in (NVFP4)
     block_hint: str = ""  # what to use instead of another /gN (the fixed-block error's hint)
+    aliases: tuple[str, ...] = ()  # other names a spec may use for it ("fp8" for fp8_e4m3)
     elements: str = ""  # docs/formats.md: how an element is stored
     scales: str = ""  # docs/formats.md: its scale (default granularity)
 
@@ -184,6 +185,11 @@ class Registry:
         return self.family(self.bases[base].kind)
 
     @property
+    def aliases(self) -> dict[str, str]:
+        """Every alias -> its base name."""
+        return {alias: name for name, info in self.bases.items() for alias in info.aliases}
+
+    @property
     def bases(self) -> Mapping[str, BaseInfo]:
         """Every base name -> its BaseInfo (spec.BASES reads this)."""
         self._load()
@@ -251,3 +257,19 @@ def engine_default(fmt, engine: str) -> tuple[str | None, str]:
         return None, f"SGLang has no integer KV cache dtype ({fmt.spec}); its options are FP8 and FP4."
     return None, (f"llama.cpp has no {fmt.base} KV cache type; its -ctk / -ctv take f32, f16, bf16, q8_0, q4_0, "
                   f"q4_1, iq4_nl, q5_0, q5_1.")
+
+
+def format_table(head_dims: tuple[int, int] = (128, 64)) -> str:
+    """docs/formats.md's table of the bare bases, one row per base from its family (tests/test_format_family.py
+    checks the page against it)."""
+    from .kv import get_format
+
+    rows = ["| base | elements | scale (default granularity) | bits/value at head_dim "
+            f"{' / '.join(map(str, head_dims))} |", "|---|---|---|---|"]
+    for name, info in REGISTRY.bases.items():
+        if info.engine is not None:
+            continue
+        label = f"`{name}`" + (f" ({', '.join(f'`{a}`' for a in info.aliases)})" if info.aliases else "")
+        bits = " / ".join(f"{get_format(name).bits_per_value(d):g}" for d in head_dims)
+        rows.append(f"| {label} | {info.elements} | {info.scales} | {bits} |")
+    return "\n".join(rows)

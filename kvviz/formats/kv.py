@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from . import engines
 from .core import Format
+from .family import REGISTRY
 from .spec import parse_spec, split_pair
 
 
@@ -26,6 +27,9 @@ def get_format(spec: str) -> Format:
                              f"kvviz.parse_kv({spec!r}), or k={k.engine.spec} to name its K side in a pair.")
         return Format(k)
     return Format(parse_spec(spec))
+
+
+REGISTRY.on_change(get_format.cache_clear)  # a family registered (or a temporary registry undone): parse anew
 
 
 def _side_format(spec: str, side: str) -> Format:

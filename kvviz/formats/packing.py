@@ -62,7 +62,9 @@ def _hadamard_cpu(n: int) -> torch.Tensor:
 
 
 def hadamard(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The normalized Hadamard matrix [n, n] (fp32), symmetric and orthogonal: H = H^T = H^-1."""
+    """The normalized Hadamard matrix [n, n] (fp32), symmetric and orthogonal: H = H^T = H^-1. kvviz's one Hadamard
+    builder: /rot, vLLM's TurboQuant and UltraQuant rotations, and every layout's rotation (the kernels read it
+    there). The same tensor for the same n on the CPU (cached)."""
     if n < 1 or n & (n - 1):
         raise ValueError(f"/rot needs head_dim to be a power of two, got {n}; drop /rot for this model.")
     return _hadamard_cpu(n).to(device)

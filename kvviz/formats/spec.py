@@ -23,7 +23,6 @@ from .family import REGISTRY, BaseInfo, BasesView
 
 GRANULARITIES = ("token", "channel", "tensor", "head")
 STATIC_GRANULARITIES = ("tensor", "head")  # one scale fixed for every token (Format.static_scale)
-ALIASES = {"fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "float16": "fp16", "bfloat16": "bf16"}
 CHANNEL_GROUP = 32  # KIVI's group of tokens for per-channel scales
 # Where an FP8 per-tensor / per-head scale comes from. kvviz's default is "first"; vLLM's and SGLang's is "unit".
 SCALE_SOURCES: dict[str, str] = {
@@ -162,7 +161,7 @@ def parse_spec(spec: str) -> SpecParts:
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"Empty KV format spec. Use one of the {valid_names()}.")
     fields = [f.strip().lower() for f in spec.strip().split("/")]
-    base = ALIASES.get(fields[0], fields[0])
+    base = REGISTRY.aliases.get(fields[0], fields[0])  # each family names its bases' aliases
     if base not in BASES or BASES[base].engine is not None:
         raise ValueError(f"Unknown KV format {fields[0]!r} in {spec!r}. Valid {valid_names()}; an engine's own "
                          "dtype is written with its engine, e.g. vllm:int4_per_token_head or llama.cpp:q4_0.")

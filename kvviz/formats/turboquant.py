@@ -37,6 +37,7 @@ import torch
 
 from .family import BaseInfo, Family, Layout, choice
 from .family import layout as layout_of
+from .packing import hadamard  # = turboquant_attn.py `_build_hadamard_cached` (+-1 Sylvester / sqrt(d)), bit for bit
 
 _TRAPZ_PANELS = 200  # centroids.py _trapz(n=200)
 _LLOYD_ITERS = 200
@@ -65,7 +66,7 @@ def kernel_fields(fmt, head_dim: int) -> dict:
     if _is_value(fmt):
         return dict(elem="int", bits=fmt.bits, scale_kind="token", group=head_dim)
     return dict(elem="table", bits=fmt.bits, values=vllm_centroids(head_dim, fmt.bits), renorm=fmt.base.endswith("_nc"),
-                scale_kind="token", group=head_dim, rotation=vllm_hadamard(head_dim))
+                scale_kind="token", group=head_dim, rotation=hadamard(head_dim))
 
 
 def pack_table(fmt, head_dim: int) -> torch.Tensor | None:
@@ -73,7 +74,7 @@ def pack_table(fmt, head_dim: int) -> torch.Tensor | None:
     its sorted codebook midpoints (fp32 [D * D + 2**bits - 1])."""
     if _is_value(fmt):
         return None
-    return torch.cat([vllm_hadamard(head_dim).reshape(-1), _midpoints(head_dim, fmt.bits)])
+    return torch.cat([hadamard(head_dim).reshape(-1), _midpoints(head_dim, fmt.bits)])
 
 
 # ------------------------------------------------------------------------------------------ shared pieces
@@ -131,15 +132,6 @@ def vllm_centroids(d: int, bits: int) -> torch.Tensor:
     return torch.tensor(centroids, dtype=torch.float32)
 
 
-@functools.lru_cache(maxsize=16)
-def vllm_hadamard(d: int) -> torch.Tensor:
-    """turboquant_attn.py `_build_hadamard_cached`: the ±1 Sylvester matrix built in fp32, divided by sqrt(d)."""
-    h = torch.tensor([[1.0]])
-    while h.shape[0] < d:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / math.sqrt(d)
-
-
 def _midpoints(d: int, bits: int) -> torch.Tensor:
     c, _ = vllm_centroids(d, bits).sort()
     return (c[:-1] + c[1:]) / 2  # fp32, as turboquant_attn.py _ensure_on_device
@@ -184,7 +176,7 @@ def key_rotation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     k = x.float().reshape(-1, d)  # [N, D]: the launcher's k_flat
     if k.device.type != "cpu":
         norms = k.norm(dim=1, keepdim=True)
-        return norms, (k / (norms + 1e-8)) @ vllm_hadamard(d).to(k.device)
+        return norms, (k / (norms + 1e-8)) @ hadamard(d).to(k.device)
     sq = k * k
     lanes = sq[:, :_LANES]
     for m in range(_LANES, d, _LANES):
@@ -194,7 +186,7 @@ def key_rotation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         total = total + lanes[:, j : j + 1]
     norms = torch.sqrt(total.double()).float()  # [N, 1]; correctly rounded (torch's fp32 sqrt can be 1 ulp off)
     u = (k / (norms + 1e-8)).double()
-    h = vllm_hadamard(d).to(x.device).double()  # its fp32 entries, exactly
+    h = hadamard(d).to(x.device).double()  # its fp32 entries, exactly
     y = torch.zeros_like(k)
     for i in range(d):
         y = (y.double() + u[:, i : i + 1] * h[i]).float()
@@ -239,7 +231,7 @@ def decode(fmt, q) -> torch.Tensor:
         return (codes * q.scale.double() + q.zero.double()).float()  # code * scale + zero, rounded once (FMA)
     rotated = key_rotated(fmt, q).float()
     d = rotated.shape[-1]
-    return (rotated.reshape(-1, d) @ vllm_hadamard(d).to(rotated.device)).reshape(rotated.shape)
+    return (rotated.reshape(-1, d) @ hadamard(d).to(rotated.device)).reshape(rotated.shape)
 
 
 # ------------------------------------------------------------------------------------------ the family

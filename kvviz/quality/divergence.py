@@ -26,7 +26,6 @@ import torch
 from kvviz.analysis.rows import check_score_from, decoder, lm_logprobs, row_values
 from kvviz.cache import model_layer_types
 from kvviz.formats import as_plans
-from kvviz.formats.floats import max_value
 from kvviz.quality.decode import prefill
 from kvviz.metrics import summarize
 from kvviz.analysis import llamacpp
@@ -85,7 +84,7 @@ def load_base(path: str | Path) -> dict:
 def _fits_scale(fmt) -> bool:
     """A side whose cache fits a scale on its first update: per-tensor / per-head, neither unit nor calibrated;
     NVFP4's global scale."""
-    return fmt.base == "nvfp4" or (fmt.static_scale and fmt.scale_source not in ("unit", "calibrated"))
+    return fmt.global_scale or (fmt.static_scale and fmt.scale_source not in ("unit", "calibrated"))
 
 
 def window_scales(model, ids: torch.Tensor, plans: list) -> list[dict | None]:
@@ -113,8 +112,8 @@ def _fit(fmt, x: torch.Tensor) -> torch.Tensor | None:
     """The scale a cache side of fmt fits on its first states x [1, H, T, D] (kvviz.cache.sides.Side.init)."""
     if not _fits_scale(fmt):
         return None
-    if fmt.base == "nvfp4":
-        return x.detach().float().abs().amax() / (max_value("fp8_e4m3") * 6.0)
+    if fmt.global_scale:  # NVFP4: amax / (448 * 6), the global scale kvviz.cache fits on the prefill
+        return fmt.fit_scale(x)
     return fmt.fit_scale(x).reshape(() if fmt.granularity == "tensor" else (1, x.shape[1], 1, 1))
 
 

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from kvviz.attention import active_backend
-from kvviz.export import ENGINES, export_commands
+from kvviz.export import export_commands
+from kvviz.formats import ENGINE_NAMES
 from kvviz.formats import Plan
 from kvviz.metrics import percentile
 
@@ -164,7 +165,7 @@ def engine_flag(plan: Plan | None) -> str | None:
     if plan is None or not plan.is_uniform:
         return None
     rows = export_commands(plan.default)
-    hit = next((e for e in ENGINES if rows[e]["supported"] and rows[e]["flags"]), None)
+    hit = next((e for e in ENGINE_NAMES if rows[e]["supported"] and rows[e]["flags"]), None)
     return None if hit is None else f"{hit} {rows[hit]['flags']}"
 
 

@@ -26,6 +26,7 @@ import time
 import gradio as gr
 
 from kvviz import plots, quality
+from kvviz.formats.family import REGISTRY
 
 from . import engines, fused, rotation
 from .common import (MAX_FORMATS, ScaleNotes, check_bool, check_int, check_language, check_model, check_prompt,
@@ -35,9 +36,6 @@ from .i18n import Translator, t
 
 TAB = "compare"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
-SPEC_CHOICES = ["fp8_e4m3", "fp8_e5m2", "int8", "k8v4", "k4v8", "int4", "kivi4", "kivi2", "mxfp4", "nvfp4",
-                "k=q8_0,v=q4_0", "vllm:int4_per_token_head", "vllm:turboquant_4bit_nc", "vllm:ultraquant_4bit",
-                "llama.cpp:q8_0"]
 DEFAULT_SPECS = ["fp8_e4m3", "k8v4", "k4v8", "int4"]
 BASELINE = "exact (baseline)"  # the unquantized cache, in the model's dtype
 MAX_NEW_TOKENS = 128
@@ -234,7 +232,7 @@ def build(tr: Translator) -> dict:
             c["model"] = model_input(tr)
             c["prompt"] = prompt_input(tr, 3)
         with gr.Column(scale=2, min_width=280):
-            c["specs"] = tr(gr.CheckboxGroup(SPEC_CHOICES, value=DEFAULT_SPECS, label=t("specs")), label="specs")
+            c["specs"] = tr(gr.CheckboxGroup(REGISTRY.choices("compare"), value=DEFAULT_SPECS, label=t("specs")), label="specs")
             c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1,
                                         elem_id=f"{TAB}-custom"), label="custom_specs", info="custom_specs_info")
             c["max_new"] = tr(gr.Slider(2, MAX_NEW_TOKENS, value=24, step=1, label=t("max_new_tokens")),

@@ -18,8 +18,10 @@ import math
 
 from kvviz import analysis, plots
 from kvviz.analysis.anatomy import format_anatomy
-from kvviz.formats import FORMAT_NAMES, ENGINES
+from kvviz.formats import ENGINE_VALUES
 from kvviz.formats.engines import VLLM_MLA_ONLY_DTYPES
+from kvviz.formats.family import REGISTRY
+from kvviz.formats.spec import kvviz_bases
 
 from .common import (EXAMPLES, capture, check_choice, check_int, check_language, check_layer_head, check_model,
                      check_prompt, check_spec, follow_model, layer_head_inputs, model_input, on_click, prompt_input,
@@ -29,13 +31,14 @@ from .i18n import Translator, t
 TAB = "errors"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 WHICH = {"K (post-RoPE)": "keys_post", "K (pre-RoPE)": "keys_pre", "V": "values"}
-FORMAT_CHOICES = ["int8", "int4", "int2", "fp8_e4m3", "fp8_e5m2", "mxfp4", "nvfp4", "int4/channel/g32/asym",
-                  "int4/rot", "k8v4", "k4v8", "kivi2", "q8_0", "q4_0", "iq4_nl"]
 DEFAULT_FORMATS = ["int8", "int4", "fp8_e4m3", "mxfp4"]
 # The anatomy's formats: every kvviz base, then every engine's dtype (kvviz.formats.engines), as typed in a spec;
 # not vLLM's MLA latent records: the capture holds per-head K and V, never an MLA latent.
-ANATOMY_CHOICES = [*FORMAT_NAMES, *(f"{engine}:{dtype}" for engine, (dtypes, _) in ENGINES.items() for dtype in dtypes
-                                    if not (engine == "vllm" and dtype in VLLM_MLA_ONLY_DTYPES))]
+def anatomy_choices() -> list[str]:
+    return [*kvviz_bases(), *(f"{engine}:{dtype}" for engine, (dtypes, _) in ENGINE_VALUES.items() for dtype in dtypes
+                              if not (engine == "vllm" and dtype in VLLM_MLA_ONLY_DTYPES))]
+
+
 SIDES = ("K", "V")
 ANATOMY_ROWS = 8  # elements the step table lists: the outlier channels first, then the first elements
 # Panels of the granularity figure: per-token, per-channel, per-tensor, and per-tensor after a rotation.
@@ -181,12 +184,12 @@ def build(tr: Translator) -> dict:
         with gr.Column(scale=3):
             c["model"] = model_input(tr)
             c["prompt"] = prompt_input(tr, 1)
-            c["formats"] = tr(gr.CheckboxGroup(FORMAT_CHOICES, value=DEFAULT_FORMATS, label=t("error_formats")),
+            c["formats"] = tr(gr.CheckboxGroup(REGISTRY.choices("errors"), value=DEFAULT_FORMATS, label=t("error_formats")),
                               label="error_formats")
             c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1),
                              label="custom_specs", info="custom_specs_info")
         with gr.Column(scale=1, min_width=240):
-            c["format"] = tr(gr.Dropdown(FORMAT_CHOICES, value="int4", allow_custom_value=True,
+            c["format"] = tr(gr.Dropdown(REGISTRY.choices("errors"), value="int4", allow_custom_value=True,
                                          label=t("error_format")), label="error_format")
             c["which"] = tr(gr.Radio(list(WHICH), value="K (post-RoPE)", label=t("which")), label="which")
             layer, head = layer_head_inputs()
@@ -203,7 +206,7 @@ def build(tr: Translator) -> dict:
     with c["anatomy_box"]:
         tr(gr.Markdown(t("anatomy_intro")), value="anatomy_intro")
         with gr.Row():
-            c["anatomy_format"] = tr(gr.Dropdown(ANATOMY_CHOICES, value="int4", allow_custom_value=True,
+            c["anatomy_format"] = tr(gr.Dropdown(anatomy_choices(), value="int4", allow_custom_value=True,
                                                  label=t("anatomy_format"), elem_classes=["kv-anatomy-format"]),
                                      label="anatomy_format")
             c["anatomy_side"] = tr(gr.Radio(list(SIDES), value="K", label=t("anatomy_side")), label="anatomy_side")

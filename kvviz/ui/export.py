@@ -23,6 +23,7 @@ from kvviz import calibrate, plots
 from kvviz import export as kv_export
 from kvviz.cache import model_layer_types
 from kvviz.formats import as_plan
+from kvviz.formats.family import REGISTRY
 
 from .common import (ScaleNotes, UploadFile, check_language, check_model, check_text, get_model, model_input,
                      model_layer_kinds, model_shape, on_click, table, upload_path, user_errors)
@@ -30,11 +31,6 @@ from .i18n import Translator, t
 
 TAB = "export"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
-FORMAT_CHOICES = ["fp8_e4m3", "fp8_e5m2", "fp16", "bf16", "int8", "fp8_e4m3/token", "k8v4", "kivi4", "mxfp4",
-                  "fp4_mx_block16", "nvfp4", "q8_0", "k=q8_0,v=q4_0", "vllm:turboquant_4bit_nc",
-                  "vllm:int4_per_token_head", "vllm:ultraquant_4bit", "vllm:fp8_ds_mla", "llama.cpp:k=q8_0,v=q4_0"]
-SUPPORT_FORMATS = ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3/token", "int8", "int4", "k8v4", "kivi2",
-                   "mxfp4", "fp4_mx_block16", "nvfp4", "q8_0", "q4_0", "k=q8_0,v=q4_0"]
 ENGINE_TITLES = (("vllm", "vLLM"), ("sglang", "SGLang"), ("llama.cpp", "llama.cpp"))
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_PROMPTS = ("The KV cache stores the keys and values of every past token.\n"
@@ -63,7 +59,7 @@ def _support_headers(lang: str = "en") -> list[str]:
 def _support_table(model_id: str, lang: str = "en") -> list[list[str]]:
     """Every common format against each engine: the dtype flag, or ✗."""
     return [[row["spec"], *(row[engine] or t("r_unsupported", lang) for engine, _ in ENGINE_TITLES)]
-            for row in kv_export.export_table(SUPPORT_FORMATS, model_id)]
+            for row in kv_export.export_table(REGISTRY.choices("export_support"), model_id)]
 
 
 @user_errors
@@ -94,7 +90,7 @@ def run(spec, model_id, calib_prompts, model=None, lang="en", progress=gr.Progre
         raise ValueError(f"A calibration prompt is longer than {MAX_PROMPT_CHARS} characters; split or shorten it.")
     md = _commands_markdown(title, out, lang)
     support = table(_support_table(model_id, lang), _support_headers(lang))
-    if kv is None or kv.k.base != "fp8_e4m3" or kv.k.granularity != "tensor":
+    if kv is None or kv.k.base != calibrate.SGLANG_BASE or kv.k.granularity != "tensor":
         return (md + "\n\n" + t("r_scales_fp8_only", lang), support, "", None,
                 plots.empty_figure(t("f_scales_fp8_only", lang)))
     if not prompts:
@@ -137,7 +133,7 @@ def build(tr: Translator) -> dict:
     tr(gr.Markdown(t("export_intro")), value="export_intro")
     with gr.Row():
         with gr.Column(scale=1, min_width=280):
-            c["spec"] = tr(gr.Dropdown(FORMAT_CHOICES, value="fp8_e4m3", allow_custom_value=True,
+            c["spec"] = tr(gr.Dropdown(REGISTRY.choices("export"), value="fp8_e4m3", allow_custom_value=True,
                                        label=t("export_format"), elem_id=f"{TAB}-spec"), label="export_format")
             c["model_id"] = tr(gr.Textbox(DEFAULT_MODEL_ID, label=t("model_id")), label="model_id")
             c["model"] = model_input(tr)

@@ -26,12 +26,12 @@ import gradio as gr
 from kvviz import plots, quality
 from kvviz.quality.decode import WARMUP
 from kvviz.quality.speed import EXACT, FUSED
+from kvviz.formats.family import REGISTRY
 
 from .common import (ScaleNotes, check_int, check_language, check_model, fitting_specs, get_model, on_click, spec_list,
                      table, user_errors)
 from .i18n import Translator, t
 
-CHOICES = ["int8", "k8v4", "int4", "fp8_e4m3", "mxfp4", "nvfp4", "kivi4"]
 DEFAULT_SPECS = ["int4", "k8v4"]
 MAX_FORMATS = 3  # each format adds two timed runs (fused, unfused)
 MIN_CONTEXT, MAX_CONTEXT, DEFAULT_CONTEXT = 128, 4096, 1024
@@ -157,7 +157,7 @@ def build(tr: Translator, actions: dict, model: gr.Dropdown, lang: gr.Radio) -> 
         tr(gr.Markdown(t("fused_intro")), value="fused_intro")
         with gr.Row():
             with gr.Column(scale=2, min_width=280):
-                c["fused_specs"] = tr(gr.CheckboxGroup(CHOICES, value=DEFAULT_SPECS, label=t("fused_specs")),
+                c["fused_specs"] = tr(gr.CheckboxGroup(REGISTRY.choices("fused"), value=DEFAULT_SPECS, label=t("fused_specs")),
                                       label="fused_specs")
                 c["fused_custom"] = tr(gr.Textbox(label=t("custom_specs"), lines=1, elem_id="compare-fused-custom"),
                                        label="custom_specs")

@@ -16,6 +16,7 @@ import gradio as gr
 
 from kvviz import memory as mem
 from kvviz import plots
+from kvviz.formats.family import REGISTRY
 
 from .checks import check_choice, check_float, check_int, check_names, check_text, spec_list
 from .common import UploadFile, on_click, table, upload_path, user_errors
@@ -25,9 +26,6 @@ TAB = "memory"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 CUSTOM = "custom"
 MODEL_CHOICES = [*mem.MODEL_PRESETS, CUSTOM]
-FORMAT_CHOICES = ["fp16", "fp8_e4m3", "k8v4", "int4", "kivi2", "mxfp4", "nvfp4", "int4/g16", "int2", "q8_0", "q4_0",
-                  "vllm:turboquant_4bit_nc", "vllm:int4_per_token_head", "vllm:ultraquant_4bit",
-                  "vllm:fp8_ds_mla", "vllm:nvfp4_ds_mla", "llama.cpp:q4_0"]  # ds_mla: MLA models (deepseek-v3)
 DEFAULT_FORMATS = ["fp16", "fp8_e4m3", "k8v4", "int4", "mxfp4"]
 GPU_CHOICES = list(mem.GPU_PRESETS)
 DEFAULT_GPUS = ["l4", "a100-40gb", "h100-80gb", "h200"]  # four capacities, four distinct lines
@@ -197,7 +195,7 @@ def build(tr: Translator) -> dict:
             with gr.Row():
                 c["ctx_min"] = tr(gr.Number(1024, label=t("ctx_min"), precision=0), label="ctx_min")
                 c["ctx_max"] = tr(gr.Number(DEFAULT_CONTEXT, label=t("ctx_max"), precision=0), label="ctx_max")
-            c["formats"] = tr(gr.CheckboxGroup(FORMAT_CHOICES, value=DEFAULT_FORMATS, label=t("memory_formats")),
+            c["formats"] = tr(gr.CheckboxGroup(REGISTRY.choices("memory"), value=DEFAULT_FORMATS, label=t("memory_formats")),
                               label="memory_formats")
             c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1,
                                         elem_id=f"{TAB}-custom"), label="custom_specs", info="custom_specs_info")

@@ -23,11 +23,11 @@ from kvviz.analysis import capture_kv, coordinate_histogram
 from kvviz.formats import as_plan
 from kvviz.memory import kv_cache_bytes_for
 from kvviz.quality.corpus import wikitext
+from kvviz.formats.family import REGISTRY
 
 from .common import check_int, check_language, check_model, fitting_specs, get_model, on_click, table, user_errors
 from .i18n import Translator, t
 
-FORMATS = ("int4", "int4/rot", "vllm:int4_per_token_head", "vllm:turboquant_4bit_nc", "tq_mse4", "tq_prod4")
 MIN_TOKENS, MAX_TOKENS, DEFAULT_TOKENS = 32, 512, 256  # one WikiText-2 window; its second half is scored
 
 
@@ -53,13 +53,13 @@ def _status(kl: dict, hist: dict, name: str, tokens: int, seconds: float, skippe
 
 @user_errors
 def run(tokens, model=None, lang="en", progress=gr.Progress()):
-    """KL and bits of FORMATS on `tokens` WikiText-2 tokens of `model`, and one head's K coordinates before and
+    """KL and bits of the rotation view's formats (REGISTRY.choices("rotation")) on `tokens` WikiText-2 tokens of `model`, and one head's K coordinates before and
     after the rotation against N(0, 1/d): table, KL bars, histogram, status (in `lang`)."""
     lang = check_language(lang)
     name = check_model(model)
     tokens = check_int(tokens, "Tokens", MIN_TOKENS, MAX_TOKENS)
     lm, tok = get_model(progress, name)
-    plans, skipped = fitting_specs([as_plan(f) for f in FORMATS], lm)
+    plans, skipped = fitting_specs([as_plan(f) for f in REGISTRY.choices("rotation")], lm)
     start = time.perf_counter()
     progress(0.1, desc=f"{len(plans)} formats and the exact model on {tokens} WikiText-2 tokens, as one batch…")
     text = wikitext()

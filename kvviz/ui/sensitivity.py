@@ -31,6 +31,7 @@ from kvviz.export import export_plan
 from kvviz.formats import Plan
 from kvviz.memory import kv_cache_bytes_for
 from kvviz.quality.corpus import wikitext
+from kvviz.formats.family import REGISTRY
 
 from .checks import (MAX_PROMPT_CHARS, check_choice, check_float, check_int, check_language, check_spec, check_text,
                      single_specs, spec_list)
@@ -40,10 +41,6 @@ from .i18n import Translator, t
 TAB = "sensitivity"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 SOURCES = ("prompt", "WikiText-2")
-SPEC_CHOICES = ["int4", "int2", "int4/tensor", "int8", "fp8_e4m3", "fp8_e5m2", "k8v4", "kivi2", "mxfp4", "nvfp4",
-                "q4_0", "int4/rot", "vllm:int4_per_token_head", "vllm:turboquant_4bit_nc", "vllm:ultraquant_4bit"]
-CANDIDATE_CHOICES = ["int2", "int4", "k8v4", "int8", "fp8_e4m3", "fp16", "vllm:int4_per_token_head",
-                     "vllm:turboquant_3bit_nc", "vllm:fp8", "llama.cpp:q4_0", "llama.cpp:q8_0"]
 DEFAULT_CANDIDATES = ["int4", "fp16"]
 MAX_CANDIDATES = 4  # each rung below the top costs one batched pass of L rows, and the path grows by L per rung
 MIN_TOKENS, MAX_TOKENS, DEFAULT_TOKENS = 16, 512, 256  # on a 2-core CPU, 256 SmolLM2 tokens x 60 rows take minutes
@@ -234,7 +231,7 @@ def build(tr: Translator) -> dict:
                                       info=t("sens_source_info")), label="sens_source", info="sens_source_info")
             c["prompt"] = prompt_input(tr, 1)
         with gr.Column(scale=2, min_width=260):
-            c["spec"] = tr(gr.Dropdown(SPEC_CHOICES, value="int4", allow_custom_value=True, label=t("sens_spec"),
+            c["spec"] = tr(gr.Dropdown(REGISTRY.choices("sensitivity"), value="int4", allow_custom_value=True, label=t("sens_spec"),
                                        elem_id=f"{TAB}-spec"), label="sens_spec")
             c["tokens"] = tr(gr.Slider(MIN_TOKENS, MAX_TOKENS, value=DEFAULT_TOKENS, step=16, label=t("sens_tokens"),
                                        info=t("sens_tokens_info")), label="sens_tokens", info="sens_tokens_info")
@@ -249,7 +246,7 @@ def build(tr: Translator) -> dict:
     tr(gr.Markdown(t("plan_intro")), value="plan_intro")
     with gr.Row():
         with gr.Column(scale=2, min_width=260):
-            c["candidates"] = tr(gr.CheckboxGroup(CANDIDATE_CHOICES, value=DEFAULT_CANDIDATES,
+            c["candidates"] = tr(gr.CheckboxGroup(REGISTRY.choices("candidates"), value=DEFAULT_CANDIDATES,
                                                   label=t("plan_candidates")), label="plan_candidates")
             c["custom_candidates"] = tr(gr.Textbox(label=t("plan_custom"), info=t("plan_custom_info"), lines=1,
                                                    elem_id=f"{TAB}-custom"), label="plan_custom",
