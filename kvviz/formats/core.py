@@ -1,7 +1,7 @@
 """`Format`: a spec turned into quantize / dequantize / byte accounting (what it stores: `QTensor`, qtensor.py).
 
 A Format is data plus pure functions: it dispatches to its family's codec (family.py's REGISTRY: `floats`, `ints`,
-`fp4`, `ggml`; vLLM's own store paths `vllm`, `turboquant`, `ultraquant` and `ds_mla`; the paper's `tq`), applies the optional
+`fp4`, `ggml`; vLLM's store paths `vllm`, `turboquant`, `ultraquant`, `ds_mla`; the paper's `tq`), applies the optional
 Hadamard rotation (`/rot`, QuaRot), and accounts for every byte it stores. A codec that stores a fixed number of
 bytes per token and head (the engines' layouts) says so with `token_head_bytes(fmt, head_dim)`, and may refuse a
 head_dim with `check_head_dim(fmt, head_dim)`.

@@ -116,5 +116,8 @@ FAMILY = Family(
     bases={"vllm.fp8_ds_mla": BaseInfo("ds_mla", 8, "token", ("token",), block=FP8_TILE, engine="vllm"),
            "vllm.nvfp4_ds_mla": BaseInfo("ds_mla", 4, "token", ("token",), block=NVFP4_BLOCK, engine="vllm")},
     codec=sys.modules[__name__],
+    # MLA models only: K is the latent (kv_c_normed), V the RoPE key; one record per token
+    engine_dtypes={"vllm": {"fp8_ds_mla": ("vllm.fp8_ds_mla", "bf16"),
+                            "nvfp4_ds_mla": ("vllm.nvfp4_ds_mla", "fp8_e4m3/unit")}},
     choices=(choice("vllm:fp8_ds_mla", export=16, memory=14), choice("vllm:nvfp4_ds_mla", memory=15)),
 )

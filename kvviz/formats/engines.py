@@ -1,9 +1,11 @@
 """Engine KV-cache dtypes by their engine's own name: `vllm:turboquant_k3v4_nc`, `sglang:fp8_e4m3`, `llama.cpp:q4_0`.
 
-The one table of what each engine's `--kv-cache-dtype` (vLLM, SGLang) or `-ctk/-ctv` (llama.cpp) value stores, for K
-and for V. A value maps to the kvviz storage of each side: an existing kvviz format where the engine stores exactly
-that (`fp8_e4m3/unit` for vLLM's fp8 with no checkpoint scales, llama.cpp's ggml blocks), else a row of `spec.BASES`
-reached only through this table (`vllm.*`: formats/vllm.py and formats/turboquant.py). The parsed format carries an
+What each engine's `--kv-cache-dtype` (vLLM, SGLang) or `-ctk/-ctv` (llama.cpp) value stores, for K and for V: each
+format family declares the engine values it stores (`Family.engine_dtypes`), this module reads them from the
+registry and holds the engines' own rules. A value maps to the kvviz storage of each side: an existing kvviz
+format where the engine stores exactly that (`fp8_e4m3/unit` for vLLM's fp8 with no checkpoint scales, llama.cpp's
+ggml blocks), else a row of `spec.BASES` reached only through its engine name (`vllm.*`: formats/vllm.py and
+formats/turboquant.py). The parsed format carries an
 `EngineRef` (Format.engine, Format.engine_rot) so that everything below the parser knows which engine it models.
 
     vllm:<dtype>                 one of VLLM_DTYPES (vllm/config/cache.py CacheDType, the ones kvviz models)
@@ -25,41 +27,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .family import ENGINE_NAMES  # the engines kvviz models (re-exported)
-from .spec import BASES, LLAMA_CPP_TYPES, NOROT, EngineRef, SpecParts, llama_cpp_quantized, parse_spec
+from .family import ENGINE_NAMES, REGISTRY, VLLM_CPU  # the engines kvviz models; vLLM's CPU-build suffix
+from .spec import BASES, NOROT, EngineRef, SpecParts, llama_cpp_quantized, parse_spec
 
-# vLLM's CPU build stores fp8 rounded toward zero, its CUDA and Triton stores round to nearest even (docs/engines.md,
-# "vLLM's fp8 on the CPU"): `vllm:fp8_e4m3` is the GPU's store, `vllm:fp8_e4m3/cpu` the CPU build's.
-VLLM_CPU = "/cpu"
-# vLLM --kv-cache-dtype -> (K storage, V storage). "auto" stores the model's own dtype, which kvviz models as a bf16
-# cast: what vLLM serves a bf16 checkpoint with (exact on a bf16 model; on an fp16 model use vllm:float16).
-# fp8 without checkpoint k_scale/v_scale and without --calculate-kv-scales: a per-tensor scale of 1.0 (`/unit`).
-VLLM_DTYPES: dict[str, tuple[str, str]] = {
-    "auto": ("bf16", "bf16"),
-    "float16": ("fp16", "fp16"),
-    "bfloat16": ("bf16", "bf16"),
-    "fp8": ("fp8_e4m3/unit", "fp8_e4m3/unit"),
-    "fp8_e4m3": ("fp8_e4m3/unit", "fp8_e4m3/unit"),
-    "fp8_e5m2": ("fp8_e5m2/unit", "fp8_e5m2/unit"),
-    # vLLM's CPU build (csrc/cpu, cpu_attn_reshape_and_cache): the same unit-scale fp8, rounded toward zero
-    **{f"{name}{VLLM_CPU}": ("fp8_e4m3/unit", "fp8_e4m3/unit") for name in ("fp8", "fp8_e4m3")},
-    f"fp8_e5m2{VLLM_CPU}": ("fp8_e5m2/unit", "fp8_e5m2/unit"),
-    "int8_per_token_head": ("vllm.int8_per_token_head", "vllm.int8_per_token_head"),
-    "fp8_per_token_head": ("vllm.fp8_per_token_head", "vllm.fp8_per_token_head"),
-    "int4_per_token_head": ("vllm.int4_per_token_head", "vllm.int4_per_token_head"),
-    "nvfp4": ("vllm.nvfp4", "vllm.nvfp4"),
-    "nvfp4_4over6": ("vllm.nvfp4_4over6", "vllm.nvfp4_4over6"),
-    # turboquant/config.py TQ_PRESETS: k8v4's K is a plain E4M3 cast (no scale), the others Lloyd-Max keys with "nc"
-    "turboquant_k8v4": ("fp8_e4m3/unit", "vllm.tq_v4"),
-    "turboquant_4bit_nc": ("vllm.tq_k4_nc", "vllm.tq_v4"),
-    "turboquant_k3v4_nc": ("vllm.tq_k3_nc", "vllm.tq_v4"),
-    "turboquant_3bit_nc": ("vllm.tq_k3_nc", "vllm.tq_v3"),
-    # ultraquant/triton_store.py: E2M1 + UE8M0 per 32, K Hadamard-rotated, V not (formats/ultraquant.py)
-    "ultraquant_4bit": ("vllm.uq4_k", "vllm.uq4_v"),
-    # MLA models only (formats/ds_mla.py): K is the latent (kv_c_normed), V the RoPE key; one record per token
-    "fp8_ds_mla": ("vllm.fp8_ds_mla", "bf16"),
-    "nvfp4_ds_mla": ("vllm.nvfp4_ds_mla", "fp8_e4m3/unit"),
-}
+# vLLM --kv-cache-dtype -> (K storage, V storage), SGLang's the same, llama.cpp -ctk / -ctv -> kvviz base: each family
+# declares the engine values it stores (Family.engine_dtypes: floats.py holds "auto", "fp8", the casts and vLLM's CPU
+# fp8 names; vllm.py, turboquant.py, ultraquant.py, ds_mla.py vLLM's own stores; fp4.py SGLang's FP4; ggml.py
+# llama.cpp's types). These tables are the built-in families'; engine_values() reads the registry as it is now.
+VLLM_DTYPES: dict[str, tuple[str, str]] = REGISTRY.engine_dtypes("vllm")
 # vLLM values kvviz does not model, with the reason (named in the error).
 VLLM_UNMODELED = {"fp8_inc": "Intel Gaudi's FP8"}
 TURBOQUANT_DTYPES = tuple(name for name in VLLM_DTYPES if name.startswith("turboquant_"))
@@ -69,29 +44,24 @@ VLLM_POW2_DTYPES = (*TURBOQUANT_DTYPES, "ultraquant_4bit")
 # The latent records of MLA models (DeepSeek's layouts), and the dtypes vLLM's MLA backends take besides them
 # (v1/attention/backends/mla/*.py supported_kv_cache_dtypes; fp8_e5m2 on ROCm's AITER MLA).
 VLLM_MLA_ONLY_DTYPES = ("fp8_ds_mla", "nvfp4_ds_mla")
+VLLM_NVFP4_DTYPES = ("nvfp4", "nvfp4_4over6", "nvfp4_ds_mla")  # E2M1 under an E4M3 scale per 16 values
 VLLM_MLA_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", *VLLM_MLA_ONLY_DTYPES)
 
-# SGLang --kv-cache-dtype: FP8 with no scale file is a scale of 1.0; the FP4 modes compute their block scales.
-SGLANG_DTYPES: dict[str, tuple[str, str]] = {
-    "auto": ("bf16", "bf16"),
-    "bf16": ("bf16", "bf16"),
-    "bfloat16": ("bf16", "bf16"),
-    "fp8_e4m3": ("fp8_e4m3/unit", "fp8_e4m3/unit"),
-    "fp8_e5m2": ("fp8_e5m2/unit", "fp8_e5m2/unit"),
-    "fp4_mx_block16": ("fp4_mx_block16", "fp4_mx_block16"),
-    "nvfp4": ("nvfp4", "nvfp4"),
-}
+SGLANG_DTYPES: dict[str, tuple[str, str]] = REGISTRY.engine_dtypes("sglang")
 SGLANG_UNMODELED = {"mxfp8": "MX FP8", "fp4_e2m1": "deprecated, use fp4_mx_block16"}
 
-# llama.cpp -ctk / -ctv -> kvviz base (f32 is not modeled).
-LLAMA_CPP_DTYPES: dict[str, str] = {"f16": "fp16", "bf16": "bf16", **{t: t for t in LLAMA_CPP_TYPES}}
+LLAMA_CPP_DTYPES: dict[str, str] = REGISTRY.engine_dtypes("llama.cpp")  # f32 is not modeled
 LLAMA_CPP_UNMODELED = {"f32": "32-bit floats (kvviz stores at most 16)"}
-# The one table: engine -> (its values -> storage, values kvviz lacks -> why).
-ENGINE_VALUES: dict[str, tuple[dict, dict]] = {
-    "vllm": (VLLM_DTYPES, VLLM_UNMODELED),
-    "sglang": (SGLANG_DTYPES, SGLANG_UNMODELED),
-    "llama.cpp": (LLAMA_CPP_DTYPES, LLAMA_CPP_UNMODELED),
-}
+_UNMODELED = {"vllm": VLLM_UNMODELED, "sglang": SGLANG_UNMODELED, "llama.cpp": LLAMA_CPP_UNMODELED}
+
+
+def engine_values() -> dict[str, tuple[dict, dict]]:
+    """engine -> (its values -> storage, values kvviz lacks -> why), from the registry as it is now."""
+    return {engine: (REGISTRY.engine_dtypes(engine), _UNMODELED[engine]) for engine in ENGINE_NAMES}
+
+
+# The built-in families' table: engine -> (its values -> storage, values kvviz lacks -> why).
+ENGINE_VALUES: dict[str, tuple[dict, dict]] = engine_values()
 
 
 def is_engine_spec(text: str) -> bool:
@@ -104,12 +74,12 @@ def engine_sides(spec: str) -> tuple[SpecParts, SpecParts]:
     """`engine:value` -> (K parts, V parts), each carrying its EngineRef. ValueError naming the engine's list."""
     engine, _, value = spec.strip().partition(":")
     engine, value = engine.strip().lower(), value.strip()
-    if engine not in ENGINE_VALUES:
+    if engine not in ENGINE_NAMES:
         raise ValueError(f"Unknown engine {engine!r} in {spec!r}: kvviz knows {', '.join(ENGINE_NAMES)} "
                          "(write e.g. vllm:turboquant_k3v4_nc, sglang:fp8_e4m3, llama.cpp:q4_0).")
     if engine == "llama.cpp":
         return _llama_cpp_sides(spec, value)
-    table, _ = ENGINE_VALUES[engine]
+    table, _ = engine_values()[engine]
     key = value.lower()
     _check_value(engine, key, spec)
     k, v = table[key]
@@ -132,12 +102,13 @@ def _llama_cpp_sides(spec: str, value: str) -> tuple[SpecParts, SpecParts]:
         _check_value("llama.cpp", t, spec)
     dtype = k_type if k_type == v_type else f"k={k_type},v={v_type}"
     rotates = rotation and llama_cpp_quantized(dtype)  # llama.cpp rotates only when K or V is quantized
-    return (_with_ref(LLAMA_CPP_DTYPES[k_type], EngineRef("llama.cpp", dtype, "k", rotates)),
-            _with_ref(LLAMA_CPP_DTYPES[v_type], EngineRef("llama.cpp", dtype, "v", rotates)))
+    table = REGISTRY.engine_dtypes("llama.cpp")
+    return (_with_ref(table[k_type], EngineRef("llama.cpp", dtype, "k", rotates)),
+            _with_ref(table[v_type], EngineRef("llama.cpp", dtype, "v", rotates)))
 
 
 def _check_value(engine: str, value: str, spec: str) -> None:
-    table, unmodeled = ENGINE_VALUES[engine]
+    table, unmodeled = engine_values()[engine]
     if value in table:
         return
     known = ", ".join(table)
@@ -173,7 +144,7 @@ def check_head_dim(ref: EngineRef, head_dim: int) -> None:
         raise ValueError(f"vllm:{ref.dtype} needs head_dim to be a multiple of 32 (vLLM's CPU attention refuses an "
                          f"fp8 cache otherwise), got {head_dim}. Use vllm:{ref.dtype.removesuffix(VLLM_CPU)}, the "
                          "GPU's store.")
-    if ref.engine == "vllm" and ref.dtype.startswith("nvfp4") and head_dim % 16:
+    if ref.engine == "vllm" and ref.dtype in VLLM_NVFP4_DTYPES and head_dim % 16:
         raise ValueError(f"vllm:{ref.dtype} needs head_dim to be a multiple of 16 (one E4M3 scale per 16 values), "
                          f"got {head_dim}.")
 
@@ -198,7 +169,7 @@ def check_model(formats, mla: bool) -> None:
                              f"vllm:nvfp4 here.")
         if mla and ref.dtype not in VLLM_MLA_DTYPES:
             why = ("vLLM refuses nvfp4 with MLA (VllmConfig.validate_nvfp4_kv_cache_with_mla)"
-                   if ref.dtype.startswith("nvfp4") else "no vLLM MLA attention backend takes it")
+                   if ref.dtype in VLLM_NVFP4_DTYPES else "no vLLM MLA attention backend takes it")
             raise ValueError(f"vllm:{ref.dtype} cannot serve an MLA model (kv_lora_rank in the config): {why}. "
                              f"On MLA models use one of vllm:{', vllm:'.join(VLLM_MLA_DTYPES)}.")
 

@@ -28,6 +28,9 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 ENGINE_NAMES = ("vllm", "sglang", "llama.cpp")  # the engines kvviz models, in the order every view lists them
+# vLLM's CPU build stores fp8 rounded toward zero, its CUDA and Triton stores round to nearest even (docs/engines.md,
+# "vLLM's fp8 on the CPU"): `vllm:fp8_e4m3` is the GPU's store, `vllm:fp8_e4m3/cpu` the CPU build's.
+VLLM_CPU = "/cpu"
 VIEWS = ("compare", "errors", "export", "export_support", "fused", "memory", "sensitivity", "candidates", "rotation")
 _LAST = 10**6  # a choice's rank in a view when its family gives none: after the others, in registration order
 
@@ -116,6 +119,9 @@ class Family:
     scale_bytes: int = 0  # bytes of one stored per-group scale (and of one zero point)
     # (dtype or None, note) for an engine ("vllm", "sglang", "llama.cpp"); dtype None says why not
     engine_value: Callable[[Any, str], tuple[str | None, str]] = lambda fmt, engine: engine_default(fmt, engine)
+    # the engines' own values this family stores: {"vllm" | "sglang": {value: (K storage spec, V storage spec)},
+    # "llama.cpp": {-ctk / -ctv value: kvviz base}} (formats/engines.py reads them)
+    engine_dtypes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     rotation_note: Callable[[Any, int], str] | None = None  # the anatomy's sentence for a codebook key's rotation
     choices: tuple[Choice, ...] = ()
     doc: str = ""  # one line: what the family is (docs/formats.md)
@@ -194,6 +200,10 @@ class Registry:
         """Every base name -> its BaseInfo (spec.BASES reads this)."""
         self._load()
         return self._bases
+
+    def engine_dtypes(self, engine: str) -> dict:
+        """An engine's values -> the storage they map to, over every family in registration order."""
+        return {value: storage for f in self.families() for value, storage in f.engine_dtypes.get(engine, {}).items()}
 
     def choices(self, view: str) -> list[str]:
         """The spec strings a view offers, in its order (families' ranks; unranked ones last, in family order)."""

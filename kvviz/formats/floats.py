@@ -23,7 +23,7 @@ import sys
 import torch
 
 from . import groups
-from .family import BaseInfo, Family, Layout, choice, engine_default, rotation_of
+from .family import VLLM_CPU, BaseInfo, Family, Layout, choice, engine_default, rotation_of
 from .family import layout as layout_of
 
 DTYPES = {
@@ -175,7 +175,8 @@ FAMILY = Family(
     name="float",
     doc="casts (fp16, bf16) and OCP FP8 with fp32 scales",
     bases={
-        "fp16": BaseInfo("float", 16, None, (), aliases=("float16",), elements="casts (fp16 saturates at +-65504)", scales="none"),
+        "fp16": BaseInfo("float", 16, None, (), aliases=("float16",), elements="casts (fp16 saturates at +-65504)",
+                         scales="none"),
         "bf16": BaseInfo("float", 16, None, (), aliases=("bfloat16",), elements="bfloat16 cast", scales="none"),
         "fp8_e4m3": BaseInfo("float", 8, "tensor", _GRANULARITIES, scale_source=True, aliases=("fp8", "e4m3"),
                              elements="OCP E4M3FN, max 448, saturating",
@@ -187,6 +188,21 @@ FAMILY = Family(
     layout=layout,
     scale_bytes=4,
     engine_value=engine_value,
+    engine_dtypes={
+        # "auto" stores the model's own dtype, which kvviz models as a bf16 cast: what vLLM serves a bf16 checkpoint
+        # with (exact on a bf16 model; on an fp16 model use vllm:float16). fp8 without checkpoint k_scale/v_scale
+        # and without --calculate-kv-scales: a per-tensor scale of 1.0 (`/unit`).
+        "vllm": {"auto": ("bf16", "bf16"), "float16": ("fp16", "fp16"), "bfloat16": ("bf16", "bf16"),
+                 "fp8": ("fp8_e4m3/unit", "fp8_e4m3/unit"), "fp8_e4m3": ("fp8_e4m3/unit", "fp8_e4m3/unit"),
+                 "fp8_e5m2": ("fp8_e5m2/unit", "fp8_e5m2/unit"),
+                 # vLLM's CPU build (csrc/cpu, cpu_attn_reshape_and_cache): the same unit-scale fp8, toward zero
+                 **{f"{name}{VLLM_CPU}": ("fp8_e4m3/unit", "fp8_e4m3/unit") for name in ("fp8", "fp8_e4m3")},
+                 f"fp8_e5m2{VLLM_CPU}": ("fp8_e5m2/unit", "fp8_e5m2/unit")},
+        # SGLang: FP8 with no scale file is a scale of 1.0
+        "sglang": {"auto": ("bf16", "bf16"), "bf16": ("bf16", "bf16"), "bfloat16": ("bf16", "bf16"),
+                   "fp8_e4m3": ("fp8_e4m3/unit", "fp8_e4m3/unit"), "fp8_e5m2": ("fp8_e5m2/unit", "fp8_e5m2/unit")},
+        "llama.cpp": {"f16": "fp16", "bf16": "bf16"},
+    },
     choices=(
         choice("fp8_e4m3", compare=0, errors=3, export=0, export_support=2, fused=3, memory=1, sensitivity=4,
                candidates=4),

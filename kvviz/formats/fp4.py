@@ -183,6 +183,8 @@ FAMILY = Family(
     layout=layout,
     scale_bytes=1,
     engine_value=engine_value,
+    engine_dtypes={"sglang": {"fp4_mx_block16": ("fp4_mx_block16", "fp4_mx_block16"),  # block scales on the fly
+                              "nvfp4": ("nvfp4", "nvfp4")}},
     choices=(
         choice("mxfp4", compare=8, errors=5, export=8, export_support=9, fused=4, memory=5, sensitivity=8),
         choice("nvfp4", compare=9, errors=6, export=10, export_support=11, fused=5, memory=6, sensitivity=9),

@@ -306,6 +306,7 @@ FAMILY = Family(
     scale_bytes=2,
     engine_value=engine_value,
     native_engine="llama.cpp",
+    engine_dtypes={"llama.cpp": {name: name for name in TYPES}},
     choices=(
         choice("k=q8_0,v=q4_0", compare=10, export=12, export_support=14),
         choice("llama.cpp:q8_0", compare=14, candidates=10),

@@ -259,6 +259,11 @@ FAMILY = Family(
            "vllm.tq_v3": _row(3, True)},
     codec=sys.modules[__name__],
     layout=layout,
+    # turboquant/config.py TQ_PRESETS: k8v4's K is a plain E4M3 cast (no scale), the others Lloyd-Max keys with "nc"
+    engine_dtypes={"vllm": {"turboquant_k8v4": ("fp8_e4m3/unit", "vllm.tq_v4"),
+                            "turboquant_4bit_nc": ("vllm.tq_k4_nc", "vllm.tq_v4"),
+                            "turboquant_k3v4_nc": ("vllm.tq_k3_nc", "vllm.tq_v4"),
+                            "turboquant_3bit_nc": ("vllm.tq_k3_nc", "vllm.tq_v3")}},
     rotation_note=rotation_note,
     choices=(choice("vllm:turboquant_4bit_nc", compare=12, export=13, memory=11, sensitivity=13, rotation=3),
              choice("vllm:turboquant_3bit_nc", candidates=7)),

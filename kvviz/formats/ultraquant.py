@@ -152,5 +152,6 @@ FAMILY = Family(
            for name in ("vllm.uq4_k", "vllm.uq4_v")},
     codec=sys.modules[__name__],
     layout=layout,
+    engine_dtypes={"vllm": {"ultraquant_4bit": ("vllm.uq4_k", "vllm.uq4_v")}},  # triton_store.py: K rotated, V not
     choices=(choice("vllm:ultraquant_4bit", compare=13, export=15, memory=13, sensitivity=14),),
 )

@@ -273,6 +273,9 @@ FAMILY = Family(
            "vllm.int4_per_token_head": _row(4), "vllm.nvfp4": _row(4, 16), "vllm.nvfp4_4over6": _row(4, 16)},
     codec=sys.modules[__name__],
     layout=layout,
+    engine_dtypes={"vllm": {name: (f"vllm.{name}", f"vllm.{name}") for name in
+                            ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "nvfp4",
+                             "nvfp4_4over6")}},
     choices=(choice("vllm:int4_per_token_head", compare=11, export=14, memory=12, sensitivity=12, candidates=6,
                     rotation=2),),
 )

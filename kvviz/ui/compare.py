@@ -232,7 +232,8 @@ def build(tr: Translator) -> dict:
             c["model"] = model_input(tr)
             c["prompt"] = prompt_input(tr, 3)
         with gr.Column(scale=2, min_width=280):
-            c["specs"] = tr(gr.CheckboxGroup(REGISTRY.choices("compare"), value=DEFAULT_SPECS, label=t("specs")), label="specs")
+            c["specs"] = tr(gr.CheckboxGroup(REGISTRY.choices("compare"), value=DEFAULT_SPECS, label=t("specs")),
+                            label="specs")
             c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1,
                                         elem_id=f"{TAB}-custom"), label="custom_specs", info="custom_specs_info")
             c["max_new"] = tr(gr.Slider(2, MAX_NEW_TOKENS, value=24, step=1, label=t("max_new_tokens")),

@@ -184,7 +184,8 @@ def build(tr: Translator) -> dict:
         with gr.Column(scale=3):
             c["model"] = model_input(tr)
             c["prompt"] = prompt_input(tr, 1)
-            c["formats"] = tr(gr.CheckboxGroup(REGISTRY.choices("errors"), value=DEFAULT_FORMATS, label=t("error_formats")),
+            c["formats"] = tr(gr.CheckboxGroup(REGISTRY.choices("errors"), value=DEFAULT_FORMATS,
+                                               label=t("error_formats")),
                               label="error_formats")
             c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1),
                              label="custom_specs", info="custom_specs_info")

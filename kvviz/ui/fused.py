@@ -157,7 +157,8 @@ def build(tr: Translator, actions: dict, model: gr.Dropdown, lang: gr.Radio) -> 
         tr(gr.Markdown(t("fused_intro")), value="fused_intro")
         with gr.Row():
             with gr.Column(scale=2, min_width=280):
-                c["fused_specs"] = tr(gr.CheckboxGroup(REGISTRY.choices("fused"), value=DEFAULT_SPECS, label=t("fused_specs")),
+                c["fused_specs"] = tr(gr.CheckboxGroup(REGISTRY.choices("fused"), value=DEFAULT_SPECS,
+                                                       label=t("fused_specs")),
                                       label="fused_specs")
                 c["fused_custom"] = tr(gr.Textbox(label=t("custom_specs"), lines=1, elem_id="compare-fused-custom"),
                                        label="custom_specs")

@@ -195,7 +195,8 @@ def build(tr: Translator) -> dict:
             with gr.Row():
                 c["ctx_min"] = tr(gr.Number(1024, label=t("ctx_min"), precision=0), label="ctx_min")
                 c["ctx_max"] = tr(gr.Number(DEFAULT_CONTEXT, label=t("ctx_max"), precision=0), label="ctx_max")
-            c["formats"] = tr(gr.CheckboxGroup(REGISTRY.choices("memory"), value=DEFAULT_FORMATS, label=t("memory_formats")),
+            c["formats"] = tr(gr.CheckboxGroup(REGISTRY.choices("memory"), value=DEFAULT_FORMATS,
+                                               label=t("memory_formats")),
                               label="memory_formats")
             c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1,
                                         elem_id=f"{TAB}-custom"), label="custom_specs", info="custom_specs_info")

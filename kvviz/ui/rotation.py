@@ -53,8 +53,9 @@ def _status(kl: dict, hist: dict, name: str, tokens: int, seconds: float, skippe
 
 @user_errors
 def run(tokens, model=None, lang="en", progress=gr.Progress()):
-    """KL and bits of the rotation view's formats (REGISTRY.choices("rotation")) on `tokens` WikiText-2 tokens of `model`, and one head's K coordinates before and
-    after the rotation against N(0, 1/d): table, KL bars, histogram, status (in `lang`)."""
+    """KL and bits of the rotation view's formats (REGISTRY.choices("rotation")) on `tokens` WikiText-2 tokens of
+    `model`, and one head's K coordinates before and after the rotation against N(0, 1/d): table, KL bars,
+    histogram, status (in `lang`)."""
     lang = check_language(lang)
     name = check_model(model)
     tokens = check_int(tokens, "Tokens", MIN_TOKENS, MAX_TOKENS)

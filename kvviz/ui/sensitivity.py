@@ -231,8 +231,8 @@ def build(tr: Translator) -> dict:
                                       info=t("sens_source_info")), label="sens_source", info="sens_source_info")
             c["prompt"] = prompt_input(tr, 1)
         with gr.Column(scale=2, min_width=260):
-            c["spec"] = tr(gr.Dropdown(REGISTRY.choices("sensitivity"), value="int4", allow_custom_value=True, label=t("sens_spec"),
-                                       elem_id=f"{TAB}-spec"), label="sens_spec")
+            c["spec"] = tr(gr.Dropdown(REGISTRY.choices("sensitivity"), value="int4", allow_custom_value=True,
+                                       label=t("sens_spec"), elem_id=f"{TAB}-spec"), label="sens_spec")
             c["tokens"] = tr(gr.Slider(MIN_TOKENS, MAX_TOKENS, value=DEFAULT_TOKENS, step=16, label=t("sens_tokens"),
                                        info=t("sens_tokens_info")), label="sens_tokens", info="sens_tokens_info")
             c["run"] = tr(gr.Button(t("sens_run"), variant="primary", elem_id=f"{TAB}-run"), value="sens_run")
