@@ -122,3 +122,28 @@ def test_ui_defaults_are_choices():
                            ("fused", fused.DEFAULT_SPECS), ("memory", ui_memory.DEFAULT_FORMATS),
                            ("candidates", sensitivity.DEFAULT_CANDIDATES)):
         assert set(defaults) <= set(REGISTRY.choices(view)), view
+
+
+def test_nvfp4_global_scale_is_a_parameter_of_the_cache():
+    """The cache fits NVFP4's global scale on its first states and passes it to every quantize: what it stores is
+    fmt.quantize(x, scale=fmt.fit_scale(prefill)), token by token, and the scale stays."""
+    from kvviz.cache import QuantizedKVLayer
+
+    fmt = get_format("nvfp4")
+    layer = QuantizedKVLayer(fmt, fmt)
+    x = torch.randn(1, 2, 30, 64)
+    x[:, :, 20:] *= 4  # louder tokens after the prefill saturate under its scale
+    layer.update(x[:, :, :10], x[:, :, :10])
+    for t in range(10, 30):
+        layer.update(x[:, :, t : t + 1], x[:, :, t : t + 1])
+    g = fmt.fit_scale(x[:, :, :10])
+    assert torch.equal(layer.k.static, g) and torch.equal(g, x[:, :, :10].abs().amax() / (448.0 * 6.0))
+    assert torch.equal(layer.k.packed().dequantize(), fmt.roundtrip(x, scale=g))
+    assert not torch.equal(fmt.roundtrip(x), fmt.roundtrip(x, scale=g))  # the fitted scale is what differs
+    # an all-zero prefill fits a global scale of 0: every later value stays 0, as the cache always did
+    zero = QuantizedKVLayer(fmt, fmt)
+    zero.update(torch.zeros(1, 2, 4, 64), torch.zeros(1, 2, 4, 64))
+    zero.update(x[:, :, :1], x[:, :, :1])
+    assert float(zero.k.static) == 0.0 and not zero.k.packed().dequantize().any()
+    with pytest.raises(ValueError, match="global scale"):
+        fmt.quantize(x, scale=torch.ones(2))
