@@ -322,7 +322,7 @@ def export_plan(plan, num_layers: int, model: str = "MODEL", layer_types=None) -
     if fitted.is_uniform:
         return export_commands(fitted.default, model)
     layers, text = fitted.resolve(num_layers, layer_types), fitted.text
-    sixteen = [i for i, kv in enumerate(layers) if kv.k.bits == 16 and kv.v.bits == 16]  # fp16 / bf16 casts
+    sixteen = [i for i, kv in enumerate(layers) if kv.k.granularity is None and kv.v.granularity is None]  # casts
     quantized = {spec_text(kv) for i, kv in enumerate(layers) if i not in sixteen}
     one = next(kv for i, kv in enumerate(layers) if i not in sixteen) if quantized else None
     if len(quantized) == 1:

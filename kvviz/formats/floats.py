@@ -128,11 +128,11 @@ def engine_value(fmt, engine: str) -> tuple[str | None, str]:
         return _vllm(fmt)
     if engine == "sglang":
         return _sglang(fmt)
+    if fmt.granularity is not None:  # fp8: llama.cpp has none
+        return engine_default(fmt, engine)
     if fmt.rot:
         return None, "llama.cpp does not rotate an unquantized cache; drop /rot."
-    if fmt.granularity is None:
-        return {"fp16": "f16", "bf16": "bf16"}[fmt.base], ""
-    return engine_default(fmt, engine)
+    return {"fp16": "f16", "bf16": "bf16"}[fmt.base], ""
 
 
 def _vllm(fmt) -> tuple[str | None, str]:
