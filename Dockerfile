@@ -1,4 +1,5 @@
-# kvviz app image: the Gradio playground on port 7860, CPU-only, running as a non-root user.
+# kvviz app image: the Gradio playground on port 7860, CPU-only, running as a non-root user. It is also the Hugging
+# Face Space: README.md's front matter says `sdk: docker` and `app_port: 7860` (tests/test_readme.py checks both).
 #   docker build -t kvviz . && docker run --rm -p 7860:7860 kvviz
 FROM python:3.11-slim
 

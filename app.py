@@ -14,10 +14,10 @@ turns that off. `python app.py --warm-up` only warms (the Dockerfile runs it at 
 On a machine whose cores other jobs keep busy, OMP_WAIT_POLICY=PASSIVE (OpenMP workers sleep between parallel
 regions) steadies the clicks; on an idle one it costs 20-30% of the decode speed, so the app leaves it as given.
 
-api_names (for gradio_client): compare, needle, fused_speed, engine_compare, outliers, error_map, anatomy,
+api_names (for gradio_client): compare, needle, fused_speed, rotation, engine_compare, outliers, error_map, anatomy,
 sensitivity, plan_search, memory, export, check_scales. Every one that runs a model (compare, needle, fused_speed,
-outliers, error_map, anatomy, sensitivity, plan_search, export) ends with `model` (a name from the page's model
-picker; omitted: KVVIZ_MODEL) and `language`
+rotation, outliers, error_map, anatomy, sensitivity, plan_search, export) ends with `model` (a name from the page's
+model picker; omitted: KVVIZ_MODEL) and `language`
 ("English", the default, or "한국어": the results' language); engine_compare ends with `model` (its results are in
 English); check_scales takes (file, model).
 """

@@ -51,10 +51,10 @@ def main() -> int:
 
     ids, theirs = llamacpp.run(SPECS + LLAMA_ONLY, tokens=args.tokens, rotate=False, threads=args.threads)
     model, _ = load_model()
-    plain = simulate.kld(SPECS, ids, model)
+    plain = simulate.kvviz_kld(SPECS, ids, model)
     AttentionInterface.register(attention.ATTN_NAME, _q_through_q8_0)
     try:
-        rounded = simulate.kld(SPECS, ids, model)
+        rounded = simulate.kvviz_kld(SPECS, ids, model)
     finally:
         AttentionInterface.register(attention.ATTN_NAME, attention.kvviz_attention_forward)
     print(f"{len(ids)} tokens of WikiText-2, SmolLM2-135M-Instruct; mean KLD (nats) / p99 / same top")

@@ -4,7 +4,7 @@ For each bundled GGUF model and each type pair, the mean KLD (nats) that llama.c
 cache (kvviz.engines.llamacpp, llama-cpp-python in-process, flash attention), with its default rotation and with
 LLAMA_ATTN_ROT_DISABLE=1, beside kvviz's simulation of the same run (kvviz.engines.simulate.llamacpp_kld: the
 GGUF's weights in fp32 with every matmul input rounded as ggml's CPU matmul rounds it, and
-kvviz.ggml_attention's flash attention, rotation on / off) and kvviz's bare formats (kvviz.engines.simulate.kld).
+kvviz.ggml_attention's flash attention, rotation on / off) and kvviz's bare formats (kvviz.engines.simulate.kvviz_kld).
 A ratio is simulated / llama.cpp; "!" marks one outside the bound (simulate.within_bound: 20%, or 0.0005 absolute
 when both are below 0.0025).
 
@@ -41,7 +41,7 @@ def measure(model: str, specs: list[str], tokens: int, threads: int | None) -> l
     lm, _ = load_model(model)
     sim_rot = simulate.llamacpp_kld(specs, ids, lm, gguf, rotate=True)
     sim_norot = simulate.llamacpp_kld(specs, ids, lm, gguf, rotate=False)
-    bare = simulate.kld(specs, ids, lm)
+    bare = simulate.kvviz_kld(specs, ids, lm)
     rows = []
     for s in specs:
         a, b, c, d = rot[s]["mean"], sim_rot[s]["mean"], norot[s]["mean"], sim_norot[s]["mean"]

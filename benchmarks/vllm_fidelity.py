@@ -1,15 +1,15 @@
 """kvviz's simulation of vLLM's fp8 KV cache dtypes against vLLM's CPU build itself, on the same token ids.
 
-For each bundled model, one vLLM server per `--kv-cache-dtype` (auto as the baseline, then each fp8 dtype) is
-started in turn from vLLM's own venv (fp32 weights: kvviz's converted copy of the model, eager mode), asked for the
-teacher-forced top-20 log-probs of the same WikiText-2 token ids (sent as ids, so both sides read the same tokens),
-and stopped. kvviz runs the exact model and its `vllm:<dtype>/cpu` simulation on those ids (kvviz.analysis.rows:
+For each bundled model, one vLLM server per `--kv-cache-dtype` (auto as the baseline, then each fp8 dtype) is started
+in turn from vLLM's own venv (fp32 weights: kvviz's converted copy of the model, eager mode), asked for the
+teacher-forced top-20 log-probs of the same WikiText-2 token ids (sent as ids, so both sides read the same tokens), and
+stopped. kvviz runs the exact model and its `vllm:<dtype>/cpu` simulation on those ids (kvviz.analysis.teacher_forced:
 every position after the first reads the cache as stored), and both sides' KL is taken the same way: the top-20
-estimate with the rest lumped (kvviz.metrics.kld_stats_topk), positions 1..T-2 (vLLM's position 0 reads its own
-fp8 K/V, kvviz's reads them exact: it is left out on both sides). A ratio is kvviz / vLLM; "!" marks one outside
-20%. "kvviz GPU name" is `vllm:<dtype>`, the CUDA store's rounding to nearest even, measured the same way;
-"auto vs exact" is vLLM's fp32-cache baseline against kvviz's exact run, the same estimate (how far the two
-baselines themselves are apart).
+estimate with the rest lumped (kvviz.metrics.kld_stats_topk), positions 1..T-2 (vLLM's position 0 reads its own fp8
+K/V, kvviz's reads them exact: it is left out on both sides). A ratio is kvviz / vLLM; "!" marks one outside 20%.
+"kvviz GPU name" is `vllm:<dtype>`, the CUDA store's rounding to nearest even, measured the same way; "auto vs exact"
+is vLLM's fp32-cache baseline against kvviz's exact run, the same estimate (how far the two baselines themselves are
+apart).
 
     python benchmarks/vllm_fidelity.py                                   # both models, 512 tokens
     python benchmarks/vllm_fidelity.py --models smollm2-135m --tokens 250 --dtypes fp8_e4m3
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from kvviz import models  # noqa: E402
-from kvviz.analysis.rows import lm_logprobs, row_hidden  # noqa: E402
+from kvviz.analysis.teacher_forced import lm_logprobs, row_hidden  # noqa: E402
 from kvviz.engines import servers  # noqa: E402
 from kvviz.formats import as_plans  # noqa: E402
 from kvviz.metrics import kld_stats_topk  # noqa: E402

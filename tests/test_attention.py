@@ -89,7 +89,7 @@ def test_packed_handle_fields_and_dequantize():
 
 @pytest.mark.parametrize("spec", ["int4/channel/g16/asym", "nvfp4", "int8/head", "q4_0"])
 def test_slice_reads_what_dequantize_reads(spec):
-    """rows.py mirrors a cache side slice by slice: each slice dequantizes to its tokens of the whole read."""
+    """row_stack.py mirrors a cache side slice by slice: each slice dequantizes to its tokens of the whole read."""
     _, k, _ = _packed(spec, tokens=72, residual=4, head_dim=32)  # 71 prefill tokens fit int8/head's scale
     whole = k.dequantize()
     cut = 16 if k.fmt.granularity == "channel" else 13

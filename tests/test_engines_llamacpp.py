@@ -24,7 +24,7 @@ SIM_TOKENS = 64  # the simulation beside llama.cpp: ratios 1.00 (q8_0), 1.09 (q4
 
 @pytest.fixture(scope="module")
 def stats():
-    return engines.kld("llama.cpp", ["fp16", "q8_0", "k=q8_0,v=q4_0"], tokens=TOKENS, threads=2)
+    return engines.measure("llama.cpp", ["fp16", "q8_0", "k=q8_0,v=q4_0"], tokens=TOKENS, threads=2)
 
 
 def test_kld_of_llama_cpp_types(stats):
@@ -43,7 +43,7 @@ def test_kld_of_llama_cpp_types(stats):
 
 def test_unrotated_differs_from_rotated(stats):
     """LLAMA_ATTN_ROT_DISABLE=1 stores K/V as kvviz's unrotated formats do: another cache, other figures."""
-    plain = engines.kld("llama.cpp", ["k=q8_0,v=q4_0"], tokens=TOKENS, rotate=False, threads=2)["k=q8_0,v=q4_0"]
+    plain = engines.measure("llama.cpp", ["k=q8_0,v=q4_0"], tokens=TOKENS, rotate=False, threads=2)["k=q8_0,v=q4_0"]
     assert plain["rotation"].startswith("off") and stats["k=q8_0,v=q4_0"]["rotation"] == "llama.cpp's default"
     assert plain["mean"] > 0 and plain["mean"] != stats["k=q8_0,v=q4_0"]["mean"]
 
@@ -58,7 +58,7 @@ def test_run_reports_each_pair_before_it_runs():
 
 def test_quantized_v_without_flash_attention_gets_llama_cpps_reason():
     with pytest.raises(ValueError, match="quantized V cache requires flash_attn"):
-        engines.kld("llama.cpp", ["k=fp16,v=q4_0"], tokens=32, flash_attn=False)
+        engines.measure("llama.cpp", ["k=fp16,v=q4_0"], tokens=32, flash_attn=False)
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -67,7 +67,7 @@ def test_quantized_v_without_flash_attention_gets_llama_cpps_reason():
 ])
 def test_specs_llama_cpp_cannot_store(spec, message):
     with pytest.raises(ValueError, match=message):
-        engines.kld("llama.cpp", [spec], tokens=32)
+        engines.measure("llama.cpp", [spec], tokens=32)
 
 
 def _gguf(path, kv: dict[str, str], tensors: int = 0) -> None:
@@ -83,17 +83,17 @@ def test_a_gguf_that_is_not_a_model_is_refused(tmp_path):
     vocab = tmp_path / "vocab.gguf"
     _gguf(vocab, {"general.architecture": "llama"})
     with pytest.raises(ValueError, match="is a GGUF file but not a model .*no tensors"):
-        engines.kld("llama.cpp", ["q8_0"], model=vocab, tokens=32)
+        engines.measure("llama.cpp", ["q8_0"], model=vocab, tokens=32)
     adapter = tmp_path / "lora.gguf"
     _gguf(adapter, {"general.architecture": "llama", "general.type": "adapter"})
     with pytest.raises(ValueError, match="not a model \\(general.type is 'adapter'"):
-        engines.kld("llama.cpp", ["q8_0"], model=adapter, tokens=32)
+        engines.measure("llama.cpp", ["q8_0"], model=adapter, tokens=32)
     text = tmp_path / "notes.gguf"
     text.write_text("hello")
     with pytest.raises(ValueError, match="is not a GGUF file"):
-        engines.kld("llama.cpp", ["q8_0"], model=text, tokens=32)
+        engines.measure("llama.cpp", ["q8_0"], model=text, tokens=32)
     with pytest.raises(ValueError, match="No GGUF file at"):
-        engines.kld("llama.cpp", ["q8_0"], model=tmp_path / "missing.gguf", tokens=32)
+        engines.measure("llama.cpp", ["q8_0"], model=tmp_path / "missing.gguf", tokens=32)
 
 
 def test_cli_llama_cpp():
@@ -128,5 +128,5 @@ def test_kvviz_simulates_llama_cpp_within_the_bound():
             assert simulate.within_bound(ours[spec]["mean"], theirs[spec]["mean"]), \
                 (spec, rotate, ours[spec]["mean"], theirs[spec]["mean"])
         if rotate:
-            bare = simulate.kld(["q8_0"], ids, model)["q8_0"]["mean"]
+            bare = simulate.kvviz_kld(["q8_0"], ids, model)["q8_0"]["mean"]
             assert not simulate.within_bound(bare, theirs["q8_0"]["mean"]), (bare, theirs["q8_0"]["mean"])

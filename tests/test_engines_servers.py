@@ -127,7 +127,7 @@ def _expected_kl(base_rows, cand_rows) -> list[float]:
 
 
 def test_vllm_prompt_logprobs_kld(server):
-    stats = engines.kld({"baseline": f"{server}/vbase", "fp8_e4m3": f"{server}/vfp8/v1/"}, text=TEXT, top_k=2)
+    stats = engines.measure({"baseline": f"{server}/vbase", "fp8_e4m3": f"{server}/vfp8/v1/"}, text=TEXT, top_k=2)
     s = stats["fp8_e4m3"]
     base_rows = _fixture_rows("vllm_completions_baseline.json")
     cand_rows = _fixture_rows("vllm_completions_fp8_e4m3.json")
@@ -153,7 +153,7 @@ def test_vllm_prompt_logprobs_kld(server):
 
 def test_tokens_beyond_max_model_len_are_capped_not_refused(server):
     """max_model_len 6: five prompt tokens and the answer; asked for 8, five are sent, four positions scored."""
-    s = engines.kld({"baseline": f"{server}/vshortbase", "fp8": f"{server}/vshortfp8"}, text=TEXT, top_k=2,
+    s = engines.measure({"baseline": f"{server}/vshortbase", "fp8": f"{server}/vshortfp8"}, text=TEXT, top_k=2,
                     tokens=8)["fp8"]
     assert s["n"] == 4 and s["ids"] == IDS[:5]
     assert s["capped"].startswith("capped to 5 tokens: 8 were asked, and the servers' max_model_len is 6")
@@ -162,7 +162,7 @@ def test_tokens_beyond_max_model_len_are_capped_not_refused(server):
                       _fixture_rows("vllm_completions_fp8_e4m3.json")[:4])
     assert s["mean"] == pytest.approx(sum(kl) / 4, rel=1e-12)
     assert [b["prompt"] for _, _, path, b in _Handler.seen if path == "/v1/completions"] == [IDS[:5]] * 2
-    s = engines.kld({"baseline": f"{server}/vshortbase", "fp8": f"{server}/vshortfp8"}, text=TEXT, top_k=2,
+    s = engines.measure({"baseline": f"{server}/vshortbase", "fp8": f"{server}/vshortfp8"}, text=TEXT, top_k=2,
                     tokens=5)["fp8"]
     assert s["capped"] is None and s["n"] == 4
 
@@ -175,7 +175,7 @@ def test_the_stand_in_refuses_what_vllm_refuses(server):
 
 def test_score_from_one_drops_position_zero(server):
     urls = {"baseline": f"{server}/vbase", "fp8": f"{server}/vfp8"}
-    s = engines.kld(urls, text=TEXT, top_k=2, score_from=1)["fp8"]
+    s = engines.measure(urls, text=TEXT, top_k=2, score_from=1)["fp8"]
     kl = _expected_kl(_fixture_rows("vllm_completions_baseline.json")[1:],
                       _fixture_rows("vllm_completions_fp8_e4m3.json")[1:])
     assert s["n"] == 8 and s["score_from"] == 1 and s["mean"] == pytest.approx(sum(kl) / 8, rel=1e-12)
@@ -183,24 +183,24 @@ def test_score_from_one_drops_position_zero(server):
 
 def test_sglang_generate_kld_matches_vllm_on_the_same_logprobs(server):
     """The SGLang fixtures hold the same numbers as the vLLM ones in SGLang's schema: same statistics."""
-    sg = engines.kld({"baseline": f"{server}/sbase", "fp8_e4m3": f"{server}/sfp8"}, text=TEXT, top_k=2)["fp8_e4m3"]
+    sg = engines.measure({"baseline": f"{server}/sbase", "fp8_e4m3": f"{server}/sfp8"}, text=TEXT, top_k=2)["fp8_e4m3"]
     posts = [body for name, method, path, body in _Handler.seen if method == "POST"]
     assert [p["logprob_start_len"] for p in posts] == [0, 0] and all(p["return_logprob"] for p in posts)
     assert all(p["top_logprobs_num"] == 2 and p["text"] == TEXT for p in posts)
     assert all(p["sampling_params"]["max_new_tokens"] == 1 for p in posts)
-    vl = engines.kld({"baseline": f"{server}/vbase", "fp8_e4m3": f"{server}/vfp8"}, text=TEXT, top_k=2)["fp8_e4m3"]
+    vl = engines.measure({"baseline": f"{server}/vbase", "fp8_e4m3": f"{server}/vfp8"}, text=TEXT, top_k=2)["fp8_e4m3"]
     assert sg["engine"] == "sglang"
     for key in ("mean", "median", "max", "same_top_p", "ln_ppl_ratio", "delta_p_rms", "n"):
         assert sg[key] == pytest.approx(vl[key], rel=1e-12), key
 
 
 def test_identical_servers_give_zero(server):
-    s = engines.kld({"baseline": f"{server}/vbase", "again": f"{server}/vbase"}, text=TEXT, top_k=2)["again"]
+    s = engines.measure({"baseline": f"{server}/vbase", "again": f"{server}/vbase"}, text=TEXT, top_k=2)["again"]
     assert s["mean"] == 0 and s["max"] == 0 and s["same_top_p"] == 1 and s["ln_ppl_ratio"] == 0
 
 
 def test_tokens_limits_the_scored_positions(server):
-    s = engines.kld({"baseline": f"{server}/vbase", "fp8": f"{server}/vfp8"}, text=TEXT, top_k=2, tokens=3)["fp8"]
+    s = engines.measure({"baseline": f"{server}/vbase", "fp8": f"{server}/vfp8"}, text=TEXT, top_k=2, tokens=3)["fp8"]
     kl = _expected_kl(_fixture_rows("vllm_completions_baseline.json")[:2],
                       _fixture_rows("vllm_completions_fp8_e4m3.json")[:2])
     assert s["n"] == 2 and s["mean"] == pytest.approx(sum(kl) / 2, rel=1e-12)
@@ -216,14 +216,14 @@ def test_tokens_limits_the_scored_positions(server):
 ])
 def test_bad_candidates_are_refused(server, name, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        engines.kld({"baseline": f"{server}/vbase", "x": f"{server}/{name}"}, text=TEXT, top_k=2)
+        engines.measure({"baseline": f"{server}/vbase", "x": f"{server}/{name}"}, text=TEXT, top_k=2)
 
 
 def test_sglang_without_logprobs_is_refused(server):
     with pytest.raises(ValueError, match="no input log-probs"):
-        engines.kld({"baseline": f"{server}/sbase", "x": f"{server}/snolp"}, text=TEXT)
+        engines.measure({"baseline": f"{server}/sbase", "x": f"{server}/snolp"}, text=TEXT)
     with pytest.raises(ValueError, match="HTTP 404"):  # a vLLM server asked as SGLang
-        engines.kld({"baseline": f"{server}/sbase", "x": f"{server}/vbase"}, text=TEXT, api="sglang")
+        engines.measure({"baseline": f"{server}/sbase", "x": f"{server}/vbase"}, text=TEXT, api="sglang")
 
 
 def test_unreachable_and_slow_servers_are_refused_in_bounded_time(server):
@@ -233,10 +233,10 @@ def test_unreachable_and_slow_servers_are_refused_in_bounded_time(server):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(ValueError, match="Could not reach"):
-        engines.kld({"baseline": f"http://127.0.0.1:{port}", "x": f"{server}/vfp8"}, text=TEXT, timeout=2)
+        engines.measure({"baseline": f"http://127.0.0.1:{port}", "x": f"{server}/vfp8"}, text=TEXT, timeout=2)
     start = time.monotonic()
     with pytest.raises(ValueError, match="Could not reach .* within 0.5 s"):
-        engines.kld({"baseline": f"{server}/vbase", "x": f"{server}/slow"}, text=TEXT, api="vllm", model="m",
+        engines.measure({"baseline": f"{server}/vbase", "x": f"{server}/slow"}, text=TEXT, api="vllm", model="m",
                     timeout=0.5)
     assert time.monotonic() - start < SLOW_S
 
@@ -250,7 +250,7 @@ def test_unreachable_and_slow_servers_are_refused_in_bounded_time(server):
 ])
 def test_bad_engine_arguments(engine, specs, message):
     with pytest.raises(ValueError, match=message):
-        engines.kld(engine, specs, text=TEXT)
+        engines.measure(engine, specs, text=TEXT)
 
 
 def test_parse_vllm_keeps_the_top_k_and_pads_short_rows():

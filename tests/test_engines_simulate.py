@@ -11,7 +11,7 @@ from kvviz.tiny import tiny_model
 def test_kld_grows_as_the_format_loses_bits():
     model, _ = tiny_model()
     ids = [(7 * i) % 250 + 3 for i in range(80)]
-    stats = simulate.kld(["fp16", "int8", "int4", "int2"], ids, model)
+    stats = simulate.kvviz_kld(["fp16", "int8", "int4", "int2"], ids, model)
     assert [stats[s]["n"] for s in stats] == [78] * 4  # positions 1..T-2
     assert stats["fp16"]["mean"] < stats["int8"]["mean"] < stats["int4"]["mean"] < stats["int2"]["mean"]
     assert stats["int8"]["mean"] > 0 and stats["int4"]["estimate"] == "full vocabulary"
@@ -20,9 +20,9 @@ def test_kld_grows_as_the_format_loses_bits():
 def test_bad_specs_and_short_ids_are_refused():
     model, _ = tiny_model()
     with pytest.raises(ValueError, match="Unknown KV format"):
-        simulate.kld(["int5"], list(range(3, 20)), model)
+        simulate.kvviz_kld(["int5"], list(range(3, 20)), model)
     with pytest.raises(ValueError, match="at least three token ids"):
-        simulate.kld(["int8"], [3, 4], model)
+        simulate.kvviz_kld(["int8"], [3, 4], model)
 
 
 def test_side_by_side_names_each_sides_figures():
@@ -30,7 +30,7 @@ def test_side_by_side_names_each_sides_figures():
 
     model, _ = tiny_model()
     ids = [(7 * i) % 250 + 3 for i in range(40)]
-    ours = simulate.kld(["int8", "int4"], ids, model)
+    ours = simulate.kvviz_kld(["int8", "int4"], ids, model)
     theirs = {s: dict(ours[s], mean=2 * ours[s]["mean"], engine="llama.cpp (test)", rotation="off") for s in ours}
     sim = {s: dict(ours[s], mean=3 * ours[s]["mean"]) for s in ours}
     rows = side_by_side(["int4", "int8"], ours, theirs, sim)

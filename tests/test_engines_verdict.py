@@ -16,7 +16,7 @@ IDS = [3, 70, 101, 32, 116, 111, 119, 101, 114, 32, 105, 115, 32, 116, 97, 108, 
 
 def test_topk_with_the_whole_vocabulary_is_the_full_kld():
     model, _ = tiny_model()
-    full = simulate.kld(["int4", "vllm:fp8_e5m2"], IDS, model)
+    full = simulate.kvviz_kld(["int4", "vllm:fp8_e5m2"], IDS, model)
     topk = simulate.topk_kld(["int4", "vllm:fp8_e5m2"], IDS, model, top_k=256)
     for spec in full:
         assert topk[spec]["n"] == full[spec]["n"] == len(IDS) - 2  # positions 1..T-2 on both

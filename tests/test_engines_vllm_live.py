@@ -35,8 +35,8 @@ def test_fp8_e4m3_against_auto_live():
     lines = []
     with vllm_local.serve(["fp8_e4m3"], max_model_len=TOKENS + 1, progress=lines.append) as urls:
         assert set(urls) == {"baseline", "fp8_e4m3"} and all(_listening(u) for u in urls.values())
-        stats = servers.kld(urls, tokens=TOKENS, score_from=1)["fp8_e4m3"]
-        beyond = servers.kld(urls, tokens=4 * TOKENS)["fp8_e4m3"]  # asked beyond max_model_len: capped, not refused
+        stats = servers.measure_servers(urls, tokens=TOKENS, score_from=1)["fp8_e4m3"]
+        beyond = servers.measure_servers(urls, tokens=4 * TOKENS)["fp8_e4m3"]  # beyond max_model_len: capped, not refused
     assert "2/2 servers ready (auto, fp8_e4m3; smollm2-135m)" in lines[-1]
     # servers gone: nothing listens, no process of theirs is left
     assert not any(_listening(u) for u in urls.values())

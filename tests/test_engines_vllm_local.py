@@ -78,7 +78,7 @@ def _running(pids: Path) -> list[int]:
 def test_missing_vllm_says_make_vllm(monkeypatch, tmp_path):
     monkeypatch.setenv(vllm_local.PYTHON_ENV, str(tmp_path / "nothing" / "python"))
     with pytest.raises(ValueError, match="not installed: .* does not exist; run `make vllm`"):
-        vllm_local.kld(["fp8_e4m3"], tokens=8)
+        vllm_local.measure_dtypes(["fp8_e4m3"], tokens=8)
     monkeypatch.setenv(vllm_local.PYTHON_ENV, sys.executable)  # kvviz's own Python: no vllm package
     if not vllm_local.installed():
         with pytest.raises(ValueError, match="not installed in .*run `make vllm`"):
@@ -124,7 +124,7 @@ def test_a_server_that_dies_at_start_is_quoted(fake_vllm, monkeypatch):
     monkeypatch.setenv("FAKE_VLLM_MODE", "die")
     with pytest.raises(ValueError, match=r"(?s)--kv-cache-dtype auto exited at start \(code 1\).*cannot serve"
                                          r".*'FooForCausalLM'\] are not supported"):
-        vllm_local.kld(["fp8_e4m3"], str(model), tokens=8)
+        vllm_local.measure_dtypes(["fp8_e4m3"], str(model), tokens=8)
 
 
 def test_servers_are_stopped_on_ctrl_c(fake_vllm, monkeypatch):
@@ -139,7 +139,7 @@ def test_servers_are_stopped_on_ctrl_c(fake_vllm, monkeypatch):
         assert len(calls) < 30, "the stand-in servers never started"
 
     with pytest.raises(KeyboardInterrupt):
-        vllm_local.kld(["fp8_e4m3"], str(model), tokens=8, progress=progress)
+        vllm_local.measure_dtypes(["fp8_e4m3"], str(model), tokens=8, progress=progress)
     assert "0/2 servers ready (auto, fp8_e4m3; model)" in calls[0]
     assert len(pids.read_text().split()) == 4 and _running(pids) == []  # both leaders and their children
 
@@ -166,10 +166,11 @@ def test_cli_refuses_a_dtype_with_the_list(fake_vllm):
 
 
 def test_kld_runs_end_to_end_on_stand_in_servers(fake_vllm, monkeypatch):
-    """vllm_local.kld: servers started, measured through the bridge, stopped (the recorded answers: 10 tokens)."""
+    """vllm_local.measure_dtypes: servers started, measured through the bridge, stopped (the recorded answers: 10
+    tokens)."""
     model, pids = fake_vllm
     monkeypatch.setenv("FAKE_VLLM_MODE", "serve")
-    got = vllm_local.kld("fp8_e4m3", str(model), tokens=10, score_from=1)
+    got = vllm_local.measure_dtypes("fp8_e4m3", str(model), tokens=10, score_from=1)
     assert list(got) == ["fp8_e4m3"] and got["fp8_e4m3"]["n"] == 8 and got["fp8_e4m3"]["mean"] > 0
     assert got["fp8_e4m3"]["model"] == "smollm2-135m" and got["fp8_e4m3"]["capped"] is None
     assert len(pids.read_text().split()) == 2 and _running(pids) == []

@@ -148,7 +148,7 @@ def test_cli_kld_bad_arguments(tmp_path, capsys):
 
 def test_baseline_kl_equals_per_position():
     """Baseline.kl (the vocabulary read in float32, sum P z from the hidden states) against per_position's KL."""
-    from kvviz.analysis.rows import linear_head
+    from kvviz.analysis.teacher_forced import linear_head
     from kvviz.tiny import tiny_model
 
     model, _ = tiny_model("llama")

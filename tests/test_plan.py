@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import kvviz
-from kvviz.cache.rows import RowStackCache
+from kvviz.cache.row_stack import RowStackCache
 from kvviz.formats import Plan, as_plan, assigns_layers, format_plan, parse_kv, parse_plan
 from kvviz.tiny import ByteTokenizer, tiny_config
 

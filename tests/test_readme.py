@@ -1,11 +1,14 @@
 """The README's examples, and those it moved to docs/: each `python -m kvviz memory` command (dense in the README,
 sliding window and MLA in docs/memory.md) runs, prints what the page shows and agrees with the library; each of the
-README's Python examples runs here or names the test that runs it; every relative link resolves."""
+README's Python examples runs here or names the test that runs it; every relative link resolves. And the README's
+claims about the project: at most 300 lines with the two set-up commands, the number of element formats the registry
+holds, and the Space its front matter builds (the Dockerfile, on the port it serves)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import shlex
 from pathlib import Path
@@ -156,3 +159,65 @@ def test_readme_links_every_docs_page():
     linked = set(_LINK.findall(README.read_text(encoding="utf-8")))
     missing = [p.name for p in (REPO / "docs").glob("*.md") if f"docs/{p.name}" not in linked]
     assert not missing, f"README.md should link {missing}"
+
+
+# --- what the README claims about the project as a whole ----------------------------------------------------------
+
+README_MAX_LINES = 300  # a newcomer's guide; the detail lives in docs/
+
+
+def test_readme_is_a_short_guide_with_the_two_set_up_commands():
+    text = README.read_text(encoding="utf-8")
+    n = len(text.splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines, over {README_MAX_LINES}: move detail into docs/*.md"
+    setup = re.search(r"```bash\n(.*?)```", text, re.S).group(1)  # the first shell block is the set-up
+    commands = [line.split("#")[0].strip() for line in setup.splitlines()]
+    assert commands == ["make run", "make test"], f"the Quick start should be `make run` and `make test`: {commands}"
+    for target in ("run", "test"):
+        assert re.search(rf"^{target}:", (REPO / "Makefile").read_text(encoding="utf-8"), re.M), target
+
+
+def test_readme_counts_the_element_formats_the_registry_holds():
+    from kvviz.formats import FORMAT_NAMES
+
+    counts = re.findall(r"(\d+) element formats", README.read_text(encoding="utf-8"))
+    assert counts, "README.md should say how many element formats kvviz stores ('N element formats')"
+    assert {int(c) for c in counts} == {len(FORMAT_NAMES)}, \
+        f"README.md says {counts} element formats; kvviz.formats registers {len(FORMAT_NAMES)}: {FORMAT_NAMES}"
+
+
+def _front_matter() -> dict[str, str]:
+    text = README.read_text(encoding="utf-8")
+    block = re.match(r"---\n(.*?)\n---\n", text, re.S)
+    assert block, "README.md should open with the Space's front matter between --- lines"
+    pairs = (line.split(":", 1) for line in block.group(1).splitlines() if line.strip())
+    return {k.strip(): v.strip().strip('"') for k, v in pairs}
+
+
+def _dockerfile() -> tuple[set[int], int | None, list[str]]:
+    """(ports EXPOSEd, GRADIO_SERVER_PORT's value, the CMD as a list) of the Dockerfile."""
+    text = (REPO / "Dockerfile").read_text(encoding="utf-8").replace("\\\n", " ")
+    exposed = {int(p.split("/")[0]) for line in re.findall(r"^EXPOSE (.*)$", text, re.M) for p in line.split()}
+    port = re.search(r"\bGRADIO_SERVER_PORT=(\d+)", text)
+    cmd = re.findall(r"^CMD (\[.*\])$", text, re.M)
+    assert len(cmd) == 1, "the Dockerfile should end in one exec-form CMD"
+    return exposed, int(port.group(1)) if port else None, json.loads(cmd[0])
+
+
+def test_the_space_is_the_dockerfile_and_serves_its_port():
+    """A Gradio-SDK Space would install requirements.txt and run app.py, never the Dockerfile: no bundled models,
+    PyPI's CUDA torch, no build-time warm-up. The front matter makes the Space build the Dockerfile, whose app
+    serves the port the Space opens."""
+    meta = _front_matter()
+    assert meta.get("sdk") == "docker", f"the Space should build the Dockerfile (sdk: docker), not {meta.get('sdk')}"
+    gradio_only = {"sdk_version", "app_file", "python_version"} & set(meta)
+    assert not gradio_only, f"front matter keys that only a Gradio-SDK Space reads: {sorted(gradio_only)}"
+    exposed, port, cmd = _dockerfile()
+    assert "app_port" in meta, "the front matter should say which port the Space opens (app_port)"
+    app_port = int(meta["app_port"])
+    assert exposed == {app_port} and port == app_port, \
+        f"app_port {app_port}; the Dockerfile EXPOSEs {sorted(exposed)} and sets GRADIO_SERVER_PORT={port}"
+    assert cmd[-1] == "app.py", f"the image should run the app: CMD {cmd}"
+    docker = (REPO / "Dockerfile").read_text(encoding="utf-8")
+    assert "download.pytorch.org/whl/cpu" in docker, "the image should install torch's CPU build, not PyPI's CUDA one"
+    assert "app.py --warm-up" in docker, "the image should convert the models and compile the kernels at build time"

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvviz import quality, rowstable
-from kvviz.analysis.rows import row_values
+from kvviz.analysis.teacher_forced import row_values
 from kvviz.formats import as_plan
 from kvviz.attention import grouped_decode, kvviz_attention_forward
 from kvviz.rowstable import HeadChunks

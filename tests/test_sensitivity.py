@@ -1,6 +1,6 @@
 """Per-layer sensitivity (kvviz.analysis.sensitivity), the plan search (kvviz.analysis.search) and kld() over windows
 (kvviz.quality.divergence), on a 4-layer tiny Llama whose layer 2 carries huge K channels; the prefix-tree rows
-(kvviz.analysis.rows) against the plain definition, one QuantizedKVCache per variant; the sensitivity and plan
+(kvviz.analysis.teacher_forced) against the plain definition, one QuantizedKVCache per variant; the sensitivity and plan
 CLIs."""
 
 import math
@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 import kvviz
 import kvviz.models
 from kvviz import cli
-from kvviz.analysis.rows import _forking_hook, _prefix_tree, _runs, row_hidden, row_values
+from kvviz.analysis.teacher_forced import _forking_hook, _prefix_tree, _runs, row_hidden, row_values
 from kvviz.analysis.sensitivity import _prompt_ids, layer_norms, layer_sensitivity, plans_kl, ranking, variant_plans
 from kvviz.analysis.search import SearchResult, SearchStep, search, search_stream
 from kvviz.formats import as_plan

@@ -322,7 +322,7 @@ def test_engine_view_puts_vllm_beside_llama_cpp_with_a_verdict(vllm_stand_in):
     assert list(fig.data[0].x) == ["q8_0", "vllm:fp8_e4m3/cpu (vLLM)"] and bars["vLLM (CPU build)"][0] is None
     assert bars["vLLM (CPU build)"][1] == rows[1][4] and bars["kvviz (simulated)"][1] == rows[1][7]
     assert list(tab.columns) == engines.HEADERS and [r[0] for r in rows] == ["q8_0", "vllm:fp8_e4m3/cpu (vLLM server)"]
-    measured = servers.kld(urls, tokens=32, score_from=1)["fp8_e4m3"]  # the recording holds 10 tokens
+    measured = servers.measure_servers(urls, tokens=32, score_from=1)["fp8_e4m3"]  # the recording holds 10 tokens
     (judged,) = verdict.rows({"fp8_e4m3": measured})
     v = rows[1]
     assert v[4] == round(measured["mean"], 5) and v[6] == round(100 * measured["same_top_p"], 1)

@@ -7,7 +7,7 @@
     step.py    DecodeStep: one cache layer's decode step, the new token's append and the attention, in one call
                (jit/step.py, which strings jit/pack.py and jit/decode.py together); warm_up() compiles them all
     mirror.py  MirrorAppend: a batched-rows cache's decode token packed and read back into the rows' mirror, exactly
-               as kvviz.formats decodes it, in one call (jit/mirror.py; kvviz.cache.rows); compiled on first use
+               as kvviz.formats decodes it, in one call (jit/mirror.py; kvviz.cache.row_stack); compiled on first use
 
 numba is optional: each launcher imports its jit code lazily and falls back (the reference, kvviz.formats).
 """

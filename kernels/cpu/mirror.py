@@ -1,5 +1,5 @@
 """Append one token to one side of a batched-rows cache and write its dequantized values into the rows' mirror, in
-one numba call (kernels/cpu/jit/mirror.py): what kvviz.cache.rows otherwise does in two steps per side and step
+one numba call (kernels/cpu/jit/mirror.py): what kvviz.cache.row_stack otherwise does in two steps per side and step
 (quant_pack_cpu, then the torch decode of the new row and a copy into the mirror).
 
 The values written equal kvviz.formats' torch decode bit for bit (tests/test_quality.py compares the two paths'

@@ -179,7 +179,7 @@ def logprobs(model, ids: torch.Tensor, plan: Plan, vec_dot: dict[str, str]) -> t
 
 def values(model, ids: torch.Tensor, plans: list[Plan], score_from: int, vec_dot: dict[str, str]) -> list[tuple]:
     """Per-position (kld, nll, nll_base, same_top) of each plan (runs_llamacpp) against llama.cpp's f16 cache run
-    on the window ids [1, T], positions score_from..T-2, as kvviz.analysis.rows.row_values returns them."""
+    on the window ids [1, T], positions score_from..T-2, as kvviz.analysis.teacher_forced.row_values returns them."""
     t = ids.shape[1]
     targets = ids[0, score_from + 1 :].to(model.device)
     base = logprobs(model, ids, as_plan(BASELINE), vec_dot)[score_from : t - 1]

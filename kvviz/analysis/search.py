@@ -122,7 +122,8 @@ def search(model, tokenizer, prompts, candidates: list[str], kl_budget: float, m
        return the cheapest within the budget. The bytes rise along the path, so that is the first step within
        it, up to ties in bytes (search_stream measures the path in passes and yields after each).
 
-    Both runs go through kvviz.analysis.rows as prefix trees: plans that agree on their first layers share them.
+    Both runs go through kvviz.analysis.teacher_forced as prefix trees: plans that agree on their first layers
+    share them.
 
     prompts: one text or a list (each cut to max_tokens tokens; the KL averages over all their positions).
     candidates: single specs or presets (a KVSpec or its text), not plans; engine dtypes too ("vllm:fp8",

@@ -6,8 +6,8 @@ teacher-forced KL(exact || variant) over the prompt's positions, where the varia
 fp16 / bf16; on a float32 model fp16's rounding of one tensor moves the KL by orders of magnitude less than any
 quantized format), every other layer as computed (kvviz.QuantizedKVCache plans, None entries). All 2L variants and
 the exact row run as rows of ONE batch, with the first token alone and the rest in one chunk so that every later
-position reads the quantized cache (kvviz.analysis.rows). The rows run as a prefix tree: variant i is the exact run
-up to layer i, so it forks from the exact row there, and layer j computes 2j + 3 rows instead of 2L + 1 (about
+position reads the quantized cache (kvviz.analysis.teacher_forced). The rows run as a prefix tree: variant i is the
+exact run up to layer i, so it forks from the exact row there, and layer j computes 2j + 3 rows instead of 2L + 1 (about
 half the decoder work); the exact row's log-probs are formed once and every variant's KL is taken against them.
 `plans_kl` is the same measurement for any plans (kvviz.analysis.search's path).
 
@@ -35,7 +35,7 @@ from kvviz.analysis import llamacpp
 from kvviz.analysis.capture import capture_ids
 from kvviz.formats import KVSpec, Plan, as_plan, get_format
 from kvviz.memory.configs import layer_shapes
-from kvviz.analysis.rows import row_values
+from kvviz.analysis.teacher_forced import row_values
 
 
 def _prompt_ids(model, tokenizer, prompt: str, max_tokens: int) -> torch.Tensor:

@@ -153,7 +153,7 @@ class QuantizedKVLayer(CacheLayerMixin):
 
     def append_mirrored(self, key_states: torch.Tensor, value_states: torch.Tensor, rows, at: int, k_mirror,
                         v_mirror) -> bool:
-        """A decode token of batched rows (kvviz.cache.rows): store K and V as update would and write their
+        """A decode token of batched rows (kvviz.cache.row_stack): store K and V as update would and write their
         dequantized values into the rows' mirrors at position `at`, one numba call per side (Side.append_mirrored).
         Returns False, having done nothing, where that path does not apply (then call update)."""
         if (type(self) is not QuantizedKVLayer or self.materialize or self.layout is not None

@@ -104,12 +104,12 @@ def run(args: argparse.Namespace) -> int:
         return _run_vllm(args, text, options)
     if engine == "llama.cpp" and args.with_kvviz:
         ids, results = llamacpp.run(specs, model=args.model, text=text, tokens=args.tokens, **options)
-        simulated = simulate.kld(specs, ids, args.model)
+        simulated = simulate.kvviz_kld(specs, ids, args.model)
         engine_sim = simulate.llamacpp_kld(specs, ids, args.model, rotate=options["rotate"])
     elif args.with_kvviz:
         raise ValueError("--with-kvviz runs with llama.cpp (--specs), not with servers.")
     else:
-        results = engines.kld(engine, specs, model=args.model, text=text, tokens=args.tokens, **options)
+        results = engines.measure(engine, specs, model=args.model, text=text, tokens=args.tokens, **options)
     first = next(iter(results.values()))
     _print_capped(first)
     where = first.get("model") or first.get("url")
@@ -161,7 +161,7 @@ def _run_vllm(args: argparse.Namespace, text: str | None, options: dict) -> int:
                 while True:
                     time.sleep(3600)
         return 0
-    results = vllm_local.kld(args.vllm, args.model, tokens=args.tokens, text=text, score_from=1,
+    results = vllm_local.measure_dtypes(args.vllm, args.model, tokens=args.tokens, text=text, score_from=1,
                              progress=_progress_line(), **options)
     if sys.stderr.isatty():
         print(file=sys.stderr)

@@ -28,7 +28,7 @@ simulated by kvviz.engines.simulate.llamacpp_kld with kvviz.ggml_attention:
 The baseline is llama.cpp's own f16 cache with the same arithmetic.
 
     from kvviz.engines import llamacpp
-    stats = llamacpp.kld(["q8_0", "k=q8_0,v=q4_0"], tokens=256)   # {spec: {"mean": ..., "p99": ..., ...}}
+    ids, stats = llamacpp.run(["q8_0", "k=q8_0,v=q4_0"], tokens=256)   # {spec: {"mean": ..., "p99": ..., ...}}
 
 Needs `pip install llama-cpp-python==0.3.36` (builds llama.cpp from source: about 4 minutes on 2 idle cores).
 """
@@ -128,12 +128,6 @@ def type_pair(spec: str) -> tuple[str, str]:
         raise ValueError(f"{spec!r} cannot run in llama.cpp: {row['note']}")
     flags = row["flags"].split()  # "-ctk K -ctv V [-fa on]"
     return flags[flags.index("-ctk") + 1], flags[flags.index("-ctv") + 1]
-
-
-def kld(specs: list[str], *, model=None, text: str | None = None, tokens: int = 512, flash_attn: bool = True,
-        rotate: bool = True, threads: int | None = None) -> dict[str, dict]:
-    """{spec: stats}: see run()."""
-    return run(specs, model=model, text=text, tokens=tokens, flash_attn=flash_attn, rotate=rotate, threads=threads)[1]
 
 
 def run(specs: list[str], *, model=None, text: str | None = None, tokens: int = 512, flash_attn: bool = True,

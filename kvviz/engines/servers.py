@@ -29,7 +29,7 @@ the SGLang answers there are still written from SGLang's documented schema: no S
 module (docs/engines.md says why).
 
     from kvviz.engines import servers
-    servers.kld({"baseline": "http://gpu0:8000", "fp8_e4m3": "http://gpu1:8000"}, tokens=512)
+    servers.measure_servers({"baseline": "http://gpu0:8000", "fp8_e4m3": "http://gpu1:8000"}, tokens=512)
 """
 
 from __future__ import annotations
@@ -341,9 +341,9 @@ def check_same_tokens(base: PromptLogprobs, cand: PromptLogprobs) -> None:
                          "serve the same model and tokenizer on every server, changing only --kv-cache-dtype.")
 
 
-def kld(engine: dict[str, str], specs: list[str] | None = None, *, model: str | None = None, text: str | None = None,
-        tokens: int = 512, api: str = "auto", top_k: int = DEFAULT_TOP_K, timeout: float = DEFAULT_TIMEOUT,
-        score_from: int = 0) -> dict[str, dict]:
+def measure_servers(engine: dict[str, str], specs: list[str] | None = None, *, model: str | None = None,
+                    text: str | None = None, tokens: int = 512, api: str = "auto", top_k: int = DEFAULT_TOP_K,
+                    timeout: float = DEFAULT_TIMEOUT, score_from: int = 0) -> dict[str, dict]:
     """KLD statistics of each server's KV format against the baseline server, from top-k prompt log-probs.
 
     engine: {"baseline": url, name: url, ...}, one server per KV format (e.g. {"baseline": "http://a:8000",

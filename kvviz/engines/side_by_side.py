@@ -1,10 +1,10 @@
 """kvviz's KLD beside an engine's, per format: the rows of the app's engine view, from three {spec: stats}
 results, each against its own baseline (stats keyed as kvviz.metrics.STAT_KEYS): kvviz's bare format
-(kvviz.engines.simulate.kld), the engine's own (kvviz.engines.llamacpp.run) and kvviz's simulation of the engine's
+(kvviz.engines.simulate.kvviz_kld), the engine's own (kvviz.engines.llamacpp.run) and kvviz's simulation of the engine's
 arithmetic (kvviz.engines.simulate.llamacpp_kld, with the engine run's rotation setting).
 
     ids, theirs = llamacpp.run(["q8_0", "q4_0"], tokens=128, rotate=False)
-    rows = side_by_side(["q8_0", "q4_0"], simulate.kld(["q8_0", "q4_0"], ids), theirs,
+    rows = side_by_side(["q8_0", "q4_0"], simulate.kvviz_kld(["q8_0", "q4_0"], ids), theirs,
                         simulate.llamacpp_kld(["q8_0", "q4_0"], ids, rotate=False))
     rows[0].kvviz_mean, rows[0].engine_mean, rows[0].sim_mean    # nats per token
     rows[0].sim_ratio                                            # sim_mean / engine_mean

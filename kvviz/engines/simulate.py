@@ -1,7 +1,7 @@
 """kvviz's own simulation of the same K/V formats on the same tokens, for side-by-side tables with an engine's.
 
 The model is kvviz.models.load_model's (the bundled GGUF dequantized to fp32 weights, run by transformers), fed the
-token ids the engine scored. The runs are kvviz.analysis.rows.row_values': one batch with a row per format
+token ids the engine scored. The runs are kvviz.analysis.teacher_forced.row_values': one batch with a row per format
 and an exact row, the first token alone and then the rest at once, so every later position reads K/V as the cache
 stores them (quantized on append, before attention reads), as in llama.cpp's batch. Positions 1..T-2 are scored
 (position 0 reads no cache in kvviz; llama.cpp's bridge also scores it). Statistics are kvviz.metrics'.
@@ -11,7 +11,7 @@ every matmul input rounded to the GGUF weight type's 8-bit partner, llama.cpp's 
 (kvviz.ggml_attention), all tokens in one batch, against the same simulation with an f16 cache, positions 0..T-2.
 
     from kvviz.engines import simulate
-    simulate.kld(["q8_0", "k=q8_0,v=q4_0"], ids)        # ids: the tokens the bridge scored (with BOS)
+    simulate.kvviz_kld(["q8_0", "k=q8_0,v=q4_0"], ids)        # ids: the tokens the bridge scored (with BOS)
     simulate.llamacpp_kld(["q4_0"], ids, rotate=False)   # what llama.cpp with LLAMA_ATTN_ROT_DISABLE=1 measures
     simulate.topk_kld(["vllm:fp8_e4m3"], ids, top_k=20)  # estimated as the server bridge estimates vLLM's KLD
 """
@@ -23,7 +23,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from kvviz import ggml_attention, models
-from kvviz.analysis.rows import lm_logprobs, row_hidden, row_values
+from kvviz.analysis.teacher_forced import lm_logprobs, row_hidden, row_values
 from kvviz.engines.llamacpp import resolve_gguf, type_pair
 from kvviz.formats import as_plans
 from kvviz.metrics import kld_stats, kld_stats_topk, summarize
@@ -31,7 +31,7 @@ from kvviz.rowstable import row_stable
 from kvviz.analysis.llamacpp import interleaved_rope, rounded_inputs, weight_vec_dot
 
 
-def kld(specs: list[str], ids: list[int], model=None) -> dict[str, dict]:
+def kvviz_kld(specs: list[str], ids: list[int], model=None) -> dict[str, dict]:
     """{spec: kvviz.metrics.summarize stats} of kvviz's formats against the exact model on the token ids `ids` [T]
     (positions 1..T-2 scored). model: a loaded causal LM, or a name for kvviz.models.load_model (default SmolLM2)."""
     if len(ids) < 3:
@@ -117,11 +117,12 @@ def llamacpp_kld(specs: list[str], ids: list[int], model=None, gguf=None, rotate
 # ---- like with like for servers (top-k log-probs, the rest lumped) ---------------------------------------------
 
 def topk_kld(specs: list[str], ids: list[int], model=None, top_k: int = 20) -> dict[str, dict]:
-    """{spec: stats} of kvviz's formats against the exact model on the token ids [T], estimated as the server
-    bridge estimates an engine's (kvviz.engines.servers): each side's top-k log-probs per position with the rest of
-    the mass lumped in one bucket (kvviz.metrics.kld_stats_topk), positions 1..T-2 (servers.kld with score_from=1
-    scores the same ones). The formats run as kld() runs them (kvviz.analysis.rows, kvviz.formats), so a change to
-    a format's simulation changes these numbers too. model: a loaded causal LM or a name for load_model."""
+    """{spec: stats} of kvviz's formats against the exact model on the token ids [T], estimated as the server bridge
+    estimates an engine's (kvviz.engines.servers): each side's top-k log-probs per position with the rest of the mass
+    lumped in one bucket (kvviz.metrics.kld_stats_topk), positions 1..T-2 (servers.measure_servers with score_from=1
+    scores the same ones). The formats run as kvviz.quality.kld runs them (kvviz.analysis.teacher_forced,
+    kvviz.formats), so a change to a format's simulation changes these numbers too. model: a loaded causal LM or a name
+    for load_model."""
     if len(ids) < 3:
         raise ValueError("Give at least three token ids: position 0 reads no cache, position 1 is the first scored.")
     if not isinstance(top_k, int) or top_k < 1:

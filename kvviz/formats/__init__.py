@@ -1,6 +1,6 @@
 """KV-cache formats: one place that names, builds and accounts for every storage format.
 
-Spec strings are `BASE[/GRANULARITY][/gN][/asym][/rot]` (see `spec.py`); a K/V pair is `k=SPEC,v=SPEC`, a single
+Spec strings are `BASE[/GRANULARITY][/gN][/asym][/rot][/SCALE]` (spec.py); a K/V pair is `k=SPEC,v=SPEC`, a single
 spec means both, and presets (`k8v4`, `k4v8`, `kivi2`, `kivi4`) name common pairs. llama.cpp's KV cache types
 (`q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1`, `iq4_nl`, in `LLAMA_CPP_TYPES`) are bases too, bit-exact with ggml
 (`ggml.py`, which documents their stored layout). `plan.py`'s Plan says what each decoder layer stores (a default

@@ -10,7 +10,7 @@
     quality.kld(model, tok, ["fp8_e4m3", "int4; 0,29=fp16"])           # llama.cpp's KLD statistics (divergence.py)
     quality.fused_vs_unfused(model, quality.wikitext_ids(tok, 1024), ["int4"])   # tokens/s, bytes read per step
 
-Metrics come from one batched decode loop whose rows each hold their own format (kvviz.cache.rows) and are computed
+Metrics come from one batched decode loop whose rows each hold their own format (kvviz.cache.row_stack) and are computed
 by kvviz.metrics; tokens/s come from each format's own cache and attention backend (kvviz.quality.decode).
 
 Modules, bottom to top (each imports only those before it): corpus (the WikiText-2 slice), decode (prefill, a
@@ -19,7 +19,7 @@ against unfused), divergence (kld). compare and kld run a `llama.cpp:` name as l
 (kvviz.analysis.llamacpp), against llama.cpp's f16 cache run.
 """
 
-from kvviz.cache.rows import RowStackCache
+from kvviz.cache.row_stack import RowStackCache
 from kvviz.metrics import kl_top1
 from kvviz.quality.compare import compare, compare_stream
 from kvviz.quality.corpus import wikitext, wikitext_ids

@@ -2,7 +2,7 @@
 first divergence, and teacher-forced per-step KL(baseline || format) and top-1 agreement.
 
 One prefill (DynamicCache, the prompt attends to its own unquantized K/V as in vLLM) serves every format: its K/V
-are copied into each format's cache. Then ONE batched decode loop (kvviz.cache.rows.RowStackCache) runs row 0,
+are copied into each format's cache. Then ONE batched decode loop (kvviz.cache.row_stack.RowStackCache) runs row 0,
 the exact baseline (greedy), and per format a teacher-forced row (fed the baseline's tokens) and a free-running row
 (fed its own greedy tokens). Until the format first picks a token the baseline did not, its free-running row would
 be fed what the teacher-forced row is fed, so it is not run: its tokens are the teacher-forced row's picks, and at
@@ -33,7 +33,7 @@ import torch
 
 from kvviz.analysis import llamacpp
 from kvviz.cache import model_layer_types
-from kvviz.cache.rows import RowStackCache
+from kvviz.cache.row_stack import RowStackCache
 from kvviz.formats import Plan, as_plans, parse_kv
 from kvviz.memory import kv_cache_bytes_for
 from kvviz.metrics import kl_top1

@@ -2,7 +2,8 @@
 with every position reading the quantized cache, as in an engine; and the exact baseline, saved once and reused.
 
 Each window runs as one batch, one row per candidate plus an exact row for the baseline
-(kvviz.analysis.rows.row_values: how the window is chunked, which positions are scored, how rows share layers).
+(kvviz.analysis.teacher_forced.row_values: how the window is chunked, which positions are scored, how rows share
+layers).
 A `llama.cpp:<type>` name runs as llama.cpp runs it instead (kvviz.analysis.llamacpp: its cache, rotation and
 attention arithmetic, its 8-bit matmul inputs, the whole window in one batch) and is measured as llama.cpp measures
 it, against the same run with an f16 cache.
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from kvviz.analysis.rows import check_score_from, decoder, lm_logprobs, row_values
+from kvviz.analysis.teacher_forced import check_score_from, decoder, lm_logprobs, row_values
 from kvviz.cache import model_layer_types
 from kvviz.formats import as_plans
 from kvviz.quality.decode import prefill

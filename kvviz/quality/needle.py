@@ -3,7 +3,7 @@ read back through each format's cache contains it (the seed: int4 loses mid-cont
 
 The haystack (filler with the needle sentence at the given depth) is the prompt: one prefill, stored in every
 format's cache. The question then goes through the cache as a chunk and the answer is decoded greedily, so both
-read the needle from the quantized cache. All formats run as rows of one batch (kvviz.cache.rows).
+read the needle from the quantized cache. All formats run as rows of one batch (kvviz.cache.row_stack).
 
 A plan holding a `llama.cpp:` name answers as llama.cpp would (kvviz.analysis.llamacpp.greedy): the haystack and
 the question as one prompt batch reading K/V as stored, with llama.cpp's matmul input rounding, then greedy steps;
@@ -23,7 +23,7 @@ import torch
 
 from kvviz.analysis import llamacpp
 from kvviz.cache import model_layer_types
-from kvviz.cache.rows import RowStackCache
+from kvviz.cache.row_stack import RowStackCache
 from kvviz.formats import as_plans
 from kvviz.quality.corpus import wikitext
 from kvviz.quality.decode import prefill_shared

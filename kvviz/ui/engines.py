@@ -4,7 +4,7 @@ llama.cpp cache types on the same model and the same tokens.
 llama.cpp runs in the app's llama.cpp worker process (kvviz.engines.llamacpp, llama-cpp-python: a native crash
 ends the worker and comes back as a message, never the app) on the model's GGUF file; kvviz runs the
 same GGUF's weights, dequantized (kvviz.engines.simulate), on the token ids llama.cpp scored, twice: its bare
-format (simulate.kld) and its simulation of llama.cpp's arithmetic (simulate.llamacpp_kld, with the llama.cpp
+format (simulate.kvviz_kld) and its simulation of llama.cpp's arithmetic (simulate.llamacpp_kld, with the llama.cpp
 run's rotation setting), whose ratio to llama.cpp's mean KLD the table shows. Each is measured against its own
 unquantized baseline, with llama.cpp's `--kl-divergence` statistics (kvviz.metrics). Why the bare format differs
 is the static note under the chart (i18n "engine_why", after docs/engines.md).
@@ -49,8 +49,8 @@ VLLM_ENV = "KVVIZ_VLLM_URLS"
 
 
 def vllm_servers(value: str | None) -> dict[str, str] | None:
-    """KVVIZ_VLLM_URLS ("baseline=http://127.0.0.1:8000,fp8_e4m3=http://127.0.0.1:8001") as servers.kld's engine
-    dict; None when unset or empty; ValueError saying how to write it when malformed."""
+    """KVVIZ_VLLM_URLS ("baseline=http://127.0.0.1:8000,fp8_e4m3=http://127.0.0.1:8001") as servers.measure_servers's
+    engine dict; None when unset or empty; ValueError saying how to write it when malformed."""
     if not value or not value.strip():
         return None
     out = {}
@@ -139,7 +139,7 @@ def _check_vllm_model(urls: dict[str, str], model: str) -> None:
 
 def _vllm_rows(urls: dict[str, str], tokens: int, lm) -> tuple[list[verdict.VerdictRow], str]:
     """vLLM's servers measured on `tokens` tokens (positions 1 on) and judged against kvviz's simulation on `lm`."""
-    results = servers.kld(urls, tokens=tokens, api="vllm", score_from=1)
+    results = servers.measure_servers(urls, tokens=tokens, api="vllm", score_from=1)
     first = next(iter(results.values()))
     rows = verdict.rows(results, lm)
     capped = f" {first['capped']}." if first.get("capped") else ""
@@ -154,8 +154,8 @@ def _vllm_rows(urls: dict[str, str], tokens: int, lm) -> tuple[list[verdict.Verd
 @user_errors
 def run(pairs, tokens, rotate, model=None, progress=gr.Progress(), vllm: dict[str, str] | None = None):
     """llama.cpp's KLD of each pair beside kvviz's simulation of it on `model` (the Compare tab's picker): table,
-    grouped bars, what was run (in English). vllm: servers.kld's engine dict of vLLM servers (vllm_servers) whose
-    dtypes are measured too and judged (kvviz.engines.verdict), or None."""
+    grouped bars, what was run (in English). vllm: servers.measure_servers's engine dict of vLLM servers
+    (vllm_servers) whose dtypes are measured too and judged (kvviz.engines.verdict), or None."""
     model = check_model(model)
     tokens = check_int(tokens, "Tokens", MIN_TOKENS, MAX_TOKENS)
     rotate = check_bool(rotate, "Rotate K/V in llama.cpp")
@@ -177,7 +177,7 @@ def run(pairs, tokens, rotate, model=None, progress=gr.Progress(), vllm: dict[st
     ids, theirs = llamacpp.run(pairs, model=str(gguf), tokens=tokens, rotate=rotate, on_pair=on_pair)
     lm, _ = get_model(progress, model=model)
     progress(0.5, desc=f"kvviz: the same {len(ids)} tokens, {len(pairs)} formats and the exact model as one batch…")
-    ours = simulate.kld(pairs, ids, lm)
+    ours = simulate.kvviz_kld(pairs, ids, lm)
     progress(0.75, desc=f"kvviz: the same tokens with llama.cpp's arithmetic, {len(pairs) + 1} runs…")
     rows = side_by_side(pairs, ours, theirs, simulate.llamacpp_kld(pairs, ids, lm, gguf, rotate=rotate))
     vllm_rows, vllm_note = [], ""

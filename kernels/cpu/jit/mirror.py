@@ -1,4 +1,4 @@
-"""numba code of one batched-rows append (kvviz.cache.rows): quantize and pack the new token of one side into row
+"""numba code of one batched-rows append (kvviz.cache.row_stack): quantize and pack the new token of one side into row
 `pos` of its buffers (kernels/cpu/jit/step.py's `_append`, the packers' exact loops), then read that row back into
 the rows' full-precision mirror, value for value what kvviz.formats' torch decode returns for it. The launcher is
 kernels/cpu/mirror.py.

@@ -1,7 +1,7 @@
 """Teacher-forced rows: many KV specs or per-layer plans run over one token window as rows of one batch, and their
 KL divergence against the exact model, with every position reading the quantized cache, as in an engine.
 
-How a window of T tokens runs (`row_hidden`): each row holds its own spec or plan (kvviz.cache.rows.RowStackCache).
+How a window of T tokens runs (`row_hidden`): each row holds its own spec or plan (kvviz.cache.row_stack.RowStackCache).
 The first `first_chunk` tokens (default 1) go in alone: a cache's first update hands attention the raw K/V, so
 keeping that chunk to one token means every later position reads quantized K/V, as llama.cpp does (it quantizes
 the prompt's K/V before attention reads them; so does vLLM's CPU build, whose prefill reads its fp8 cache). The rest
@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from kvviz.cache import model_layer_types
-from kvviz.cache.rows import RowStackCache
+from kvviz.cache.row_stack import RowStackCache
 from kvviz.formats import spec_key
 from kvviz.metrics import Baseline, log_probs
 from kvviz.rowstable import row_stable

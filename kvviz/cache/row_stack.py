@@ -23,8 +23,8 @@ states (Qwen3-Next, Falcon-H1's hybrid layers beside their K/V) in full precisio
 and Gemma 4's shared-KV layers as DummyLayer (they read what an earlier layer's update returned).
 
 Rows per layer: by default every layer holds every row. With `layer_rows`, layer j holds its own rows, each taking
-layer j of one of the given plans; kvviz.analysis.rows uses this to run many per-layer plans as a prefix tree (plans
-that agree on layers 0..j share one row up to layer j), so the batch differs from layer to layer.
+layer j of one of the given plans; kvviz.analysis.teacher_forced uses this to run many per-layer plans as a prefix
+tree (plans that agree on layers 0..j share one row up to layer j), so the batch differs from layer to layer.
 
     stack = RowStackCache(model.config, [None, "fp8_e4m3", "k8v4"])   # row 0 exact, rows 1-2 quantized
     stack.load_prefill(dynamic_cache)                                  # the prompt's K/V, copied into every row
@@ -206,7 +206,7 @@ class RowStackCache(Cache):
             caches = {k: QuantizedKVCache(config, s, scales=_scales_for(s, scales, i), stage=False)
                       for i, (k, s) in enumerate(zip(keys, specs)) if k is not None and keys.index(k) == i}
             self.row_caches = [None if k is None else caches[k] for k in keys]
-        else:  # a layer's rows are distinct plans (kvviz.analysis.rows' prefix tree): one cache per plan
+        else:  # a layer's rows are distinct plans (kvviz.analysis.teacher_forced' prefix tree): one cache per plan
             self.row_caches = [None if s is None else QuantizedKVCache(config, s, scales=_scales_for(s, scales, i),
                                                                        stage=False) for i, s in enumerate(specs)]
         self.uniform = layer_rows is None  # every layer holds every row, in the same order
