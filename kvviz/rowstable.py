@@ -1,17 +1,20 @@
-"""Row-stable batches: inside `with row_stable(model):`, on this thread, a batch row's outputs are the same bits
+"""Row-stable batches: inside `with row_stable(model):`, in this context, a batch row's outputs are the same bits
 whichever rows share the batch. kvviz runs many caches as rows of one batch (the Compare tab's side-by-side decode,
 the teacher-forced windows of KL, sensitivity and the plan search, the needle); a plan's numbers must not depend on
 which plans sit beside it.
 
 Two of torch's CPU kernels split their work by batch size, and round a row differently when it does:
-- F.linear calls MKL's sgemm, which rounds a row apart when a call holds 1-3 rows rather than 4 or more. Inside the
-  block every float32 nn.Linear of `model` on the CPU runs oneDNN's inner product on its weight packed once, which
+- F.linear calls MKL's sgemm, which rounds a row apart when a call holds 1-3 rows rather than 4 or more. Entering
+  the block gives every float32 nn.Linear of `model` on the CPU kvviz's subclass `RowStableLinear` (its forward is
+  F.linear outside a row-stable block, so the model computes as before); inside the block it runs oneDNN's inner product on its weight packed once, which
   gives a row the same bits for every row count from 2 up (tested to 1,024); a 1-row call runs as 2 rows (the row
   twice), since one row takes another code path for some shapes. It is also the faster matmul for these batches:
   MKL runs its AVX2 kernels on AMD CPUs, oneDNN its AVX-512 ones (SmolLM2's gate projection at 13 rows 0.27 ->
   0.13 ms, its LM head 21 -> 6 ms on a 2-core AMD EPYC).
 - SDPA with two threads rounds a decode row differently at different batch sizes: the "kvviz" attention function
   (kvviz.attention) runs each row of a batch on its own while `active()`.
+The mode is the calling context's (kvviz.runtime's scope: a thread starts outside it); which model holds packed
+weights is the current runtime's (kvviz.runtime.Runtime.packed_holder, .packed_head).
 A quantized row turns such a 1e-7 difference into a different code and carries it through every later layer and
 step: before this, a plan's mean KL on SmolLM2 read 0.03580 alone and 0.03763 beside 35 plans.
 
@@ -36,8 +39,6 @@ without oneDNN, run F.linear.
 from __future__ import annotations
 
 import contextlib
-import threading
-import types
 import weakref
 from typing import Iterator, TypeVar
 
@@ -45,11 +46,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvviz import runtime
+
 T = TypeVar("T")
 _ROWS_HINT = 16  # oneDNN's packing hint: the layout it picks for ~16 rows runs any row count, the same bits
-_state = threading.local()  # .on: this thread's row_stable blocks, innermost last (each True or False)
-_holder: weakref.ref | None = None  # the model whose layers hold packed weights (one at a time)
-_installed: weakref.WeakSet = weakref.WeakSet()  # models whose linear layers have the dispatching forward
 
 
 def available() -> bool:
@@ -70,9 +70,8 @@ def _packed(layer: nn.Linear) -> torch.Tensor:
 
 
 def active() -> bool:
-    """Whether this thread is inside a row_stable block (the innermost one enabled)."""
-    on = getattr(_state, "on", None)
-    return bool(on) and on[-1]
+    """Whether this context is inside a row_stable block (the innermost one enabled)."""
+    return runtime.row_stable_active()
 
 
 def _inner_product(rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -100,60 +99,61 @@ def _bucket(m: int) -> int:
     return -(-m // step) * step
 
 
-def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """nn.Linear.forward, through the packed inner product while this thread is inside row_stable (a layer as wide
-    as a vocabulary through HeadChunks, so that the LM head has one packed copy, in chunks)."""
-    if not active() or x.dtype != torch.float32 or x.device.type != "cpu" or x.requires_grad:
-        return F.linear(x, self.weight, self.bias)
-    rows = x.reshape(-1, x.shape[-1])
-    if self.bias is None and self.weight.shape[0] >= HeadChunks.WIDE:
-        out = rows.new_empty(rows.shape[0], self.weight.shape[0])
-        for start, z in HeadChunks.of(self.weight).logits(rows):
-            out[:, start : start + z.shape[1]] = z
-    else:
-        out = _inner_product(rows, _packed(self), self.bias)  # [M, out]
-    return out.reshape(*x.shape[:-1], -1)
+class RowStableLinear(nn.Linear):
+    """An nn.Linear that reads the row-stable mode: F.linear outside a row_stable block (exactly nn.Linear), the
+    packed inner product inside one (a layer as wide as a vocabulary through HeadChunks, so that the LM head has
+    one packed copy, in chunks). row_stable gives a model's float32 CPU nn.Linear layers this class (same
+    parameters, state dict and repr fields; `isinstance(layer, nn.Linear)` still holds)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not active() or x.dtype != torch.float32 or x.device.type != "cpu" or x.requires_grad:
+            return F.linear(x, self.weight, self.bias)
+        rows = x.reshape(-1, x.shape[-1])
+        if self.bias is None and self.weight.shape[0] >= HeadChunks.WIDE:
+            out = rows.new_empty(rows.shape[0], self.weight.shape[0])
+            for start, z in HeadChunks.of(self.weight).logits(rows):
+                out[:, start : start + z.shape[1]] = z
+        else:
+            out = _inner_product(rows, _packed(self), self.bias)  # [M, out]
+        return out.reshape(*x.shape[:-1], -1)
 
 
 def _hold(model: nn.Module) -> None:
-    """Make `model` the one whose layers keep packed weights: the previous holder's are dropped."""
-    global _holder
-    previous = _holder() if _holder is not None else None
+    """Make `model` the one whose layers keep packed weights in the current runtime: the previous holder's are
+    dropped."""
+    rt = runtime.current()
+    previous = rt.packed_holder() if rt.packed_holder is not None else None
     if previous is model:
         return
     if previous is not None:
         for module in previous.modules():
             module.__dict__.pop("_kvviz_packed", None)
-    HeadChunks._held = None
-    _holder = weakref.ref(model)
+    rt.packed_head = None
+    rt.packed_holder = weakref.ref(model)
 
 
 def _install(model: nn.Module) -> None:
-    """Give every float32 CPU nn.Linear of `model` the dispatching forward (once; F.linear outside row_stable)."""
-    if model in _installed:  # a streamed run enters row_stable once per item
+    """Give every float32 CPU nn.Linear of `model` the class RowStableLinear (once; F.linear outside row_stable).
+    A layer whose instance already overrides forward (another library's hook) keeps it."""
+    if model.__dict__.get("_kvviz_row_stable"):  # a streamed run enters row_stable once per item
         return
-    _installed.add(model)
     for module in model.modules():
         if (type(module) is nn.Linear and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
                 and "forward" not in module.__dict__):
-            module.forward = types.MethodType(_forward, module)
+            module.__class__ = RowStableLinear
+    model.__dict__["_kvviz_row_stable"] = True
 
 
 @contextlib.contextmanager
 def row_stable(model: nn.Module, enabled: bool = True):
-    """Inside the block, on this thread: `model`'s batches row-stable (see the module docstring); with
+    """Inside the block, in this context: `model`'s batches row-stable (see the module docstring); with
     enabled=False, F.linear and batched attention again (a timed decode inside a row-stable run times what a server
     runs). Other threads using the same model meanwhile run as before."""
     if enabled and available():
         _hold(model)
         _install(model)
-    if not hasattr(_state, "on"):
-        _state.on = []
-    _state.on.append(enabled)
-    try:
+    with runtime.scope_row_stable(enabled):
         yield model
-    finally:
-        _state.on.pop()
 
 
 def row_stable_steps(model: nn.Module, steps: Iterator[T]) -> Iterator[T]:
@@ -175,7 +175,7 @@ class HeadChunks:
     for oneDNN chunk by chunk (a second copy of the head); without oneDNN, torch.mm on slices of it. Each row's
     logits are the same bits whatever the row count, as in row_stable.
 
-    `HeadChunks.of(weight)` keeps one head packed for the process (the last asked for; packing Gemma 3's takes
+    `HeadChunks.of(weight)` keeps one head packed per runtime (kvviz.runtime; the last asked for; packing Gemma 3's takes
     0.8 s), which a row-stable model's LM head also runs through: the baseline's logits and every candidate's are
     the same products, and the head has one packed copy.
 
@@ -184,17 +184,16 @@ class HeadChunks:
 
     CHUNK = 4096  # vocabulary rows per product: [128, 4096] float32 is 2 MB, reused from the heap
     WIDE = 4 * CHUNK  # a linear layer with this many outputs or more is a vocabulary head (row_stable's _forward)
-    _held: "tuple[weakref.ref, tuple, HeadChunks] | None" = None  # (weight, its version key, its chunks)
-
     @classmethod
     def of(cls, weight: torch.Tensor) -> "HeadChunks":
         """The chunks of `weight`, packed on first use and kept until another head is asked for, the weight
         changes, or row_stable moves to another model."""
         key = (weight.data_ptr(), weight._version, tuple(weight.shape))
-        held = cls._held
+        rt = runtime.current()
+        held = rt.packed_head  # (weight ref, its version key, its chunks)
         if held is None or held[0]() is not weight or held[1] != key:
             held = (weakref.ref(weight), key, cls(weight))
-            cls._held = held
+            rt.packed_head = held
         return held[2]
 
     def __init__(self, weight: torch.Tensor):

@@ -27,3 +27,31 @@ def run_cli():
                               timeout=timeout, check=False)
 
     return run
+
+
+# kvviz's process default runtime (kvviz/runtime.py), built once from this environment (its models stay loaded
+# from test to test). After each test the default is what it was before it, whatever the test (or app.build_demo,
+# which installs the app's own) made the default; a module-scoped fixture that builds the app restores it itself.
+from kvviz import runtime as _runtime  # noqa: E402  (after TRITON_INTERPRET above)
+
+_runtime.default()
+
+
+@pytest.fixture(autouse=True)
+def _keep_default_runtime():
+    before = _runtime.default()
+    yield
+    _runtime.set_default(before)
+
+
+@pytest.fixture
+def use_runtime(monkeypatch):
+    """Make a fresh kvviz Runtime the process default for one test: `use_runtime(KVVIZ_MODEL="tiny-llama", ...)`
+    builds it with Runtime.from_env from exactly those variables (the others unset) and returns it."""
+
+    def install(**env: str) -> _runtime.Runtime:
+        rt = _runtime.Runtime.from_env(env)
+        _runtime.set_default(rt)
+        return rt
+
+    return install

@@ -820,11 +820,11 @@ def test_build_demo_has_no_side_effects_and_loads_no_model():
     import gradio as gr
 
     import app
-    from kvviz.ui import common
+    from kvviz.ui import registry
 
     demo = app.build_demo()
     assert isinstance(demo, gr.Blocks)
-    assert common.MODELS.resident() == [], "building the page must not load a model (they load on first use)"
+    assert registry.models_pool().resident() == [], "building the page must not load a model (they load on first use)"
 
 
 def test_english_and_korean_have_the_same_strings():

@@ -19,7 +19,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import kvviz
-from kvviz import attention
+from kvviz import attention, runtime
 from kvviz.attention import _bottom_right_causal, active_backend, kvviz_attention_forward
 from kvviz.cache import QuantizedKVLayer
 from kvviz.formats import QTensor
@@ -36,21 +36,23 @@ class _Module(torch.nn.Module):
 
 
 @pytest.mark.parametrize("value,want", [("torch", "torch"), ("TORCH", "torch"), ("", None), ("auto", None)])
-def test_backend_from_env(monkeypatch, value, want):
-    monkeypatch.setenv("KVVIZ_BACKEND", value)
+def test_backend_from_env(value, want):
     auto = "triton" if attention._probe()["cuda"] and attention._probe()["triton"] else (
         "cpu" if attention._cpu_fused() else "torch")
-    assert active_backend() == (want or auto)
+    with runtime.Runtime.from_env({"KVVIZ_BACKEND": value}).activate():
+        assert active_backend() == (want or auto)
 
 
 def test_bad_backend_names_the_choices(monkeypatch):
-    monkeypatch.setenv("KVVIZ_BACKEND", "cuda")
+    with pytest.raises(ValueError, match="KVVIZ_BACKEND='cuda' is not one of auto, torch, triton"):
+        runtime.Runtime.from_env({"KVVIZ_BACKEND": "cuda"})
+    monkeypatch.setattr(runtime.default(), "backend", "cuda")  # set on a runtime after it was built
     with pytest.raises(ValueError, match="auto, torch, triton"):
         active_backend()
 
 
 def test_triton_without_a_device_is_refused_clearly(monkeypatch):
-    monkeypatch.setenv("KVVIZ_BACKEND", "triton")
+    monkeypatch.setattr(runtime.default(), "backend", "triton")
     monkeypatch.setattr(attention, "_probe", lambda: {"cuda": False, "triton": True, "usable": False})
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         active_backend()
@@ -106,7 +108,7 @@ def test_a_side_has_no_shape():
 
 @pytest.mark.parametrize("q_len", [1, 3])
 def test_packed_path_is_dequantize_then_sdpa(q_len, monkeypatch):
-    monkeypatch.setenv("KVVIZ_BACKEND", "torch")  # auto fuses single-token decode on the CPU (kernels/cpu/decode.py)
+    monkeypatch.setattr(runtime.default(), "backend", "torch")  # auto fuses single-token decode on the CPU (kernels/cpu/decode.py)
     _, k, v = _packed("int8")
     q = torch.randn(2, 4, q_len, 16)
     got, _ = kvviz_attention_forward(_Module(), q, k, v, None, scaling=0.25)
@@ -138,7 +140,7 @@ _TRITON_SCRIPT = textwrap.dedent("""
         mask[1, :, :, :7] = False  # left padding of the second sequence
         out = {}
         for backend in ("torch", "triton"):
-            os.environ["KVVIZ_BACKEND"] = backend
+            kvviz.runtime.current().backend = backend
             assert active_backend() == backend
             out[backend] = kvviz_attention_forward(M(), q, k, v, mask, scaling=0.25)[0]
         assert out["triton"].shape == out["torch"].shape == (2, 1, 4, 16)
@@ -198,7 +200,7 @@ def test_use_backend_overrides_the_environment_on_this_thread_only(monkeypatch):
 
     from kvviz.attention import use_backend
 
-    monkeypatch.setenv("KVVIZ_BACKEND", "torch")
+    monkeypatch.setattr(runtime.default(), "backend", "torch")
     seen = {}
     with use_backend("auto"):
         auto = active_backend()
@@ -209,7 +211,7 @@ def test_use_backend_overrides_the_environment_on_this_thread_only(monkeypatch):
         other = threading.Thread(target=lambda: seen.setdefault("other", active_backend()))
         other.start()
         other.join()
-    assert seen["other"] == "torch"  # another thread keeps KVVIZ_BACKEND
+    assert seen["other"] == "torch"  # another thread keeps the runtime's backend (KVVIZ_BACKEND)
     assert active_backend() == "torch"  # and so does this one after the block
 
 

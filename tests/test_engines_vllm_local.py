@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import kvviz.runtime
 from kvviz.engines import vllm_local
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +54,8 @@ def fake_vllm(tmp_path, monkeypatch):
     model.mkdir()
     (model / "config.json").write_text("{}")
     pids = tmp_path / "pids"
-    monkeypatch.setenv(vllm_local.PYTHON_ENV, str(python))
+    monkeypatch.setenv(vllm_local.PYTHON_ENV, str(python))  # for `python -m kvviz` started from a test
+    monkeypatch.setattr(kvviz.runtime.default(), "vllm_python", python)  # for this process's runtime
     monkeypatch.setenv("FAKE_VLLM_PKG", str(pkg))
     monkeypatch.setenv("FAKE_VLLM_PIDS", str(pids))
     monkeypatch.setenv("FAKE_VLLM_PY", sys.executable)
@@ -76,17 +78,17 @@ def _running(pids: Path) -> list[int]:
 
 
 def test_missing_vllm_says_make_vllm(monkeypatch, tmp_path):
-    monkeypatch.setenv(vllm_local.PYTHON_ENV, str(tmp_path / "nothing" / "python"))
+    monkeypatch.setattr(kvviz.runtime.default(), "vllm_python", tmp_path / "nothing" / "python")
     with pytest.raises(ValueError, match="not installed: .* does not exist; run `make vllm`"):
         vllm_local.measure_dtypes(["fp8_e4m3"], tokens=8)
-    monkeypatch.setenv(vllm_local.PYTHON_ENV, sys.executable)  # kvviz's own Python: no vllm package
+    monkeypatch.setattr(kvviz.runtime.default(), "vllm_python", Path(sys.executable))  # kvviz's own: no vllm
     if not vllm_local.installed():
         with pytest.raises(ValueError, match="not installed in .*run `make vllm`"):
             vllm_local.vllm_package()
 
 
 def test_default_python_is_the_repos_venv(monkeypatch):
-    monkeypatch.delenv(vllm_local.PYTHON_ENV, raising=False)
+    monkeypatch.setattr(kvviz.runtime.default(), "vllm_python", None)
     assert vllm_local.vllm_python() == ROOT / ".venv-vllm" / "bin" / "python"
 
 

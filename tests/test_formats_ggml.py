@@ -267,7 +267,7 @@ def _tiny_llama_head_dim_32():
 
 
 def test_cache_generates_with_a_llama_cpp_pair(monkeypatch):
-    monkeypatch.setenv("KVVIZ_BACKEND", "torch")
+    monkeypatch.setattr(kvviz.runtime.default(), "backend", "torch")
     from kvviz.cache import QuantizedKVCache
 
     model, tok = _tiny_llama_head_dim_32()

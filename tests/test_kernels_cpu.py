@@ -357,7 +357,7 @@ def test_llama_cpp_types_generate_the_same_tokens(spec, monkeypatch):
     calls = _count_fused(monkeypatch)
     tokens = {}
     for backend in ("torch", "cpu"):
-        monkeypatch.setenv("KVVIZ_BACKEND", backend)
+        monkeypatch.setattr(kvviz.runtime.default(), "backend", backend)
         with torch.no_grad():
             tokens[backend] = model.generate(**enc, max_new_tokens=12, do_sample=False,
                                              cache=kvviz.QuantizedKVCache(model.config, spec))

@@ -212,7 +212,7 @@ def _model(dtype: torch.dtype):
 
 def _run(monkeypatch, spec: str, dtype: torch.dtype, cpu_packer: bool):
     """Greedy tokens and every side's stored bytes, with KVVIZ_BACKEND=torch and the CPU packer forced on or off."""
-    monkeypatch.setenv("KVVIZ_BACKEND", "torch")
+    monkeypatch.setattr(kvviz.runtime.default(), "backend", "torch")
     packer = (lambda fmt, x: quant_pack_cpu if quant_pack_cpu_supported(fmt, x.shape[3]) else None) if cpu_packer \
         else (lambda fmt, x: None)
     monkeypatch.setattr(sides, "_fused_packer", packer)
@@ -260,7 +260,7 @@ def test_the_cache_picks_the_cpu_packer_on_the_cpu_backend(monkeypatch):
     side; channel formats and KVVIZ_BACKEND=torch through kvviz.formats."""
     from kvviz.attention import active_backend
 
-    monkeypatch.setenv("KVVIZ_BACKEND", "cpu")
+    monkeypatch.setattr(kvviz.runtime.default(), "backend", "cpu")
     assert active_backend() == "cpu"
     warnings.simplefilter("ignore", ScaleWarning)  # fp8's scale from 3 tokens (pytest restores the filters)
     picks = {}
@@ -272,7 +272,7 @@ def test_the_cache_picks_the_cpu_packer_on_the_cpu_backend(monkeypatch):
         picks[spec] = layer.k._packer
     assert picks == {"int4": quant_pack_cpu, "nvfp4": quant_pack_cpu, "fp8": quant_pack_cpu,
                      "int4/channel/g32/asym": None, "q8_0": quant_pack_cpu}
-    monkeypatch.setenv("KVVIZ_BACKEND", "torch")
+    monkeypatch.setattr(kvviz.runtime.default(), "backend", "torch")
     layer = QuantizedKVLayer(kvviz.get_format("int4"), kvviz.get_format("int4"))
     layer.update(torch.randn(1, 2, 3, 32), torch.randn(1, 2, 3, 32))
     assert layer.k._packer is None
@@ -284,7 +284,7 @@ def test_nvfp4_sides_pinned_by_the_prefill_store_what_the_formats_store(monkeypa
     pins every later value to 0 (the formats path clamps), which a side then keeps off the packer."""
     stored = {}
     for backend in ("cpu", "torch"):
-        monkeypatch.setenv("KVVIZ_BACKEND", backend)
+        monkeypatch.setattr(kvviz.runtime.default(), "backend", backend)
         side = sides.Side(kvviz.get_format("nvfp4"), 0, None, "layer 0 K")
         prefill = torch.randn(1, 3, 4, 64, generator=torch.Generator().manual_seed(0)) * prefill_scale
         side.init(prefill)

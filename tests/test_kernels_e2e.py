@@ -63,7 +63,7 @@ def _model(head_dim: int):
 
 def _decode_logits(model, tok, spec: str, backend: str, monkeypatch) -> torch.Tensor:
     """Prefill the left-padded prompts, then STEPS teacher-forced decode steps: logits [STEPS, B, vocab]."""
-    monkeypatch.setenv("KVVIZ_BACKEND", backend)
+    monkeypatch.setattr(kvviz.runtime.default(), "backend", backend)
     assert attention.active_backend() == backend
     kv = kvviz.parse_kv(spec)
     long = kv.residual or "channel" in (kv.k.granularity, kv.v.granularity)  # so that groups and windows fill
@@ -148,7 +148,7 @@ def _arch_model(arch: str):
 def _arch_logits(model, tok, spec: str, backend: str, monkeypatch, prompts=ARCH_PROMPTS) -> torch.Tensor:
     """Prefill the left-padded prompts (two; ARCH_PROMPTS' windows already cut), then one decode step: logits
     [B, vocab]."""
-    monkeypatch.setenv("KVVIZ_BACKEND", backend)
+    monkeypatch.setattr(kvviz.runtime.default(), "backend", backend)
     enc = tok(list(prompts), return_tensors="pt")
     ids, mask = enc["input_ids"], enc["attention_mask"]
     cache = kvviz.QuantizedKVCache(model.config, spec)

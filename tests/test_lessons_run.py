@@ -35,6 +35,9 @@ def parts():
     mp = pytest.MonkeyPatch()
     mp.setenv("KVVIZ_MODEL", "tiny-llama")
     import app
+    from kvviz import runtime
+
+    mp.setattr(runtime, "_default", runtime.default())  # build_demo installs the app's runtime: undone below
 
     demo_parts = {}
     real_wire = lessons.wire

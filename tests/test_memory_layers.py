@@ -340,3 +340,23 @@ def test_an_unreachable_hub_id_fails_fast_and_names_the_id(monkeypatch):
     with pytest.raises(ValueError, match="nobody/no-such-model"):
         kv_cache_bytes_for("nobody/no-such-model", 10)
     assert time.monotonic() - start < 10
+
+
+def test_memory_curves_sample_the_window_edge_and_sum_the_windowed_layers():
+    """kvviz.memory.curves (the Memory tab's chart): geometric contexts plus each window's edge; every point is the
+    cache model's own bytes; the windowed series holds the sliding layers alone and flattens past the window."""
+    from kvviz.formats import as_plan
+
+    gemma, llama = memory.get_model_preset("gemma-3-270m"), memory.get_model_preset("llama-3.1-8b")
+    plan = as_plan("int4")
+    plan.resolve(gemma.layers)
+    plans = {"int4": plan}
+    curves = memory.memory_curves(gemma, plans, lo=64, hi=4096, batch=2, points=8)
+    assert 512 in curves.contexts and curves.contexts == sorted(set(curves.contexts)) and len(curves.contexts) == 9
+    cache = curves.caches["int4"]
+    assert curves.gb["int4"] == [cache.bytes(x, 2) / memory.GB for x in curves.contexts]
+    windowed = curves.windowed_gb["int4"]
+    assert windowed == [memory.windowed_bytes(cache, x, 2) / memory.GB for x in curves.contexts]
+    assert 0 < windowed[0] < curves.gb["int4"][0] and windowed[-1] == windowed[curves.contexts.index(512) + 1]
+    flat = memory.memory_curves(llama, {"int4": as_plan("int4")}, 64, 4096)
+    assert flat.windowed_gb == {} and len(flat.contexts) == memory.curves.POINTS

@@ -173,7 +173,7 @@ def test_missing_bundled_package_says_how_to_install(monkeypatch, tmp_path):
     fake = models.BundledModel(hub_id="kvviz-tests/no-such-model", pins=("kvviz-no-such-package==0.0.1",),
                                packages=("kvviz_no_such_package",), file="none.gguf")
     monkeypatch.setitem(models.BUNDLED, "fake-bundled", fake)
-    monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kvviz.runtime.default(), "cache_dir", tmp_path)
 
     def offline(path, *args, **kwargs):  # the hub fallback, failing as it does offline (without the retries)
         raise OSError(f"{path} is not in the hub cache and the hub cannot be reached")
@@ -197,7 +197,7 @@ def test_gemma_chunks_assemble_into_the_cache_dir(monkeypatch, tmp_path):
 
     from kvviz import models
 
-    monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kvviz.runtime.default(), "cache_dir", tmp_path)
     path = models.bundled_gguf("gemma-3-270m")
     assert path == tmp_path / "gguf" / "gemma-3-270m-q4_k_m.gguf"
     assert hashlib.sha256(path.read_bytes()).hexdigest() == chunks.EXPECTED_SHA256

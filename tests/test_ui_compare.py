@@ -15,18 +15,15 @@ import pytest
 
 from kvviz.formats import kv as kv_module
 from kvviz.formats import plan as plan_module
-from kvviz.ui import common, compare, registry, sensitivity
+from kvviz.ui import common, compare, sensitivity
 
 PROMPT = "The capital of France is Paris, and the capital of Korea is"
 
 
 @pytest.fixture(autouse=True)
-def _env(monkeypatch):
-    monkeypatch.setenv("KVVIZ_MODEL", "tiny-llama")
-    monkeypatch.delenv("KVVIZ_MODELS", raising=False)
-    monkeypatch.delenv("KVVIZ_ALLOW_ANY_MODEL", raising=False)
-    # a pool of their own: the page's pool is process-wide, and other tests expect it empty
-    monkeypatch.setattr(common, "MODELS", registry.ModelRegistry())
+def _env(use_runtime):
+    # a runtime (and a pool) of their own: the page's pool is process-wide, and other tests expect it empty
+    use_runtime(KVVIZ_MODEL="tiny-llama")
 
 
 def _progress(*args, **kwargs):

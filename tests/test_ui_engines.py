@@ -66,8 +66,8 @@ def test_check_pairs_refuses_with_a_message(pairs, message):
         engines.check_pairs(pairs)
 
 
-def test_a_model_without_gguf_is_refused_with_what_to_serve(monkeypatch):
-    monkeypatch.setenv("KVVIZ_MODEL", "tiny-llama")
+def test_a_model_without_gguf_is_refused_with_what_to_serve(use_runtime):
+    use_runtime(KVVIZ_MODEL="tiny-llama")
     with pytest.raises(gr.Error, match="tiny-llama is a random test model.*KVVIZ_MODEL=smollm2-135m"):
         engines.run(["q8_0"], 32, False, "tiny-llama")
 

@@ -17,17 +17,14 @@ import weakref
 import gradio as gr
 import pytest
 
-from kvviz import models
+from kvviz import models, runtime
 from kvviz.ui import common, registry
 
 
 @pytest.fixture(autouse=True)
-def _env(monkeypatch):
-    """A served list of tiny models; no free hub ids unless a test allows them."""
-    monkeypatch.setenv("KVVIZ_MODEL", "tiny-llama")
-    monkeypatch.setenv("KVVIZ_MODELS", "tiny-qwen3,tiny-gemma3")
-    for name in ("KVVIZ_ALLOW_ANY_MODEL", "KVVIZ_MAX_MODELS", "KVVIZ_MAX_PARAMS"):
-        monkeypatch.delenv(name, raising=False)
+def _env(use_runtime):
+    """A served list of tiny models; no free hub ids unless a test allows them (a runtime of its own)."""
+    return use_runtime(KVVIZ_MODEL="tiny-llama", KVVIZ_MODELS="tiny-qwen3,tiny-gemma3")
 
 
 def _progress(*args, **kwargs):
@@ -52,7 +49,7 @@ def test_without_allow_any_a_hub_id_is_refused_and_the_picker_takes_no_typed_val
 
 
 def test_with_allow_any_a_hub_id_is_accepted_but_never_a_path(monkeypatch):
-    monkeypatch.setenv("KVVIZ_ALLOW_ANY_MODEL", "1")
+    monkeypatch.setattr(runtime.current(), "allow_any_model", True)
     assert common.check_model("HuggingFaceTB/SmolLM2-360M-Instruct") == "HuggingFaceTB/SmolLM2-360M-Instruct"
     for bad in ("/etc/passwd", "../x/y", "a/b/c", "x"):
         with pytest.raises(ValueError, match="or a Hugging Face hub id"):
@@ -63,7 +60,7 @@ def test_with_allow_any_a_hub_id_is_accepted_but_never_a_path(monkeypatch):
 
 
 def test_a_free_hub_id_fails_fast_and_clearly_offline(monkeypatch):
-    monkeypatch.setenv("KVVIZ_ALLOW_ANY_MODEL", "1")
+    monkeypatch.setattr(runtime.current(), "allow_any_model", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import kvviz.memory  # noqa: F401 (imported first: the bound below is for the refusal, not for imports)
 
@@ -71,7 +68,7 @@ def test_a_free_hub_id_fails_fast_and_clearly_offline(monkeypatch):
     with pytest.raises(ValueError, match="Cannot reach the Hugging Face hub for 'someone/some-model'"):
         common.get_model(model="someone/some-model")
     assert time.perf_counter() - start < 5
-    assert "someone/some-model" not in common.MODELS.resident()
+    assert "someone/some-model" not in registry.models_pool().resident()
 
 
 def test_a_free_hub_id_over_the_size_limit_is_refused_before_any_download(monkeypatch):
@@ -80,13 +77,13 @@ def test_a_free_hub_id_over_the_size_limit_is_refused_before_any_download(monkey
 
     big = {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
            "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256}
-    monkeypatch.setenv("KVVIZ_ALLOW_ANY_MODEL", "1")
+    monkeypatch.setattr(runtime.current(), "allow_any_model", True)
     monkeypatch.setattr(configs, "fetch_hub_config", lambda repo: big)
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("weights were requested"))
     with pytest.raises(ValueError, match=r"'big/llama' has 70.55 billion parameters; this app loads models up to "
                                          r"2 billion \(KVVIZ_MAX_PARAMS\)"):
         registry.ModelRegistry().get(common.check_model("big/llama"))
-    monkeypatch.setenv("KVVIZ_MAX_PARAMS", "1e11")
+    monkeypatch.setattr(runtime.current(), "max_params", 1e11)
     assert registry.check_size("big/llama") == 70_553_706_496
 
 
@@ -116,7 +113,7 @@ def test_remote_code_is_never_trusted(monkeypatch):
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", record)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", record)
-    monkeypatch.setenv("KVVIZ_MODELS", "someone/listed-model")  # listed: no size check, straight to the loader
+    monkeypatch.setattr(runtime.current(), "extra_models", ("someone/listed-model",))  # listed: no size check, straight to the loader
     with pytest.raises(ValueError, match="Could not load 'someone/listed-model'"):
         registry.ModelRegistry().get("someone/listed-model")
     assert seen and all(v is False for v in seen), seen
@@ -126,14 +123,14 @@ def test_remote_code_is_never_trusted(monkeypatch):
 
 
 def test_least_recently_used_model_is_evicted_and_freed(monkeypatch):
-    monkeypatch.setenv("KVVIZ_MAX_MODELS", "1")
+    monkeypatch.setattr(runtime.current(), "max_models", 1)
     reg = registry.ModelRegistry()
     first = weakref.ref(reg.get("tiny-llama")[0])
     reg.get("tiny-gemma3")
     assert reg.resident() == ["tiny-gemma3"]
     gc.collect()
     assert first() is None, "the evicted model is still referenced somewhere (kvviz.models' memo?)"
-    monkeypatch.setenv("KVVIZ_MAX_MODELS", "2")
+    monkeypatch.setattr(runtime.current(), "max_models", 2)
     reg.get("tiny-llama")
     reg.get("tiny-gemma3")  # used last: tiny-llama is now the least recently used
     reg.get("tiny-qwen3")
@@ -189,7 +186,7 @@ def test_switching_to_a_loaded_model_is_instant():
 
 def test_sliders_follow_the_picked_models_shape():
     """Bundled models' shapes come from kvviz.memory's presets: no weights are loaded to resize a slider."""
-    resident = common.MODELS.resident()
+    resident = registry.models_pool().resident()
     layer, head = common.layer_head_updates("gemma-3-270m")
     # one KV head: gradio refuses a 0..0 slider (the whole update failed), so 0..1 held at 0 and locked
     assert layer["maximum"] == 17 and head["maximum"] == 1 and not head["interactive"]
@@ -197,7 +194,7 @@ def test_sliders_follow_the_picked_models_shape():
     layer, head = common.layer_head_updates("smollm2-135m")
     assert layer["maximum"] == 29 and head["maximum"] == 2
     assert common.layer_head_updates("nobody/typed-half") == (gr.update(), gr.update())  # not a model: no change
-    assert common.MODELS.resident() == resident  # nothing loaded (other tests may have loaded a tiny model)
+    assert registry.models_pool().resident() == resident  # nothing loaded (other tests may have loaded a tiny model)
 
 
 def test_header_names_the_picked_model_and_whether_it_is_loaded():

@@ -22,6 +22,9 @@ def monkeypatch_module():
 def tables(monkeypatch_module) -> list[gr.Dataframe]:
     monkeypatch_module.setenv("KVVIZ_MODEL", "tiny-llama")
     import app
+    from kvviz import runtime
+
+    monkeypatch_module.setattr(runtime, "_default", runtime.default())  # build_demo installs the app's: undone
 
     demo = app.build_demo()
     return [b for b in demo.blocks.values() if isinstance(b, gr.Dataframe)]

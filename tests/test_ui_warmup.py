@@ -5,30 +5,29 @@ from __future__ import annotations
 
 import pytest
 
+from kvviz import quality, runtime
 from kvviz.ui import common
 
 
-def test_warm_up_loads_the_model_and_the_header_follows(monkeypatch):
-    monkeypatch.setenv("KVVIZ_MODEL", "tiny-llama")
-    monkeypatch.setattr(common, "MODELS", common.registry.ModelRegistry())
+def test_warm_up_loads_the_model_and_the_header_follows(monkeypatch, use_runtime):
+    use_runtime(KVVIZ_MODEL="tiny-llama")  # a pool of its own
     seen = []
-    real_compare = common.quality.compare
+    real_compare = quality.compare
 
     def compare(*args, **kwargs):  # the header while the warm-up runs
         seen.append(common.header_markdown("tiny-llama"))
         assert common.warming()
         return real_compare(*args, **kwargs)
 
-    monkeypatch.setattr(common.quality, "compare", compare)
+    monkeypatch.setattr(quality, "compare", compare)
     seconds = common.warm_up("tiny-llama", ["int4", "k8v4"])
     assert seconds > 0 and "warming up in the background" in seen[0]
-    assert common.MODELS.resident() == ["tiny-llama"] and not common.warming()
+    assert runtime.current().models.resident() == ["tiny-llama"] and not common.warming()
     assert common.header_markdown("tiny-llama").startswith("**Model** `tiny-llama` (loaded)")
 
 
-def test_a_model_that_fails_to_warm_is_a_message(monkeypatch):
-    monkeypatch.setenv("KVVIZ_MODELS", "tiny-no-such-arch")
-    monkeypatch.setattr(common, "MODELS", common.registry.ModelRegistry())
+def test_a_model_that_fails_to_warm_is_a_message(use_runtime):
+    use_runtime(KVVIZ_MODELS="tiny-no-such-arch")
     with pytest.raises(ValueError, match="Warming up 'tiny-no-such-arch' failed"):
         common.warm_up("tiny-no-such-arch")
     assert "warm-up failed" in common.header_markdown("tiny-no-such-arch") and not common.warming()
@@ -42,7 +41,7 @@ def test_the_header_never_waits_for_the_cpu_kernels(monkeypatch):
     load on first use; once probed, it names the backend."""
     from kvviz import attention
 
-    monkeypatch.setenv("KVVIZ_BACKEND", "auto")
+    monkeypatch.setattr(runtime.default(), "backend", "auto")
     monkeypatch.setattr(attention, "_probe", lambda: {"cuda": False, "triton": False, "usable": False})
     attention._cpu_fused.cache_clear()
     assert "fused kernels load on first use" in common.header_markdown()
@@ -58,7 +57,7 @@ def test_clicks_during_the_kernels_compile_take_the_reference(monkeypatch):
 
     from kvviz import attention
 
-    monkeypatch.setenv("KVVIZ_BACKEND", "auto")
+    monkeypatch.setattr(runtime.default(), "backend", "auto")
     monkeypatch.setattr(attention, "_probe", lambda: {"cuda": False, "triton": False, "usable": False})
     seen = {}
     inside, release = threading.Event(), threading.Event()

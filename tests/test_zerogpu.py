@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kvviz import runtime
 from kvviz.ui import zerogpu
 
 REPO = Path(__file__).resolve().parent.parent
@@ -17,7 +18,7 @@ MODEL_ENDPOINTS = {"compare", "needle", "outliers", "error_map", "export"}
 
 
 def test_spaces_is_installed_and_its_decorator_is_a_no_op_off_zerogpu(monkeypatch):
-    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
+    monkeypatch.setattr(runtime.default(), "zero_gpu", False)
     import spaces  # noqa: F401  (requirements-dev.txt pins it, so this test runs the real package)
 
     def fn(x):
@@ -29,7 +30,7 @@ def test_spaces_is_installed_and_its_decorator_is_a_no_op_off_zerogpu(monkeypatc
 
 
 def test_active_needs_both_the_env_and_the_package(monkeypatch):
-    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    monkeypatch.setattr(runtime.default(), "zero_gpu", True)
     assert zerogpu.active()
     monkeypatch.setattr(zerogpu, "_spaces", lambda: None)
     assert not zerogpu.active()

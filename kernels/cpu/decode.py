@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import threading
 import time
 
@@ -46,8 +45,9 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # OCP MX v1.0 FP4 magnit
 _FLOAT_CODES = {torch.float16: contract.E_F16, torch.bfloat16: contract.E_BF16, torch.float32: contract.E_F32}
 # Below this many (token x KV head) rows a call runs on the calling thread (jit.decode_partials_serial). On an
 # idle 2-core machine the pool wins from a 256-token SmolLM2 layer (768 rows: 208 against 332 us, int4) up; on a
-# machine whose cores are all busy it can lose. Override with KVVIZ_CPU_PARALLEL_ROWS (0: always the pool).
-_PARALLEL_ROWS = int(os.environ.get("KVVIZ_CPU_PARALLEL_ROWS", 512))
+# machine whose cores are all busy it can lose. kvviz passes `parallel` from its runtime's cpu_parallel_rows
+# (env KVVIZ_CPU_PARALLEL_ROWS, 0: always the pool); this is the default for a call that passes none.
+_PARALLEL_ROWS = 512
 # One parallel call at a time: numba picks its OpenMP layer where it loads (its GOMP_parallel binds to torch's
 # bundled libgomp, which torch put in the global symbol scope: one thread pool for both), else its workqueue
 # layer, which must not be entered by two threads at once

@@ -227,7 +227,8 @@ class DecodeStep:
 
         k_new, v_new: [B, Hkv, 1, D_k / D_v] (model dtype); q: [B, Hq, 1, D_k]; kv_mask: None or bool
         [B, >= pos + 1 - start], True = attend; sinks: [Hq] or None; softcap: float or None; parallel: numba's
-        pool for the work items (None: from KVVIZ_CPU_PARALLEL_ROWS batch x KV-head x token rows up, as the decode).
+        pool for the work items (None: from cpu_decode._PARALLEL_ROWS batch x KV-head x token rows up, as the
+        decode; kvviz passes its runtime's cpu_parallel_rows, env KVVIZ_CPU_PARALLEL_ROWS).
         Returns (out [B, 1, Hq, D_v] in q's dtype, the attention function's layout, and the token's K and V values
         saturated under a static fp8 scale)."""
         views = _fp32_views(k_new, v_new, q) if self.plain else None

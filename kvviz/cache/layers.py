@@ -26,7 +26,7 @@ import torch
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionLayer
 
 from kernels.cpu.step import DecodeStep
-from kvviz import attention, ggml_attention
+from kvviz import attention, ggml_attention, runtime
 from kvviz.formats import Format, QTensor
 
 from .sides import Side
@@ -125,7 +125,9 @@ class QuantizedKVLayer(CacheLayerMixin):
         if data is None or data.n >= step.capacity or query.shape[1] != step.q_heads:
             step = self._bind_step(query.shape[1])  # new or full buffers: they grow here, never inside the step
             data = self._step_data
-        out, over_k, over_v = step.run(k_new, v_new, query, data.start, data.n, kv_mask, scaling, sinks, softcap)
+        parallel = step.rows * (data.n + 1 - data.start) >= runtime.current().cpu_parallel_rows  # numba's pool
+        out, over_k, over_v = step.run(k_new, v_new, query, data.start, data.n, kv_mask, scaling, sinks, softcap,
+                                       parallel)
         self.k.commit_row(k_new, over_k)
         self.v.commit_row(v_new, over_v)
         if keep_from is not None:

@@ -375,7 +375,7 @@ def _fused_packer(fmt: Format, x: torch.Tensor):
     """A packer that quantizes and writes straight into the buffers (bit-identical to the formats' quantize), for
     the backend chosen and x's device: kernels.quant_pack (Triton) or kernels.cpu.pack.quant_pack_cpu (numba, CPU
     tensors); None (kvviz.formats quantizes) when neither has a branch for fmt at x's head_dim."""
-    backend = attention.active_backend()  # the backend choice (KVVIZ_BACKEND), read once per side and device
+    backend = attention.active_backend()  # the current runtime's backend choice, read once per side and device
     if backend == "cpu" and x.device.type == "cpu":
         return cpu_pack.quant_pack_cpu if cpu_pack.quant_pack_cpu_supported(fmt, x.shape[3]) else None
     if backend != "triton":

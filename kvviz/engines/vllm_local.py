@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvviz import models
+from kvviz import models, runtime
 from kvviz.engines import servers
 
 PYTHON_ENV = "KVVIZ_VLLM_PYTHON"
@@ -52,8 +52,9 @@ SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobin
 
 
 def vllm_python() -> Path:
-    """The Python that has vLLM: $KVVIZ_VLLM_PYTHON, else <repo>/.venv-vllm/bin/python (not checked here)."""
-    return Path(os.environ.get(PYTHON_ENV) or REPO / ".venv-vllm" / "bin" / "python")
+    """The Python that has vLLM: the runtime's vllm_python ($KVVIZ_VLLM_PYTHON), else <repo>/.venv-vllm/bin/python
+    (not checked here)."""
+    return Path(runtime.current().vllm_python or REPO / ".venv-vllm" / "bin" / "python")
 
 
 def vllm_package(python: Path | None = None) -> Path:

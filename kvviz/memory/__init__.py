@@ -10,8 +10,8 @@ nothing for recurrent (Mamba, Gated DeltaNet), KV-sharing and MLP-only layers, w
 Per-group scales and zero points are part of `bits_per_value` (kvviz.formats).
 
 Modules, bottom up: layers (config fields -> LayerShape per layer), presets (models as config fields, GPUs),
-configs (any config -> its text model's fields and layer shapes), bytes (exact bytes), fit (longest context,
-largest batch, the CLI/UI table), params (a config's parameter count, counted on the meta device).
+configs (any config -> its text model's fields and layer shapes), bytes (exact bytes), curves (bytes against
+context for a chart), fit (longest context, largest batch, the CLI/UI table), params (a config's parameter count, counted on the meta device).
 
 Seed check: a 70B-class model (80 layers, 8 KV heads, head_dim 128) at 32K tokens in fp16 holds
 2 x 80 x 32768 x 8 x 128 x 2 = 10.74e9 bytes (10.7 GB) per sequence.
@@ -35,6 +35,7 @@ Engines differ from the `engine` layout's rule (the tokens attention reads, no p
 
 from .bytes import (CacheModel, _check_count, _kv_formats, _preset_residual, _tensor_bytes, kv_cache_bytes,
                     kv_cache_bytes_for, layer_breakdown, state_bytes_for)
+from .curves import WINDOWED, MemoryCurves, context_samples, memory_curves, windowed_bytes
 from .configs import MAX_CONFIG_BYTES, config_dict, layer_shapes, read_config_file, state_shapes
 from .fit import (CONTEXT_CAP, kv_budget_bytes, max_batch, max_context, memory_table, model_kv_bytes,
                   resolve_model, split_formats)
@@ -43,7 +44,7 @@ from .params import count_params
 from .presets import GB, GPU_PRESETS, MODEL_PRESETS, GpuPreset, ModelPreset, get_gpu_preset, get_model_preset
 
 __all__ = ["CONTEXT_CAP", "GB", "GPU_PRESETS", "KINDS", "LAYOUTS", "MAX_CONFIG_BYTES", "MODEL_PRESETS",
-           "CacheModel", "GpuPreset", "LayerShape", "ModelPreset", "config_dict", "count_params", "get_gpu_preset",
+           "CacheModel", "GpuPreset", "LayerShape", "MemoryCurves", "ModelPreset", "WINDOWED", "context_samples", "config_dict", "count_params", "get_gpu_preset",
            "get_model_preset", "kv_budget_bytes", "kv_cache_bytes", "kv_cache_bytes_for", "layer_breakdown",
-           "layer_shapes", "max_batch", "max_context", "memory_table", "model_kv_bytes", "read_config_file",
-           "resolve_model", "split_formats", "state_bytes_for", "state_shapes"]
+           "layer_shapes", "max_batch", "max_context", "memory_curves", "memory_table", "model_kv_bytes", "read_config_file",
+           "resolve_model", "split_formats", "state_bytes_for", "state_shapes", "windowed_bytes"]

@@ -9,7 +9,7 @@ run's rotation setting), whose ratio to llama.cpp's mean KLD the table shows. Ea
 unquantized baseline, with llama.cpp's `--kl-divergence` statistics (kvviz.metrics). Why the bare format differs
 is the static note under the chart (i18n "engine_why", after docs/engines.md).
 
-vLLM beside llama.cpp: when the app starts with KVVIZ_VLLM_URLS set (read once, in build(): "baseline=URL,
+vLLM beside llama.cpp: when the app starts with KVVIZ_VLLM_URLS set (the runtime's vllm_urls, read in build(): "baseline=URL,
 fp8_e4m3=URL,..."; each name a --kv-cache-dtype, every server serving the picked model, e.g. started by
 `python -m kvviz engines --vllm` or by hand), each run also measures those servers on the same number of tokens
 (kvviz.engines.servers, positions 1 on) and adds a row per dtype: vLLM's top-20 KLD beside kvviz's simulation of
@@ -29,7 +29,7 @@ import time
 
 import gradio as gr
 
-from kvviz import models, plots
+from kvviz import models, plots, runtime
 from kvviz.engines import llamacpp, servers, simulate, verdict
 from kvviz.engines.side_by_side import side_by_side
 from kvviz.formats import parse_kv
@@ -212,7 +212,7 @@ def build(tr: Translator, actions: dict, model: gr.Dropdown) -> dict:
     """Lay out the engine view (an accordion, inside the current tab), on the tab's model picker `model`; adds its
     action to `actions` as "engine"; returns its components, keys prefixed "engine_"."""
     c: dict = {}
-    vllm = vllm_servers(os.environ.get(VLLM_ENV))  # read once, as the app starts
+    vllm = vllm_servers(runtime.current().vllm_urls)  # the app's runtime, built from the environment as it starts
     c["engine_box"] = tr(gr.Accordion(t("engine_title"), open=False, elem_id="compare-engine"), label="engine_title")
     with c["engine_box"]:
         tr(gr.Markdown(t("engine_intro")), value="engine_intro")

@@ -11,7 +11,6 @@ Every argument is checked here (preprocess=False): a wrong type or range comes b
 
 from __future__ import annotations
 
-import numpy as np
 import gradio as gr
 
 from kvviz import memory as mem
@@ -30,8 +29,6 @@ DEFAULT_FORMATS = ["fp16", "fp8_e4m3", "k8v4", "int4", "mxfp4"]
 GPU_CHOICES = list(mem.GPU_PRESETS)
 DEFAULT_GPUS = ["l4", "a100-40gb", "h100-80gb", "h200"]  # four capacities, four distinct lines
 DEFAULT_CONTEXT = 131072  # tokens: the chart's right end, where the tables count
-_POINTS = 48  # samples along the context axis
-_WINDOWED = ("sliding_attention", "chunked_attention")
 
 
 def _model(name, layers, kv_heads, head_dim, params_b, config_file, hf_id) -> mem.ModelPreset:
@@ -79,16 +76,13 @@ def run(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, fo
     for plan in plans:
         plan.resolve(m.layers)  # a plan naming a layer this model lacks raises here
     plans = {p.name: p for p in plans}
-    caches = {s: mem.CacheModel(m, p, None, layout) for s, p in plans.items()}
-    contexts = sorted({int(round(x)) for x in np.geomspace(lo, hi, _POINTS)} | _window_edges(caches, lo, hi))
-    gb = {s: [c.bytes(x, batch) / mem.GB for x in contexts] for s, c in caches.items()}
-    windowed = {f"{s}: windowed layers": [_windowed_bytes(c, x, batch) / mem.GB for x in contexts]
-                for s, c in caches.items() if any(sh.kind in _WINDOWED for sh in c.shapes)}
+    curves = mem.memory_curves(m, plans, lo, hi, batch, layout)  # the numbers: kvviz/memory/curves.py
+    windowed = {f"{s}: windowed layers": gb for s, gb in curves.windowed_gb.items()}
     state = mem.state_bytes_for(m, batch, "transformers" if layout == "transformers" else "engine")
     budgets = {g: (mem.kv_budget_bytes(m, g) - state) / mem.GB for g in gpu_names}
     lines = {f"{g} ({mem.GPU_PRESETS[g].memory_gb:g} GB): {b:.1f} GB for KV": b for g, b in budgets.items() if b > 0}
     title = f"KV cache of {m.name} at batch {batch} ({m.layers} layers, {layout} layout)"
-    fig = plots.memory_vs_context(contexts, gb, lines, title=title, dashed=windowed)
+    fig = plots.memory_vs_context(curves.contexts, curves.gb, lines, title=title, dashed=windowed)
 
     headers = _fit_headers(hi, batch, gpu_names)
     rows = []
@@ -102,7 +96,7 @@ def run(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, fo
             row.append(f"{shown} tokens · batch {mem.max_batch(m, g, hi, plans[s], layout=layout):,}")
         rows.append(row)
     return (fig, table(rows, headers), _formula(m, batch, hi, plans, budgets, state, layout),
-            _breakdown(caches, hi, batch))
+            _breakdown(curves.caches, hi, batch))
 
 
 def _fit_headers(tokens: int, batch: int, gpu_names: list[str]) -> list[str]:
@@ -115,16 +109,6 @@ def _breakdown_headers(tokens: int, formats: list[str]) -> list[str]:
     """The per-layer-kind table's columns: the layer kind, its shape, then each format's GB."""
     return ["layer kind", "layers", f"tokens each at {tokens:,}", "K heads × dim", "V heads × dim",
             *[f"{s} GB" for s in formats]]
-
-
-def _window_edges(caches: dict, lo: int, hi: int) -> set[int]:
-    """The context lengths where a sliding or chunked layer fills: the chart samples them, so the bend shows."""
-    windows = {s.window for c in caches.values() for s in c.shapes if s.window}
-    return {w for w in windows if lo < w < hi}
-
-
-def _windowed_bytes(cache: mem.CacheModel, tokens: int, batch: int) -> int:
-    return sum(r["bytes"] for r in cache.breakdown(tokens, batch) if r["kind"] in _WINDOWED)
 
 
 def _breakdown(caches: dict, tokens: int, batch: int):

@@ -13,18 +13,19 @@ worker changes does not outlive the call.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 
 import torch
 
-_ENV = "SPACES_ZERO_GPU"
+from kvviz import runtime
+
 DURATION_S = 120  # the longest GPU lease one call asks for (ZeroGPU's default is 60 s; the plan search takes more)
 
 
 def active() -> bool:
-    """True on a ZeroGPU Space: env SPACES_ZERO_GPU is true and the `spaces` package is importable."""
-    if os.environ.get(_ENV, "").lower() not in ("1", "t", "true"):
+    """True on a ZeroGPU Space: env SPACES_ZERO_GPU is true (the runtime's zero_gpu) and the `spaces` package is
+    importable."""
+    if not runtime.current().zero_gpu:
         return False
     return _spaces() is not None
 

@@ -5,6 +5,11 @@ numba's on-disk cache (cache=True) stamps a compiled function with the hash of t
 functions here inline helpers from the package's other files (fields.py, rows.py, flat.py...): after an edit to a
 helper, a kernel loaded from the cache would run the old helper, with no error. So every function of this package is
 stamped with one hash of all the package's files (`package_stamp`), and an edit anywhere here recompiles them all.
+
+This is the one place kvviz reaches into numba's internals (`numba.core.caching.CacheImpl._locator_classes`; the
+README says why): numba has no per-package hook for a function's source stamp, and its NUMBA_CACHE_LOCATOR_CLASSES
+setting is process-wide, read from the environment, and would replace the locators of every other numba user too.
+The locators added here claim this package's files only; every other function keeps numba's own.
 """
 
 from __future__ import annotations
