@@ -28,12 +28,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     _cpu_decode._jit()  # imports numba and sizes its pool (compiles nothing); None without numba
     torch.set_num_threads(1)
 
-# xdist hands each worker whole files in collection order: the files that take longest come first (measured CPU
-# seconds on 2 cores, longest first; the rest follow in name order), so that no long file starts last.
+# xdist hands each worker whole files in collection order: the files that take longest come first (their summed
+# test durations on 2 workers, longest first; the rest follow in name order), so that no long file starts last.
 LONGEST_FIRST = (
-    "test_engines_vllm_live.py", "test_app_api.py", "test_kernels_cpu.py", "test_cache.py", "test_browser.py",
-    "test_ui_engines.py", "test_engines_llamacpp.py", "test_engines_worker.py", "test_lessons_models.py",
-    "test_vllm_stores.py", "test_real_model.py", "test_kernels.py",
+    "test_kernels_cpu.py", "test_app_api.py", "test_engines_vllm_live.py", "test_browser.py",
+    "test_lessons_models.py", "test_ui_engines.py", "test_engines_worker.py", "test_engines_llamacpp.py",
+    "test_engines_vllm_local.py", "test_kernels_e2e.py", "test_vllm_extra_stores.py", "test_cache.py",
+    "test_vllm_stores.py", "test_kernels.py",
 )
 
 
