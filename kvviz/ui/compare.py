@@ -186,7 +186,8 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, mode
         points = quality.quality_map(rows)
         fig_map = plots.quality_map([p.name for p in points], [p.bits_per_value for p in points],
                                     [p.kl_mean for p in points], [p.frontier for p in points],
-                                    [p.engine_flag for p in points], t("f_quality_map", lang).format(model=name))
+                                    [p.engine_flag for p in points], t("f_quality_map", lang).format(model=name),
+                                    axis_titles=(t("f_quality_map_x", lang), t("f_quality_map_y", lang)))
         done = t("r_done", lang).format(s=time.perf_counter() - started, model=name, metrics=report.metrics_backend,
                                         speed=report.speed_backend, steps=SPEED_TOKENS) + skip_note + notes.markdown()
         notes.toast()
@@ -245,8 +246,9 @@ def build(tr: Translator) -> dict:
     c["columns"] = tr(gr.HTML(label=t("outputs"), elem_id="compare-columns"), label="outputs")
     with gr.Row():
         # headers before the first run (without them gradio shows placeholder columns "1 2 3")
-        c["table"] = tr(gr.Dataframe(headers=_headers("model dtype")[:-1], label=t("metrics"), wrap=True,
-                                     elem_id=f"{TAB}-table"), label="metrics")
+        c["table"] = tr(gr.Dataframe(headers=_headers(t("h_model_dtype"))[:-1], label=t("metrics"), wrap=True,
+                                     elem_id=f"{TAB}-table"), label="metrics",
+                        headers=lambda lang: _headers(t("h_model_dtype", lang), lang)[:-1])
     with gr.Row():
         c["fig"] = gr.Plot(plots.empty_figure(), label="metrics per format", show_label=False)
         c["map"] = gr.Plot(plots.empty_figure(), label="quality against bytes", show_label=False)

@@ -29,6 +29,11 @@ from .i18n import Translator, t
 TAB = "errors"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 WHICH = {"K (post-RoPE)": "keys_post", "K (pre-RoPE)": "keys_pre", "V": "values"}
+
+
+def _which_choices(lang: str) -> list[tuple[str, str]]:
+    """The tensor radio's (label in `lang`, value) pairs: the value is what the API takes, in English."""
+    return [(t(f"which_{v}", lang), k) for k, v in WHICH.items()]
 FORMAT_CHOICES = ["int8", "int4", "int2", "fp8_e4m3", "fp8_e5m2", "mxfp4", "nvfp4", "int4/channel/g32/asym",
                   "int4/rot", "k8v4", "k4v8", "kivi2", "q8_0", "q4_0", "iq4_nl"]
 DEFAULT_FORMATS = ["int8", "int4", "fp8_e4m3", "mxfp4"]
@@ -188,7 +193,8 @@ def build(tr: Translator) -> dict:
         with gr.Column(scale=1, min_width=240):
             c["format"] = tr(gr.Dropdown(FORMAT_CHOICES, value="int4", allow_custom_value=True,
                                          label=t("error_format")), label="error_format")
-            c["which"] = tr(gr.Radio(list(WHICH), value="K (post-RoPE)", label=t("which")), label="which")
+            c["which"] = tr(gr.Radio(_which_choices("en"), value="K (post-RoPE)", label=t("which")), label="which",
+                            choices=_which_choices)
             layer, head = layer_head_inputs()
             c["layer"] = tr(layer, label="layer")
             c["head"] = tr(head, label="head")

@@ -146,7 +146,7 @@ def build(tr: Translator) -> dict:
         with gr.Column(scale=2):
             c["commands"] = gr.Markdown(elem_id="export-commands", label="commands")
             c["table"] = tr(gr.Dataframe(headers=_support_headers(), label=t("support_table"), wrap=True),
-                               label="support_table")
+                               label="support_table", headers=_support_headers)
     with gr.Row():
         with gr.Column(scale=1):
             c["scales_fig"] = gr.Plot(plots.empty_figure(), label="calibrated scales", show_label=False)

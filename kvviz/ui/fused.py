@@ -170,7 +170,7 @@ def build(tr: Translator, actions: dict, model: gr.Dropdown, lang: gr.Radio) -> 
         c["fused_status"] = gr.Markdown(elem_id="compare-fused-status", label="fused status")
         c["fused_table"] = tr(gr.Dataframe(headers=_headers(), label=t("fused_table"), wrap=True,
                                            elem_id="compare-fused-table"),
-                              label="fused_table")
+                              label="fused_table", headers=_headers)
         c["fused_fig"] = gr.Plot(plots.empty_figure(), label="fused against unfused", show_label=False)
         c["fused_ctx_fig"] = gr.Plot(plots.empty_figure(), label="speed against context", show_label=False,
                                      elem_id="compare-fused-context")

@@ -15,9 +15,14 @@ connection open.)
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
+import pandas as pd
+
+from kvviz import plots
 
 from .checks import LANGUAGES  # noqa: F401 (the radio's choices, kept beside the check of its value)
 from .strings import EN, KO  # the tables, one module per tab
@@ -39,16 +44,32 @@ def lang_code(choice: str | None) -> str:
 
 
 class Translator:
-    """Remembers which component attribute shows which string key, to relabel them all on a language switch."""
+    """Remembers which component attribute shows which string key, to relabel them all on a language switch; and
+    which components still show a placeholder value (a figure's "Run the tab to draw this figure.", a table's
+    headers before its first run), to put them in the new language without touching a result."""
 
     def __init__(self) -> None:
-        self._items: list[tuple[Any, dict[str, str]]] = []
+        self._items: list[tuple[Any, dict[str, str | Callable[[str], Any]]]] = []
+        self._placeholders: list[tuple[Any, Callable[[str], Any], Callable[[Any], bool]]] = []
 
-    def __call__(self, component: Any, **attr_keys: str) -> Any:
-        """Register `component`; attr_keys maps an attribute (label, value, info, placeholder) to a string key."""
+    def __call__(self, component: Any, headers: Callable[[str], list[str]] | None = None,
+                 **attr_keys: str | Callable[[str], Any]) -> Any:
+        """Register `component`; attr_keys maps an attribute (label, value, info, placeholder) to a string key, or
+        to a function of the language code (choices as (label, value) pairs: the labels follow the language, the
+        values an API caller passes stay). headers (a gr.Dataframe's): its headers in a language code, shown while
+        the table holds no rows."""
         for key in attr_keys.values():
-            assert key in EN, f"unknown UI string key {key!r}"
+            assert callable(key) or key in EN, f"unknown UI string key {key!r}"
         self._items.append((component, attr_keys))
+        if headers is not None:
+            self._placeholders.append((component, lambda lang: pd.DataFrame(columns=headers(lang)), _empty_table))
+        return component
+
+    def figure(self, component: Any) -> Any:
+        """Register a gr.Plot: while it shows plots.empty_figure's placeholder, the placeholder follows the
+        language."""
+        self._placeholders.append((component, lambda lang: plots.empty_figure(t("empty_figure", lang)),
+                                   _placeholder_figure))
         return component
 
     def language_input(self, radio: gr.Radio | None = None) -> gr.Radio:
@@ -66,7 +87,44 @@ class Translator:
 
     def updates(self, lang: str) -> list[Any]:
         """One gr.update per registered component, in registration order, with every attribute in `lang`."""
-        return [gr.update(**{attr: t(key, lang) for attr, key in keys.items()}) for _, keys in self._items]
+        return [gr.update(**{attr: key(lang) if callable(key) else t(key, lang) for attr, key in keys.items()})
+                for _, keys in self._items]
+
+    @property
+    def placeholders(self) -> list[Any]:
+        """The components `placeholder_updates` takes and returns, in order."""
+        return [c for c, _, _ in self._placeholders]
+
+    def placeholder_updates(self, choice: str, *values: Any) -> list[Any]:
+        """On a language switch (the radio's choice, then each placeholder component's value): each component
+        still showing its placeholder gets it in the new language; the others (a result) are left as they are."""
+        lang = lang_code(choice)
+        return [make(lang) if empty(value) else gr.skip()
+                for (_, make, empty), value in zip(self._placeholders, values)]
+
+
+# A placeholder figure's JSON is a few kB; a drawn one can be megabytes: the browser sends back only the small ones
+# (the language switch's `js`; a figure sent as null is a result, left alone). Tables are sent as they are.
+PLACEHOLDER_JS = ("(choice, ...values) => [choice, ...values.map(v => (v && typeof v.plot === 'string' "
+                  "&& v.plot.length > 20000) ? null : v)]")
+
+
+def _placeholder_figure(value: Any) -> bool:
+    """Whether a gr.Plot's value (PlotData, as callbacks get it) is plots.empty_figure's placeholder, in any of the
+    page's languages."""
+    try:
+        fig = json.loads(value.plot)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    if not isinstance(fig, dict) or fig.get("data"):
+        return False
+    notes = fig.get("layout", {}).get("annotations") or []
+    return len(notes) == 1 and notes[0].get("text") in {table["empty_figure"] for table in STRINGS.values()}
+
+
+def _empty_table(value: Any) -> bool:
+    """Whether a gr.Dataframe's value (a pandas DataFrame) holds no rows: the headers-only table before a run."""
+    return value is None or len(value) == 0
 
 
 def choice_from_request(request: gr.Request) -> str:

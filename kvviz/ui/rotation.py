@@ -99,7 +99,7 @@ def build(tr: Translator, actions: dict, model: gr.Dropdown, lang: gr.Radio) -> 
         c["rot_status"] = gr.Markdown(elem_id="compare-rotation-status", label="rotation status")
         c["rot_table"] = tr(gr.Dataframe(headers=_headers(), label=t("rot_table"), wrap=True,
                                          elem_id="compare-rotation-table"),
-                            label="rot_table")
+                            label="rot_table", headers=_headers)
         with gr.Row():
             c["rot_kl_fig"] = gr.Plot(plots.empty_figure(), label="KL per format", show_label=False)
             c["rot_hist_fig"] = gr.Plot(plots.empty_figure(), label="K coordinates before and after the rotation",

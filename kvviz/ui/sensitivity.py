@@ -157,7 +157,7 @@ def _search_view(res, name: str, llm, lang: str) -> tuple:
     fig = plots.plan_tradeoff([s.bytes / _MIB for s in steps], [s.kl for s in steps],
                               [s.plan.text for s in steps], budget, best.step,
                               t("plan_fig_title", lang).format(where=where),
-                              x_title=f"KV cache at {PLAN_CONTEXT:,} tokens (MiB)")
+                              x_title=t("plan_fig_x", lang).format(context=PLAN_CONTEXT))
     if res.within_budget:
         verdict = t("plan_within", lang).format(budget=budget)
     else:
@@ -244,7 +244,8 @@ def build(tr: Translator) -> dict:
         c["heat"] = gr.Plot(plots.empty_figure(), label="sensitivity map", show_label=False)
         c["bars"] = gr.Plot(plots.empty_figure(), label="ranking", show_label=False)
     c["norms"] = tr(gr.Dataframe(headers=[t(f"sens_col{i}") for i in range(_NORM_COLUMNS)], label=t("sens_norms"),
-                                 wrap=True, elem_id=f"{TAB}-norms"), label="sens_norms")
+                                 wrap=True, elem_id=f"{TAB}-norms"), label="sens_norms",
+                    headers=lambda lang: [t(f"sens_col{i}", lang) for i in range(_NORM_COLUMNS)])
 
     tr(gr.Markdown(t("plan_intro")), value="plan_intro")
     with gr.Row():
@@ -269,7 +270,8 @@ def build(tr: Translator) -> dict:
             c["plan_fig"] = gr.Plot(plots.empty_figure(), label="plan trade-off", show_label=False)
     c["plan_summary"] = gr.Markdown(elem_id=f"{TAB}-plan-summary", label="plan summary")
     c["steps"] = tr(gr.Dataframe(headers=[t(f"plan_col{i}") for i in range(_STEP_COLUMNS)], label=t("plan_steps"),
-                                 wrap=True, elem_id=f"{TAB}-steps"), label="plan_steps")
+                                 wrap=True, elem_id=f"{TAB}-steps"), label="plan_steps",
+                    headers=lambda lang: [t(f"plan_col{i}", lang) for i in range(_STEP_COLUMNS)])
 
     lang = tr.language_input()
     c["inputs"] = [c["source"], c["prompt"], c["spec"], c["tokens"], c["model"], lang]

@@ -38,6 +38,17 @@ EN: dict[str, str] = {
     "h_top1": "top-1 agreement (%)",
     "c_kl": "mean KL (nats/token)",
     "f_format_axis": "format (K/V spec)",
+    "hdr_line": "**Model** `{model}` ({state}){also} · **device** `{device}` · **attention backend** `{backend}`",
+    "hdr_warming": "warming up in the background: loading, compiling kernels; a first click waits only for the rest",
+    "hdr_loaded": "loaded",
+    "hdr_failed": "warm-up failed: {why}; loads on first use",
+    "hdr_first_use": "loads on first use",
+    "hdr_also": " · also loaded: {models}",
+    "hdr_backend_compiling": "cpu: fused kernels compiling, the torch reference answers meanwhile",
+    "hdr_backend_first_use": "cpu: fused kernels load on first use",
+    "empty_figure": "Run the tab to draw this figure.",
+    "h_model_dtype": "model dtype",
+    "examples": "Examples",
 }
 
 KO: dict[str, str] = {
@@ -74,4 +85,15 @@ KO: dict[str, str] = {
     "h_top1": "top-1 일치율 (%)",
     "c_kl": "평균 KL (nats/토큰)",
     "f_format_axis": "포맷 (K/V 스펙)",
+    "hdr_line": "**모델** `{model}` ({state}){also} · **장치** `{device}` · **어텐션 백엔드** `{backend}`",
+    "hdr_warming": "백그라운드에서 준비 중: 모델을 불러오고 커널을 컴파일합니다; 첫 클릭은 남은 작업만 기다립니다",
+    "hdr_loaded": "불러옴",
+    "hdr_failed": "준비 실패: {why}; 처음 쓸 때 불러옵니다",
+    "hdr_first_use": "처음 쓸 때 불러옵니다",
+    "hdr_also": " · 함께 불러온 모델: {models}",
+    "hdr_backend_compiling": "cpu: 융합 커널 컴파일 중, 그동안 torch 참조 구현이 답합니다",
+    "hdr_backend_first_use": "cpu: 융합 커널은 처음 쓸 때 불러옵니다",
+    "empty_figure": "탭을 실행하면 이 그림이 그려집니다.",
+    "h_model_dtype": "모델 dtype",
+    "examples": "예시 프롬프트",
 }

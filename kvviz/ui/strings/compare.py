@@ -50,6 +50,8 @@ EN: dict[str, str] = {
     "f_needle_x": "needle depth (% of context)",
     "f_needle_y": "retrieval rate (%)",
     "f_quality_map": "Quality against bytes: mean KL vs bits per value, Pareto frontier dashed ({model})",
+    "f_quality_map_x": "stored bits per value (bits, scales included)",
+    "f_quality_map_y": "mean KL against the exact cache (nats/token, log)",
 }
 
 KO: dict[str, str] = {
@@ -97,4 +99,6 @@ KO: dict[str, str] = {
     "f_needle_x": "바늘 깊이 (문맥의 %)",
     "f_needle_y": "찾아낸 비율 (%)",
     "f_quality_map": "품질 대 바이트: 값당 비트에 따른 평균 KL, 점선은 파레토 경계 ({model})",
+    "f_quality_map_x": "저장하는 값당 비트 (비트, 스케일 포함)",
+    "f_quality_map_y": "원본 캐시 대비 평균 KL (nats/토큰, 로그)",
 }

@@ -45,6 +45,9 @@ EN: dict[str, str] = {
     "r_errors_table": "| format | K rel. error | V rel. error | attention-output rel. error | bits/value |",
     "r_errors_note": ("The attention-output error is what the next layer sees: quantized K and V, the prompt's own "
                       "queries."),
+    "which_keys_post": "K (post-RoPE)",
+    "which_keys_pre": "K (pre-RoPE)",
+    "which_values": "V",
 }
 
 KO: dict[str, str] = {
@@ -87,4 +90,7 @@ KO: dict[str, str] = {
     "r_errors_head": "이 프롬프트의 토큰 {n}개에서 레이어 평균 (`{model}`):",
     "r_errors_table": "| 포맷 | K 상대 오차 | V 상대 오차 | 어텐션 출력 상대 오차 | 값당 비트 |",
     "r_errors_note": "어텐션 출력 오차는 다음 레이어가 보는 것입니다: 양자화된 K와 V, 그리고 프롬프트 자신의 쿼리.",
+    "which_keys_post": "K (RoPE 이후)",
+    "which_keys_pre": "K (RoPE 이전)",
+    "which_values": "V (값)",
 }
