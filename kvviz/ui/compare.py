@@ -210,8 +210,7 @@ def needle(specs, custom_specs, context_tokens, model=None, lang="en", progress=
         raise ValueError(f"A {context}-token haystack plus the question does not fit in this model's "
                          f"{positions} positions; use at most {positions - 32} tokens.")
     plans, skipped = fitting_specs(plans, model)
-    progress(0.2, desc=f"Hiding {NEEDLES_PER_DEPTH} needles per depth in {context} tokens of haystack, "
-                       f"{len(plans) + 1} formats…")
+    progress(0.2, desc=t("p_needle", lang).format(per=NEEDLES_PER_DEPTH, n=context, formats=len(plans) + 1))
     notes = ScaleNotes()
     with notes.catching():
         result = quality.needle(model, tok, plans, context_tokens=context, needles_per_depth=NEEDLES_PER_DEPTH)

@@ -68,7 +68,7 @@ def run(prompt, fmt, formats, custom_formats, which, layer, head, model=None, la
     cap = capture(prompt, progress, name)
     layer, head = check_layer_head(cap, layer, head)
     side = "V" if tensor == "values" else "K"
-    progress(0.7, desc="Quantizing every layer in every format…")
+    progress(0.7, desc=t("p_errors", lang))
 
     where = t("r_where_short", lang).format(layer=layer, head=head, model=name)
     emap = analysis.error_map(cap, kv, layer, head, tensor)  # [T, D]

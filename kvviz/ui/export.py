@@ -101,7 +101,7 @@ def run(spec, model_id, calib_prompts, model=None, lang="en", progress=gr.Progre
         return (md + "\n\n" + t("r_scales_no_prompts", lang), support, "", None,
                 plots.empty_figure(t("f_scales_no_prompts", lang)))
     model, tok = get_model(progress, name)
-    progress(0.3, desc=f"Calibrating per-layer scales on {len(prompts)} prompt(s)…")
+    progress(0.3, desc=t("p_calibrate", lang).format(n=len(prompts)))
     notes = ScaleNotes()  # the library warns when the prompts hold fewer than 64 tokens
     with notes.catching():
         scales = calibrate.calibrate_scales(model, tok, prompts)

@@ -105,7 +105,7 @@ def run(specs, custom_specs, context_tokens, new_tokens, model=None, lang="en", 
     cut = None
     if context + WARMUP + new + 1 > positions:  # warm-up steps, timed steps and one spare
         cut, context = context, positions - WARMUP - new - 1
-    progress(0.1, desc=f"Prefill {context} tokens, then {1 + 2 * len(names)} decode runs x {ROUNDS} rounds…")
+    progress(0.1, desc=t("p_fused", lang).format(n=context, runs=1 + 2 * len(names), rounds=ROUNDS))
     start = time.perf_counter()
     notes = ScaleNotes()
     with notes.catching():

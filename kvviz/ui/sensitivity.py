@@ -93,9 +93,9 @@ def run(source, prompt, spec, tokens, model=None, lang="en", progress=gr.Progres
     llm, tok = get_model(progress, model=name)
 
     rows = 2 * len(kv_layers(llm))
-    progress(0.1, desc=f"Measuring {rows} one-layer variants of {spec} on up to {tokens} tokens, as one batch…")
+    progress(0.1, desc=t("p_sens", lang).format(rows=rows, spec=spec, n=tokens))
     sens = layer_sensitivity(llm, tok, text, spec, max_tokens=tokens)
-    progress(0.9, desc="Measuring K/V magnitudes per layer…")
+    progress(0.9, desc=t("p_sens_norms", lang))
     norms = layer_norms(llm, tok, text, max_tokens=tokens)
     where = t("sens_where", lang).format(model=name, spec=sens["spec"], tokens=sens["tokens"])
     heat = plots.sensitivity_heatmap(sens["k"], sens["v"], t("sens_heat_title", lang).format(where=where))
@@ -143,8 +143,7 @@ def search(source, prompt, candidates, custom_candidates, kl_budget, tokens, mod
     tokens = check_int(tokens, "Tokens", MIN_TOKENS, MAX_TOKENS)
     lang = check_language(lang)
     llm, tok = get_model(progress, model=name)
-    progress(0.1, desc=f"Ranking layers for {', '.join(p.name for p in names)}, then measuring every plan on the "
-                       f"path (up to {tokens} tokens)…")
+    progress(0.1, desc=t("p_plan", lang).format(cands=", ".join(p.name for p in names), n=tokens))
     for res in search_stream(llm, tok, text, names, budget, max_tokens=tokens, context=PLAN_CONTEXT):
         yield _search_view(res, name, llm, lang)
 

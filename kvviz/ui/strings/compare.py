@@ -52,6 +52,7 @@ EN: dict[str, str] = {
     "f_quality_map": "Quality against bytes: mean KL vs bits per value, Pareto frontier dashed ({model})",
     "f_quality_map_x": "stored bits per value (bits, scales included)",
     "f_quality_map_y": "mean KL against the exact cache (nats/token, log)",
+    "p_needle": "Hiding {per} needles per depth in {n} tokens of haystack, {formats} formats…",
 }
 
 KO: dict[str, str] = {
@@ -101,4 +102,5 @@ KO: dict[str, str] = {
     "f_quality_map": "품질 대 바이트: 값당 비트에 따른 평균 KL, 점선은 파레토 경계 ({model})",
     "f_quality_map_x": "저장하는 값당 비트 (비트, 스케일 포함)",
     "f_quality_map_y": "원본 캐시 대비 평균 KL (nats/토큰, 로그)",
+    "p_needle": "건초더미 {n}토큰에 깊이마다 바늘 {per}개를 숨기는 중, 포맷 {formats}개…",
 }

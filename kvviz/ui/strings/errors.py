@@ -48,6 +48,7 @@ EN: dict[str, str] = {
     "which_keys_post": "K (post-RoPE)",
     "which_keys_pre": "K (pre-RoPE)",
     "which_values": "V",
+    "p_errors": "Quantizing every layer in every format…",
 }
 
 KO: dict[str, str] = {
@@ -93,4 +94,5 @@ KO: dict[str, str] = {
     "which_keys_post": "K (RoPE 이후)",
     "which_keys_pre": "K (RoPE 이전)",
     "which_values": "V (값)",
+    "p_errors": "모든 레이어를 모든 포맷으로 양자화하는 중…",
 }

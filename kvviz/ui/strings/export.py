@@ -26,6 +26,7 @@ EN: dict[str, str] = {
     "f_scales_fp8_only": "Scales are calibrated for fp8_e4m3 only.",
     "r_scales_no_prompts": "_Add calibration prompts to get per-layer scales._",
     "f_scales_no_prompts": "Add calibration prompts to calibrate scales.",
+    "p_calibrate": "Calibrating per-layer scales on {n} prompt(s)…",
 }
 
 KO: dict[str, str] = {
@@ -52,4 +53,5 @@ KO: dict[str, str] = {
     "f_scales_fp8_only": "스케일은 fp8_e4m3에서만 보정합니다.",
     "r_scales_no_prompts": "_레이어별 스케일을 얻으려면 보정용 프롬프트를 넣으세요._",
     "f_scales_no_prompts": "스케일을 보정하려면 보정용 프롬프트를 넣으세요.",
+    "p_calibrate": "프롬프트 {n}개로 레이어별 스케일을 보정하는 중…",
 }

@@ -61,6 +61,7 @@ EN: dict[str, str] = {
     "fused_ctx_none": ("**Speed against context**: no recorded run for `{model}` (only the bundled models have one; "
                        "make one with `python -m kvviz bench --contexts 1024,2048,4096,8192 --model ...`). The "
                        "diamonds are this run."),
+    "p_fused": "Prefill {n} tokens, then {runs} decode runs x {rounds} rounds…",
 }
 
 KO: dict[str, str] = {
@@ -119,4 +120,5 @@ KO: dict[str, str] = {
     "fused_ctx_none": ("**컨텍스트에 따른 속도**: `{model}`의 기록이 없습니다 (번들 모델만 있음; "
                        "`python -m kvviz bench --contexts 1024,2048,4096,8192 --model ...`로 만들 수 있음). "
                        "마름모는 이번 실행입니다."),
+    "p_fused": "{n}토큰 프리필, 이어서 디코딩 {runs}회 × {rounds}라운드…",
 }

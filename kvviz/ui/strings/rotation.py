@@ -34,6 +34,8 @@ EN: dict[str, str] = {
                        "unbiased score costs more than the bias it removes."),
     "rot_prod_better": ("TQ-prod 4-bit: KL {prod:.5f}, {ratio:.2f}× TQ-mse 4-bit's {mse:.5f}: here the unbiased score "
                         "did better."),
+    "p_rotation": "{formats} formats and the exact model on {n} WikiText-2 tokens, as one batch…",
+    "p_rotation_capture": "Capturing K to draw its coordinates before and after the rotation…",
 }
 
 KO: dict[str, str] = {
@@ -64,4 +66,6 @@ KO: dict[str, str] = {
                        "점수가 없애는 편향보다 더 큰 값을 치릅니다."),
     "rot_prod_better": ("TQ-prod 4비트: KL {prod:.5f}, TQ-mse 4비트 {mse:.5f}의 {ratio:.2f}배: 여기서는 불편추정 점수가 "
                         "더 나았습니다."),
+    "p_rotation": "포맷 {formats}개와 원본 모델을 WikiText-2 {n}토큰에서 한 배치로 측정하는 중…",
+    "p_rotation_capture": "회전 전후의 좌표를 그리려고 K를 수집하는 중…",
 }

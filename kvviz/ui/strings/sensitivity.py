@@ -67,6 +67,9 @@ EN: dict[str, str] = {
     "plan_col2": "plan",
     "plan_col3": "KV cache (MiB)",
     "plan_col4": "KL (nats/token)",
+    "p_sens": "Measuring {rows} one-layer variants of {spec} on up to {n} tokens, as one batch…",
+    "p_sens_norms": "Measuring K/V magnitudes per layer…",
+    "p_plan": "Ranking layers for {cands}, then measuring every plan on the path (up to {n} tokens)…",
 }
 
 KO: dict[str, str] = {
@@ -131,4 +134,7 @@ KO: dict[str, str] = {
     "plan_col2": "계획",
     "plan_col3": "KV 캐시 (MiB)",
     "plan_col4": "KL (nats/토큰)",
+    "p_sens": "{spec}의 한 레이어 변형 {rows}개를 최대 {n}토큰에서 한 배치로 측정하는 중…",
+    "p_sens_norms": "레이어별 K/V 크기를 재는 중…",
+    "p_plan": "{cands}로 레이어 순위를 매기고, 경로의 모든 계획을 측정하는 중 (최대 {n}토큰)…",
 }
