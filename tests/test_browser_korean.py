@@ -1,11 +1,12 @@
 """Browser test: the Korean page shows no English sentence (Debian's Chromium through Playwright, 1400 px wide).
 
-Opens the app as a Korean browser does (Accept-Language ko-KR), 1400 px wide, reads every visible text node (the header's warm-up status, the lesson buttons, each
-tab's labels and intros, the empty figures' placeholders inside their SVG) and fails on a text that is Latin-only
-English: no Hangul, and at least one English word that is not a name the page keeps as it is (format names and
-spec strings, units, model names, engines' flags, code; see ALLOWED). Then runs Compare and reads its metrics
-table: every header in Korean, none broken inside a word (at 1400 px the English ones were squeezed to "form at",
-"spe c"). Switching to English and back keeps the placeholders in the page's language.
+Opens the app as a Korean browser does (Accept-Language ko-KR), reads every visible text node (the header's
+warm-up status, the lesson buttons, each tab's labels and intros, the empty figures' placeholders inside their SVG)
+and fails on a text that is Latin-only English: no Hangul, and at least one English word that is not a name the
+page keeps as it is (format names and spec strings, units, model names, engines' flags, code; see ALLOWED). Then
+runs Compare and reads its metrics table: every header in Korean, none broken inside a word (at 1400 px the English
+ones were squeezed to "form at", "spe c"; checked in English too). Switching to English and back keeps the
+placeholders in the page's language.
 
 The Memory tab's tables and the engine view's table stay English by design (their endpoints take no language;
 app.py's docstring): the check leaves the Memory tab's tables out, and reads the other tabs before they run.

@@ -5,8 +5,9 @@ each lesson's claim asserted from the numbers it returns.
 SmolLM2-135M runs everywhere, CI included. Gemma 3 270M runs where its packages are installed, outside CI: its half
 adds about 2.5 minutes on a 2-core machine, more than CI's time budget holds (the issue asks CI for SmolLM2's; run
 `python -m pytest tests/test_lessons_models.py` locally for both). The claims are what the lesson notes say
-(kvviz/ui/strings/lessons.py, lesson_note<i> and lesson_models<i>; their figures: the last test); lesson 7 asserts what its table shows by construction (the
-bytes each decode path reads, and that the fused path ran), not its tokens/s, which depend on the machine's load.
+(kvviz/ui/strings/lessons.py, lesson_note<i> and lesson_models<i>; the figures they quote: the last test); lesson 7
+asserts what its table shows by construction (the bytes each decode path reads, and that the fused path ran), not
+its tokens/s, which depend on the machine's load.
 The slowest lessons dominate the file's time: on a shared 2-core machine (load 4-5, 2026-12-01) the SmolLM2 half
 took 738 s (lesson 5 221 s, 7 178 s, 8 164 s, 3 77 s, 9 49 s) and the Gemma half 498 s, far over CI's budget for
 one file; the lessons themselves must get faster (issue 23) for this file to fit.

@@ -34,30 +34,33 @@ EN: dict[str, str] = {
                      "Qwen2 with a bias of 600 and -700 on one channel of each of its two heads, |K| reaches 701, 6.4% of K saturates under a "
                      "unit scale, and K's relative error is 24% against 2.4% with a calibrated scale."),
     "lesson_note5": ("**Lesson 5.** The needle chart plots retrieval against where a number sits in the context: 3 "
-                     "needles at each of 5 depths, each in its own stretch of WikiText-2, so each point is a rate "
-                     "(0, 33, 67 or 100%). SmolLM2 at {smol[l5_ctx]} tokens: the exact cache finds {smol[l5_exact]} of {smol[l5_total]}, per-token int4 "
-                     "{smol[l5_int4]} ({smol[l5_int4_pct]:.0f}%), per-tensor int4 {smol[l5_tensor]} ({smol[l5_tensor_pct]:.0f}%): one scale for the whole tensor, stretched by K's outlier "
-                     "channels, leaves too few levels for the rest, and the answer comes back wrong. Longer contexts "
-                     "(the slider) press the 4-bit formats harder and take longer: each needle is one more prefill."),
-    "lesson_models5": ("**Across models:** Gemma 3 270M runs this lesson at {gemma[l5_ctx]} tokens, where its outlier channels "
-                       "(about 30× the median in layers 5 and 11) already decide it: the exact cache finds {gemma[l5_exact]} of "
-                       "{gemma[l5_total]}, per-token int4 {gemma[l5_int4]} ({gemma[l5_int4_pct]:.0f}%), per-tensor int4 "
-                       "{gemma[l5_tensor]} ({gemma[l5_tensor_pct]:.0f}%). On Gemma even one scale per token is too "
-                       "coarse for K; per-tensor is worse on both models."),
+                     "needles at each of 5 depths, each in its own stretch of WikiText-2, so each point is a rate (0, "
+                     "33, 67 or 100%). SmolLM2 at {smol[l5_ctx]} tokens: the exact cache finds {smol[l5_exact]} of "
+                     "{smol[l5_total]}, per-token int4 {smol[l5_int4]} ({smol[l5_int4_pct]:.0f}%), per-tensor int4 "
+                     "{smol[l5_tensor]} ({smol[l5_tensor_pct]:.0f}%): one scale for the whole tensor, stretched by "
+                     "K's outlier channels, leaves too few levels for the rest, and the answer comes back wrong. "
+                     "Longer contexts (the slider) press the 4-bit formats harder and take longer: each needle is one "
+                     "more prefill."),
+    "lesson_models5": ("**Across models:** Gemma 3 270M runs this lesson at {gemma[l5_ctx]} tokens, where its outlier "
+                       "channels (about 30× the median in layers 5 and 11) already decide it: the exact cache finds "
+                       "{gemma[l5_exact]} of {gemma[l5_total]}, per-token int4 {gemma[l5_int4]} "
+                       "({gemma[l5_int4_pct]:.0f}%), per-tensor int4 {gemma[l5_tensor]} "
+                       "({gemma[l5_tensor_pct]:.0f}%). On Gemma even one scale per token is too coarse for K; "
+                       "per-tensor is worse on both models."),
     "lesson_note6": ("**Lesson 6.** SmolLM2 has head_dim 64. Read the bits/value column: int4 with one fp16 scale per "
-                     "64 values costs {smol[l6_bits_row]:g} bits, per 16 values {smol[l6_bits_g16]:g}, per 8 values {smol[l6_bits_g8]:g}. Short groups eat the savings."),
+                     "64 values costs {smol[l6_bits_row]:g} bits, per 16 values {smol[l6_bits_g16]:g}, per 8 values "
+                     "{smol[l6_bits_g8]:g}. Short groups eat the savings."),
     "lesson_note7": ("**Lesson 7.** The Compare tab's *fused against unfused* view decodes one 1,024-token WikiText-2 "
                      "prompt through DynamicCache, and through int4 and k8v4 twice each, on this machine, now. First "
                      "read *read per step*: the fused kernel (on the CPU, kvviz's numba kernel) reads only the packed "
                      "bytes; the unfused reference dequantizes the whole history at every step, writing a "
                      "full-precision copy and reading it back, so it moves more bytes than even the exact cache (on "
-                     "SmolLM2: {smol[l7_int4_fused_mib]:.1f} MiB for int4 fused, {smol[l7_exact_mib]:.1f} MiB for DynamicCache, "
-                     "{smol[l7_int4_unfused_mib]:.1f} MiB for int4 unfused). Then "
-                     "*tokens/s*: fused should decode faster than unfused, whose extra work grows with the history it "
-                     "copies at every step (try a longer prompt). Against DynamicCache it depends on "
-                     "the machine and how busy it is (docs/benchmarks.md gives measured runs). The status line "
-                     "says whether fused and unfused wrote the same tokens and whether the fused path really ran: without numba "
-                     "the rows say NOT fused."),
+                     "SmolLM2: {smol[l7_int4_fused_mib]:.1f} MiB for int4 fused, {smol[l7_exact_mib]:.1f} MiB for "
+                     "DynamicCache, {smol[l7_int4_unfused_mib]:.1f} MiB for int4 unfused). Then *tokens/s*: fused "
+                     "should decode faster than unfused, whose extra work grows with the history it copies at every "
+                     "step (try a longer prompt). Against DynamicCache it depends on the machine and how busy it is "
+                     "(docs/benchmarks.md gives measured runs). The status line says whether fused and unfused wrote "
+                     "the same tokens and whether the fused path really ran: without numba the rows say NOT fused."),
     "lesson_on_model": "_This lesson runs on `{model}`, the model picked in the tabs; pick another to compare._",
     "lesson_models1": ("**Across models** (largest K channel / median channel, 256 WikiText-2 tokens): Gemma 3 270M's "
                        "reaches about 28-34× in its full-attention layers 5 and 11 (the lesson opens layer 11 there) "
@@ -66,13 +69,14 @@ EN: dict[str, str] = {
     "lesson_models2": ("**Across models:** the larger the outlier channel, the more one per-tensor scale loses. On "
                        "Gemma 3 270M, look at the full-attention layers 5 and 11 (K's largest channel about 28-34× "
                        "the median), where the per-tensor map stands out most; SmolLM2's channels reach 3.5-7.3×."),
-    "lesson_models3": ("**Across models:** k8v4 holds {smol[l3_bits]:.2f} bits per value at SmolLM2's head_dim 64 ({smol[l3_vs16]:.2f}× a "
-                       "16-bit cache) and {gemma[l3_bits]:.2f} at Gemma 3 270M's head_dim 256 ({gemma[l3_vs16]:.2f}×): the fp16 scale per head_dim row "
-                       "costs less on longer rows. The Compare table gives both byte ratios."),
+    "lesson_models3": ("**Across models:** k8v4 holds {smol[l3_bits]:.2f} bits per value at SmolLM2's head_dim 64 "
+                       "({smol[l3_vs16]:.2f}× a 16-bit cache) and {gemma[l3_bits]:.2f} at Gemma 3 270M's head_dim 256 "
+                       "({gemma[l3_vs16]:.2f}×): the fp16 scale per head_dim row costs less on longer rows. The "
+                       "Compare table gives both byte ratios."),
     "lesson_models6": ("**Across models:** Gemma 3 270M has head_dim 256, so int4 with one fp16 scale per row costs "
-                       "{gemma[l6_bits_row]:.2f} bits (SmolLM2: {smol[l6_bits_row]:g} at head_dim 64); groups of 16 and 8 cost "
-                       "{gemma[l6_bits_g16]:g} and {gemma[l6_bits_g8]:g} bits on both. The "
-                       "lesson opens the Memory tab on the picked model when it has a preset there."),
+                       "{gemma[l6_bits_row]:.2f} bits (SmolLM2: {smol[l6_bits_row]:g} at head_dim 64); groups of 16 "
+                       "and 8 cost {gemma[l6_bits_g16]:g} and {gemma[l6_bits_g8]:g} bits on both. The lesson opens "
+                       "the Memory tab on the picked model when it has a preset there."),
     "lesson_note8": ("**Lesson 8.** The map quantizes one layer's K or V at a time to vLLM's `int4_per_token_head` "
                      "(asymmetric int4 per token and head after a Hadamard rotation), on 64 tokens of WikiText-2. "
                      "On SmolLM2 the rotation flattens the map: layer {smol[l8_peak1_layer]}'s {smol[l8_peak1_side]} "
