@@ -107,12 +107,14 @@ def measure(outputs: dict[int, dict]) -> dict:
         rows = steps.values.tolist()  # step, move, plan, MiB, KL
         chosen = next(r for r in rows if r[2] == plan)
         fp16 = float(re.search(r"([0-9.]+)× fp16", md).group(1))
-        layers = [int(x) for part in plan.split("; ")[1].split("=")[0].split(",")
-                  for x in (range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))]
-        out |= {"l8_kl_start": float(rows[0][4]), "l8_kl_plan": float(chosen[4]), "l8_kl_move1": float(rows[1][4]),
-                "l8_move1_layer": int(re.search(r"layer (\d+)", rows[1][1]).group(1)),
+        kept = plan.split("; ")[1].split("=")[0].split(",") if "; " in plan else []  # "int4; 1-3,10=fp16"
+        layers = [x for part in kept for x in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)]
+        out |= {"l8_kl_start": float(rows[0][4]), "l8_kl_plan": float(chosen[4]),
                 "l8_plan": _layers(layers), "l8_skip": " ".join(map(str, layers)), "l8_plan_fp16": fp16,
                 "l8_start_fp16": fp16 * float(rows[0][3]) / float(chosen[3])}
+        if len(rows) > 1:  # the search's first move: one layer up a rung
+            out |= {"l8_kl_move1": float(rows[1][4]),
+                    "l8_move1_layer": int(re.search(r"(\d+)", rows[1][1]).group(1))}
     if 9 in outputs:
         table, _, _, status = outputs[9]["rotation"]
         rows = _rows(table)
