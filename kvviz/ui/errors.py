@@ -29,11 +29,6 @@ from .i18n import Translator, t
 TAB = "errors"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 WHICH = {"K (post-RoPE)": "keys_post", "K (pre-RoPE)": "keys_pre", "V": "values"}
-
-
-def _which_choices(lang: str) -> list[tuple[str, str]]:
-    """The tensor radio's (label in `lang`, value) pairs: the value is what the API takes, in English."""
-    return [(t(f"which_{v}", lang), k) for k, v in WHICH.items()]
 FORMAT_CHOICES = ["int8", "int4", "int2", "fp8_e4m3", "fp8_e5m2", "mxfp4", "nvfp4", "int4/channel/g32/asym",
                   "int4/rot", "k8v4", "k4v8", "kivi2", "q8_0", "q4_0", "iq4_nl"]
 DEFAULT_FORMATS = ["int8", "int4", "fp8_e4m3", "mxfp4"]
@@ -176,6 +171,11 @@ def anatomy(fmt, side="K", layer=0, head=0, token=5, prompt=EXAMPLES[1], model=N
         hist = plots.rotated_histogram(a.rotated_all, a.codebook, t("f_rotated_hist", lang).format(fmt=a.format,
                                        where=where), token=[v * scale for v in a.quantized_input], scale=scale)
     return fig, hist, _anatomy_markdown(a, lang)
+
+
+def _which_choices(lang: str) -> list[tuple[str, str]]:
+    """The tensor radio's (label in `lang`, value) pairs: the value is what the API takes, in English."""
+    return [(t(f"which_{v}", lang), k) for k, v in WHICH.items()]
 
 
 def build(tr: Translator) -> dict:
