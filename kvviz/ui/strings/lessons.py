@@ -120,8 +120,8 @@ EN: dict[str, str] = {
                      "that error multiplies the attention weights instead of averaging out. That is why vLLM's "
                      "TurboQuant keeps TQ-mse's codebook and dropped QJL (its config.py: QJL \"hurts attention "
                      "quality by amplifying variance through softmax\")."),
-    "lesson_models9": ("On Gemma 3 270M (head_dim 256) the same order: int4 {gemma[l9_kl_int4]:.2f}, `int4/rot` "
-                       "{gemma[l9_kl_rot]:.2f}, vLLM's `int4_per_token_head` {gemma[l9_kl_vllm_int4]:.2f}, TQ-mse "
+    "lesson_models9": ("On Gemma 3 270M (head_dim 256) the rotation helps too: int4 {gemma[l9_kl_int4]:.2f}, "
+                       "`int4/rot` {gemma[l9_kl_rot]:.2f}, vLLM's `int4_per_token_head` {gemma[l9_kl_vllm_int4]:.2f}, TQ-mse "
                        "4-bit {gemma[l9_kl_mse]:.2f}, `turboquant_4bit_nc` {gemma[l9_kl_vllm_tq]:.2f} "
                        "({gemma[l9_bits_vllm_tq]:.1f} bits: 4 of 18 layers in 16 bits), TQ-prod 4-bit "
                        "{gemma[l9_kl_prod]:.2f}, {gemma[l9_prod_over_mse]:.0f}× TQ-mse's; layer {gemma[l9_layer]}'s "
@@ -238,7 +238,7 @@ KO: dict[str, str] = {
                      "큽니다. softmax는 점수를 지수로 올리므로 그 오차는 평균으로 사라지지 않고 어텐션 가중치에 "
                      "곱해집니다. 그래서 vLLM의 TurboQuant는 K에 TQ-mse의 코드북을 쓰고 QJL을 뺐습니다(config.py: "
                      "QJL은 \"softmax를 통해 분산을 키워 어텐션 품질을 해친다\")."),
-    "lesson_models9": ("Gemma 3 270M(head_dim 256)에서도 순서는 같습니다: int4 {gemma[l9_kl_int4]:.2f}, `int4/rot` "
+    "lesson_models9": ("Gemma 3 270M(head_dim 256)에서도 회전이 도움이 됩니다: int4 {gemma[l9_kl_int4]:.2f}, `int4/rot` "
                        "{gemma[l9_kl_rot]:.2f}, vLLM의 `int4_per_token_head` {gemma[l9_kl_vllm_int4]:.2f}, TQ-mse "
                        "4비트 {gemma[l9_kl_mse]:.2f}, `turboquant_4bit_nc` {gemma[l9_kl_vllm_tq]:.2f} "
                        "({gemma[l9_bits_vllm_tq]:.1f}비트: 18개 레이어 중 4개가 16비트), TQ-prod 4비트 "
