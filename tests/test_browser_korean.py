@@ -38,7 +38,7 @@ ALLOWED = {
     "gpus", "mla", "json", "turboquant", "qjl", "tq", "mse", "prod", "kvviz", "gemma", "smollm", "qwen", "kivi",
     "mxfp", "nvfp", "gguf", "tiny", "max", "abs", "nan", "api", "gradio", "plotly", "config", "id", "engine",
     "transformers", "decompressed", "custom", "bits", "fp", "int", "bf", "per", "token", "head", "nc", "ultraquant",
-    "rot", "tensor", "channel", "asym", "exact", "baseline", "prompt",  # WikiText-2 / prompt: choices an API takes
+    "rot", "tensor", "channel", "asym", "exact", "baseline", "prompt",  # values API callers pass (layouts, sources)
 }
 # JS: the visible text nodes of the page (SVG text of the figures included), each once, trimmed.
 _VISIBLE_TEXTS = """() => {
