@@ -50,6 +50,9 @@ CSS = """
 #kv-lessons button {font-size: 0.85em; min-height: 2.4em;}
 #kv-header {font-size: 0.9em;}
 #kv-lesson-note {border-left: 4px solid #ff7f0e; padding: 6px 12px; background: var(--block-background-fill);}
+/* table headers wrap between words only (at 1400 px Compare's squeezed to "form at", "spe c"), Korean too */
+.table-wrap th, .table-wrap th * {word-break: keep-all; overflow-wrap: normal; hyphens: none;}
+.table-wrap th {min-width: 4.5em;}
 """
 
 
@@ -86,19 +89,26 @@ def build_demo(rt: runtime.Runtime | None = None) -> gr.Blocks:
             others = [p for p in pickers if p is not picker]
             picker.input(lambda m, n=len(others): m if n == 1 else [m] * n, picker, others,
                          api_visibility="private", queue=False)
-            picker.change(common.header_markdown, picker, header, api_visibility="private", queue=False)
+            picker.change(common.header_markdown, [picker, lang], header, api_visibility="private", queue=False)
         # A run that loaded a model writes its text outputs after the load: the header then says "loaded".
         finished = [o.change for part in parts.values() for *_, outputs, _ in part["actions"].values()
                     for o in outputs if isinstance(o, gr.Markdown)]
-        gr.on(list(dict.fromkeys(finished)), common.header_markdown, pickers[0], header, api_visibility="private",
-              queue=False)
+        gr.on(list(dict.fromkeys(finished)), common.header_markdown, [pickers[0], lang], header,
+              api_visibility="private", queue=False)
         lang.change(lambda choice: tr.updates(i18n.lang_code(choice)), lang, tr.components,
+                    api_visibility="private", queue=False)
+        lang.change(common.header_markdown, [pickers[0], lang], header, api_visibility="private", queue=False)
+        # the figures still showing their placeholder ("Run the tab to draw this figure.") follow the language,
+        # and so do the tables' headers before their first run
+        for figure in (b for b in demo.blocks.values() if isinstance(b, gr.Plot)):
+            tr.figure(figure)
+        lang.change(tr.placeholder_updates, [lang, *tr.placeholders], tr.placeholders, js=i18n.PLACEHOLDER_JS,
                     api_visibility="private", queue=False)
         demo.load(i18n.choice_from_request, None, lang, api_visibility="private", queue=False)
         # model loaded yet? While the launch warm-up runs, the header refreshes itself every 3 s until it ends.
         timer = gr.Timer(3, active=False)
-        refresh = (lambda m: (common.header_markdown(m), gr.Timer(active=common.warming())), pickers[0],
-                   [header, timer])
+        refresh = (lambda m, choice: (common.header_markdown(m, choice), gr.Timer(active=common.warming())),
+                   [pickers[0], lang], [header, timer])
         demo.load(*refresh, api_visibility="private", queue=False)
         timer.tick(*refresh, api_visibility="private", queue=False)
     return demo

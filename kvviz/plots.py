@@ -478,7 +478,9 @@ def rotated_histogram(rotated: Sequence[float], codebook: Sequence[float], title
 
 
 def quality_map(names: Sequence[str], bits: Sequence[float], kl: Sequence[float], frontier: Sequence[bool],
-                flags: Sequence[str | None], title: str, kl_floor: float = 1e-6) -> go.Figure:
+                flags: Sequence[str | None], title: str, kl_floor: float = 1e-6,
+                axis_titles: tuple[str, str] = ("stored bits per value (bits, scales included)",
+                                                "mean KL against the exact cache (nats/token, log)")) -> go.Figure:
     """Mean KL against bits per value, one point per format or plan run, the Pareto frontier drawn as a line.
 
     flags: each point's engine flag (kvviz.export) or None, written beside the point. KL is drawn on a log axis,
@@ -502,8 +504,8 @@ def quality_map(names: Sequence[str], bits: Sequence[float], kl: Sequence[float]
             hovertemplate=(f"{name}<br>{b:.3g} bits/value<br>mean KL {float(v):.3g} nats/token"
                            + ("<br>on the Pareto frontier" if f else "") + (f"<br>{flag}" if flag else "")
                            + "<extra></extra>")))
-    fig.update_xaxes(title_text="stored bits per value (bits, scales included)")
-    fig.update_yaxes(title_text="mean KL against the exact cache (nats/token, log)", type="log")
+    fig.update_xaxes(title_text=axis_titles[0])
+    fig.update_yaxes(title_text=axis_titles[1], type="log")
     return _layout(fig, title, height=440, showlegend=False)
 
 

@@ -75,3 +75,16 @@ def test_lesson6_scales_eat_into_the_savings(parts):
     text = " ".join(str(o) for o in out if isinstance(o, str))
     for bits in ("4.25", "5", "6"):
         assert bits in text, text[:400]
+
+
+def test_the_figures_the_notes_quote_are_read_back_from_every_measured_lesson(parts):
+    """kvviz.ui.strings.figures.measure reads every figure the notes quote from what the lessons show (on the tiny
+    model: the values differ from the bundled models', the parsing does not); tests/test_lessons_models.py compares
+    them with the recorded ones on the bundled models."""
+    from kvviz.ui.strings import figures
+
+    measured = figures.measure({i: run_lesson(parts, i) for i in figures.MEASURED})
+    quoted = {f for model in figures.load().values() for f in model}
+    missing = sorted(quoted - set(measured))
+    assert not missing, f"figures the lessons no longer show: {missing}"
+    assert measured["l3_bits"] > 0 and measured["l5_total"] == 15 and measured["l7_exact_mib"] > 0

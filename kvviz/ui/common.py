@@ -93,7 +93,7 @@ def prompt_input(tr, example: int) -> gr.Textbox:
     box = tr(gr.Textbox(EXAMPLES[example], lines=3, label=t("prompt"), placeholder=t("prompt_ph"),
                         max_length=MAX_PROMPT_CHARS),
              label="prompt", placeholder="prompt_ph")
-    gr.Examples(EXAMPLES, box)
+    tr(gr.Examples(EXAMPLES, box, label=t("examples")).dataset, label="examples")
     return box
 
 

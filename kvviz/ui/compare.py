@@ -184,7 +184,8 @@ def run(prompt, specs, custom_specs, max_new_tokens, with_perplexity=False, mode
         points = quality.quality_map(rows)
         fig_map = plots.quality_map([p.name for p in points], [p.bits_per_value for p in points],
                                     [p.kl_mean for p in points], [p.frontier for p in points],
-                                    [p.engine_flag for p in points], t("f_quality_map", lang).format(model=name))
+                                    [p.engine_flag for p in points], t("f_quality_map", lang).format(model=name),
+                                    axis_titles=(t("f_quality_map_x", lang), t("f_quality_map_y", lang)))
         done = t("r_done", lang).format(s=time.perf_counter() - started, model=name, metrics=report.metrics_backend,
                                         speed=report.speed_backend, steps=SPEED_TOKENS) + skip_note + notes.markdown()
         notes.toast()
@@ -207,8 +208,7 @@ def needle(specs, custom_specs, context_tokens, model=None, lang="en", progress=
         raise ValueError(f"A {context}-token haystack plus the question does not fit in this model's "
                          f"{positions} positions; use at most {positions - 32} tokens.")
     plans, skipped = fitting_specs(plans, model)
-    progress(0.2, desc=f"Hiding {NEEDLES_PER_DEPTH} needles per depth in {context} tokens of haystack, "
-                       f"{len(plans) + 1} formats…")
+    progress(0.2, desc=t("p_needle", lang).format(per=NEEDLES_PER_DEPTH, n=context, formats=len(plans) + 1))
     notes = ScaleNotes()
     with notes.catching():
         result = quality.needle(model, tok, plans, context_tokens=context, needles_per_depth=NEEDLES_PER_DEPTH)
@@ -244,8 +244,9 @@ def build(tr: Translator) -> dict:
     c["columns"] = tr(gr.HTML(label=t("outputs"), elem_id="compare-columns"), label="outputs")
     with gr.Row():
         # headers before the first run (without them gradio shows placeholder columns "1 2 3")
-        c["table"] = tr(gr.Dataframe(headers=_headers("model dtype")[:-1], label=t("metrics"), wrap=True,
-                                     elem_id=f"{TAB}-table"), label="metrics")
+        c["table"] = tr(gr.Dataframe(headers=_headers(t("h_model_dtype"))[:-1], label=t("metrics"), wrap=True,
+                                     elem_id=f"{TAB}-table"), label="metrics",
+                        headers=lambda lang: _headers(t("h_model_dtype", lang), lang)[:-1])
     with gr.Row():
         c["fig"] = gr.Plot(plots.empty_figure(), label="metrics per format", show_label=False)
         c["map"] = gr.Plot(plots.empty_figure(), label="quality against bytes", show_label=False)

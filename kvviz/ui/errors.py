@@ -66,7 +66,7 @@ def run(prompt, fmt, formats, custom_formats, which, layer, head, model=None, la
     cap = capture(prompt, progress, name)
     layer, head = check_layer_head(cap, layer, head)
     side = "V" if tensor == "values" else "K"
-    progress(0.7, desc="Quantizing every layer in every format…")
+    progress(0.7, desc=t("p_errors", lang))
 
     where = t("r_where_short", lang).format(layer=layer, head=head, model=name)
     emap = analysis.error_map(cap, kv, layer, head, tensor)  # [T, D]
@@ -176,6 +176,11 @@ def anatomy(fmt, side="K", layer=0, head=0, token=5, prompt=EXAMPLES[1], model=N
     return fig, hist, _anatomy_markdown(a, lang)
 
 
+def _which_choices(lang: str) -> list[tuple[str, str]]:
+    """The tensor radio's (label in `lang`, value) pairs: the value is what the API takes, in English."""
+    return [(t(f"which_{v}", lang), k) for k, v in WHICH.items()]
+
+
 def build(tr: Translator) -> dict:
     """Lay out the Quantization-error tab inside the current gr.Tab; returns its components by name."""
     c: dict = {}
@@ -192,7 +197,8 @@ def build(tr: Translator) -> dict:
         with gr.Column(scale=1, min_width=240):
             c["format"] = tr(gr.Dropdown(REGISTRY.choices("errors"), value="int4", allow_custom_value=True,
                                          label=t("error_format")), label="error_format")
-            c["which"] = tr(gr.Radio(list(WHICH), value="K (post-RoPE)", label=t("which")), label="which")
+            c["which"] = tr(gr.Radio(_which_choices("en"), value="K (post-RoPE)", label=t("which")), label="which",
+                            choices=_which_choices)
             layer, head = layer_head_inputs()
             c["layer"] = tr(layer, label="layer")
             c["head"] = tr(head, label="head")

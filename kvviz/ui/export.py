@@ -97,7 +97,7 @@ def run(spec, model_id, calib_prompts, model=None, lang="en", progress=gr.Progre
         return (md + "\n\n" + t("r_scales_no_prompts", lang), support, "", None,
                 plots.empty_figure(t("f_scales_no_prompts", lang)))
     model, tok = get_model(progress, name)
-    progress(0.3, desc=f"Calibrating per-layer scales on {len(prompts)} prompt(s)…")
+    progress(0.3, desc=t("p_calibrate", lang).format(n=len(prompts)))
     notes = ScaleNotes()  # the library warns when the prompts hold fewer than 64 tokens
     with notes.catching():
         scales = calibrate.calibrate_scales(model, tok, prompts)
@@ -142,7 +142,7 @@ def build(tr: Translator) -> dict:
         with gr.Column(scale=2):
             c["commands"] = gr.Markdown(elem_id="export-commands", label="commands")
             c["table"] = tr(gr.Dataframe(headers=_support_headers(), label=t("support_table"), wrap=True),
-                               label="support_table")
+                               label="support_table", headers=_support_headers)
     with gr.Row():
         with gr.Column(scale=1):
             c["scales_fig"] = gr.Plot(plots.empty_figure(), label="calibrated scales", show_label=False)

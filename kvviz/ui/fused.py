@@ -105,7 +105,7 @@ def run(specs, custom_specs, context_tokens, new_tokens, model=None, lang="en", 
     cut = None
     if context + WARMUP + new + 1 > positions:  # warm-up steps, timed steps and one spare
         cut, context = context, positions - WARMUP - new - 1
-    progress(0.1, desc=f"Prefill {context} tokens, then {1 + 2 * len(names)} decode runs x {ROUNDS} rounds…")
+    progress(0.1, desc=t("p_fused", lang).format(n=context, runs=1 + 2 * len(names), rounds=ROUNDS))
     start = time.perf_counter()
     notes = ScaleNotes()
     with notes.catching():
@@ -171,7 +171,7 @@ def build(tr: Translator, actions: dict, model: gr.Dropdown, lang: gr.Radio) -> 
         c["fused_status"] = gr.Markdown(elem_id="compare-fused-status", label="fused status")
         c["fused_table"] = tr(gr.Dataframe(headers=_headers(), label=t("fused_table"), wrap=True,
                                            elem_id="compare-fused-table"),
-                              label="fused_table")
+                              label="fused_table", headers=_headers)
         c["fused_fig"] = gr.Plot(plots.empty_figure(), label="fused against unfused", show_label=False)
         c["fused_ctx_fig"] = gr.Plot(plots.empty_figure(), label="speed against context", show_label=False,
                                      elem_id="compare-fused-context")

@@ -21,6 +21,7 @@ from kvviz.memory import MODEL_PRESETS
 from .common import model_task
 from .errors import DEFAULT_FORMATS as DEFAULT_ERROR_FORMATS
 from .i18n import EN, lang_code, t
+from .strings import figures
 
 
 OPEN = "<open>"  # a setting for an Accordion: open it so the lesson's figure shows
@@ -119,10 +120,11 @@ def calls(parts: dict, i: int, model: str) -> list[tuple[str, Callable, list]]:
 
 
 def note(i: int, lang: str, model: str | None) -> str:
-    """Lesson i's note in `lang`: what to read, which model it runs on, and what differs between models."""
-    parts = [t(f"lesson_note{i}", lang), t("lesson_on_model", lang).format(model=model or "?")]
+    """Lesson i's note in `lang`: what to read, which model it runs on, and what differs between models; the
+    figures it quotes come from the lesson runs recorded in kvviz/ui/strings/lesson_figures.json."""
+    parts = [figures.fill(t(f"lesson_note{i}", lang)), t("lesson_on_model", lang).format(model=model or "?")]
     if f"lesson_models{i}" in EN:
-        parts.append(t(f"lesson_models{i}", lang))
+        parts.append(figures.fill(t(f"lesson_models{i}", lang)))
     return "\n\n".join(parts)
 
 

@@ -18,7 +18,7 @@ import torch
 from kvviz import attention, runtime, shapes
 
 from . import registry, zerogpu
-from .i18n import t
+from .i18n import lang_code, t
 
 DEFAULT_MODEL = registry.DEFAULT_MODEL  # kvviz.models.DEFAULT_MODEL: the bundled SmolLM2-135M-Instruct
 
@@ -137,21 +137,23 @@ def warming() -> bool:
         return "warming" in rt.warmups.values()
 
 
-def backend_name() -> str:
+def backend_name(lang: str = "en") -> str:
     """The attention backend that decodes from the quantized cache: "triton", "cpu" or "torch" (on ZeroGPU:
-    triton, which each call's lent GPU runs). Never compiles: before the CPU kernels have loaded, it says so."""
+    triton, which each call's lent GPU runs). Never compiles: before the CPU kernels have loaded, it says so (in
+    `lang`)."""
     if zerogpu.active():
         return "triton"
     settled = attention.settled_backend()
     if settled is not None:
         return settled
-    return ("cpu: fused kernels compiling, the torch reference answers meanwhile" if warming()
-            else "cpu: fused kernels load on first use")
+    return t("hdr_backend_compiling" if warming() else "hdr_backend_first_use", lang)
 
 
-def header_markdown(model: str | None = None) -> str:
+def header_markdown(model: str | None = None, lang: str = "en") -> str:
     """One line: which model (the picked one; None: the default), device and attention backend produce the page's
-    numbers, and which models are loaded now (switching to one of those is instant)."""
+    numbers, and which models are loaded now (switching to one of those is instant); in `lang` (the radio's choice
+    or a code)."""
+    lang = lang_code(lang)
     try:
         name = check_model(model)
     except ValueError:  # a half-typed hub id: the header keeps naming what the page would use
@@ -161,14 +163,14 @@ def header_markdown(model: str | None = None) -> str:
         warm = rt.warmups.get(name, "")
     pool = registry.models_pool()
     if warm == "warming":
-        state = "warming up in the background: loading, compiling kernels; a first click waits only for the rest"
+        state = t("hdr_warming", lang)
     elif pool.peek(name) is not None:
-        state = "loaded"
+        state = t("hdr_loaded", lang)
     elif warm.startswith("failed"):
-        state = f"warm-up {warm}; loads on first use"
+        state = t("hdr_failed", lang).format(why=warm.removeprefix("failed: "))
     else:
-        state = "loads on first use"
+        state = t("hdr_first_use", lang)
     others = [m for m in pool.resident() if m != name]
-    also = f" · also loaded: {', '.join(f'`{m}`' for m in others)}" if others else ""
-    return (f"**Model** `{name}` ({state}){also} · **device** `{device_name()}` · "
-            f"**attention backend** `{backend_name()}`")
+    also = t("hdr_also", lang).format(models=", ".join(f"`{m}`" for m in others)) if others else ""
+    return t("hdr_line", lang).format(model=name, state=state, also=also, device=device_name(),
+                                      backend=backend_name(lang))

@@ -62,10 +62,10 @@ def run(tokens, model=None, lang="en", progress=gr.Progress()):
     lm, tok = get_model(progress, name)
     plans, skipped = fitting_specs([as_plan(f) for f in REGISTRY.choices("rotation")], lm)
     start = time.perf_counter()
-    progress(0.1, desc=f"{len(plans)} formats and the exact model on {tokens} WikiText-2 tokens, as one batch…")
+    progress(0.1, desc=t("p_rotation", lang).format(formats=len(plans), n=tokens))
     text = wikitext()
     kl = quality.kld(lm, tok, plans, text=text, windows=1, window_tokens=tokens)
-    progress(0.8, desc="Capturing K to draw its coordinates before and after the rotation…")
+    progress(0.8, desc=t("p_rotation_capture", lang))
     hist = coordinate_histogram(capture_kv(lm, tok, text, max_tokens=tokens))
     fp16 = kv_cache_bytes_for(lm.config, tokens, k="fp16", layout="transformers")
     bits = {p.name: 16 * kv_cache_bytes_for(lm.config, tokens, k=p, layout="transformers") / fp16 for p in plans}
@@ -100,7 +100,7 @@ def build(tr: Translator, actions: dict, model: gr.Dropdown, lang: gr.Radio) -> 
         c["rot_status"] = gr.Markdown(elem_id="compare-rotation-status", label="rotation status")
         c["rot_table"] = tr(gr.Dataframe(headers=_headers(), label=t("rot_table"), wrap=True,
                                          elem_id="compare-rotation-table"),
-                            label="rot_table")
+                            label="rot_table", headers=_headers)
         with gr.Row():
             c["rot_kl_fig"] = gr.Plot(plots.empty_figure(), label="KL per format", show_label=False)
             c["rot_hist_fig"] = gr.Plot(plots.empty_figure(), label="K coordinates before and after the rotation",

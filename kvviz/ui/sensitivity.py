@@ -90,9 +90,9 @@ def run(source, prompt, spec, tokens, model=None, lang="en", progress=gr.Progres
     llm, tok = get_model(progress, model=name)
 
     rows = 2 * len(kv_layers(llm))
-    progress(0.1, desc=f"Measuring {rows} one-layer variants of {spec} on up to {tokens} tokens, as one batch…")
+    progress(0.1, desc=t("p_sens", lang).format(rows=rows, spec=spec, n=tokens))
     sens = layer_sensitivity(llm, tok, text, spec, max_tokens=tokens)
-    progress(0.9, desc="Measuring K/V magnitudes per layer…")
+    progress(0.9, desc=t("p_sens_norms", lang))
     norms = layer_norms(llm, tok, text, max_tokens=tokens)
     where = t("sens_where", lang).format(model=name, spec=sens["spec"], tokens=sens["tokens"])
     heat = plots.sensitivity_heatmap(sens["k"], sens["v"], t("sens_heat_title", lang).format(where=where))
@@ -140,8 +140,7 @@ def search(source, prompt, candidates, custom_candidates, kl_budget, tokens, mod
     tokens = check_int(tokens, "Tokens", MIN_TOKENS, MAX_TOKENS)
     lang = check_language(lang)
     llm, tok = get_model(progress, model=name)
-    progress(0.1, desc=f"Ranking layers for {', '.join(p.name for p in names)}, then measuring every plan on the "
-                       f"path (up to {tokens} tokens)…")
+    progress(0.1, desc=t("p_plan", lang).format(cands=", ".join(p.name for p in names), n=tokens))
     for res in search_stream(llm, tok, text, names, budget, max_tokens=tokens, context=PLAN_CONTEXT):
         yield _search_view(res, name, llm, lang)
 
@@ -154,7 +153,7 @@ def _search_view(res, name: str, llm, lang: str) -> tuple:
     fig = plots.plan_tradeoff([s.bytes / _MIB for s in steps], [s.kl for s in steps],
                               [s.plan.text for s in steps], budget, best.step,
                               t("plan_fig_title", lang).format(where=where),
-                              x_title=f"KV cache at {PLAN_CONTEXT:,} tokens (MiB)")
+                              x_title=t("plan_fig_x", lang).format(context=PLAN_CONTEXT))
     if res.within_budget:
         verdict = t("plan_within", lang).format(budget=budget)
     else:
@@ -241,7 +240,8 @@ def build(tr: Translator) -> dict:
         c["heat"] = gr.Plot(plots.empty_figure(), label="sensitivity map", show_label=False)
         c["bars"] = gr.Plot(plots.empty_figure(), label="ranking", show_label=False)
     c["norms"] = tr(gr.Dataframe(headers=[t(f"sens_col{i}") for i in range(_NORM_COLUMNS)], label=t("sens_norms"),
-                                 wrap=True, elem_id=f"{TAB}-norms"), label="sens_norms")
+                                 wrap=True, elem_id=f"{TAB}-norms"), label="sens_norms",
+                    headers=lambda lang: [t(f"sens_col{i}", lang) for i in range(_NORM_COLUMNS)])
 
     tr(gr.Markdown(t("plan_intro")), value="plan_intro")
     with gr.Row():
@@ -266,7 +266,8 @@ def build(tr: Translator) -> dict:
             c["plan_fig"] = gr.Plot(plots.empty_figure(), label="plan trade-off", show_label=False)
     c["plan_summary"] = gr.Markdown(elem_id=f"{TAB}-plan-summary", label="plan summary")
     c["steps"] = tr(gr.Dataframe(headers=[t(f"plan_col{i}") for i in range(_STEP_COLUMNS)], label=t("plan_steps"),
-                                 wrap=True, elem_id=f"{TAB}-steps"), label="plan_steps")
+                                 wrap=True, elem_id=f"{TAB}-steps"), label="plan_steps",
+                    headers=lambda lang: [t(f"plan_col{i}", lang) for i in range(_STEP_COLUMNS)])
 
     lang = tr.language_input()
     c["inputs"] = [c["source"], c["prompt"], c["spec"], c["tokens"], c["model"], lang]
