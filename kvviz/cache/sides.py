@@ -13,7 +13,6 @@ kvviz.memory counts it (see `held_tokens`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import warnings
 
@@ -77,8 +76,8 @@ def _field_templates(fmt: Format, lead: tuple, probe_len: int, d: int, dtype: to
     shape and dtype (a static scale changes no field's shape): a cache's layers and sides share the probe. The
     templates are only cloned (_Buffer), never written."""
     probe = fmt.quantize(torch.zeros((*lead, probe_len, d), dtype=dtype, device=device))
-    if not fmt.static_scale and probe.tensor_scale is not None:
-        raise AssertionError(f"{fmt.spec}: unexpected tensor scale without a static-scale rule")
+    if not fmt.takes_scale and probe.tensor_scale is not None:
+        raise AssertionError(f"{fmt.spec}: unexpected tensor scale without a static or global scale rule")
     return {name: t[:, :, :0] for name, t in _fields_of(probe).items()}
 
 
@@ -143,8 +142,7 @@ class Side:
 
     def __init__(self, fmt: Format, residual: int, static_scale, name: str = "K"):
         self.fmt, self.residual, self.given_scale, self.name = fmt, residual, static_scale, name
-        self.static: torch.Tensor | None = None  # fp32 [] or [1, H, 1, 1], shared by the batch
-        self.nv_amax: torch.Tensor | None = None  # nvfp4: the prefill amax that fixes the global scale
+        self.static: torch.Tensor | None = None  # fp32 [] or [1, H, 1, 1], shared by the batch; a global scale []
         self.fields: dict[str, _Buffer] = {}
         self.tail: torch.Tensor | None = None  # [B, H, r, D], 16-bit
         self.dtype = torch.float32
@@ -167,17 +165,11 @@ class Side:
         self.tail = x.new_zeros((*x.shape[:2], 0, x.shape[3]), dtype=tail_dtype)
         if fmt.static_scale:
             self.static = self._static_from(x)
-        elif fmt.base == "nvfp4":
-            self.nv_amax = x.detach().float().abs().amax()  # same reduction the format uses for its global scale
-            if self.given_scale is not None:
-                self.nv_amax = torch.as_tensor(self.given_scale, dtype=torch.float32, device=x.device) * 448.0 * 6.0
+        elif fmt.global_scale:  # one fp32 scale fitted on the prefill (or given), passed to every quantize
+            self.static = (fmt.fit_scale(x) if self.given_scale is None else fmt.given_scale(self.given_scale)
+                           ).to(device=x.device, dtype=torch.float32)
         probe_len = fmt.group if fmt.granularity == "channel" else 1
-        if fmt.base == "nvfp4":  # the probe pins the global scale too
-            probe = self._quantize_raw(x.new_zeros((*x.shape[:2], probe_len, x.shape[3])))
-            self.static = probe.tensor_scale  # the global scale the anchor pins (see _quantize_raw)
-            templates = _fields_of(probe)
-        else:
-            templates = _field_templates(fmt, tuple(x.shape[:2]), probe_len, x.shape[3], x.dtype, x.device)
+        templates = _field_templates(fmt, tuple(x.shape[:2]), probe_len, x.shape[3], x.dtype, x.device)
         self.fields = {name: _Buffer(t) for name, t in templates.items()}
 
     def _static_from(self, x: torch.Tensor) -> torch.Tensor:
@@ -212,19 +204,9 @@ class Side:
     # -- append ------------------------------------------------------------------------------------------------
     def _quantize_raw(self, x: torch.Tensor):
         """Quantize x [B, H, t, D] with this side's static scale (if any)."""
-        if self.fmt.base == "nvfp4" and self.nv_amax is not None:
-            # The format derives NVFP4's global scale from its input's amax. Prepending one anchor element equal
-            # to the prefill amax (and saturating x to it, as a static scale would) pins the global scale to the
-            # prefill's; block scales are per token, so the anchor row changes nothing else and is dropped.
-            amax = self.nv_amax.to(x.device)
-            x = torch.where(torch.isfinite(x), x.clamp(-amax, amax), x)
-            anchor = x.new_zeros((*x.shape[:2], 1, x.shape[3]))
-            anchor[0, 0, 0, 0] = amax
-            q = self.fmt.quantize(torch.cat([anchor, x], dim=2))
-            return _drop_first_token(q)
-        if not self.fmt.static_scale:
+        if not self.fmt.takes_scale:
             return self.fmt.quantize(x)
-        if self.fmt.kind == "float" and self.static is not None:
+        if self.fmt.parts.scale_source is not None and self.static is not None:  # FP8: count what saturates
             self._count_saturated(x)
         return self.fmt.quantize(x, scale=self.static)
 
@@ -261,8 +243,8 @@ class Side:
     def _store(self, x: torch.Tensor) -> None:
         """Quantize x [B, H, t, D] into the buffers: with the packer chosen for x's device (once per device)."""
         if x.device != self._packer_device:
-            # An all-zero prefill pins NVFP4's values to 0: only the formats path's clamp (_quantize_raw) does that.
-            pinned_to_zero = self.nv_amax is not None and not bool(self.nv_amax > 0)
+            # A global scale fitted on all-zero states pins every value to 0: only the formats path does that.
+            pinned_to_zero = self.fmt.global_scale and not bool(self.static > 0)
             self._packer = None if pinned_to_zero else _fused_packer(self.fmt, x)
             self._packer_device = x.device
         if self._packer is None:
@@ -424,8 +406,3 @@ def check_fits(fmt: Format, head_dim: int, where: str) -> None:
     except ValueError as err:
         raise ValueError(f"{where} (head_dim {head_dim}) cannot be stored as {fmt.spec}: {err}") from err
 
-
-def _drop_first_token(q):
-    """QTensor of [B, H, 1 + t, D] (token granularity) -> its last t tokens' fields."""
-    cut = {name: getattr(q, name)[:, :, 1:] for name in ("data", "scale") if getattr(q, name) is not None}
-    return dataclasses.replace(q, **cut)

@@ -1,7 +1,7 @@
 """`Format`: a spec turned into quantize / dequantize / byte accounting (what it stores: `QTensor`, qtensor.py).
 
-A Format is data plus pure functions: it dispatches to its family's codec (`floats`, `ints`, `fp4`, `ggml`; vLLM's own
-store paths `vllm`, `turboquant`, `ultraquant` and `ds_mla`; the TurboQuant paper's `tq`), applies the optional
+A Format is data plus pure functions: it dispatches to its family's codec (family.py's REGISTRY: `floats`, `ints`,
+`fp4`, `ggml`; vLLM's own store paths `vllm`, `turboquant`, `ultraquant` and `ds_mla`; the paper's `tq`), applies the optional
 Hadamard rotation (`/rot`, QuaRot), and accounts for every byte it stores. A codec that stores a fixed number of
 bytes per token and head (the engines' layouts) says so with `token_head_bytes(fmt, head_dim)`, and may refuse a
 head_dim with `check_head_dim(fmt, head_dim)`.
@@ -19,15 +19,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import ds_mla, engines, floats, fp4, ggml, groups, ints, tq_paper, turboquant, ultraquant, vllm
+from . import engines, groups
+from .family import REGISTRY, Family, Layout
 from .packing import hadamard, rotate
 from .qtensor import QTensor
 from .spec import BASES, SpecParts
-
-_CODECS = {"float": floats, "int": ints, "fp4": fp4, "ggml": ggml, "vllm": vllm, "turboquant": turboquant,
-           "tq": tq_paper, "ultraquant": ultraquant, "ds_mla": ds_mla}
-# Bytes of one stored scale / zero point by family and granularity.
-_SCALE_BYTES = {"int": 2, "float": 4, "fp4": 1, "ggml": 2}
 
 
 @dataclass(frozen=True)
@@ -62,10 +58,33 @@ class Format:
     static_scale = property(lambda self: self.parts.static_scale,
                             doc="one fp32 scale per tensor or per head, fixed for every token (per-tensor and "
                                 "per-head granularities): calibrated, loaded, or fitted on the first states")
-    takes_scale = property(lambda self: self.static_scale or self.parts.base == "nvfp4",
-                           doc="a cache of this format takes a given scale: static-scale formats, and nvfp4's "
-                               "per-tensor global scale")
+    global_scale = property(lambda self: BASES[self.parts.base].global_scale,
+                            doc="one fp32 scale for the whole tensor that a cache fits on its first states and "
+                                "passes to quantize (NVFP4's global scale), besides the per-block scales")
+    takes_scale = property(lambda self: self.static_scale or self.global_scale,
+                           doc="a cache of this format takes a given scale: static-scale formats, and a global "
+                               "scale (nvfp4's)")
     bits = property(lambda self: BASES[self.parts.base].bits, doc="bits per stored element")
+
+    @property
+    def family(self) -> Family:
+        """The family that holds this format's behaviour (kvviz.formats.family.REGISTRY)."""
+        return REGISTRY.family(self.kind)
+
+    @property
+    def codec(self):
+        return self.family.codec
+
+    def layout(self, head_dim: int) -> Layout | None:
+        """How packed buffers hold this format at head_dim (what the kernels read), or None when no kernel reads
+        it (an MLA latent)."""
+        own = self.family.layout
+        return None if own is None else own(self, head_dim)
+
+    @property
+    def has_layout(self) -> bool:
+        """Whether the family describes its packed layout (so kernels may read it) at some head_dim."""
+        return self.family.layout is not None
 
     def __repr__(self) -> str:
         return f"Format({self.spec!r})"
@@ -82,24 +101,33 @@ class Format:
         groups.check_shape(x.shape, self.granularity, self.group)
         self._check_head_dim(x.shape[-1])
         work = rotate(x) if self.rot else x
-        fields = _CODECS[self.kind].encode(self, work, self._static_scale(scale, x))
+        fields = self.codec.encode(self, work, self._static_scale(scale, x))
         return QTensor(fmt=self, head_dim=x.shape[-1], dtype=x.dtype, **fields)
 
     def fit_scale(self, x: torch.Tensor) -> torch.Tensor:
         """The static scale quantize(x) fits to x when given none (per-tensor: a 0-d tensor; per-head: one per head,
-        [..., H, 1, 1]), without encoding x: what a cache fixes on its first states."""
+        [..., H, 1, 1]), without encoding x: what a cache fixes on its first states. A global-scale format
+        (nvfp4): its global scale for states x (0-d)."""
+        if self.global_scale:
+            return self.codec.fit_scale(self, rotate(x) if self.rot else x)
         if not self.static_scale:
             raise ValueError(f"{self.spec} computes its own scales per group; only per-tensor and per-head formats "
                              "fit a static one.")
         groups.check_shape(x.shape, self.granularity, self.group)
-        return _CODECS[self.kind].fit_scale(self, rotate(x) if self.rot else x)  # int and float: the static kinds
+        return self.codec.fit_scale(self, rotate(x) if self.rot else x)  # int and float: the static kinds
+
+    def given_scale(self, scale) -> torch.Tensor:
+        """A global-scale format's given scale (e.g. calibrated) as a cache keeps and passes it to quantize."""
+        if not self.global_scale:
+            raise ValueError(f"{self.spec} has no global scale; a static scale is passed to quantize as it is.")
+        return self.codec.given_scale(self, scale)
 
     def dequantize(self, q: QTensor) -> torch.Tensor:
         """QTensor -> its quantized values, [..., n_quantized, head_dim] in q.dtype (a cache side's tail is not
         read: q.dequantize() adds it)."""
         if not isinstance(q, QTensor):
             raise ValueError(f"{self.spec}.dequantize expects a QTensor from quantize(), got {type(q).__name__}.")
-        x = _CODECS[self.kind].decode(self, q)  # fp32 [..., T, D]
+        x = self.codec.decode(self, q)  # fp32 [..., T, D]
         if self.rot:
             x = x @ hadamard(x.shape[-1], x.device)  # H is its own inverse
         return x.to(q.dtype)
@@ -108,13 +136,13 @@ class Format:
         """For the engines' stores (kinds vllm, turboquant, tq): how the fused kernels read the packed buffers
         (kernels.packed.PackedSide's element, codebook, rotation, sketch and scale fields); None for kvviz's own
         families, which kernels.packed describes from the spec itself."""
-        own = getattr(_CODECS[self.kind], "kernel_fields", None)
+        own = getattr(self.codec, "kernel_fields", None)
         return None if own is None else own(self, head_dim)
 
     def pack_table(self, head_dim: int) -> torch.Tensor | None:
         """For the engines' stores the CPU packer writes (kernels/cpu/pack.py): the fp32 table their encode reads
         (int4_per_token_head's RHT signs, a TurboQuant key's codebook midpoints), or None."""
-        own = getattr(_CODECS[self.kind], "pack_table", None)
+        own = getattr(self.codec, "pack_table", None)
         return None if own is None else own(self, head_dim)
 
     def roundtrip(self, x: torch.Tensor, scale: float | torch.Tensor | None = None) -> torch.Tensor:
@@ -124,7 +152,7 @@ class Format:
     def _check_head_dim(self, d: int) -> None:
         if self.parts.engine is not None:
             engines.check_head_dim(self.parts.engine, d)
-        check = getattr(_CODECS[self.kind], "check_head_dim", None)
+        check = getattr(self.codec, "check_head_dim", None)
         if check is not None:
             check(self, d)
         per_byte = 8 // self.bits if self.bits < 8 else 1
@@ -137,6 +165,11 @@ class Format:
     def _static_scale(self, scale, x: torch.Tensor) -> torch.Tensor | None:
         if scale is None:
             return None
+        if self.global_scale:
+            s = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+            if s.numel() != 1 or not bool(torch.isfinite(s).all()) or not bool((s >= 0).all()):
+                raise ValueError(f"{self.spec} takes one finite, non-negative global scale, got {scale!r}.")
+            return s.reshape(())
         if not self.static_scale:
             raise ValueError(
                 f"A static scale applies to per-tensor or per-head formats; {self.spec} computes its own scales."
@@ -157,15 +190,14 @@ class Format:
     # -- byte accounting ---------------------------------------------------------------------------------------
     def _group_bytes(self) -> int:
         """Bytes stored per scale group: the scale, plus the zero point for asym."""
-        per = _SCALE_BYTES[self.kind]
-        return per * (2 if self.asym else 1)
+        return self.family.scale_bytes * (2 if self.asym else 1)
 
     def bits_per_value(self, head_dim: int) -> float:
         """Stored bits per element: element bits + per-group scale and zero-point bits (per-token or per-channel).
 
         Per-tensor and per-head scalars are not per-element: `static_bytes` counts them.
         """
-        own = getattr(_CODECS[self.kind], "token_head_bytes", None)
+        own = getattr(self.codec, "token_head_bytes", None)
         if own is not None:
             return 8 * own(self, head_dim) / head_dim
         if self.granularity is None or self.static_scale:
@@ -175,7 +207,7 @@ class Format:
 
     def static_bytes(self, shape: tuple[int, ...]) -> int:
         """Bytes of fp32 per-tensor / per-head scalars (and zero points) for an x of `shape`."""
-        if self.base == "nvfp4":
+        if self.global_scale:
             return 4
         if self.granularity == "tensor":
             return 4 * (2 if self.asym else 1)
@@ -188,7 +220,7 @@ class Format:
         shape = tuple(shape)
         groups.check_shape(shape, self.granularity, self.group)
         self._check_head_dim(shape[-1])
-        own = getattr(_CODECS[self.kind], "token_head_bytes", None)
+        own = getattr(self.codec, "token_head_bytes", None)
         if own is not None:
             return math.prod(shape[:-1]) * own(self, shape[-1])
         data = math.prod(shape) * self.bits // 8

@@ -33,7 +33,11 @@ Triton's interpreter: its tile scales and RoPE bytes equal kvviz's (the interpre
 
 from __future__ import annotations
 
+import sys
+
 import torch
+
+from .family import BaseInfo, Family, choice
 
 from .fp4 import E2M1_VALUES, e2m1_encode
 from .packing import decode_bytes, pack
@@ -102,3 +106,15 @@ def decode(fmt, q) -> torch.Tensor:
     g = values.reshape(*values.shape[:-1], scale.shape[-1], values.shape[-1] // scale.shape[-1])
     return (g * scale.unsqueeze(-1)).reshape(values.shape)
 
+
+
+# ------------------------------------------------------------------------------------------ the family
+
+FAMILY = Family(
+    name="ds_mla",
+    doc="vLLM's DeepSeek MLA latent records (vllm:fp8_ds_mla, vllm:nvfp4_ds_mla); read dequantized, no kernel",
+    bases={"vllm.fp8_ds_mla": BaseInfo("ds_mla", 8, "token", ("token",), block=FP8_TILE, engine="vllm"),
+           "vllm.nvfp4_ds_mla": BaseInfo("ds_mla", 4, "token", ("token",), block=NVFP4_BLOCK, engine="vllm")},
+    codec=sys.modules[__name__],
+    choices=(choice("vllm:fp8_ds_mla", export=16, memory=14), choice("vllm:nvfp4_ds_mla", memory=15)),
+)

@@ -13,10 +13,13 @@ a block holding Inf or NaN gets the E4M3 NaN scale. Both: a non-finite element m
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
 from . import groups
+from .family import BaseInfo, Family, Layout, choice, engine_default, rotation_of
+from .family import layout as layout_of
 from .packing import decode_bytes, pack
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -71,10 +74,15 @@ def _mx_encode(fmt, x: torch.Tensor) -> dict:
     return {"data": pack(e2m1_encode(v), 4), "scale": scale}
 
 
-def _nv_encode(fmt, x: torch.Tensor) -> dict:
+def _nv_encode(fmt, x: torch.Tensor, global_scale: torch.Tensor | None) -> dict:
+    if global_scale is not None and not bool(global_scale > 0):  # fitted on all-zero states: every value is 0
+        x = torch.where(torch.isfinite(x), x.clamp(0.0, 0.0), x)
     xb, amax_b, bad = _blocks(x, fmt.group)  # [..., T, D/block, block], [..., T, D/block] x 2
-    amax_t = amax_b.amax() if amax_b.numel() else amax_b.new_zeros(())  # the tensor's absmax
-    tensor_scale = torch.where(amax_t > 0, amax_t / (E4M3_MAX * E2M1_MAX), 1.0)
+    if global_scale is None:
+        amax_t = amax_b.amax() if amax_b.numel() else amax_b.new_zeros(())  # the tensor's absmax
+        tensor_scale = _global(amax_t)
+    else:  # given: values beyond its range saturate (the block scale at 448, the element at 6)
+        tensor_scale = torch.where(global_scale > 0, global_scale.float().reshape(()), 1.0)
     block_scale = (amax_b / E2M1_MAX / tensor_scale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
     block_scale = torch.where(bad, float("nan"), block_scale.float()).to(torch.float8_e4m3fn)
     eff = (block_scale.float() * tensor_scale).unsqueeze(-1)  # [..., T, D/block, 1]
@@ -82,11 +90,31 @@ def _nv_encode(fmt, x: torch.Tensor) -> dict:
     return {"data": pack(e2m1_encode(v), 4), "scale": block_scale, "tensor_scale": tensor_scale}
 
 
+def _global(amax: torch.Tensor) -> torch.Tensor:
+    return torch.where(amax > 0, amax / (E4M3_MAX * E2M1_MAX), 1.0)
+
+
+def fit_scale(fmt, x: torch.Tensor) -> torch.Tensor:
+    """NVFP4's global scale for states x, as a cache fixes it on its first update: amax / (448 * 6), or 0 for
+    all-zero states (which pins every later value to 0)."""
+    amax = x.detach().float().abs().amax()
+    return torch.where(amax > 0, _global(amax), 0.0)
+
+
+def given_scale(fmt, scale) -> torch.Tensor:
+    """A given NVFP4 global scale as the cache keeps it (through its amax, as fit_scale's result is)."""
+    amax = torch.as_tensor(scale, dtype=torch.float32) * 448.0 * 6.0
+    return torch.where(amax > 0, _global(amax), 0.0)
+
+
 def encode(fmt, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
-    """x: [..., T, D] float -> QTensor fields."""
+    """x: [..., T, D] float -> QTensor fields. NVFP4 takes its global scale (fit_scale's) as `scale`, or fits it
+    on x when given none; MX formats compute every scale from the data."""
+    if fmt.base == "nvfp4":
+        return _nv_encode(fmt, x, scale)
     if scale is not None:
         raise ValueError(f"{fmt.spec} computes its block scales from the data; pass no static scale.")
-    return _nv_encode(fmt, x) if fmt.base == "nvfp4" else _mx_encode(fmt, x)
+    return _mx_encode(fmt, x)
 
 
 _E2M1_CODES = tuple(v for sign in (1.0, -1.0) for v in (sign * m for m in E2M1_VALUES))  # code c -> value
@@ -108,3 +136,56 @@ def _e8m0_table(device: str) -> torch.Tensor:
     table = torch.ldexp(torch.ones(256), torch.arange(256, dtype=torch.float32) - 127)
     table[E8M0_NAN] = float("nan")
     return table.to(device)
+
+
+# ------------------------------------------------------------------------------------------ the family
+
+def layout(fmt, head_dim: int) -> Layout:
+    """E2M1 codes, two a byte, under an E8M0 (MX) or E4M3 (NVFP4, times its global scale) scale per block."""
+    nv = fmt.base == "nvfp4"
+    return layout_of("e2m1", 4, scale_kind="token", scale_dtype="e4m3" if nv else "e8m0", group=fmt.group,
+                     global_scale=nv, rotation=rotation_of(fmt, head_dim), packer="nv" if nv else "mx")
+
+
+def engine_value(fmt, engine: str) -> tuple[str | None, str]:
+    """vLLM and SGLang store NVFP4; SGLang MX FP4 in blocks of 16; llama.cpp none."""
+    if fmt.rot or engine == "llama.cpp":
+        dtype, note = engine_default(fmt, engine)
+        return dtype, note + (" llama.cpp stores MXFP4 weights, not a MXFP4 KV cache." if fmt.base == "mxfp4"
+                              and engine == "llama.cpp" else "")
+    if fmt.base == "nvfp4":
+        return "nvfp4", ("NVFP4: E2M1 with E4M3 scales per 16 values and a per-tensor fp32 scale (vLLM 0.25+, "
+                         "Blackwell GPUs)." if engine == "vllm" else "E2M1 with E4M3 scales per 16 values and a "
+                         "per-tensor scale (experimental; CUDA 12.8+, PyTorch 2.8+).")
+    if engine == "vllm":
+        return None, f"vLLM has no MX-style FP4 ({fmt.base}) KV cache; its FP4 KV cache is nvfp4."
+    if fmt.base == "fp4_mx_block16":
+        return "fp4_mx_block16", ("E2M1 with an E8M0 scale per 16 values, computed on the fly (experimental; CUDA "
+                                  "12.8+, PyTorch 2.8+).")
+    return None, ("SGLang's MX FP4 KV cache uses blocks of 16 (fp4_mx_block16), not OCP's 32: pick "
+                  "fp4_mx_block16 to see what SGLang stores.")
+
+
+FAMILY = Family(
+    name="fp4",
+    doc="E2M1 block formats: OCP MX (E8M0 scales) and NVIDIA's NVFP4 (E4M3 scales under a global fp32 one)",
+    bases={
+        "mxfp4": BaseInfo("fp4", 4, "token", ("token",), block=32, block_hint="or use fp4_mx_block16",
+                          elements="E2M1, OCP MX v1.0",
+                          scales="E8M0 shared exponent per 32 values: `floor(log2(amax)) - 2`"),
+        "fp4_mx_block16": BaseInfo("fp4", 4, "token", ("token",), block=16, block_hint="or use mxfp4",
+                                   elements="E2M1 (SGLang's MX variant)", scales="E8M0 per 16 values"),
+        "nvfp4": BaseInfo("fp4", 4, "token", ("token",), block=16, global_scale=True, block_hint="or use mxfp4",
+                          elements="E2M1",
+                          scales="E4M3 per 16 values (`amax / 6`) under one fp32 `amax / (448 x 6)`"),
+    },
+    codec=sys.modules[__name__],
+    layout=layout,
+    scale_bytes=1,
+    engine_value=engine_value,
+    choices=(
+        choice("mxfp4", compare=8, errors=5, export=8, export_support=9, fused=4, memory=5, sensitivity=8),
+        choice("nvfp4", compare=9, errors=6, export=10, export_support=11, fused=5, memory=6, sensitivity=9),
+        choice("fp4_mx_block16", export=9, export_support=10),
+    ),
+)

@@ -38,10 +38,12 @@ amax exceeds 65504 * 127 (q8_0) or 65504 * 8 (q4_0): far beyond any K or V.
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
 from . import groups
+from .family import BaseInfo, Family, Layout, choice, engine_default, rotation_of
 
 QK = 32  # values per block, every type here
 KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
@@ -263,3 +265,54 @@ def gguf_blocks(q) -> torch.Tensor:
     blocks = torch.cat([*parts, data], dim=-1)
     assert fmt.base in TYPES, f"{fmt.spec} is not a llama.cpp type"
     return blocks.reshape(*blocks.shape[:-2], nb * blocks.shape[-1])
+
+
+# ------------------------------------------------------------------------------------------ the family
+
+def layout(fmt, head_dim: int) -> Layout:
+    """ggml's blocks of 32 (see the module docstring): codes in ggml's order, an fp16 d per block (and m)."""
+    offset, _, has_min = _LINEAR.get(fmt.base, (0, 0, False))
+    elem = "iq4_nl" if fmt.base == "iq4_nl" else ("float" if fmt.base == "q8_0" else "int")
+    return Layout(elem=elem, bits=fmt.bits, storage="ggml", per_unit=2 if fmt.bits == 4 else 1, unit_bytes=1,
+                  offset=offset, scale_kind="token", scale_dtype="fp16", group=QK, zero=has_min,
+                  values=torch.tensor(KVALUES_IQ4NL, dtype=torch.float32) if fmt.base == "iq4_nl" else None,
+                  rotation=rotation_of(fmt, head_dim), packer="ggml", ggml_type=fmt.base)
+
+
+def engine_value(fmt, engine: str) -> tuple[str | None, str]:
+    """llama.cpp stores each type under its own name (-ctk / -ctv); no other engine has ggml's blocks."""
+    return (fmt.base, "") if engine == "llama.cpp" else engine_default(fmt, engine)
+
+
+_SCALES = {"q8_0": "fp16 `d = amax / 127` per 32 values",
+           "q4_0": "fp16 `d = max / -8` per 32 (`max`: the signed value of largest \\|x\\|)",
+           "q4_1": "fp16 `d = (max - min) / 15` and fp16 `m = min` per 32", "q5_0": "fp16 `d = max / -16` per 32",
+           "q5_1": "fp16 `d = (max - min) / 31` and fp16 `m = min` per 32",
+           "iq4_nl": "fp16 `d` per 32, a weighted least-squares fit"}
+_ELEMENTS = {"q8_0": "llama.cpp: int8, `roundf(x / d)`", "q4_0": "llama.cpp: 4-bit, `(q - 8) d`",
+             "q4_1": "llama.cpp: 4-bit, `q d + m`", "q5_0": "llama.cpp: 5-bit, `(q - 16) d`",
+             "q5_1": "llama.cpp: 5-bit, `q d + m`",
+             "iq4_nl": "llama.cpp: 4-bit index into 16 non-linear levels (-127 .. 113)"}
+_BITS = {"q8_0": 8, "q4_0": 4, "q4_1": 4, "q5_0": 5, "q5_1": 5, "iq4_nl": 4}
+
+FAMILY = Family(
+    name="ggml",
+    doc="llama.cpp's KV cache types (-ctk / -ctv), bit-exact with ggml's reference quantizers",
+    bases={name: BaseInfo("ggml", _BITS[name], "token", ("token",), block=QK, zero=name in ("q4_1", "q5_1"),
+                          block_hint="every llama.cpp type uses 32", elements=_ELEMENTS[name], scales=_SCALES[name])
+           for name in TYPES},
+    codec=sys.modules[__name__],
+    layout=layout,
+    scale_bytes=2,
+    engine_value=engine_value,
+    native_engine="llama.cpp",
+    choices=(
+        choice("k=q8_0,v=q4_0", compare=10, export=12, export_support=14),
+        choice("llama.cpp:q8_0", compare=14, candidates=10),
+        choice("q8_0", errors=12, export=11, export_support=12, memory=9),
+        choice("q4_0", errors=13, export_support=13, memory=10, sensitivity=10),
+        choice("iq4_nl", errors=14),
+        choice("llama.cpp:k=q8_0,v=q4_0", export=17),
+        choice("llama.cpp:q4_0", memory=16, candidates=9),
+    ),
+)

@@ -15,10 +15,13 @@ Storage: int8 sym as int8 codes; every other code unsigned (sym offset by 2**(bi
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
 from . import groups
+from .family import BaseInfo, Family, Layout, choice, engine_default, rotation_of
+from .family import layout as layout_of
 from .packing import decode_bytes, pack
 
 _F16_TINY, _F16_MAX = 2.0**-24, 65504.0
@@ -105,3 +108,81 @@ def decode(fmt, q) -> torch.Tensor:
     if fmt.asym:
         x = x.add_(groups.expand(q.zero.float(), gran, group, q.values_shape))
     return x
+
+
+# ------------------------------------------------------------------------------------------ the family
+
+_GRANULARITIES = ("token", "channel", "tensor", "head")
+_LLAMA_CPP_CLOSEST = {
+    "int8": " The closest is q8_0 (int8 codes, one fp16 scale per 32 values, rounding halves away from zero).",
+    "int4": " The closest are q4_0 / iq4_nl (one fp16 scale per 32 values) and q4_1 (with a minimum).",
+}
+
+
+def layout(fmt, head_dim: int) -> Layout:
+    """Codes (int8 sym: int8, loaded natively; else unsigned, sym offset by 2**(bits-1)) under fp16 group scales
+    (fp32 static per-tensor / per-head ones), an fp16 zero point beside each scale for /asym."""
+    bits, static = fmt.bits, fmt.static_scale
+    packer = None if fmt.granularity == "channel" else ("int_asym" if fmt.asym else "int_sym")
+    return layout_of("int" if bits < 8 else "float", bits, offset=2 ** (bits - 1) if bits < 8 and not fmt.asym else 0,
+                     scale_kind=fmt.granularity, scale_dtype="fp32" if static else "fp16",
+                     group=fmt.group or (head_dim if fmt.granularity == "token" else None), zero=fmt.asym,
+                     global_scale=static, rotation=rotation_of(fmt, head_dim), packer=packer)
+
+
+def engine_value(fmt, engine: str) -> tuple[str | None, str]:
+    """vLLM stores int8 per token and head; no engine stores the other int formats."""
+    if engine == "vllm" and fmt.base == "int8" and not fmt.rot:
+        if fmt.granularity == "token" and fmt.group is None and not fmt.asym:
+            return "int8_per_token_head", ("Symmetric int8 with one scale per token and head (vLLM 0.24+, Triton "
+                                           "attention backend only). vLLM stores fp32 scales, kvviz fp16: 2 bytes "
+                                           "more per token-head there.")
+        return None, ("vLLM's only int8 KV mode is int8_per_token_head (symmetric, one scale per token-head over "
+                      f"head_dim); {fmt.spec} differs in granularity, grouping or zero point.")
+    if engine == "vllm" and fmt.base == "int4":
+        return None, ("vLLM has no plain int4 KV dtype. Its closest, int4_per_token_head (0.28+), is asymmetric "
+                      f"with a rotation, not the same quantizer as kvviz's {fmt.spec}.")
+    dtype, note = engine_default(fmt, engine)
+    return dtype, note + (_LLAMA_CPP_CLOSEST.get(fmt.base, "") if engine == "llama.cpp" else "")
+
+
+def _pair_note(k, v, engine: str) -> str:
+    """An addition to the exporter's mixed-pair note (k8v4 on vLLM: its closest built-in mode)."""
+    if engine == "vllm" and k.base == "int8" and v.base == "int4":
+        return (" The closest built-in mode is turboquant_k8v4 (vLLM 0.28+), a different quantizer (rotation + "
+                "codebooks), not kvviz's per-token int8/int4.")
+    return ""
+
+
+FAMILY = Family(
+    name="int",
+    doc="symmetric and asymmetric integers (KIVI) at any scale granularity",
+    bases={
+        "int8": BaseInfo("int", 8, "token", _GRANULARITIES, asym=True, elements="symmetric +-127",
+                         scales="fp16 per token and head: `amax(head_dim) / 127` (the seed article's `quant_int8`)"),
+        "int4": BaseInfo("int", 4, "token", _GRANULARITIES, asym=True, elements="symmetric +-7, two per byte",
+                         scales="as `int8`"),
+        "int2": BaseInfo("int", 2, "token", _GRANULARITIES, asym=True, elements="symmetric +-1, four per byte",
+                         scales="as `int8`"),
+    },
+    codec=sys.modules[__name__],
+    layout=layout,
+    scale_bytes=2,
+    engine_value=engine_value,
+    choices=(
+        choice("int8", compare=2, errors=0, export=4, export_support=5, fused=0, sensitivity=3, candidates=3),
+        choice("k8v4", compare=3, errors=9, export=6, export_support=7, fused=1, memory=2, sensitivity=6,
+               candidates=2),
+        choice("k4v8", compare=4, errors=10),
+        choice("int4", compare=5, errors=1, export_support=6, fused=2, memory=3, sensitivity=0, candidates=1,
+               rotation=0),
+        choice("kivi4", compare=6, export=7, fused=6),
+        choice("kivi2", compare=7, errors=11, export_support=8, memory=4, sensitivity=7),
+        choice("int2", errors=2, memory=8, sensitivity=1, candidates=0),
+        choice("int4/channel/g32/asym", errors=7),
+        choice("int4/rot", errors=8, sensitivity=11, rotation=1),
+        choice("int4/g16", memory=7),
+        choice("int4/tensor", sensitivity=2),
+    ),
+    extra={"pair_note": _pair_note},
+)

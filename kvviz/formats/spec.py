@@ -1,7 +1,8 @@
 """Spec strings: `BASE[/GRANULARITY][/gN][/asym][/rot][/SCALE]`, pairs `k=SPEC,v=SPEC`, presets.
 
-This module only parses and validates; it knows the base formats' rules (which granularities each accepts, its
-fixed block) through the `BASES` table and nothing about how values are encoded.
+This module only parses and validates; it reads the base formats' rules (which granularities each accepts, its
+fixed block, whether it takes /asym or a scale source) from the family registry (`BASES`, family.py) and knows
+nothing about how values are encoded.
 
     >>> parse_spec("int4/channel/g32/asym")
     SpecParts(base='int4', granularity='channel', group=32, asym=True, rot=False, scale=None)
@@ -15,6 +16,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Mapping
+
+from .family import REGISTRY, BaseInfo, BasesView
 
 
 GRANULARITIES = ("token", "channel", "tensor", "head")
@@ -31,61 +35,24 @@ SCALE_SOURCES: dict[str, str] = {
 DEFAULT_SCALE_SOURCE = "first"
 
 
-@dataclass(frozen=True)
-class BaseInfo:
-    """What a base format is: element kind and bits, and which scale layouts it accepts."""
-
-    kind: str  # "float" (casts and fp8), "int", "fp4", "ggml" (llama.cpp's block types); engines' own families
-    bits: int  # bits per stored element
-    default_granularity: str | None  # None: a plain cast, no scale
-    granularities: tuple[str, ...]  # accepted granularities
-    block: int | None = None  # fixed block along head_dim (MX / NV FP4, llama.cpp); None: free
-    zero: bool = False  # stores a per-block minimum by design (llama.cpp's q4_1, q5_1), without /asym
-    engine: str | None = None  # the engine whose store path this is; reached only by its engine name (engines.py)
+# Every base name -> its BaseInfo, a live view of the family registry (family.py): each family module declares
+# its own bases (floats, ints, fp4, ggml, tq_paper; vLLM's store paths vllm, turboquant, ultraquant, ds_mla, reached
+# only as vllm:<kv-cache-dtype> through engines.py, never bare).
+BASES: Mapping[str, BaseInfo] = BasesView()
 
 
-BASES: dict[str, BaseInfo] = {
-    "fp16": BaseInfo("float", 16, None, ()),  # IEEE half; saturates at +-65504
-    "bf16": BaseInfo("float", 16, None, ()),  # bfloat16
-    "fp8_e4m3": BaseInfo("float", 8, "tensor", GRANULARITIES),  # OCP E4M3FN, max 448
-    "fp8_e5m2": BaseInfo("float", 8, "tensor", GRANULARITIES),  # OCP E5M2, max 57344
-    "int8": BaseInfo("int", 8, "token", GRANULARITIES),  # symmetric +-127, fp16 scales
-    "int4": BaseInfo("int", 4, "token", GRANULARITIES),  # symmetric +-7, two per byte
-    "int2": BaseInfo("int", 2, "token", GRANULARITIES),  # symmetric +-1, four per byte
-    "mxfp4": BaseInfo("fp4", 4, "token", ("token",), block=32),  # OCP MX E2M1, E8M0 scale per 32
-    "fp4_mx_block16": BaseInfo("fp4", 4, "token", ("token",), block=16),  # E2M1, E8M0 scale per 16
-    "nvfp4": BaseInfo("fp4", 4, "token", ("token",), block=16),  # E2M1, E4M3 scale per 16 + fp32
-    # llama.cpp's KV cache types (-ctk / -ctv), bit-exact with ggml's reference quantizers: see formats/ggml.py
-    "q8_0": BaseInfo("ggml", 8, "token", ("token",), block=32),  # llama.cpp: int8, fp16 d per 32
-    "q4_0": BaseInfo("ggml", 4, "token", ("token",), block=32),  # llama.cpp: 4-bit, fp16 d per 32
-    "q4_1": BaseInfo("ggml", 4, "token", ("token",), block=32, zero=True),  # llama.cpp: 4-bit, fp16 d and min per 32
-    "q5_0": BaseInfo("ggml", 5, "token", ("token",), block=32),  # llama.cpp: 5-bit, fp16 d per 32
-    "q5_1": BaseInfo("ggml", 5, "token", ("token",), block=32, zero=True),  # llama.cpp: 5-bit, fp16 d and min per 32
-    "iq4_nl": BaseInfo("ggml", 4, "token", ("token",), block=32),  # llama.cpp: 4-bit non-linear table, fp16 d per 32
-    # TurboQuant (arXiv 2504.19874), the paper's quantizers: see formats/tq_paper.py. tq_mseB: rotation + B-bit
-    # Lloyd-Max codebook + fp16 norm; tq_prodB: tq_mse(B-1) + 1-bit QJL sketch of the residual + its fp16 norm.
-    **{f"tq_mse{b}": BaseInfo("tq", b, "token", ("token",)) for b in (1, 2, 3, 4)},
-    **{f"tq_prod{b}": BaseInfo("tq", b, "token", ("token",)) for b in (2, 3, 4)},
-    # vLLM's own store paths, one row per stored side (formats/vllm.py, formats/turboquant.py). Typed as
-    # vllm:<kv-cache-dtype> (engines.py maps each dtype to its K and V rows), never bare.
-    "vllm.int8_per_token_head": BaseInfo("vllm", 8, "token", ("token",), engine="vllm"),
-    "vllm.fp8_per_token_head": BaseInfo("vllm", 8, "token", ("token",), engine="vllm"),
-    "vllm.int4_per_token_head": BaseInfo("vllm", 4, "token", ("token",), engine="vllm"),
-    "vllm.nvfp4": BaseInfo("vllm", 4, "token", ("token",), block=16, engine="vllm"),
-    "vllm.nvfp4_4over6": BaseInfo("vllm", 4, "token", ("token",), block=16, engine="vllm"),
-    "vllm.tq_k4_nc": BaseInfo("turboquant", 4, "token", ("token",), engine="vllm"),
-    "vllm.tq_k3_nc": BaseInfo("turboquant", 3, "token", ("token",), engine="vllm"),
-    "vllm.tq_v4": BaseInfo("turboquant", 4, "token", ("token",), zero=True, engine="vllm"),
-    "vllm.tq_v3": BaseInfo("turboquant", 3, "token", ("token",), zero=True, engine="vllm"),
-    # vLLM's UltraQuant (formats/ultraquant.py): E2M1 with a UE8M0 scale per 32; keys Hadamard-rotated
-    "vllm.uq4_k": BaseInfo("ultraquant", 4, "token", ("token",), block=32, engine="vllm"),
-    "vllm.uq4_v": BaseInfo("ultraquant", 4, "token", ("token",), block=32, engine="vllm"),
-    # vLLM's DeepSeek MLA latent records (formats/ds_mla.py): the latent's part; the RoPE part is the V side's
-    "vllm.fp8_ds_mla": BaseInfo("ds_mla", 8, "token", ("token",), block=128, engine="vllm"),
-    "vllm.nvfp4_ds_mla": BaseInfo("ds_mla", 4, "token", ("token",), block=16, engine="vllm"),
-}
-LLAMA_CPP_TYPES = tuple(name for name, info in BASES.items() if info.kind == "ggml")
-KVVIZ_BASES = tuple(name for name, info in BASES.items() if info.engine is None)  # the bare names a user types
+def kvviz_bases() -> tuple[str, ...]:
+    """The bare base names a user types (every registered base but the engines' own rows)."""
+    return tuple(name for name, info in BASES.items() if info.engine is None)
+
+
+def llama_cpp_types() -> tuple[str, ...]:
+    """llama.cpp's KV cache types (the bases of the family whose native engine it is)."""
+    return tuple(name for f in REGISTRY.families() if f.native_engine == "llama.cpp" for name in f.bases)
+
+
+LLAMA_CPP_TYPES = llama_cpp_types()
+KVVIZ_BASES = kvviz_bases()  # the built-in ones; kvviz_bases() also lists families registered later
 
 PRESETS: dict[str, str] = {
     "k8v4": "k=int8,v=int4",
@@ -149,7 +116,7 @@ class SpecParts:
         per-head) or dynamic (per-token and per-channel); None for formats other than FP8."""
         if self.scale is not None:
             return self.scale
-        if BASES[self.base].kind != "float" or self.granularity is None:
+        if not BASES[self.base].scale_source or self.granularity is None:
             return None
         return DEFAULT_SCALE_SOURCE if self.static_scale else "dynamic"
 
@@ -184,7 +151,7 @@ def _default_group(info: BaseInfo, granularity: str | None) -> int | None:
 def valid_names() -> str:
     """One sentence listing what a spec may contain, for error messages."""
     return (
-        f"base formats: {', '.join(KVVIZ_BASES)} (alias fp8 = fp8_e4m3); options: /{'|/'.join(GRANULARITIES)}, /gN, "
+        f"base formats: {', '.join(kvviz_bases())} (alias fp8 = fp8_e4m3); options: /{'|/'.join(GRANULARITIES)}, /gN, "
         f"/asym (int only), /rot, /{'|/'.join(SCALE_SOURCES)} (fp8 scale source); pairs: k=SPEC,v=SPEC; "
         f"presets: {', '.join(PRESETS)}"
     )
@@ -228,13 +195,11 @@ def parse_spec(spec: str) -> SpecParts:
         raise ValueError(
             f"{base} takes only a per-token block scale; {spec!r} asks for {granularity!r}. Drop that option."
         )
-    if asym and info.kind != "int":
+    if asym and not info.asym:
         raise ValueError(f"/asym applies to int formats only, not {base} ({spec!r}).")
     if info.block is not None and group not in (None, info.block):
-        other = "every llama.cpp type uses 32" if info.kind == "ggml" else (
-            "or use " + ("fp4_mx_block16" if base == "mxfp4" else "mxfp4"))
         raise ValueError(
-            f"{base} uses a fixed block of {info.block} along head_dim; drop /g{group} ({other})."
+            f"{base} uses a fixed block of {info.block} along head_dim; drop /g{group} ({info.block_hint})."
         )
     if group is not None and granularity in STATIC_GRANULARITIES:
         raise ValueError(f"/g{group} needs token or channel granularity, not {granularity!r} ({spec!r}).")
@@ -248,7 +213,7 @@ def parse_spec(spec: str) -> SpecParts:
 
 
 def _check_scale_source(spec: str, base: str, info: BaseInfo, granularity: str | None, scale: str) -> None:
-    if info.kind != "float" or info.default_granularity is None:
+    if not info.scale_source or info.default_granularity is None:
         raise ValueError(f"/{scale} names where an FP8 scale comes from; {base} has none ({spec!r}): drop it.")
     if scale == "dynamic" and granularity not in ("token", "channel"):
         raise ValueError(f"A {granularity} scale is fixed once written, so it cannot be dynamic ({spec!r}): an "

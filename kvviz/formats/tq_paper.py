@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import torch
+
+from .family import BaseInfo, Family, Layout, choice
+from .family import layout as layout_of
 
 from .turboquant import pack_bits, unpack_bits
 
@@ -189,3 +193,33 @@ def prod_roundtrip(x: torch.Tensor, bits: int, seed: int = FORMAT_SEED) -> torch
     """TQ-prod at `bits` of x [..., D] with the rotation and QJL matrix drawn from `seed` (fp32)."""
     f = _quantize(x, bits, True, seed)
     return _read(f["data"], f["scale"], x.shape[-1], bits, True, seed)
+
+
+# ------------------------------------------------------------------------------------------ the family
+
+def layout(fmt, head_dim: int) -> Layout:
+    """kernel_fields as a Layout: codebook codes in a little-endian bit stream, an fp16 norm per token (TQ-prod:
+    the residual norm beside it, the sign bits after the codes)."""
+    fields = kernel_fields(fmt, head_dim)
+    return layout_of(scale_dtype="fp16", **fields)
+
+
+def rotation_note(fmt, head_dim: int) -> str:
+    return f"Haar-random orthogonal R ({head_dim}x{head_dim}, seed 0, the paper's): y = (k / ||k||) @ R"
+
+
+_ELEMENTS = {"mse": "TurboQuant (the paper): a Haar rotation, then a {b}-bit Lloyd-Max codebook index per coordinate",
+             "prod": "TurboQuant (the paper): a {m}-bit TQ-mse code plus a 1-bit QJL sketch of the residual"}
+FAMILY = Family(
+    name="tq",
+    doc="the TurboQuant paper's quantizers (arXiv 2504.19874): TQ-mse and TQ-prod",
+    bases={**{f"tq_mse{b}": BaseInfo("tq", b, "token", ("token",), elements=_ELEMENTS["mse"].format(b=b),
+                                     scales="fp16 norm per token and head") for b in (1, 2, 3, 4)},
+           **{f"tq_prod{b}": BaseInfo("tq", b, "token", ("token",), elements=_ELEMENTS["prod"].format(m=b - 1),
+                                      scales="fp16 norm and fp16 residual norm per token and head")
+              for b in (2, 3, 4)}},
+    codec=sys.modules[__name__],
+    layout=layout,
+    rotation_note=rotation_note,
+    choices=(choice("tq_mse4", rotation=4), choice("tq_prod4", rotation=5)),
+)

@@ -31,8 +31,12 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import torch
+
+from .family import BaseInfo, Family, Layout, choice
+from .family import layout as layout_of
 
 _TRAPZ_PANELS = 200  # centroids.py _trapz(n=200)
 _LLOYD_ITERS = 200
@@ -236,3 +240,34 @@ def decode(fmt, q) -> torch.Tensor:
     rotated = key_rotated(fmt, q).float()
     d = rotated.shape[-1]
     return (rotated.reshape(-1, d) @ vllm_hadamard(d).to(rotated.device)).reshape(rotated.shape)
+
+
+# ------------------------------------------------------------------------------------------ the family
+
+def layout(fmt, head_dim: int) -> Layout:
+    """Keys: codebook codes times the fp16 norm in the rotated domain; values: codes times an fp16 scale plus an
+    fp16 zero (kernel_fields). The CPU packer writes both (kernels/cpu/jit/pack_engines.py)."""
+    value = _is_value(fmt)
+    return layout_of(scale_dtype="fp16", zero=value, packer="engine:EN_TQ_VALUE" if value else "engine:EN_TQ_KEY",
+                     pack_table=pack_table(fmt, head_dim), **kernel_fields(fmt, head_dim))
+
+
+def rotation_note(fmt, head_dim: int) -> str:
+    return f"Sylvester Hadamard H / sqrt({head_dim}) (vLLM's TurboQuant): y = (k / ||k||) @ H"
+
+
+def _row(bits: int, value: bool) -> BaseInfo:
+    return BaseInfo("turboquant", bits, "token", ("token",), zero=value, engine="vllm")
+
+
+FAMILY = Family(
+    name="turboquant",
+    doc="vLLM's TurboQuant store (typed vllm:turboquant_*): Lloyd-Max keys, asymmetric values",
+    bases={"vllm.tq_k4_nc": _row(4, False), "vllm.tq_k3_nc": _row(3, False), "vllm.tq_v4": _row(4, True),
+           "vllm.tq_v3": _row(3, True)},
+    codec=sys.modules[__name__],
+    layout=layout,
+    rotation_note=rotation_note,
+    choices=(choice("vllm:turboquant_4bit_nc", compare=12, export=13, memory=11, sensitivity=13, rotation=3),
+             choice("vllm:turboquant_3bit_nc", candidates=7)),
+)

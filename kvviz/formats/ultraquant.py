@@ -27,7 +27,12 @@ codes and scale bytes agree exactly.
 
 from __future__ import annotations
 
+import sys
+
 import torch
+
+from .family import BaseInfo, Family, Layout, choice
+from .family import layout as layout_of
 
 from .packing import decode_bytes, hadamard, pack
 
@@ -131,3 +136,21 @@ def decode(fmt, q) -> torch.Tensor:
         return x
     d = x.shape[-1]
     return (x.reshape(-1, d) @ hadamard(d, x.device)).reshape(x.shape)
+
+
+# ------------------------------------------------------------------------------------------ the family
+
+def layout(fmt, head_dim: int) -> Layout:
+    """E2M1 codes times a UE8M0 scale per 32; keys in the rotated domain. No CPU packer writes it."""
+    return layout_of(scale_dtype="e8m0", **kernel_fields(fmt, head_dim))
+
+
+FAMILY = Family(
+    name="ultraquant",
+    doc="vLLM's UltraQuant store (vllm:ultraquant_4bit): E2M1 with a UE8M0 scale per 32, keys rotated",
+    bases={name: BaseInfo("ultraquant", 4, "token", ("token",), block=GROUP, engine="vllm")
+           for name in ("vllm.uq4_k", "vllm.uq4_v")},
+    codec=sys.modules[__name__],
+    layout=layout,
+    choices=(choice("vllm:ultraquant_4bit", compare=13, export=15, memory=13, sensitivity=14),),
+)

@@ -34,8 +34,12 @@ page-size formula (v1/kv_cache_interface.py): int8 / fp8 d + 4, int4 d / 2 + 4, 
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
+
+from .family import BaseInfo, Family, Layout, choice
+from .family import layout as layout_of
 
 from .fp4 import E2M1_VALUES, e2m1_encode
 from .packing import decode_bytes, pack
@@ -243,3 +247,32 @@ def decode(fmt, q) -> torch.Tensor:
     scale = q.scale.float()  # [..., T, D/16]; times k_scale = 1.0
     blocks = values.reshape(*values.shape[:-1], scale.shape[-1], NVFP4_BLOCK)  # [..., T, D/16, 16]
     return (blocks * scale.unsqueeze(-1)).reshape(values.shape)
+
+
+# ------------------------------------------------------------------------------------------ the family
+
+_PACKERS = {"vllm.int8_per_token_head": "engine:EN_INT8", "vllm.fp8_per_token_head": "engine:EN_FP8",
+            "vllm.int4_per_token_head": "engine:EN_INT4", "vllm.nvfp4": "engine:EN_NVFP4",
+            "vllm.nvfp4_4over6": "engine:EN_NVFP4_4OVER6"}  # kernels/cpu/jit/pack_engines.py's loops
+_SCALE_DTYPES = {"vllm.nvfp4": "e4m3", "vllm.nvfp4_4over6": "e4m3"}
+
+
+def layout(fmt, head_dim: int) -> Layout:
+    return layout_of(scale_dtype=_SCALE_DTYPES.get(fmt.base, "fp32"), packer=_PACKERS[fmt.base],
+                     pack_table=pack_table(fmt, head_dim), **kernel_fields(fmt, head_dim))
+
+
+def _row(bits: int, block: int | None = None) -> BaseInfo:
+    return BaseInfo("vllm", bits, "token", ("token",), block=block, engine="vllm")
+
+
+FAMILY = Family(
+    name="vllm",
+    doc="vLLM's per-token-head and NVFP4 store paths (typed vllm:<dtype>)",
+    bases={"vllm.int8_per_token_head": _row(8), "vllm.fp8_per_token_head": _row(8),
+           "vllm.int4_per_token_head": _row(4), "vllm.nvfp4": _row(4, 16), "vllm.nvfp4_4over6": _row(4, 16)},
+    codec=sys.modules[__name__],
+    layout=layout,
+    choices=(choice("vllm:int4_per_token_head", compare=11, export=14, memory=12, sensitivity=12, candidates=6,
+                    rotation=2),),
+)
