@@ -9,14 +9,15 @@ q . (k' H) = (q H) . k' and out = (P V') H.
     out = decode_attention_cpu(q, k, v, lengths)   # q: [B, Hq, D_k] -> [B, Hq, D_v], q's dtype
 
 A format is one branch in kernels/cpu/meta.py: `element_code` says how one stored code decodes (arithmetic, a table
-of 256, 16 or 4 floats, or a 16/32-bit float read from its bytes), from the side its format's layout describes (kernels/packed.py);
-no format is named. kvviz's families and the engines' stores come through the same branches: a codebook is a table, 3-bit codes
-are read 8 at a time from 3-byte words (meta M_UNIT), the "nc" norm correction and the zero point in an fp32
-scale's low bits are per-row steps (M_RENORM, M_ZP), and TQ-prod's sketch is a second dot product per row in a
-basis of its own (M_QJL, kernels/cpu/jit/sketch.py). llama.cpp's KV types (layout "ggml") are read in their blocks in place: q8_0 as int8 codes with an fp16 d
-per 32; q4_0, q4_1 and iq4_nl (through ggml's table) as 4-bit codes with a scale group of 32, in a planar order of
-their own (meta.py's _planar(..., ggml=True)); q5_0 and q5_1 32 codes at a time (kernels/cpu/jit/rows.py's _ggml_block), in
-ggml's element order. The launcher owns the numba entry points (`_jit()`) and the scratch it hands them.
+of 256, 16 or 4 floats, or a 16/32-bit float read from its bytes), from the side its format's layout describes
+(kernels/packed.py); no format is named. kvviz's families and the engines' stores come through the same branches: a
+codebook is a table, 3-bit codes are read 8 at a time from 3-byte words (meta M_UNIT), the "nc" norm correction and
+the zero point in an fp32 scale's low bits are per-row steps (M_RENORM, M_ZP), and TQ-prod's sketch is a second dot
+product per row in a basis of its own (M_QJL, kernels/cpu/jit/sketch.py). llama.cpp's KV types (storage "ggml") are
+read in their blocks in place: q8_0 as int8 codes with an fp16 d per 32; q4_0, q4_1 and iq4_nl (through ggml's
+table) as 4-bit codes with a scale group of 32, in a planar order of their own (meta.py's _planar(..., ggml=True));
+q5_0 and q5_1 32 codes at a time (kernels/cpu/jit/rows.py's _ggml_block), in ggml's element order.
+The launcher owns the numba entry points (`_jit()`) and the scratch it hands them.
 `cpu_usable()` is False when numba is missing or fails to compile; callers then use the reference
 (kernels/reference.py).
 
