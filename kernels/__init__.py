@@ -17,7 +17,7 @@ sizing both decode launchers share, _triton.py the one place that probes Triton,
 
 from kernels.decode import decode_attention
 from kernels.pack import quant_pack, quant_pack_supported
-from kernels.packed import PackedSide, hadamard, reads_format, side_from_format, side_of
+from kernels.packed import PackedSide, describes_format, layout_of, side_from_format, side_of
 from kernels.reference import decode_attention_reference, dequantize_side
 from kernels._triton import triton_installed, triton_usable
 
@@ -26,10 +26,10 @@ __all__ = [
     "decode_attention",
     "decode_attention_reference",
     "dequantize_side",
-    "hadamard",
+    "describes_format",
+    "layout_of",
     "quant_pack",
     "quant_pack_supported",
-    "reads_format",
     "side_from_format",
     "side_of",
     "triton_installed",

@@ -3,8 +3,11 @@
 kvviz's one type for a packed side is `kvviz.formats.QTensor` (a cache side: quantized buffers plus a
 full-precision tail). The kernels never import kvviz, so they read this decoded description of it instead, built
 in one place: `side_of(q)` takes anything shaped like a QTensor (`fmt`, `data`, `scale`, `zero`, `tensor_scale`,
-`head_dim`, `tail`), `side_from_format` the same pieces one by one; both read the format by duck typing (`base`,
-`kind`, `bits`, `granularity`, `group`, `asym`, `rot`, `static_scale`). Layout (the kvviz QTensor layout, with a batch and a kv-head axis in front, a token capacity `cap`):
+`head_dim`, `tail`), `side_from_format` the same pieces one by one. Both read the format only through the packed
+layout its family states, `fmt.layout(head_dim)` (`layout_of`; duck-typed, kvviz.formats.family.Layout): every
+field below is the layout's, and no kernel branches on a format's name. Which packer loop writes a format is the
+layout's too (`layout.packer`: one of PACKERS, "ggml", an ENGINE_PACKER name, or None). Layout (the kvviz QTensor
+layout, with a batch and a kv-head axis in front, a token capacity `cap`):
 
     data          [B, Hkv, cap, D * bits // 8]  fp16/bf16/fp32 (casts), int8 (int8 sym), uint8 (int8 asym, int4,
                                                 int2, E2M1: element 2i in the low nibble; int2: 4i+j at bits 2j),
@@ -20,9 +23,9 @@ in one place: `side_of(q)` takes anything shaped like a QTensor (`fmt`, `data`, 
 Dequantized value of token t, channel d (packed tokens t < n_packed):
     x = (decode(code) [* scale] [* tensor_scale] [+ zero]) @ rotation   (scale, zero per group; absent = 1, 0)
 
-The engines' stores (kvviz kinds "vllm", "turboquant", "tq": vLLM's per-token-head, NVFP4 and TurboQuant caches, the
-TurboQuant paper's TQ-mse and TQ-prod) are described by the same fields plus four, taken from the format's own
-`kernel_fields(head_dim)` (kvviz/formats/vllm.py, turboquant.py, tq_paper.py):
+The engines' stores (vLLM's per-token-head, NVFP4 and TurboQuant caches, the TurboQuant paper's TQ-mse and TQ-prod)
+are described by the same fields plus four, which their families' layouts state (kvviz/formats/vllm.py,
+turboquant.py, tq_paper.py):
 
     elem "table"  value = values[code]: a codebook (fp32 [2**bits]; TurboQuant's Lloyd-Max centroids)
     renorm        each token's decoded codebook vector is divided by sqrt(sum(v^2) + 1e-16) before its scale (vLLM
@@ -41,7 +44,7 @@ TurboQuant paper's TQ-mse and TQ-prod) are described by the same fields plus fou
 A rotated store's kernels rotate the query once per step (score = (q @ rotation^T) . stored) and the output once
 (out = softmax @ stored values, then @ rotation); the cache is never rotated back.
 
-llama.cpp's KV types (kvviz kind "ggml": q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; kvviz/formats/ggml.py) use the same
+llama.cpp's KV types (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; kvviz/formats/ggml.py's layouts) use the same
 fields with token scales in blocks of 32 (group 32): scale fp16 d [B, Hkv, cap, D // 32], zero fp16 m (q4_1, q5_1),
 and `layout="ggml"`. data is q8_0: int8 [B, Hkv, cap, D] (elem "float", read natively); else uint8
 [B, Hkv, cap, D * bits // 8] in ggml's order, 32 * bits // 8 bytes per block: (q5_0 / q5_1, bits 5: 4 bytes qh, a
@@ -54,7 +57,6 @@ little-endian uint32 whose bit j is bit 4 of code j, then) 16 bytes qs, byte j =
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -63,26 +65,26 @@ ELEMS = ("float", "int", "fp8_e4m3", "fp8_e5m2", "e2m1", "iq4_nl", "table")
 LAYOUTS = ("kvviz", "ggml")
 IQ4NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
 SCALE_KINDS = (None, "token", "channel")
-FUSED_KINDS = ("float", "int", "fp4", "ggml")  # kvviz format families the kernels read
-# engines' stores, described by fmt.kernel_fields(head_dim). Not "ds_mla": MLA latents are expanded after the cache,
-# which hands the model dequantized tensors (kvviz.cache's materialize), so no kernel reads them
-ENGINE_KINDS = ("vllm", "turboquant", "tq", "ultraquant")
 GGML_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # llama.cpp's KV types, by their packers' TYPE code
-FP8_EXP = {"fp8_e4m3": 4, "fp8_e5m2": 5}  # exponent bits of each fp8 element, as the packers take them
-_GGML_OFFSETS = {"q4_0": 8, "q5_0": 16}  # value = code - offset; q4_1 / q5_1 add m instead
-
-
-def reads_format(fmt) -> bool:
-    """True for kvviz's own format families (duck-typed kvviz Format: its `kind` in FUSED_KINDS): what the packers
-    write (kernels.pack.quant_pack_supported) and every decode path reads. The engines' stores are `describes_format`'s;
-    which formats a decode path reads is its own `supports`."""
-    return fmt.kind in FUSED_KINDS
+# The packers' loops, by the name a format's layout gives (`layout.packer`): kvviz's token-group encoders (both
+# packers), llama.cpp's blocks ("ggml", its `ggml_type` one of GGML_TYPES) and the engines' stores
+# ("engine:EN_*", kernels/cpu/jit/pack_engines.py's codes; the CPU packer only)
+PACKERS = ("int_sym", "int_asym", "fp8", "mx", "nv")
+ENGINE_PACKER = "engine:"
 
 
 def describes_format(fmt) -> bool:
-    """True when a PackedSide can describe `fmt`'s packed buffers: kvviz's fused families, and the engines' stores
-    (their `kernel_fields` name them)."""
-    return fmt.kind in ENGINE_KINDS or reads_format(fmt)
+    """True when a PackedSide can describe `fmt`'s packed buffers: its family states a packed layout
+    (`fmt.has_layout`, then `fmt.layout(head_dim)`: kvviz/formats' families, read by duck typing). A format without
+    one (an MLA latent, read dequantized) is read through the reference."""
+    return bool(getattr(fmt, "has_layout", False))
+
+
+def layout_of(fmt, head_dim: int):
+    """The packed layout `fmt` states at head_dim (duck-typed kvviz.formats Layout: elem, bits, storage, per_unit,
+    unit_bytes, offset, scale_kind, group, zero, values, renorm, rotation, qjl, packer, pack_table, fp8_exp, fmax,
+    ggml_type; `kernel_fields()` the PackedSide keywords), or None when no kernel reads it."""
+    return fmt.layout(int(head_dim)) if describes_format(fmt) else None
 
 
 @dataclass(frozen=True)
@@ -178,22 +180,6 @@ def per_head(t, batch: int, heads: int, device) -> torch.Tensor | None:
     return t.contiguous()
 
 
-def hadamard(n: int, device=None, dtype=torch.float32) -> torch.Tensor:
-    """Normalized Sylvester Hadamard matrix [n, n] (n a power of two): H = H^T = H^-1. Built once per (n, device,
-    dtype) and shared: read it, never write to it."""
-    return _hadamard(int(n), torch.device(device) if device is not None else torch.device("cpu"), dtype)
-
-
-@functools.lru_cache(maxsize=64)
-def _hadamard(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    if n < 1 or n & (n - 1):
-        raise ValueError(f"A Hadamard rotation needs a power-of-two head_dim; got {n}. Drop /rot for this model.")
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)  # (2m, 2m)
-    return (h / math.sqrt(n)).to(device=device, dtype=dtype)
-
-
 def side_from_format(
     fmt,
     data: torch.Tensor,
@@ -207,37 +193,22 @@ def side_from_format(
     rotation: torch.Tensor | None = None,
     memo: dict | None = None,
 ) -> PackedSide:
-    """Describe packed buffers of a kvviz-like format `fmt` (duck-typed: base, kind, bits, granularity, group,
-    asym, rot). data/scale/zero/tensor_scale are laid out as kvviz's QTensor fields with [B, Hkv] in front.
-    A rot format without `rotation` gets the normalized Sylvester Hadamard matrix."""
+    """Describe packed buffers of a kvviz-like format `fmt` (duck-typed: `layout(head_dim)`, `spec`; see
+    `layout_of`). data/scale/zero/tensor_scale are laid out as kvviz's QTensor fields with [B, Hkv] in front; every
+    field of the description is the format's layout's (`layout.kernel_fields()`), its matrices copied to data's
+    device once. A rotated format's layout carries its rotation (a /rot format: the normalized Hadamard matrix)."""
     if not describes_format(fmt):
-        raise ValueError(f"The fused kernels do not read {fmt.spec} (kind {fmt.kind!r}); "
+        raise ValueError(f"The fused kernels do not read {fmt.spec} (its family states no packed layout); "
                          "set KVVIZ_BACKEND=torch to read it through the reference.")
-    if fmt.kind in ENGINE_KINDS:
-        return _engine_side(fmt, data, scale, zero, head_dim=head_dim, n_packed=n_packed, tail=tail, memo=memo)
     bits = int(fmt.bits)
-    if fmt.kind == "ggml":
-        return _ggml_side(fmt, data, scale, zero, head_dim=head_dim, n_packed=n_packed, tail=tail, rotation=rotation,
-                          memo=memo)
-    per_byte = 8 // bits if bits < 8 else 1
-    head_dim = head_dim or data.shape[-1] * per_byte
-    if fmt.kind == "fp4":
-        elem = "e2m1"
-    elif fmt.kind == "int":
-        elem = "int" if bits < 8 else "float"  # int8 sym (int8) and asym (uint8) load natively
-    elif bits == 8:
-        elem = "fp8_e5m2" if "e5m2" in fmt.base else "fp8_e4m3"
-    else:
-        elem = "float"
-    offset = 2 ** (bits - 1) if fmt.kind == "int" and bits < 8 and not fmt.asym else 0
-    scale_kind = fmt.granularity if fmt.granularity in ("token", "channel") else None
-    if rotation is None and getattr(fmt, "rot", False):
-        rotation = hadamard(head_dim, device=data.device)
-    return PackedSide(
-        data=data, head_dim=head_dim, elem=elem, bits=bits, offset=offset,
-        scale=scale if scale_kind else None, scale_kind=scale_kind, group=fmt.group if scale_kind else None,
-        zero=zero, tensor_scale=tensor_scale, n_packed=n_packed, tail=tail, rotation=rotation, memo=memo,
-    )
+    head_dim = head_dim or (data.shape[-1] * 8 // bits if bits < 8 else data.shape[-1])
+    fields = layout_of(fmt, head_dim).kernel_fields()
+    if rotation is not None:
+        fields["rotation"] = rotation
+    elif fields.get("rotation") is not None:  # the family's cached matrix: one copy per device, not per read
+        fields["rotation"] = _on_device(fields["rotation"], data.device)
+    return PackedSide(data=data, head_dim=head_dim, scale=scale if fields.get("scale_kind") else None, zero=zero,
+                      tensor_scale=tensor_scale, n_packed=n_packed, tail=tail, memo=memo, **fields)
 
 
 def side_of(q) -> PackedSide:
@@ -247,37 +218,7 @@ def side_of(q) -> PackedSide:
                             n_packed=q.data.shape[2], tail=q.tail, memo=getattr(q, "memo", None))
 
 
-def _engine_side(fmt, data, scale, zero, *, head_dim, n_packed, tail, memo) -> PackedSide:
-    """An engine's store (vLLM per-token-head / NVFP4 / TurboQuant, TQ-mse) as a PackedSide, from the format's own
-    `kernel_fields(head_dim)`: token scales of `group` channels (or one per token), a zero beside them for the
-    asymmetric value caches."""
-    bits = int(fmt.bits)
-    head_dim = head_dim or data.shape[-1] * 8 // bits
-    fields = fmt.kernel_fields(head_dim)
-    rotation = fields.pop("rotation", None)
-    return PackedSide(data=data, head_dim=head_dim, scale=scale, zero=zero, n_packed=n_packed, tail=tail,
-                      rotation=None if rotation is None else _on_device(rotation, data.device), memo=memo, **fields)
-
-
 @functools.lru_cache(maxsize=64)
 def _on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A codec's cached matrix on `device`, copied once per (matrix, device), not on every read."""
     return t.to(device)
-
-
-def _ggml_side(fmt, data, scale, zero, *, head_dim, n_packed, tail, rotation, memo) -> PackedSide:
-    """A llama.cpp type's buffers (see the module docstring) as a PackedSide with layout "ggml"."""
-    bits = int(fmt.bits)
-    head_dim = head_dim or data.shape[-1] * 8 // bits
-    if fmt.base == "q8_0":
-        elem, offset = "float", 0  # int8 codes, read natively
-    elif fmt.base == "iq4_nl":
-        elem, offset = "iq4_nl", 0
-    else:
-        elem, offset = "int", _GGML_OFFSETS.get(fmt.base, 0)
-    if rotation is None and getattr(fmt, "rot", False):
-        rotation = hadamard(head_dim, device=data.device)
-    return PackedSide(
-        data=data, head_dim=head_dim, elem=elem, bits=bits, offset=offset, scale=scale, scale_kind="token",
-        group=32, zero=zero, n_packed=n_packed, tail=tail, rotation=rotation, layout="ggml", memo=memo,
-    )

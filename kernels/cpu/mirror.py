@@ -3,9 +3,10 @@ one numba call (kernels/cpu/jit/mirror.py): what kvviz.cache.row_stack otherwise
 (quant_pack_cpu, then the torch decode of the new row and a copy into the mirror).
 
 The values written equal kvviz.formats' torch decode bit for bit (tests/test_quality.py compares the two paths'
-mirrors and buffers), so the rows' attention reads what it read before. Formats: kvviz's own token-granular ints
-(2, 4, 8 bits, sym and asym), fp8 (per token, per group, static per tensor / head), MX and NV FP4, without /rot; an
-fp32 model (the mirror in fp32). Everything else keeps the two-step path.
+mirrors and buffers), so the rows' attention reads what it read before. Formats: those whose layout names one of
+kvviz's token-group packers (kernels.packed.PACKERS: ints of 2, 4, 8 bits, sym and asym; fp8 per token, per group,
+static per tensor / head; MX and NV FP4), without /rot; an fp32 model (the mirror in fp32). Everything else keeps
+the two-step path.
 
     app = MirrorAppend(fmt, bufs, tensor_scale)      # bufs: (data, scale, zero) [B, Hkv, cap, n], after reserve
     over = app.run(x, pos, rows, at, mirror)         # x [B, Hkv, 1, D] fp32; mirror: fp32 numpy [R, Hkv, cap, D]
@@ -20,9 +21,8 @@ import torch
 
 from kernels.cpu import pack as cpu_pack
 from kernels.cpu import step as cpu_step
-from kernels.cpu.decode import _table
-
-_KINDS = ("int", "float", "fp4")
+from kernels.cpu.meta import table
+from kernels.packed import layout_of
 
 
 @functools.cache
@@ -37,12 +37,10 @@ def _jit():
 
 def supports(fmt, head_dim: int) -> bool:
     """Whether MirrorAppend writes a side of `fmt` at head_dim (see the module docstring)."""
-    if getattr(fmt, "kind", None) not in _KINDS or fmt.rot or fmt.bits not in (2, 4, 8):
+    if fmt.rot:
         return False
-    if fmt.granularity == "channel" or (fmt.asym and fmt.static_scale):
-        return False
-    plan = cpu_pack._plan(fmt, head_dim)
-    return plan is not None and plan.engine < 0 and plan.ggml < 0 and _jit() is not None
+    plan = cpu_pack._plan(fmt, head_dim)  # kvviz's token-group packers only: no channel groups, no static asym
+    return plan is not None and plan.engine < 0 and plan.ggml < 0 and plan.bits in (2, 4, 8) and _jit() is not None
 
 
 @functools.cache
@@ -51,14 +49,10 @@ def _half_table() -> np.ndarray:
     return np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
-def _codes(fmt, data: torch.Tensor) -> np.ndarray:
-    """fp32 [2**bits]: a stored code's value before its scale, as kvviz.formats decodes it."""
-    if fmt.kind == "int":
-        offset = 0 if fmt.asym or fmt.bits == 8 else 2 ** (fmt.bits - 1)  # int8 sym: two's complement bytes
-        return _table("int", fmt.bits, offset, data.dtype).numpy()
-    if fmt.kind == "fp4":
-        return _table("e2m1", 4, 0, None).numpy()
-    return _table(fmt.base, 8, 0, None).numpy()  # fp8_e4m3 / fp8_e5m2
+def _codes(layout, data: torch.Tensor) -> np.ndarray:
+    """fp32 [2**bits]: a stored code's value before its scale, as kvviz.formats decodes it (int8 sym: two's
+    complement bytes, through data's dtype)."""
+    return table(layout.elem, layout.bits, layout.offset, data.dtype).numpy()
 
 
 def _scale_kind(jit, scale: torch.Tensor | None) -> tuple[int, np.ndarray]:
@@ -71,9 +65,9 @@ def _scale_kind(jit, scale: torch.Tensor | None) -> tuple[int, np.ndarray]:
     if scale.dtype == torch.float32:
         return jit.S_F32, none
     if scale.dtype == torch.uint8:  # E8M0
-        return jit.S_BYTE, _table("scale", 8, 0, torch.uint8).numpy()
+        return jit.S_BYTE, table("scale", 8, 0, torch.uint8).numpy()
     if scale.dtype == torch.float8_e4m3fn:
-        return jit.S_BYTE, _table("fp8_e4m3", 8, 0, None).numpy()
+        return jit.S_BYTE, table("fp8_e4m3", 8, 0, None).numpy()
     raise AssertionError(f"no exact read for {scale.dtype} scales")
 
 
@@ -84,10 +78,12 @@ class MirrorAppend:
         data, scale, _ = bufs
         jit = _jit()
         self.held = tuple(bufs)  # the buffer tensors this binding was built over
-        plan, self.pk, self.bufs = cpu_step.packing_args(fmt, bufs, tensor_scale, data.shape[3] * 8 // int(fmt.bits))
+        head_dim = data.shape[3] * 8 // int(fmt.bits)
+        plan, self.pk, self.bufs = cpu_step.packing_args(fmt, bufs, tensor_scale, head_dim)
+        layout = layout_of(fmt, head_dim)
         skind, stab = _scale_kind(jit, None if plan.static else scale)
-        self.read = (_codes(fmt, data), int(fmt.bits), int(plan.group), skind, stab, self.pk[0], fmt.base == "nvfp4",
-                     bool(fmt.asym))
+        self.read = (_codes(layout, data), int(plan.bits), int(plan.group), skind, stab, self.pk[0],
+                     layout.packer == "nv", layout.packer == "int_asym")
         self.fn = jit.append_mirror
 
     def bound(self, bufs) -> bool:

@@ -6,9 +6,11 @@ token or per token group, fp8 E4M3 / E5M2 per token or group and with static per
 (mxfp4, fp4_mx_block16), NVFP4 (its global scale given as tensor_scale), and llama.cpp's KV types (q8_0, q4_0, q4_1,
 q5_0, q5_1, iq4_nl, in kvviz.formats.ggml's block layout), vLLM's stores (int8 / fp8 / int4 per token head, NVFP4
 and 4over6, TurboQuant keys and values: kernels/cpu/jit/pack_engines.py), each kvviz format with /rot (the Hadamard
-rotation is one torch matmul before the loop, as kvviz.formats rotates). Channel formats are left to kvviz.formats. Each buffer is handed over
-as a uint8 numpy view of its memory: nothing is copied. `fmt` is duck-typed (kvviz Format attributes); nothing
-here imports kvviz.
+rotation is one torch matmul before the loop, as kvviz.formats rotates), and any format whose layout names one of
+these loops (`layout.packer`): the int loops write any width of 1..8 bits in kvviz's order (3 bits: 8 codes in 3
+bytes). Channel formats are left to kvviz.formats. Each buffer is handed over as a uint8 numpy view of its memory:
+nothing is copied. `fmt` is duck-typed (kvviz Format attributes, its `layout(head_dim)` above all: the plan is read
+from it, never from the format's name); nothing here imports kvviz.
 
     over = quant_pack_cpu(fmt, x, data, scale, zero, pos=cache_len, tensor_scale=ts)   # x: [B, Hkv, T_new, D]
 
@@ -25,8 +27,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from kernels.pack import quant_pack_supported
-from kernels.packed import ENGINE_KINDS, FP8_EXP, GGML_TYPES, hadamard, per_head
+from kernels.pack import token_packer
+from kernels.packed import ENGINE_PACKER, GGML_TYPES, PACKERS, layout_of, per_head
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +36,6 @@ _NONE = torch.zeros(1, 1, 1, 4, dtype=torch.uint8).numpy()  # stands for an abse
 KIND_ENGINE = -1  # a plan's kind for the engines' stores (plan.engine says which)
 # the model's dtype as kernels/cpu/jit/pack_engines.py's DT_* (int4_per_token_head rounds its rotation to it)
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-# the engines' stores kernels/cpu/jit/pack_engines.py writes: format base -> its EN_* name
-_ENGINE_NAMES = {"vllm.int8_per_token_head": "EN_INT8", "vllm.fp8_per_token_head": "EN_FP8",
-                 "vllm.int4_per_token_head": "EN_INT4", "vllm.nvfp4": "EN_NVFP4",
-                 "vllm.nvfp4_4over6": "EN_NVFP4_4OVER6",
-                 "vllm.tq_k4_nc": "EN_TQ_KEY", "vllm.tq_k3_nc": "EN_TQ_KEY", "vllm.tq_v4": "EN_TQ_VALUE",
-                 "vllm.tq_v3": "EN_TQ_VALUE"}
 _ONE = torch.ones(1).numpy()
 
 
@@ -93,49 +89,51 @@ class _Plan(NamedTuple):
     ggml: int  # llama.cpp's type (its index in GGML_TYPES), -1 for kvviz's formats
     engine: int = -1  # an engine's store (kernels/cpu/jit/pack_engines.py's EN_*), -1 for kvviz's formats
     aux: np.ndarray | None = None  # fp32: int4_per_token_head's RHT signs, TurboQuant's codebook midpoints
+    rotation: torch.Tensor | None = None  # /rot: the fp32 [D, D] matrix x is multiplied by before the loop
 
 
 @functools.lru_cache(maxsize=256)
 def _plan(fmt, head_dim: int) -> _Plan | None:
-    """The format's plan at this head_dim, or None when quant_pack_cpu does not write it."""
+    """The format's plan at this head_dim, read from its layout (`layout.packer` names the loop), or None when
+    quant_pack_cpu does not write it."""
     jit = _jit()
     if jit is None:
         return None
-    if fmt.kind in ENGINE_KINDS:
-        return _engine_plan(fmt, head_dim)
-    if fmt.kind == "ggml":  # blocks of 32 along head_dim; the rotation needs a power of two
-        if head_dim % 32 or (fmt.rot and head_dim & (head_dim - 1)):
-            return None
-        return _Plan(jit.KIND_GGML, fmt.bits, 0, 32, False, False, False, fmt.rot, 0.0, GGML_TYPES.index(fmt.base))
-    if not quant_pack_supported(fmt, head_dim):
+    if getattr(fmt, "rot", False) and head_dim & (head_dim - 1):  # a Hadamard rotation needs a power of two
         return None
-    if fmt.kind == "int":
-        kind = jit.KIND_INT_ASYM if fmt.asym else jit.KIND_INT_SYM
-    elif fmt.kind == "fp4":
-        kind = jit.KIND_NV if fmt.base == "nvfp4" else jit.KIND_MX
-    else:
-        kind = jit.KIND_FP8
+    layout = layout_of(fmt, head_dim)
+    _, engine, name = (layout.packer or "").partition(ENGINE_PACKER) if layout is not None else ("", "", "")
+    if engine:
+        return _engine_plan(layout, name, head_dim)
+    if layout is not None and layout.packer == "ggml":  # blocks of 32 along head_dim
+        if head_dim % 32 or layout.ggml_type not in GGML_TYPES:
+            return None
+        return _Plan(jit.KIND_GGML, layout.bits, 0, 32, False, False, False, fmt.rot, 0.0,
+                     GGML_TYPES.index(layout.ggml_type), rotation=layout.rotation)
+    layout = token_packer(fmt, head_dim)
+    if layout is None or layout.packer == "ggml" or not 1 <= layout.bits <= 8:
+        return None
+    if head_dim % (8 // layout.bits if 8 % layout.bits == 0 else 8):  # whole bytes, or whole 8-code words
+        return None
+    kind = PACKERS.index(layout.packer)  # jit.KIND_INT_SYM .. KIND_NV, in PACKERS' order
     static = fmt.static_scale
-    group = head_dim if static else (fmt.group or head_dim)
-    fmax = 448.0 if fmt.base == "fp8_e4m3" else 57344.0
-    return _Plan(kind, fmt.bits, FP8_EXP.get(fmt.base, 4), group, static, fmt.takes_scale,
-                 kind == jit.KIND_FP8 and static, fmt.rot, fmax, -1)
+    group = head_dim if static else (layout.group or head_dim)
+    fmax = layout.fmax or 57344.0
+    return _Plan(kind, layout.bits, layout.fp8_exp or 4, group, static, fmt.takes_scale,
+                 kind == jit.KIND_FP8 and static, fmt.rot, fmax, -1, rotation=layout.rotation)
 
 
-def _engine_plan(fmt, head_dim: int) -> _Plan | None:
-    """An engine's store (fmt.engine_plan(head_dim): its ENGINE code and table, formats/vllm.py and turboquant.py)
-    as a plan; None for those kernels/cpu/jit/pack_engines.py does not write (TQ-mse, TQ-prod)."""
+def _engine_plan(layout, name: str, head_dim: int) -> _Plan | None:
+    """An engine's store (its layout's packer "engine:EN_*" names kernels/cpu/jit/pack_engines.py's code, its
+    pack_table the fp32 table that encoder reads) as a plan."""
     from kernels.cpu.jit import pack_engines as jit
 
-    if head_dim < 8 or head_dim & (head_dim - 1):
+    if head_dim < 8 or head_dim & (head_dim - 1) or not hasattr(jit, name):
         return None
-    name = _ENGINE_NAMES.get(fmt.base)
-    if name is None:
-        return None
-    aux = fmt.pack_table(head_dim)
+    aux = layout.pack_table
     aux = np.ones(1, np.float32) if aux is None else aux.detach().to("cpu", torch.float32).contiguous().numpy()
-    group = fmt.kernel_fields(head_dim)["group"]  # channels per stored scale: NVFP4's 16, else the row
-    return _Plan(KIND_ENGINE, fmt.bits, 0, group, False, False, False, False, 0.0, -1, getattr(jit, name), aux)
+    group = layout.group or head_dim  # channels per stored scale: NVFP4's 16, else the row
+    return _Plan(KIND_ENGINE, layout.bits, 0, group, False, False, False, False, 0.0, -1, getattr(jit, name), aux)
 
 
 def _bytes(t: torch.Tensor | None):
@@ -145,11 +143,6 @@ def _bytes(t: torch.Tensor | None):
     assert t.device.type == "cpu", "quant_pack_cpu writes CPU tensors"
     assert t.dim() == 4 and t.stride(-1) == 1, "buffers must be [B, Hkv, cap, n] and contiguous along the last dim"
     return t.view(torch.uint8).numpy()
-
-
-@functools.cache
-def _rotation(head_dim: int) -> torch.Tensor:
-    return hadamard(head_dim)  # the same fp32 matrix kvviz.formats rotates with, built once
 
 
 def quant_pack_cpu(
@@ -211,7 +204,7 @@ def quant_pack_cpu(
         if plan.count:  # the cache counts its input, before the rotation, as the formats path does
             limit = (per_head(tensor_scale, batch, heads, "cpu") * plan.fmax * (1 + 1e-6)).reshape(batch, heads, 1, 1)
             over = int((x.float().abs() > limit).sum())
-        x = x.float() @ _rotation(head_dim)  # kvviz.formats rotates in fp32 the same way
+        x = x.float() @ plan.rotation  # the layout's fp32 matrix: kvviz.formats rotates in fp32 the same way
     # torch divides an fp16 x by an fp16 scale in fp16 (int sym with computed scales only)
     half_div = x.dtype == torch.float16 and plan.kind == _jit().KIND_INT_SYM and not plan.static
     xf = x.float().contiguous().numpy()  # exact for fp16 / bf16
@@ -224,12 +217,42 @@ def quant_pack_cpu(
     return int(over)
 
 
+class _Int4Layout(NamedTuple):
+    """int4 per token as kvviz.formats' int family states its layout (the fields the kernels read)."""
+
+    group: int
+    elem: str = "int"
+    bits: int = 4
+    storage: str = "kvviz"
+    per_unit: int = 2
+    unit_bytes: int = 1
+    offset: int = 8
+    scale_kind: str = "token"
+    zero: bool = False
+    rotation: torch.Tensor | None = None
+    packer: str = "int_sym"
+    pack_table: torch.Tensor | None = None
+    fp8_exp: int = 0
+    fmax: float = 0.0
+    ggml_type: str | None = None
+
+    def kernel_fields(self) -> dict:
+        return dict(elem=self.elem, bits=self.bits, offset=self.offset, scale_kind=self.scale_kind, group=self.group,
+                    layout=self.storage)
+
+
+class _Int4:
+    """The duck-typed format the smoke tests write and read: int4 per token (kernels/cpu/step.py's too)."""
+
+    spec, kind, bits, granularity, group, asym, rot, static_scale, takes_scale, has_layout = (
+        "int4", "int", 4, "token", None, False, False, False, False, True)
+
+    def layout(self, head_dim: int) -> _Int4Layout:
+        return _Int4Layout(group=head_dim)
+
+
 def _smoke() -> None:
     """Compile (or load from numba's cache) and check an int4 token against codes worked out by hand."""
-
-    class _Int4:  # the duck-typed format: int4 per token
-        base, kind, bits, granularity, group, asym, rot, static_scale, takes_scale, spec = (
-            "int4", "int", 4, "token", None, False, False, False, False, "int4")
 
     x = torch.tensor([[[[7.0, -7.0, 3.0, 0.5]]]])  # amax 7: scale 1, codes 7, -7, 3, 0 (+8; 0.5 ties to even 0)
     data = torch.zeros(1, 1, 1, 2, dtype=torch.uint8)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from kernels.cpu import decode as cpu_decode
+from kernels.cpu import meta as cpu_meta
 from kernels.cpu import pack as cpu_pack
 from kernels.cpu.jit import contract
 from kernels.packed import per_head, side_from_format
@@ -139,9 +140,9 @@ class _Side:
         if plan.count and plan.rot:  # the count is of the input, before the rotation (as quant_pack_cpu)
             self.static_limit = (per_head(tensor_scale, batch, heads, "cpu") * plan.fmax * (1 + 1e-6)
                                  ).reshape(batch, heads, 1, 1)
-        meta, flat, lut, scale_np, zero_np, slut, ts_d, tz_d = cpu_decode._buffer_args(side, batch, heads, head_dim)
-        self.decode = (meta, flat, lut, scale_np, zero_np, slut, ts_d, tz_d, cpu_decode._NONE_NP)
-        self.per_byte, self.ggml_nibbles = cpu_decode._per_byte(side), cpu_decode._ggml_nibbles(side)
+        meta, flat, lut, scale_np, zero_np, slut, ts_d, tz_d = cpu_meta.buffer_args(side, batch, heads, head_dim)
+        self.decode = (meta, flat, lut, scale_np, zero_np, slut, ts_d, tz_d, cpu_meta.NONE_NP)
+        self.per_byte, self.ggml_nibbles = cpu_meta.codes_per_unit(side), cpu_meta.ggml_nibbles(side)
 
     def pk_for(self, dtype: torch.dtype) -> tuple:
         """The packing plan for new tokens of the model's dtype."""
@@ -190,9 +191,9 @@ class DecodeStep:
         self.k = _Side(self.k_fmt, k_bufs, k_scale, batch, heads, dk)
         self.v = _Side(self.v_fmt, v_bufs, v_scale, batch, heads, dv)
         self.batch, self.heads, self.q_heads, self.dk, self.dv = batch, heads, q_heads, dk, dv
-        self.q_order = (cpu_decode._planar_np(dk, self.k.per_byte, self.k.ggml_nibbles) if self.k.per_byte > 1
+        self.q_order = (cpu_meta.planar_np(dk, self.k.per_byte, self.k.ggml_nibbles) if self.k.per_byte > 1
                         else np.arange(dk)).astype(np.int64)
-        self.out_order = (cpu_decode._unplanar_np(dv, self.v.per_byte, self.v.ggml_nibbles) if self.v.per_byte > 1
+        self.out_order = (cpu_meta.unplanar_np(dv, self.v.per_byte, self.v.ggml_nibbles) if self.v.per_byte > 1
                           else np.arange(dv)).astype(np.int64)
         self.qp = np.empty((batch, q_heads, dk), np.float32)
         self.outp = np.empty((batch, q_heads, dv), np.float32)
@@ -303,15 +304,11 @@ def _fp32_views(k_new: torch.Tensor, v_new: torch.Tensor, q: torch.Tensor) -> tu
 def _smoke() -> None:
     """Two int4 tokens appended one step at a time (both entry points), checked against a direct computation."""
 
-    class _Int4:  # the duck-typed format: int4 per token
-        base, kind, bits, granularity, group, asym, rot, static_scale, takes_scale, spec = (
-            "int4", "int", 4, "token", None, False, False, False, False, "int4")
-
     keys = torch.tensor([[[[7.0, 0.0, 0.0, 0.0]]], [[[0.0, 7.0, 0.0, 0.0]]]])  # [2 steps, 1, 1, D]: int4 exact
     q = torch.tensor([[[[1.0, 0.0, 0.0, 0.0]]]])  # [B, Hq, 1, D]
     bufs = (torch.zeros(1, 1, 2, 2, dtype=torch.uint8), torch.zeros(1, 1, 2, 1, dtype=torch.float16), None)
     for parallel in (False, True):
-        step = DecodeStep(_Int4(), _Int4())
+        step = DecodeStep(cpu_pack._Int4(), cpu_pack._Int4())  # the duck-typed int4 per token
         step.bind(bufs, bufs, None, None, 1)
         for pos in range(2):
             out, _, _ = step.run(keys[pos][None], keys[pos][None], q, 0, pos, sm_scale=1.0, parallel=parallel)

@@ -1,12 +1,13 @@
-"""The contract between the fused CPU decode's launcher (kernels/cpu/decode.py) and its numba code
-(kernels/cpu/jit/): storage codes, the fields of a side's int64 `meta` vector, the block size. No numba here, so
-the launcher reads them without importing numba.
+"""The contract between the fused CPU decode's launcher (kernels/cpu/decode.py, kernels/cpu/meta.py) and its numba
+code (kernels/cpu/jit/): storage codes, the fields of a side's int64 `meta` vector, the block size. No numba here,
+so the launcher reads them without importing numba. Every field is filled from the side a format's layout describes
+(kernels/packed.py), never from the format's name.
 """
 
 # Element / scale storage: codes through a table, or IEEE half, bfloat16, float32 read from their bytes.
 E_LUT, E_F16, E_BF16, E_F32, E_UINT, E_INT8, E_E2M1 = 0, 1, 2, 3, 4, 5, 6
 S_NONE, S_TOKEN, S_CHANNEL = 0, 1, 2
-# Fields of a side's int64 `meta` vector (kernels/cpu/decode.py fills it).
+# Fields of a side's int64 `meta` vector (kernels/cpu/meta.py fills it).
 (M_DIM, M_ELEM, M_PER_BYTE, M_OFFSET, M_D_OFF, M_D_SB, M_D_SH, M_D_ST,
  M_SKIND, M_SDT, M_GROUP, M_S_OFF, M_S_SB, M_S_SH, M_S_ST,
  M_ZERO, M_Z_OFF, M_Z_SB, M_Z_SH, M_Z_ST,

@@ -11,6 +11,8 @@ Bit-exact with kvviz.formats: every step is the same fp32 operation in the same 
 no fused multiply-add), and rounding to fp16, fp8 and E2M1 is done in integer arithmetic, round half to even:
 - int sym:  s = fp16(clamp(amax / qmax, 2**-24, 65504)); q = clamp(rint(x / s), +-qmax), stored q + 2**(bits-1)
             (int8: signed); an fp16 x divides in fp16 as torch does; a static (tensor / head) s is the fp32 given.
+            Any width of 1..8 bits: 8 // bits codes a byte where bits divides 8, else a little-endian bit stream
+            (3 bits: 8 codes in 3 bytes), as kernels/packed.py's layout says.
 - int asym: s = fp16(clamp((max - min) / (2**bits - 1))), zero = fp16(min), u = clamp(rint((x - zero) / s)).
 - fp8:      s = max(amax / fmax, FLT_MIN) (1 when amax = 0) or the static s; code = fp8_rne(clamp(x / s, +-fmax)).
 - MX:       E8M0 byte = clamp(floor(log2 amax) - 2, -127, 127) + 127; code = e2m1(x * 2**-e).
@@ -27,7 +29,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-# KIND codes (kernels/cpu/pack.py passes them)
+# KIND codes (kernels/cpu/pack.py passes them): kernels.packed.PACKERS' order, then llama.cpp's blocks
 KIND_INT_SYM, KIND_INT_ASYM, KIND_FP8, KIND_MX, KIND_NV, KIND_GGML = 0, 1, 2, 3, 4, 5
 # No fastmath: every operation must round exactly as torch's does. error_model numpy: x / 0 is IEEE, not a raise.
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")
@@ -228,11 +230,19 @@ def quant_pack_rows(x, ts, data, scale, zero, kind, bits, exp, group, static, ha
                     if z_bits >= 0:
                         zero[b, h, r, 2 * g] = z_bits & 0xFF
                         zero[b, h, r, 2 * g + 1] = z_bits >> 8
-                for j in range(dim // per_byte):  # element per_byte * j + k at bits * k of byte j
-                    byte = 0
-                    for k in range(per_byte):
-                        byte |= codes[per_byte * j + k] << (bits * k)
-                    data[b, h, r, j] = byte & 0xFF
+                if 8 % bits == 0:
+                    for j in range(dim // per_byte):  # element per_byte * j + k at bits * k of byte j
+                        byte = 0
+                        for k in range(per_byte):
+                            byte |= codes[per_byte * j + k] << (bits * k)
+                        data[b, h, r, j] = byte & 0xFF
+                else:  # element e at bit e * bits of the row's little-endian stream: 8 codes in `bits` bytes
+                    for w in range(dim // 8):
+                        word = np.int64(0)
+                        for k in range(8):
+                            word |= codes[8 * w + k] << (bits * k)
+                        for i in range(bits):
+                            data[b, h, r, w * bits + i] = (word >> (8 * i)) & 0xFF
                 if count:
                     for i in range(dim):
                         saturated += abs(row[i]) > limit
