@@ -59,7 +59,8 @@ LESSONS: tuple[Lesson, ...] = (
     # int4/tensor 7-8 under five sets of CPU kernels (AVX-512 and AVX2 ones, through ONEDNN_MAX_CPU_ISA and
     # ATEN_CPU_CAPABILITY: the rounding another x86 CPU does); at 304 tokens int4/tensor found 8-10 (10 on an Intel
     # CPU with AMX), too near the lesson's claim. 640 tokens (4-5) holds more room but doubles the work
-    # (docs/benchmarks.md, lesson 5 on any x86 CPU). Gemma 3 270M at 256 tokens (its outliers decide it): 15, 8, 0.
+    # (docs/benchmarks.md, lesson 5 on any x86 CPU). Gemma 3 270M at 256 tokens (its outliers decide it): 15, 10, 0
+    # (2026-12-06; 8 before: kvviz/ui/strings/lesson_figures.json holds the note's figures).
     Lesson("compare", {"specs": ["int4"], "custom": "int4/tensor", "needle_ctx": 512, "needle_box": OPEN},
            action="needle", by_model={"smollm2-135m": {"needle_ctx": 352}, "gemma-3-270m": {"needle_ctx": 256}}),
     # 6. Scale storage eats into the savings at small head_dim / short groups.
