@@ -11,7 +11,8 @@ import torch
 
 from kvviz import export, memory
 from kvviz.formats import get_format, parse_kv, parse_spec
-from kvviz.formats.family import REGISTRY, VIEWS, BaseInfo, Family, format_table, register
+from kvviz.formats.family import REGISTRY, VIEWS, BaseInfo, Family, register
+from kvviz.formats.kv import format_table
 from kvviz.formats.spec import BASES, kvviz_bases
 
 from toy_family import TOY, toy_format
@@ -81,7 +82,7 @@ def test_docs_format_table_is_the_registry():
     start = next(i for i, line in enumerate(page) if line.startswith("| base | elements |"))
     end = next(i for i in range(start, len(page)) if not page[i].startswith("|"))
     assert "\n".join(page[start:end]) == format_table(), (
-        "docs/formats.md's format table differs from the registry: paste kvviz.formats.family.format_table()")
+        "docs/formats.md's format table differs from the registry: paste kvviz.formats.kv.format_table()")
 
 
 BEFORE = {  # the UI's hand-copied lists before the registry, in their order

@@ -24,6 +24,7 @@ stores what the engine's store path stores (`vllm.py`, `turboquant.py`) and says
 
 from __future__ import annotations
 
+from . import families  # noqa: F401  (first: registers the built-in families the modules below read)
 from . import engines
 from .core import Format, QTensor
 from .engines import ENGINE_NAMES, ENGINE_VALUES, EngineRef, engine_skip_layers

@@ -1,11 +1,13 @@
-"""The built-in format families, in the order the registry lists them (docs, error messages, UI choices)."""
+"""The built-in format families, registered into `family.REGISTRY` in the order the registry lists them (docs,
+error messages, UI choices). kvviz/formats/__init__.py imports this module first, so the parser and every other
+module of the package see the built-in families however the package is imported."""
 
 from __future__ import annotations
 
+from . import ds_mla, floats, fp4, ggml, ints, tq_paper, turboquant, ultraquant, vllm
+from .family import REGISTRY
 
-def register_builtin(registry) -> None:
-    """Register kvviz's own families (each module's FAMILY) into `registry`."""
-    from . import ds_mla, floats, fp4, ggml, ints, tq_paper, turboquant, ultraquant, vllm
+BUILTIN = (floats, ints, fp4, ggml, tq_paper, vllm, turboquant, ultraquant, ds_mla)
 
-    for module in (floats, ints, fp4, ggml, tq_paper, vllm, turboquant, ultraquant, ds_mla):
-        registry.register(module.FAMILY)
+for _module in BUILTIN:
+    REGISTRY.register(_module.FAMILY)

@@ -20,12 +20,13 @@ Adding a family: one module with its codec, its `FAMILY = Family(...)`, a line i
 from __future__ import annotations
 
 import contextlib
-import importlib
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
+
+from .packing import hadamard
 
 ENGINE_NAMES = ("vllm", "sglang", "llama.cpp")  # the engines kvviz models, in the order every view lists them
 # vLLM's CPU build stores fp8 rounded toward zero, its CUDA and Triton stores round to nearest even (docs/engines.md,
@@ -130,22 +131,16 @@ class Family:
 
 
 class Registry:
-    """The format families kvviz knows, in registration order. The built-in ones load on first use."""
+    """The format families kvviz knows, in registration order. kvviz/formats/families.py registers the built-in
+    ones into REGISTRY as the package loads."""
 
-    def __init__(self, loader: str | None = "kvviz.formats.families"):
+    def __init__(self):
         self._families: dict[str, Family] = {}
         self._bases: dict[str, BaseInfo] = {}
-        self._loader = loader
         self._listeners: list[Callable[[], None]] = []
-
-    def _load(self) -> None:
-        if self._loader is not None:
-            loader, self._loader = self._loader, None
-            importlib.import_module(loader).register_builtin(self)
 
     def register(self, family: Family) -> Family:
         """Add a family; ValueError when its name or one of its bases is taken."""
-        self._load()
         if family.name in self._families:
             raise ValueError(f"A format family named {family.name!r} is registered already; pick another name.")
         taken = sorted(set(family.bases) & set(self._bases))
@@ -169,7 +164,6 @@ class Registry:
     @contextlib.contextmanager
     def temporary(self) -> Iterator["Registry"]:
         """A scope whose registrations are undone when it exits (tests register toy families in it)."""
-        self._load()
         families, bases = dict(self._families), dict(self._bases)
         try:
             yield self
@@ -179,11 +173,9 @@ class Registry:
 
     # -- queries -------------------------------------------------------------------------------------------------
     def families(self) -> tuple[Family, ...]:
-        self._load()
         return tuple(self._families.values())
 
     def family(self, name: str) -> Family:
-        self._load()
         return self._families[name]
 
     def of_base(self, base: str) -> Family:
@@ -198,7 +190,6 @@ class Registry:
     @property
     def bases(self) -> Mapping[str, BaseInfo]:
         """Every base name -> its BaseInfo (spec.BASES reads this)."""
-        self._load()
         return self._bases
 
     def engine_dtypes(self, engine: str) -> dict:
@@ -250,8 +241,6 @@ def layout(elem: str, bits: int, **fields) -> Layout:
 
 def rotation_of(fmt, head_dim: int) -> torch.Tensor | None:
     """The /rot matrix a format's layout carries (x = stored @ H, H the normalized Hadamard), or None."""
-    from .packing import hadamard
-
     return hadamard(head_dim) if fmt.rot else None
 
 
@@ -267,19 +256,3 @@ def engine_default(fmt, engine: str) -> tuple[str | None, str]:
         return None, f"SGLang has no integer KV cache dtype ({fmt.spec}); its options are FP8 and FP4."
     return None, (f"llama.cpp has no {fmt.base} KV cache type; its -ctk / -ctv take f32, f16, bf16, q8_0, q4_0, "
                   f"q4_1, iq4_nl, q5_0, q5_1.")
-
-
-def format_table(head_dims: tuple[int, int] = (128, 64)) -> str:
-    """docs/formats.md's table of the bare bases, one row per base from its family (tests/test_format_family.py
-    checks the page against it)."""
-    from .kv import get_format
-
-    rows = ["| base | elements | scale (default granularity) | bits/value at head_dim "
-            f"{' / '.join(map(str, head_dims))} |", "|---|---|---|---|"]
-    for name, info in REGISTRY.bases.items():
-        if info.engine is not None:
-            continue
-        label = f"`{name}`" + (f" ({', '.join(f'`{a}`' for a in info.aliases)})" if info.aliases else "")
-        bits = " / ".join(f"{get_format(name).bits_per_value(d):g}" for d in head_dims)
-        rows.append(f"| {label} | {info.elements} | {info.scales} | {bits} |")
-    return "\n".join(rows)

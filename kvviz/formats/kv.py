@@ -75,3 +75,17 @@ def parse_kv(spec: "str | KVSpec") -> KVSpec:
         return KVSpec(kv.k, kv.v, kv.spec)
     k, v, name, residual = split_pair(spec)
     return KVSpec(_side_format(k, "k"), _side_format(v, "v"), name, residual)
+
+
+def format_table(head_dims: tuple[int, int] = (128, 64)) -> str:
+    """docs/formats.md's table of the bare bases, one row per base from its family (tests/test_format_family.py
+    checks the page against it)."""
+    rows = ["| base | elements | scale (default granularity) | bits/value at head_dim "
+            f"{' / '.join(map(str, head_dims))} |", "|---|---|---|---|"]
+    for name, info in REGISTRY.bases.items():
+        if info.engine is not None:
+            continue
+        label = f"`{name}`" + (f" ({', '.join(f'`{a}`' for a in info.aliases)})" if info.aliases else "")
+        bits = " / ".join(f"{get_format(name).bits_per_value(d):g}" for d in head_dims)
+        rows.append(f"| {label} | {info.elements} | {info.scales} | {bits} |")
+    return "\n".join(rows)
