@@ -18,9 +18,8 @@ regions) steadies the clicks; on an idle one it costs 20-30% of the decode speed
 api_names (for gradio_client): compare, needle, fused_speed, rotation, engine_compare, outliers, error_map, anatomy,
 sensitivity, plan_search, memory, export, check_scales. Every one that runs a model (compare, needle, fused_speed,
 rotation, outliers, error_map, anatomy, sensitivity, plan_search, export) ends with `model` (a name from the page's
-model picker; omitted: KVVIZ_MODEL) and `language`
-("English", the default, or "한국어": the results' language); engine_compare ends with `model` (its results are in
-English); check_scales takes (file, model).
+model picker; omitted: KVVIZ_MODEL) and `language` ("English", the default, or "한국어": the results' language);
+memory ends with `language` too, and engine_compare with `model` and `language`; check_scales takes (file, model).
 """
 
 from __future__ import annotations

@@ -252,14 +252,15 @@ def granularity_heatmaps(maps: Mapping[str, np.ndarray | Sequence[Sequence[float
 
 def memory_vs_context(contexts: Sequence[int], gb_by_format: Mapping[str, Sequence[float]],
                       capacities_gb: Mapping[str, float], title: str = "KV cache memory against context length",
-                      log_x: bool = True, dashed: Mapping[str, Sequence[float]] | None = None) -> go.Figure:
+                      log_x: bool = True, dashed: Mapping[str, Sequence[float]] | None = None,
+                      axis_titles: tuple[str, str] = ("context length (tokens)", "KV cache memory (GB)")) -> go.Figure:
     """KV-cache memory against context length, one line per format, with one dashed line per GPU capacity.
 
     contexts: token counts (x). gb_by_format: {format: [GB per context]}. capacities_gb: {"L4 24 GB": GB free for
     the KV cache on that GPU (capacity minus weights)}; drawn as grey dashed traces across the context range
     (traces, not layout shapes, so they land right on log axes and show in the legend and on hover).
     dashed: {"fp16: windowed layers": [GB per context]}: a part of a format's line (its sliding and chunked layers,
-    which plateau at the window), dotted in the colour of the format its name starts with.
+    which plateau at the window), dotted in the colour of the format its name starts with. axis_titles: (x, y).
     """
     fig = go.Figure()
     colors = format_colors(list(gb_by_format))
@@ -281,9 +282,8 @@ def memory_vs_context(contexts: Sequence[int], gb_by_format: Mapping[str, Sequen
                                  textposition="top right", textfont=dict(size=10, color="#444"),
                                  line=dict(color=greys[i % len(greys)], dash="dash", width=1.2),
                                  hovertemplate=label + "<extra></extra>"))
-    fig.update_xaxes(title_text="context length (tokens)", type="log" if log_x else "linear",
-                     dtick=1 if log_x else None)
-    fig.update_yaxes(title_text="KV cache memory (GB)", type="log", dtick=1)
+    fig.update_xaxes(title_text=axis_titles[0], type="log" if log_x else "linear", dtick=1 if log_x else None)
+    fig.update_yaxes(title_text=axis_titles[1], type="log", dtick=1)
     return _layout(fig, title, height=440)
 
 

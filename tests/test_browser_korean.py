@@ -8,8 +8,8 @@ runs Compare and reads its metrics table: every header in Korean, none broken in
 ones were squeezed to "form at", "spe c"; checked in English too). Switching to English and back keeps the
 placeholders in the page's language.
 
-The Memory tab's tables and the engine view's table stay English by design (their endpoints take no language;
-app.py's docstring): the check leaves the Memory tab's tables out, and reads the other tabs before they run.
+The Memory tab is read before and after a run (its chart, tables and formula follow the language); the other tabs
+before they run (the engine view's Korean results: tests/test_ui_engines.py).
 
 Run: python -m pytest tests/test_browser_korean.py -q       (needs /usr/bin/chromium)
 """
@@ -47,8 +47,8 @@ _VISIBLE_TEXTS = """() => {
     for (let n = walker.nextNode(); n; n = walker.nextNode()) {
         const text = n.textContent.trim();
         const el = n.parentElement;
-        if (!text || !el || el.closest('script, style, code, pre, textarea, [aria-hidden=true], .modebar, '
-                                        + '#tab-memory table')) continue;
+        if (!text || !el || el.closest('script, style, code, pre, textarea, [aria-hidden=true], .modebar'))
+            continue;
         const box = el.getBoundingClientRect();
         const style = getComputedStyle(el);
         if (box.width === 0 || box.height === 0 || style.visibility === 'hidden' || style.display === 'none') continue;
@@ -210,3 +210,19 @@ def test_switching_language_keeps_placeholders_in_the_pages_language(page):
     page.locator("#kv-lang label", has_text="한국어").click()
     _wait_for_korean_placeholders(page, "#tab-outliers")
     page.wait_for_function("() => document.querySelector('#kv-header')?.innerText.includes('모델')", timeout=30_000)
+
+
+def test_the_memory_tabs_results_are_korean(page):
+    """The Memory tab's run (chart title and axes, the GPU-fit and per-layer-kind tables, the formula) in Korean."""
+    page.locator("#tab-memory-button").click()
+    page.locator("#memory-run").click()
+    page.wait_for_function("() => (document.querySelector('#memory-formula')?.innerText || '').includes('바이트')",
+                           timeout=60_000)
+    page.wait_for_function("() => document.querySelector('#memory-plot')?.innerText.includes('문맥 길이')",
+                           timeout=30_000)
+    fit = [h.strip() for h in page.locator("#memory-fit th").all_inner_texts() if h.strip()]
+    assert "포맷" in fit, fit
+    assert "토큰" in page.locator("#memory-fit").inner_text()
+    english = _english(page)
+    assert not english, f"memory after a run: English on the Korean page: {english}"
+

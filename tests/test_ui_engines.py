@@ -182,6 +182,20 @@ def test_engine_compare_puts_kvviz_beside_llama_cpp(client):
     assert "positions 0 to 30" in status and "positions 1 to 30" in status
 
 
+def test_engine_compare_answers_in_korean(client):
+    """engine_compare's last input is the page's language: the table's headers and verdicts, the chart's series and
+    the status in Korean, the numbers the same as in English."""
+    tab, fig, status = client.predict(["q8_0"], 32, False, "smollm2-135m", "한국어", api_name="/engine_compare")
+    english, _, _ = client.predict(["q8_0"], 32, False, "smollm2-135m", api_name="/engine_compare")
+    assert tab["headers"] == engines.headers("ko") != engines.HEADERS
+    (row,), (row_en,) = tab["data"], english["data"]
+    assert row[:9] == row_en[:9]
+    assert row[9] == engines._verdict(verdict.verdict(row[4], row[7]), "ko") != row_en[9]
+    assert [t["name"] for t in _traces(fig)] == ["kvviz (시뮬레이션)", "llama.cpp (회전하지 않은 K/V)",
+                                                 "kvviz의 llama.cpp 시뮬레이션"]
+    assert "초 만에 완료" in status and "Done in" not in status and "positions" not in status
+
+
 def test_engine_compare_rotation_changes_llama_cpp_only(client):
     rotated = client.predict(["q4_0"], 32, True, "smollm2-135m", api_name="/engine_compare")
     plain = client.predict(["q4_0"], 32, False, "smollm2-135m", api_name="/engine_compare")

@@ -39,7 +39,7 @@ FLOOR = 1e-5  # nats: below this on both sides, the ratio is noise
 WITHIN = "within the format's expected range"
 MORE = "the engine loses more than the format explains"
 LESS = "the engine loses less than the format explains"
-VERDICTS = (WITHIN, MORE, LESS)  # kvviz/ui/i18n.py translates each
+VERDICTS = (WITHIN, MORE, LESS)  # the engine view shows each in the page's language (ui strings engine_verdict_N)
 
 
 def verdict(engine_mean: float, sim_mean: float, tolerance: float = TOLERANCE) -> str:

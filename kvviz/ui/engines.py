@@ -34,7 +34,8 @@ from kvviz.engines import llamacpp, servers, simulate, verdict
 from kvviz.engines.side_by_side import side_by_side
 from kvviz.formats import parse_kv
 
-from .common import check_bool, check_int, check_model, check_names, get_model, on_click, table, user_errors
+from .common import (check_bool, check_int, check_language, check_model, check_names, get_model, on_click, table,
+                     user_errors)
 from .i18n import Translator, t
 
 PAIR_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # llama.cpp's -ctk / -ctv types kvviz stores
@@ -42,9 +43,14 @@ PAIR_CHOICES = [*PAIR_TYPES, "k=q8_0,v=q4_0", "k=q8_0,v=q5_0", "k=q8_0,v=iq4_nl"
 DEFAULT_PAIRS = ["q8_0", "k=q8_0,v=q4_0", "q4_0"]
 MAX_PAIRS = 6  # each pair loads the GGUF once and adds a row to kvviz's batch
 MIN_TOKENS, MAX_TOKENS, DEFAULT_TOKENS = 32, 512, 128  # 256 tokens of three pairs: minutes on a busy 2-core CPU
-HEADERS = ["format", "kvviz mean KLD", "kvviz p99 KLD", "kvviz same top (%)", "engine mean KLD",
-           "engine p99 KLD", "engine same top (%)", "kvviz's engine simulation mean KLD",
-           "simulation / engine", "verdict"]  # English: engine_compare has no language input
+
+
+def headers(lang: str = "en") -> list[str]:
+    """The table's columns in `lang`."""
+    return t("engine_headers", lang).split("|")
+
+
+HEADERS = headers()  # English: what an API caller reads without a language
 VLLM_ENV = "KVVIZ_VLLM_URLS"
 
 
@@ -111,21 +117,27 @@ def _gguf(model: str):
     return llamacpp.resolve_gguf(model)
 
 
-def _cells(row) -> list:
-    """A kvviz.engines.side_by_side.EngineRow as the table's cells (HEADERS)."""
+def _verdict(text: str, lang: str) -> str:
+    """A kvviz.engines.verdict sentence in `lang`."""
+    return t("engine_verdict_" + str(verdict.VERDICTS.index(text)), lang)
+
+
+def _cells(row, lang: str = "en") -> list:
+    """A kvviz.engines.side_by_side.EngineRow as the table's cells (headers())."""
     return [row.format, round(row.kvviz_mean, 5), round(row.kvviz_p99, 4), round(100 * row.kvviz_same_top, 1),
             round(row.engine_mean, 5), round(row.engine_p99, 4), round(100 * row.engine_same_top, 1),
-            round(row.sim_mean, 5), round(row.sim_ratio, 2), verdict.verdict(row.engine_mean, row.sim_mean)]
+            round(row.sim_mean, 5), round(row.sim_ratio, 2),
+            _verdict(verdict.verdict(row.engine_mean, row.sim_mean), lang)]
 
 
-def _vllm_cells(row: verdict.VerdictRow) -> list:
+def _vllm_cells(row: verdict.VerdictRow, lang: str = "en") -> list:
     """A vLLM dtype's verdict row as the table's cells: kvviz's simulation (top-k, like with like) in the kvviz and
     engine-simulation columns, vLLM's measurement in the engine columns."""
     sim, eng = row.sim, row.engine
-    return [f"{row.spec} (vLLM server)", round(sim["mean"], 5), round(sim["p99"], 4),
+    return [t("engine_vllm_row", lang).format(spec=row.spec), round(sim["mean"], 5), round(sim["p99"], 4),
             round(100 * sim["same_top_p"], 1), round(eng["mean"], 5), round(eng["p99"], 4),
             round(100 * eng["same_top_p"], 1), round(sim["mean"], 5),
-            round(sim["mean"] / eng["mean"], 2) if eng["mean"] > 0 else None, row.verdict]
+            round(sim["mean"] / eng["mean"], 2) if eng["mean"] > 0 else None, _verdict(row.verdict, lang)]
 
 
 def _check_vllm_model(urls: dict[str, str], model: str) -> None:
@@ -137,25 +149,24 @@ def _check_vllm_model(urls: dict[str, str], model: str) -> None:
                          f"--model {model} --serve).")
 
 
-def _vllm_rows(urls: dict[str, str], tokens: int, lm) -> tuple[list[verdict.VerdictRow], str]:
+def _vllm_rows(urls: dict[str, str], tokens: int, lm, lang: str = "en") -> tuple[list[verdict.VerdictRow], str]:
     """vLLM's servers measured on `tokens` tokens (positions 1 on) and judged against kvviz's simulation on `lm`."""
     results = servers.measure_servers(urls, tokens=tokens, api="vllm", score_from=1)
     first = next(iter(results.values()))
     rows = verdict.rows(results, lm)
     capped = f" {first['capped']}." if first.get("capped") else ""
-    note = (f" vLLM ({', '.join(urls[n] for n in results)}, baseline {urls[servers.BASELINE]}): top-{first['top_k']} "
-            f"log-probs per position with the rest lumped, positions 1 to {first['n']}, beside kvviz's simulation "
-            f"of the same dtypes as vLLM's CPU build stores them (fp8 rounded toward zero: `vllm:<dtype>/cpu`), "
-            f"estimated the same way on the same tokens; verdict: vLLM's mean KLD within "
-            f"{verdict.TOLERANCE:g}x of the simulation's, either way.{capped}")
+    note = " " + t("engine_vllm_status", lang).format(
+        urls=", ".join(urls[n] for n in results), baseline=urls[servers.BASELINE], k=first["top_k"], n=first["n"],
+        tolerance=f"{verdict.TOLERANCE:g}") + capped
     return rows, note
 
 
 @user_errors
-def run(pairs, tokens, rotate, model=None, progress=gr.Progress(), vllm: dict[str, str] | None = None):
+def run(pairs, tokens, rotate, model=None, lang="en", progress=gr.Progress(), vllm: dict[str, str] | None = None):
     """llama.cpp's KLD of each pair beside kvviz's simulation of it on `model` (the Compare tab's picker): table,
-    grouped bars, what was run (in English). vllm: servers.measure_servers's engine dict of vLLM servers
+    grouped bars, what was run (in `lang`). vllm: servers.measure_servers's engine dict of vLLM servers
     (vllm_servers) whose dtypes are measured too and judged (kvviz.engines.verdict), or None."""
+    lang = check_language(lang)
     model = check_model(model)
     tokens = check_int(tokens, "Tokens", MIN_TOKENS, MAX_TOKENS)
     rotate = check_bool(rotate, "Rotate K/V in llama.cpp")
@@ -169,43 +180,42 @@ def run(pairs, tokens, rotate, model=None, progress=gr.Progress(), vllm: dict[st
                          "kvviz's own figures are in the Compare tab above.") from err
     gguf = _gguf(model)
     start = time.perf_counter()
-    progress(0.05, desc=f"llama.cpp: {tokens} tokens through an f16 cache (the baseline)…")
+    progress(0.05, desc=t("engine_p_baseline", lang).format(tokens=tokens))
 
     def on_pair(i: int, spec: str) -> None:  # llama.cpp's share of the bar: 0.05 to 0.5
-        progress(0.05 + 0.45 * (i + 1) / (len(pairs) + 1), desc=f"llama.cpp: {tokens} tokens through {spec}…")
+        progress(0.05 + 0.45 * (i + 1) / (len(pairs) + 1), desc=t("engine_p_pair", lang).format(tokens=tokens,
+                                                                                                  spec=spec))
 
     ids, theirs = llamacpp.run(pairs, model=str(gguf), tokens=tokens, rotate=rotate, on_pair=on_pair)
     lm, _ = get_model(progress, model=model)
-    progress(0.5, desc=f"kvviz: the same {len(ids)} tokens, {len(pairs)} formats and the exact model as one batch…")
+    progress(0.5, desc=t("engine_p_kvviz", lang).format(tokens=len(ids), formats=len(pairs)))
     ours = simulate.kvviz_kld(pairs, ids, lm)
-    progress(0.75, desc=f"kvviz: the same tokens with llama.cpp's arithmetic, {len(pairs) + 1} runs…")
+    progress(0.75, desc=t("engine_p_sim", lang).format(runs=len(pairs) + 1))
     rows = side_by_side(pairs, ours, theirs, simulate.llamacpp_kld(pairs, ids, lm, gguf, rotate=rotate))
     vllm_rows, vllm_note = [], ""
     if vllm:
-        progress(0.9, desc=f"vLLM: {tokens} tokens through {len(vllm)} servers, and kvviz's simulation of them…")
-        vllm_rows, vllm_note = _vllm_rows(vllm, tokens, lm)
-    fig = _bars(pairs, rows, vllm_rows, f"llama.cpp ({'rotated' if rotate else 'unrotated'} K/V)")
-    status = (f"Done in {time.perf_counter() - start:.0f} s. `{model}`: {rows[0].engine} runs `{gguf.name}` as "
-              f"is, f16-cache baseline, positions 0 to {len(ids) - 2} scored, K/V rotation: "
-              f"{rows[0].rotation}; kvviz runs the same weights dequantized to fp32, exact baseline, positions 1 to "
-              f"{len(ids) - 2}; kvviz's llama.cpp simulation rounds every matmul input to 8 bits and runs llama.cpp's "
-              f"flash attention{', rotation' if rotate else ''} and channel order on the same weights, against itself "
-              f"with an f16 cache, positions 0 to {len(ids) - 2}. The first {len(ids)} tokens of the WikiText-2 slice. "
-              "KLD in nats per token; same top: positions whose top token agrees with the engine's own baseline."
-              f"{vllm_note}")
-    return table([_cells(r) for r in rows] + [_vllm_cells(r) for r in vllm_rows], HEADERS), fig, status
+        progress(0.9, desc=t("engine_p_vllm", lang).format(tokens=tokens, servers=len(vllm)))
+        vllm_rows, vllm_note = _vllm_rows(vllm, tokens, lm, lang)
+    fig = _bars(pairs, rows, vllm_rows, t("engine_rotated" if rotate else "engine_unrotated", lang), lang)
+    status = t("engine_status", lang).format(
+        seconds=f"{time.perf_counter() - start:.0f}", model=model, engine=rows[0].engine, gguf=gguf.name,
+        last=len(ids) - 2, rotation=rows[0].rotation, rot=t("engine_status_rot", lang) if rotate else "",
+        tokens=len(ids)) + vllm_note
+    cells = [_cells(r, lang) for r in rows] + [_vllm_cells(r, lang) for r in vllm_rows]
+    return table(cells, headers(lang)), fig, status
 
 
-def _bars(pairs: list[str], rows: list, vllm_rows: list[verdict.VerdictRow], engine: str):
+def _bars(pairs: list[str], rows: list, vllm_rows: list[verdict.VerdictRow], engine: str, lang: str = "en"):
     """The mean KLDs as grouped bars: per llama.cpp pair kvviz's bare format, llama.cpp and kvviz's simulation of
     llama.cpp; per vLLM dtype kvviz's simulation of its store and vLLM (a series of its own, gaps elsewhere)."""
     gap = [None] * len(vllm_rows)
-    series = {"kvviz (simulated)": [round(r.kvviz_mean, 5) for r in rows] + [round(r.sim_mean, 5) for r in vllm_rows],
+    series = {t("engine_s_kvviz", lang): [round(r.kvviz_mean, 5) for r in rows]
+              + [round(r.sim_mean, 5) for r in vllm_rows],
               engine: [round(r.engine_mean, 5) for r in rows] + gap,
-              "kvviz's llama.cpp simulation": [round(r.sim_mean, 5) for r in rows] + gap}
+              t("engine_s_sim", lang): [round(r.sim_mean, 5) for r in rows] + gap}
     if vllm_rows:
-        series["vLLM (CPU build)"] = [None] * len(rows) + [round(r.engine_mean, 5) for r in vllm_rows]
-    return plots.engine_bars(pairs + [f"{r.spec} (vLLM)" for r in vllm_rows], series)
+        series[t("engine_s_vllm", lang)] = [None] * len(rows) + [round(r.engine_mean, 5) for r in vllm_rows]
+    return plots.engine_bars(pairs + [f"{r.spec} (vLLM)" for r in vllm_rows], series, title=t("engine_bars", lang))
 
 
 def build(tr: Translator, actions: dict, model: gr.Dropdown) -> dict:
@@ -228,14 +238,15 @@ def build(tr: Translator, actions: dict, model: gr.Dropdown) -> dict:
                 c["engine_rotate"] = tr(gr.Checkbox(False, label=t("engine_rotate")), label="engine_rotate")
                 c["engine_run"] = tr(gr.Button(t("engine_run"), elem_id="compare-engine-run"), value="engine_run")
         c["engine_status"] = gr.Markdown(elem_id="compare-engine-status", label="engine status")
-        c["engine_table"] = tr(gr.Dataframe(headers=HEADERS, label=t("engine_table"), wrap=True), label="engine_table")
+        c["engine_table"] = tr(gr.Dataframe(headers=HEADERS, label=t("engine_table"), wrap=True), headers=headers,
+                               label="engine_table")
         c["engine_fig"] = gr.Plot(plots.empty_figure(), label="kvviz against the engines", show_label=False)
         tr(gr.Markdown(t("engine_why")), value="engine_why")
-    inputs = [c["engine_pairs"], c["engine_tokens"], c["engine_rotate"], model]
+    inputs = [c["engine_pairs"], c["engine_tokens"], c["engine_rotate"], model, tr.language_input()]
     outputs = [c["engine_table"], c["engine_fig"], c["engine_status"]]
 
-    def run_view(pairs, tokens, rotate, model=None, progress=gr.Progress()):
-        return run(pairs, tokens, rotate, model, progress, vllm=vllm)
+    def run_view(pairs, tokens, rotate, model=None, lang="en", progress=gr.Progress()):
+        return run(pairs, tokens, rotate, model, lang, progress, vllm=vllm)
 
     actions["engine"] = (run_view, inputs, outputs, "model")
     on_click(c["engine_run"], run_view, inputs, outputs, "engine_compare")

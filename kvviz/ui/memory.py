@@ -4,8 +4,8 @@ Needs no model: every number comes from `kvviz.memory` (exact bytes per layer, s
 included). The model is a preset, an uploaded config.json (at most 1 MB), a hub id (when the Space has network),
 or custom dimensions. api_name `memory`:
     memory(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, formats, custom_formats, gpus,
-           config_file, hf_id, layout)
-      -> (figure, GPU-fit table, formula markdown, per-layer-kind table)
+           config_file, hf_id, layout, lang)
+      -> (figure, GPU-fit table, formula markdown, per-layer-kind table), in `lang` (default English)
 Every argument is checked here (preprocess=False): a wrong type or range comes back as a message naming it.
 """
 
@@ -17,7 +17,7 @@ from kvviz import memory as mem
 from kvviz import plots
 from kvviz.formats.family import REGISTRY
 
-from .checks import check_choice, check_float, check_int, check_names, check_text, spec_list
+from .checks import check_choice, check_float, check_int, check_language, check_names, check_text, spec_list
 from .common import UploadFile, on_click, table, upload_path, user_errors
 from .i18n import Translator, t
 
@@ -55,8 +55,10 @@ def _model(name, layers, kv_heads, head_dim, params_b, config_file, hf_id) -> me
 
 @user_errors
 def run(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, formats, custom_formats, gpus,
-        config_file=None, hf_id="", layout="engine"):
-    """Memory against context for each format, the GPU-fit table, the formula and the per-layer-kind table."""
+        config_file=None, hf_id="", layout="engine", lang="en"):
+    """Memory against context for each format, the GPU-fit table, the formula and the per-layer-kind table, in
+    `lang`."""
+    lang = check_language(lang)
     m = _model(model, layers, kv_heads, head_dim, params_b, config_file, hf_id)
     batch = check_int(batch, "Batch size", 1, 65536)
     lo = check_int(ctx_min, "Shortest context", 1, 1 << 24)
@@ -77,14 +79,16 @@ def run(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, fo
         plan.resolve(m.layers)  # a plan naming a layer this model lacks raises here
     plans = {p.name: p for p in plans}
     curves = mem.memory_curves(m, plans, lo, hi, batch, layout)  # the numbers: kvviz/memory/curves.py
-    windowed = {f"{s}: windowed layers": gb for s, gb in curves.windowed_gb.items()}
+    windowed = {t("mem_windowed", lang).format(fmt=s): gb for s, gb in curves.windowed_gb.items()}
     state = mem.state_bytes_for(m, batch, "transformers" if layout == "transformers" else "engine")
     budgets = {g: (mem.kv_budget_bytes(m, g) - state) / mem.GB for g in gpu_names}
-    lines = {f"{g} ({mem.GPU_PRESETS[g].memory_gb:g} GB): {b:.1f} GB for KV": b for g, b in budgets.items() if b > 0}
-    title = f"KV cache of {m.name} at batch {batch} ({m.layers} layers, {layout} layout)"
-    fig = plots.memory_vs_context(curves.contexts, curves.gb, lines, title=title, dashed=windowed)
+    lines = {t("mem_gpu_line", lang).format(gpu=g, gb=mem.GPU_PRESETS[g].memory_gb, kv=b): b
+             for g, b in budgets.items() if b > 0}
+    title = t("mem_title", lang).format(model=m.name, batch=batch, layers=m.layers, layout=layout)
+    fig = plots.memory_vs_context(curves.contexts, curves.gb, lines, title=title, dashed=windowed,
+                                  axis_titles=(t("mem_x", lang), t("mem_y", lang)))
 
-    headers = _fit_headers(hi, batch, gpu_names)
+    headers = _fit_headers(hi, batch, gpu_names, lang)
     rows = []
     for s, r in zip(plans, mem.memory_table(m, list(plans.values()), hi, batch=batch, layout=layout)):
         bits = " / ".join("-" if b is None else f"{b:g}" for b in (r["k_bits"], r["v_bits"]))
@@ -92,33 +96,33 @@ def run(model, layers, kv_heads, head_dim, params_b, batch, ctx_min, ctx_max, fo
                "-" if r["tokens_vs_fp16"] is None else f"{r['tokens_vs_fp16']:.2f}×"]
         for g in gpu_names:
             longest = mem.max_context(m, g, plans[s], batch=batch, layout=layout)
-            shown = "any" if longest >= mem.CONTEXT_CAP else f"{longest:,}"
-            row.append(f"{shown} tokens · batch {mem.max_batch(m, g, hi, plans[s], layout=layout):,}")
+            shown = t("mem_any", lang) if longest >= mem.CONTEXT_CAP else f"{longest:,}"
+            row.append(t("mem_fit_cell", lang).format(
+                tokens=shown, batch=f"{mem.max_batch(m, g, hi, plans[s], layout=layout):,}"))
         rows.append(row)
-    return (fig, table(rows, headers), _formula(m, batch, hi, plans, budgets, state, layout),
-            _breakdown(curves.caches, hi, batch))
+    return (fig, table(rows, headers), _formula(m, batch, hi, plans, budgets, state, layout, lang),
+            _breakdown(curves.caches, hi, batch, lang))
 
 
-def _fit_headers(tokens: int, batch: int, gpu_names: list[str]) -> list[str]:
+def _fit_headers(tokens: int, batch: int, gpu_names: list[str], lang: str = "en") -> list[str]:
     """The GPU-fit table's columns: the format, its bits, its GB at `tokens` x `batch`, then one per GPU."""
-    return (["format", "bits/value (K / V)", f"GB at {tokens:,} tokens × {batch}", "tokens vs fp16"]
+    return (t("mem_fit_headers", lang).format(tokens=f"{tokens:,}", batch=batch).split("|")
             + [f"{g} ({mem.GPU_PRESETS[g].memory_gb:g} GB)" for g in gpu_names])
 
 
-def _breakdown_headers(tokens: int, formats: list[str]) -> list[str]:
+def _breakdown_headers(tokens: int, formats: list[str], lang: str = "en") -> list[str]:
     """The per-layer-kind table's columns: the layer kind, its shape, then each format's GB."""
-    return ["layer kind", "layers", f"tokens each at {tokens:,}", "K heads × dim", "V heads × dim",
-            *[f"{s} GB" for s in formats]]
+    return [*t("mem_breakdown_headers", lang).format(tokens=f"{tokens:,}").split("|"), *[f"{s} GB" for s in formats]]
 
 
-def _breakdown(caches: dict, tokens: int, batch: int):
+def _breakdown(caches: dict, tokens: int, batch: int, lang: str = "en"):
     """Per layer kind: layers, tokens each holds at `tokens`, K and V per token, GB per format."""
     per_format = {s: c.breakdown(tokens, batch) for s, c in caches.items()}
     first = next(iter(per_format.values()))
-    headers = _breakdown_headers(tokens, list(per_format))
+    headers = _breakdown_headers(tokens, list(per_format), lang)
     rows = []
     for i, r in enumerate(first):
-        kind = r["kind"] + (f" (window {r['window']:,})" if r["window"] else "")
+        kind = r["kind"] + (t("mem_window", lang).format(window=f"{r['window']:,}") if r["window"] else "")
         rows.append([kind, r["layers"], r["tokens"], f"{r['k_heads']} × {r['k_dim']}" if r["k_heads"] else "-",
                      f"{r['v_heads']} × {r['v_dim']}" if r["v_heads"] else "-",
                      *[round(rows_[i]["bytes"] / mem.GB, 4) for rows_ in per_format.values()]])
@@ -126,32 +130,31 @@ def _breakdown(caches: dict, tokens: int, batch: int):
 
 
 def _formula(m: mem.ModelPreset, batch: int, tokens: int, plans: dict, budgets: dict[str, float],
-             state: int, layout: str) -> str:
+             state: int, layout: str, lang: str = "en") -> str:
     """The memory formula, once in symbols and once per format and layer kind with this model's numbers in it."""
-    out = ["**bytes = Σ over layers: (K heads × K dim + V heads × V dim) × batch × tokens held × bits per value ÷ 8**"
-           " (+ per-layer static scales; bits per value include per-group scales and zero points; tokens held: the "
-           f"context for full attention, the window for sliding and chunked layers; {layout} layout)\n"]
+    out = [t("mem_formula", lang).format(layout=layout) + "\n"]
     for s, plan in plans.items():
         cache = mem.CacheModel(m, plan, None, layout)
         rows = cache.breakdown(tokens, batch)
         exact = sum(r["bytes"] for r in rows)
         if not cache.uniform:  # a per-layer plan, or an engine's rule (16-bit layers): each layer's own bits
-            own = "" if not plan.is_uniform else " (the engine keeps some layers in 16 bits)"
-            out.append(f"- `{s}`: each layer in its own format{own}, summed over {m.layers} layers × {batch} = "
-                       f"**{exact / mem.GB:.4g} GB** ({exact:,} bytes)")
+            own = "" if not plan.is_uniform else t("mem_engine_16bit", lang)
+            out.append(t("mem_per_layer", lang).format(fmt=s, own=own, layers=m.layers, batch=batch,
+                                                       gb=f"{exact / mem.GB:.4g}", bytes=f"{exact:,}"))
             continue
         bits = plan.default.bits_per_value(m.head_dim)
         parts = [f"{r['layers']} × ({r['k_heads']}×{r['k_dim']} + {r['v_heads']}×{r['v_dim']}) × {r['tokens']:,}"
                  for r in rows if r["k_heads"]]
         out.append(f"- `{s}`: [{' + '.join(parts)}] × {batch} × {bits:g} ÷ 8 = **{exact / mem.GB:.4g} GB** "
-                   f"({exact:,} bytes)")
+                   + t("mem_bytes", lang).format(bytes=f"{exact:,}"))
     if state:
-        out.append(f"\nRecurrent layers' fixed state: {state / 1e6:,.1f} MB at batch {batch} (does not grow).")
+        out.append("\n" + t("mem_state", lang).format(mb=f"{state / 1e6:,.1f}", batch=batch))
     if m.params is None:
-        out.append("\nGive the parameter count (Parameters, billions) to see what fits on each GPU.")
+        out.append("\n" + t("mem_no_params", lang))
     gone = [g for g, b in budgets.items() if b <= 0]
     if gone:
-        out.append(f"\nThe weights alone ({m.params * 2 / mem.GB:.1f} GB in bf16) do not fit on: {', '.join(gone)}.")
+        out.append("\n" + t("mem_weights_too_big", lang).format(gb=f"{m.params * 2 / mem.GB:.1f}",
+                                                                 gpus=", ".join(gone)))
     return "\n".join(out)
 
 
@@ -194,11 +197,14 @@ def build(tr: Translator) -> dict:
             # headers for the default inputs before the first run (without them gradio shows columns "1 2 3")
             c["breakdown"] = tr(gr.Dataframe(headers=_breakdown_headers(DEFAULT_CONTEXT, DEFAULT_FORMATS),
                                              label=t("memory_breakdown"), wrap=True, elem_id=f"{TAB}-breakdown"),
+                                headers=lambda lang: _breakdown_headers(DEFAULT_CONTEXT, DEFAULT_FORMATS, lang),
                                 label="memory_breakdown")
     c["table"] = tr(gr.Dataframe(headers=_fit_headers(DEFAULT_CONTEXT, 1, DEFAULT_GPUS), label=t("fit_table"),
-                                 wrap=True, elem_id=f"{TAB}-fit"), label="fit_table")
-    c["inputs"] = [c[k] for k in ("model", "layers", "kv_heads", "head_dim", "params_b", "batch", "ctx_min",
-                                  "ctx_max", "formats", "custom", "gpus", "config_file", "hf_id", "layout")]
+                                 wrap=True, elem_id=f"{TAB}-fit"),
+                    headers=lambda lang: _fit_headers(DEFAULT_CONTEXT, 1, DEFAULT_GPUS, lang), label="fit_table")
+    c["inputs"] = [*(c[k] for k in ("model", "layers", "kv_heads", "head_dim", "params_b", "batch", "ctx_min",
+                                    "ctx_max", "formats", "custom", "gpus", "config_file", "hf_id", "layout")),
+                   tr.language_input()]
     c["outputs"] = [c["plot"], c["table"], c["formula"], c["breakdown"]]
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "memory")}
     on_click(c["run"], run, c["inputs"], c["outputs"], "memory", concurrency_id="memory", concurrency_limit=4)

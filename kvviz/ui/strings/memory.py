@@ -25,6 +25,28 @@ EN: dict[str, str] = {
     "memory_formats": "Formats",
     "fit_table": ("Per GPU: the longest context that fits at this batch size · the largest batch that fits at the "
                   "longest context above"),
+    # the tab's results (kvviz/ui/memory.py run): the chart, the two tables and the formula
+    "mem_windowed": "{fmt}: windowed layers",
+    "mem_gpu_line": "{gpu} ({gb:g} GB): {kv:.1f} GB for KV",
+    "mem_title": "KV cache of {model} at batch {batch} ({layers} layers, {layout} layout)",
+    "mem_x": "context length (tokens)",
+    "mem_y": "KV cache memory (GB)",
+    "mem_any": "any",
+    "mem_fit_cell": "{tokens} tokens · batch {batch}",
+    "mem_fit_headers": "format|bits/value (K / V)|GB at {tokens} tokens × {batch}|tokens vs fp16",
+    "mem_breakdown_headers": "layer kind|layers|tokens each at {tokens}|K heads × dim|V heads × dim",
+    "mem_window": " (window {window})",
+    "mem_formula": (
+        "**bytes = Σ over layers: (K heads × K dim + V heads × V dim) × batch × tokens held × bits per value ÷ 8** "
+        "(+ per-layer static scales; bits per value include per-group scales and zero points; tokens held: the "
+        "context for full attention, the window for sliding and chunked layers; {layout} layout)"),
+    "mem_engine_16bit": " (the engine keeps some layers in 16 bits)",
+    "mem_per_layer": ("- `{fmt}`: each layer in its own format{own}, summed over {layers} layers × {batch} = "
+                      "**{gb} GB** ({bytes} bytes)"),
+    "mem_bytes": "({bytes} bytes)",
+    "mem_state": "Recurrent layers' fixed state: {mb} MB at batch {batch} (does not grow).",
+    "mem_no_params": "Give the parameter count (Parameters, billions) to see what fits on each GPU.",
+    "mem_weights_too_big": "The weights alone ({gb} GB in bf16) do not fit on: {gpus}.",
 }
 
 KO: dict[str, str] = {
@@ -49,4 +71,25 @@ KO: dict[str, str] = {
     "ctx_max": "가장 긴 문맥 (토큰)",
     "memory_formats": "포맷",
     "fit_table": "GPU별: 현재 배치 크기에서 들어가는 최장 문맥 · 위의 최장 문맥에서 들어가는 최대 배치",
+    "mem_windowed": "{fmt}: 윈도 레이어",
+    "mem_gpu_line": "{gpu} ({gb:g} GB): KV에 {kv:.1f} GB",
+    "mem_title": "{model}의 KV 캐시, 배치 {batch} (레이어 {layers}개, {layout} 레이아웃)",
+    "mem_x": "문맥 길이 (토큰)",
+    "mem_y": "KV 캐시 메모리 (GB)",
+    "mem_any": "제한 없음",
+    "mem_fit_cell": "{tokens} 토큰 · 배치 {batch}",
+    "mem_fit_headers": "포맷|값당 비트 (K / V)|{tokens} 토큰 × {batch}에서 GB|fp16 대비 토큰 수",
+    "mem_breakdown_headers": "레이어 종류|레이어 수|{tokens}에서 레이어마다 담는 토큰|K 헤드 × 차원|V 헤드 × 차원",
+    "mem_window": " (윈도 {window})",
+    "mem_formula": (
+        "**바이트 = 모든 레이어의 합: (K 헤드 × K 차원 + V 헤드 × V 차원) × 배치 × 담는 토큰 × 값당 비트 ÷ 8** "
+        "(+ 레이어별 정적 스케일; 값당 비트에는 그룹별 스케일과 영점이 들어 있음; 담는 토큰: 전체 어텐션은 문맥 전체, "
+        "슬라이딩·청크 레이어는 윈도; {layout} 레이아웃)"),
+    "mem_engine_16bit": " (엔진이 일부 레이어를 16비트로 둠)",
+    "mem_per_layer": ("- `{fmt}`: 레이어마다 자기 포맷{own}, 레이어 {layers}개 × {batch}의 합 = **{gb} GB** "
+                      "({bytes} 바이트)"),
+    "mem_bytes": "({bytes} 바이트)",
+    "mem_state": "순환 레이어의 고정 상태: 배치 {batch}에서 {mb} MB (늘어나지 않음).",
+    "mem_no_params": "GPU마다 무엇이 들어가는지 보려면 파라미터 수(십억)를 입력하세요.",
+    "mem_weights_too_big": "가중치만으로도 ({gb} GB, bf16) 이 GPU에 들어가지 않습니다: {gpus}.",
 }
