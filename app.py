@@ -57,7 +57,8 @@ CSS = """
 
 def build_demo(rt: runtime.Runtime | None = None) -> gr.Blocks:
     """The whole page: title, language switch, header, lesson buttons and the six tabs, served by `rt` (None: a
-    runtime built from the environment), which becomes the process default (gradio runs callbacks on its threads)."""
+    runtime built from the environment), which becomes the process default (gradio runs callbacks on its threads).
+    The returned Blocks' `parts` holds each tab's components by name (what kvviz.ui.lessons.calls and run take)."""
     runtime.set_default(rt if rt is not None else runtime.Runtime.from_env())
     tr = i18n.Translator()
     with gr.Blocks(title="kvviz: KV-cache quantization playground") as demo:
@@ -110,6 +111,7 @@ def build_demo(rt: runtime.Runtime | None = None) -> gr.Blocks:
                    [pickers[0], lang], [header, timer])
         demo.load(*refresh, api_visibility="private", queue=False)
         timer.tick(*refresh, api_visibility="private", queue=False)
+    demo.parts = parts
     return demo
 
 

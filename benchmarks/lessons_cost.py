@@ -39,17 +39,10 @@ def _page_parts(model: str):
     """(demo, {tab: its parts}) of the page built in this process on `model` (nothing is loaded: models load
     lazily)."""
     import app
-    from kvviz.ui import lessons
 
     os.environ["KVVIZ_MODEL"] = model
-    parts: dict = {}
-    real_wire = lessons.wire
-    lessons.wire = lambda buttons, tabs, p, *rest: parts.update(p) or real_wire(buttons, tabs, p, *rest)
-    try:
-        demo = app.build_demo()
-    finally:
-        lessons.wire = real_wire
-    return demo, parts
+    demo = app.build_demo()
+    return demo, demo.parts
 
 
 def _endpoint(demo, fn) -> str:

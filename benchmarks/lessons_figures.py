@@ -13,7 +13,6 @@ SmolLM2's only). tests/test_lessons_models.py checks the file against its own le
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import sys
@@ -26,42 +25,9 @@ sys.path.insert(0, str(ROOT))
 MODELS = ("smollm2-135m", "gemma-3-270m")
 
 
-def _last(out):
-    if inspect.isgenerator(out):
-        last = None
-        for last in out:
-            pass
-        return last
-    return out
-
-
-def page_parts() -> dict:
-    """{tab: its parts} of the page, built in this process (nothing is loaded: models load lazily)."""
+def main() -> int:
     import app
     from kvviz.ui import lessons
-
-    parts: dict = {}
-    real_wire = lessons.wire
-    lessons.wire = lambda buttons, tabs, p, *rest: parts.update(p) or real_wire(buttons, tabs, p, *rest)
-    try:
-        app.build_demo()
-    finally:
-        lessons.wire = real_wire
-    return parts
-
-
-def run_lesson(parts: dict, i: int, model: str) -> dict:
-    """Lesson i on `model`: {action: its outputs}, as its button runs it (English)."""
-    from kvviz.ui import lessons
-
-    results = {}
-    for action, fn, args in lessons.calls(parts, i, model):
-        kwargs = {"progress": lambda *a, **k: None} if "progress" in inspect.signature(fn).parameters else {}
-        results[action] = _last(fn(*args, **kwargs))
-    return results
-
-
-def main() -> int:
     from kvviz.ui.strings import figures
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -75,14 +41,14 @@ def main() -> int:
         p.error(f"lessons {unknown} quote no measured figures; pick from {sorted(figures.MEASURED)}")
     path = Path(args.out)
     record = json.loads(path.read_text()) if path.exists() else {"models": {}}
-    parts = page_parts()
+    parts = app.build_demo().parts  # the page built in this process (nothing is loaded: models load lazily)
     for model in args.models.split(","):
         outputs = {}
         for i in wanted:
             if model not in figures.ONLY.get(i, (model,)):
                 continue
             start = time.perf_counter()
-            outputs[i] = run_lesson(parts, i, model)
+            outputs[i] = lessons.run(parts, i, model)
             print(f"{model}: lesson {i} in {time.perf_counter() - start:.0f} s", flush=True)
         measured = figures.measure(outputs)
         record["models"].setdefault(model, {}).update(measured)

@@ -9,25 +9,10 @@ beating k4v8 on KL, retrieval, fused speed against DynamicCache) need the bundle
 
 from __future__ import annotations
 
-import inspect
-
 import pandas as pd
 import pytest
 
 from kvviz.ui import lessons
-
-
-def _progress(*args, **kwargs):
-    pass
-
-
-def _last(out):
-    if inspect.isgenerator(out):
-        last = None
-        for last in out:
-            pass
-        return last
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -39,23 +24,14 @@ def parts():
 
     mp.setattr(runtime, "_default", runtime.default())  # build_demo installs the app's runtime: undone below
 
-    demo_parts = {}
-    real_wire = lessons.wire
-    mp.setattr(lessons, "wire", lambda buttons, tabs, p, *rest: demo_parts.update(p) or real_wire(buttons, tabs, p,
-                                                                                                    *rest))
-    app.build_demo()
-    yield demo_parts
+    yield app.build_demo().parts
     mp.undo()
 
 
 def run_lesson(parts: dict, i: int, model: str = "tiny-llama") -> dict:
     """Lesson i (1-based) on `model`: {action: its outputs}, its functions called with the arguments its button
     fills in (kvviz.ui.lessons.calls)."""
-    results = {}
-    for action, fn, args in lessons.calls(parts, i, model):
-        kwargs = {"progress": _progress} if "progress" in inspect.signature(fn).parameters else {}
-        results[action] = _last(fn(*args, **kwargs))
-    return results
+    return lessons.run(parts, i, model)
 
 
 @pytest.mark.parametrize("i", range(1, len(lessons.LESSONS) + 1))

@@ -11,6 +11,7 @@ layers 5 and 11) and the note's `lesson_models<i>` paragraph says what differs, 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -118,6 +119,22 @@ def calls(parts: dict, i: int, model: str) -> list[tuple[str, Callable, list]]:
                 args.append(comp.value)
         out.append((action, fn, args))
     return out
+
+
+def run(parts: dict, i: int, model: str) -> dict:
+    """Lesson i (1-based) on `model`, run in this process as its button runs it (calls): {action: its outputs, a
+    streaming action's last update}, in English, progress discarded."""
+    results = {}
+    for action, fn, args in calls(parts, i, model):
+        kwargs = {"progress": lambda *a, **k: None} if "progress" in inspect.signature(fn).parameters else {}
+        out = fn(*args, **kwargs)
+        if inspect.isgenerator(out):
+            last = None
+            for last in out:
+                pass
+            out = last
+        results[action] = out
+    return results
 
 
 def note(i: int, lang: str, model: str | None) -> str:

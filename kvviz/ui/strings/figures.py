@@ -72,7 +72,7 @@ def _layers(layers: list[int]) -> str:
 
 def measure(outputs: dict[int, dict]) -> dict:
     """The figures the notes quote, from one model's lesson outputs: {lesson: {action: its outputs}} as
-    tests/test_lessons_run.py's run_lesson returns them (English). Lessons missing from `outputs` give nothing."""
+    kvviz.ui.lessons.run returns them (English). Lessons missing from `outputs` give nothing."""
     out: dict = {}
     if 3 in outputs:
         _, table, _, _, _ = outputs[3]["run"]
