@@ -205,6 +205,17 @@ def _group_codes(row, lo, hi, kind, bits, exp, static, half_div, ts, codes):
 
 
 @nb.njit(**_OPTS)
+def _pack_codes(codes, dim, bits, data, b, h, r):
+    """codes[0:dim] -> row r of data: element e at bit e * bits of the row's little-endian stream (8 codes a word)."""
+    for w in range(dim // 8):
+        word = np.int64(0)
+        for j in range(8):
+            word |= codes[8 * w + j] << (bits * j)
+        for i in range(bits):
+            data[b, h, r, w * bits + i] = (word >> (8 * i)) & 0xFF
+
+
+@nb.njit(**_OPTS)
 def quant_pack_rows(x, ts, data, scale, zero, kind, bits, exp, group, static, half_div, pos, count):
     """Quantize x: fp32 [B, Hkv, T, D] and write token t at row pos + t of the buffers, each the uint8 view of its
     [B, Hkv, cap, n] tensor (data: codes; scale / zero: the bytes of D / group scales and zero points).
@@ -237,12 +248,7 @@ def quant_pack_rows(x, ts, data, scale, zero, kind, bits, exp, group, static, ha
                             byte |= codes[per_byte * j + k] << (bits * k)
                         data[b, h, r, j] = byte & 0xFF
                 else:  # element e at bit e * bits of the row's little-endian stream: 8 codes in `bits` bytes
-                    for w in range(dim // 8):
-                        word = np.int64(0)
-                        for k in range(8):
-                            word |= codes[8 * w + k] << (bits * k)
-                        for i in range(bits):
-                            data[b, h, r, w * bits + i] = (word >> (8 * i)) & 0xFF
+                    _pack_codes(codes, dim, bits, data, b, h, r)
                 if count:
                     for i in range(dim):
                         saturated += abs(row[i]) > limit

@@ -29,7 +29,7 @@ import math
 import numba as nb
 import numpy as np
 
-from kernels.cpu.jit.pack import _OPTS, _bits, _e4m3_value, _f16_bits, _f16_round, _float, _fp8
+from kernels.cpu.jit.pack import _OPTS, _bits, _e4m3_value, _f16_bits, _f16_round, _float, _fp8, _pack_codes
 
 _U = np.uint64  # an index known to be >= 0: no wraparound check, so the loop vectorizes
 
@@ -77,17 +77,6 @@ def _put(buf, b, h, r, o, bits, width):
     """Write the low `width` bytes of `bits` at bytes o.. of row r (little-endian)."""
     for i in range(width):
         buf[b, h, r, o + i] = (bits >> (8 * i)) & 0xFF
-
-
-@nb.njit(**_OPTS)
-def _pack_codes(codes, dim, bits, data, b, h, r):
-    """codes[0:dim] -> row r of data: element e at bit e * bits of the row's little-endian stream (8 codes a word)."""
-    for w in range(dim // 8):
-        word = np.int64(0)
-        for j in range(8):
-            word |= codes[8 * w + j] << (bits * j)
-        for i in range(bits):
-            data[b, h, r, w * bits + i] = (word >> (8 * i)) & 0xFF
 
 
 @nb.njit(**_OPTS)
