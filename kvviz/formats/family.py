@@ -59,7 +59,8 @@ class BaseInfo:
 @dataclass(frozen=True)
 class Layout:
     """How one side's packed buffers hold a format at one head_dim: everything a kernel reads, no name to branch
-    on. Field names follow kernels.packed.PackedSide; /work/wt/FORMATS-API.md (kept in docs/formats.md) says more."""
+    on. Field names follow kernels.packed.PackedSide; docs/kernels.md ("What the kernels read of a format") lists
+    what each field means to the kernels."""
 
     elem: str  # "float" (native load) | "int" (u - offset) | "fp8_e4m3" | "fp8_e5m2" | "e2m1" | "iq4_nl" | "table"
     bits: int  # bits per stored code
