@@ -177,6 +177,23 @@ class StagedStep:
         raise AttributeError(name)
 
 
+class ObservedPrefill:
+    """What a cache layer's `update` returns, for K and V alike, on a prefill it scores by the queries before storing
+    it (kvviz.cache.eviction: SnapKV keeps the context tokens the last queries attend to): the attention function
+    calls `observe(query, scaling)`, which returns this side's uncompressed states [B, H, T, D] to attend over.
+    Like StagedStep it has no `.shape`, so any other attention function fails loudly."""
+
+    def observe(self, query: torch.Tensor, scaling: float) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __getattr__(self, name):
+        if name == "shape":
+            raise AttributeError(
+                "A kvviz cache scores this prefill by its queries (eviction: snapkv) and needs kvviz's attention "
+                "function to hand them over. Use model.set_attn_implementation('kvviz').")
+        raise AttributeError(name)
+
+
 @functools.cache
 def _triton_runs_on(device: torch.device) -> bool:
     """False for CPU tensors on a CUDA machine (auto picks triton there): the reference serves them."""
@@ -290,6 +307,8 @@ def kvviz_attention_forward(module, query, key, value, attention_mask, dropout: 
         if sinks is None:
             sinks = _module_sinks(module)
         return key.attend(query, _query_row_mask(attention_mask), scaling, sinks, kwargs.get("softcap")), None
+    if isinstance(key, ObservedPrefill):  # a prefill the cache compresses by these queries (kvviz.cache.eviction)
+        key, value = key.observe(query, scaling), value.observe(query, scaling)
     q_len = query.shape[2]
     packed = isinstance(key, QTensor)
     if packed:

@@ -29,6 +29,7 @@ from kernels.cpu.step import DecodeStep
 from kvviz import attention, ggml_attention, runtime
 from kvviz.formats import Format, QTensor
 
+from . import eviction
 from .sides import Side
 
 
@@ -86,6 +87,10 @@ class QuantizedKVLayer(CacheLayerMixin):
     # llama.cpp holds this model's K RoPE-interleaved (ggml_attention.interleaved_model); QuantizedKVCache sets it
     interleaved = False
     layout: ggml_attention.Layout | None = None  # llama.cpp names: how K and V are held (set on the first update)
+    # the plan's eviction (kvviz.cache.eviction: which context tokens the first update keeps); QuantizedKVCache sets
+    # it, and layer_idx, on full-attention layers
+    evict = None
+    layer_idx = 0
 
     def _new_sides(self, k_fmt: Format, v_fmt: Format, residual: int) -> None:
         self.k = Side(k_fmt, residual, self._scales[0], f"{self.name} K")
@@ -96,6 +101,10 @@ class QuantizedKVLayer(CacheLayerMixin):
         self._staging = False  # whether update stages decode tokens now (_can_stage; asked after every store)
         self._step: DecodeStep | None = None
         self._step_data = None  # K's data _Buffer once the step is bound over the buffers (None: bind first)
+        self._dropped = 0  # context tokens each head dropped (eviction): counted as seen, not held
+        self._rest: eviction.RestStore | None = None  # mixed precision: the context tokens not kept, low-bit
+        self._observing = None  # snapkv: the prefill waiting for its queries (eviction.prefill)
+        self._context = 0  # the context's length (eviction)
 
     # -- the fused CPU decode step ------------------------------------------------------------------------------
     def _can_stage(self) -> bool:
@@ -104,7 +113,7 @@ class QuantizedKVLayer(CacheLayerMixin):
         turned staging on, no llama.cpp layout, both sides fusable: the CPU packer, token scales, no residual
         window); update checks the rest per token (one token, CPU states, the cpu backend)."""
         return (self.stages and self.is_initialized and self.layout is None and self.k.seen > 0
-                and self.k.fuses() and self.v.fuses())
+                and self._rest is None and self.k.fuses() and self.v.fuses())
 
     def _stage(self, key_states: torch.Tensor, value_states: torch.Tensor, keep_from: int | None = None,
                visible_from: int | None = None):
@@ -200,6 +209,8 @@ class QuantizedKVLayer(CacheLayerMixin):
         first = not self.is_initialized or self.get_seq_length() == 0
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if first and self.evict is not None:
+            return eviction.prefill(self, key_states, value_states)
         key_states, value_states = self._held(key_states, value_states)
         self.k.append(key_states)
         self.v.append(value_states)
@@ -220,14 +231,23 @@ class QuantizedKVLayer(CacheLayerMixin):
         if self.layout is not None:
             k = dataclasses.replace(k, fmt=ggml_attention.Stored(k.fmt, self.layout, "k"))
             v = dataclasses.replace(v, fmt=ggml_attention.Stored(v.fmt, self.layout, "v"))
+        if self._rest is not None:  # mixed precision: the low-bit context tokens first, read by the reference
+            return self._rest.joined(k.dequantize(), v.dequantize())
         return (k.dequantize(), v.dequantize()) if self.materialize else (k, v)
 
     def get_seq_length(self) -> int:
-        return self.k.seen + (self._pending is not None) if self.is_initialized else 0
+        """Tokens seen: stored, staged, and (eviction) the context's dropped and low-bit ones."""
+        if not self.is_initialized:
+            return 0
+        if self._observing is not None:
+            return self._context
+        rest = self._rest.tokens if self._rest is not None else 0
+        return self.k.seen + (self._pending is not None) + self._dropped + rest
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """(kv_length, kv_offset) for the mask of a query of query_length new tokens, as DynamicLayer's."""
-        return self.get_seq_length() + query_length, 0
+        """(kv_length, kv_offset) for the mask of a query of query_length new tokens, as DynamicLayer's; after
+        eviction, the tokens held, offset by those dropped (so new tokens stay causal among themselves)."""
+        return self.get_seq_length() - self._dropped + query_length, self._dropped
 
     def get_max_length(self) -> int:
         return -1
@@ -243,6 +263,8 @@ class QuantizedKVLayer(CacheLayerMixin):
         if self.is_initialized:
             self.k.map_batch(fn)
             self.v.map_batch(fn)
+            if self._rest is not None:
+                self._rest.map_batch(fn)
             self._stored()
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -275,7 +297,8 @@ class QuantizedKVLayer(CacheLayerMixin):
         """Bytes held: packed data, scales, zero points, 16-bit tails and static scales of K and V (one_row: one
         batch row's, static scales counted once)."""
         self._flush()
-        return self.k.nbytes(one_row) + self.v.nbytes(one_row) if self.is_initialized else 0
+        rest = self._rest.nbytes(one_row) if self._rest is not None else 0
+        return self.k.nbytes(one_row) + self.v.nbytes(one_row) + rest if self.is_initialized else 0
 
 
 class QuantizedSlidingLayer(QuantizedKVLayer):

@@ -82,6 +82,8 @@ class QuantizedKVCache(Cache):
                                  f"QuantizedKVCache supports the layer types {', '.join(SUPPORTED_TYPES)}; use "
                                  f"transformers' DynamicCache for this model.")
         super().__init__(layers=layers)
+        if self.kv_plan.evict is not None:
+            _set_eviction(self.kv_plan.evict, text, layers, layer_types)
         interleaved = ggml_attention.interleaved_model(text)  # llama.cpp's K channel order, for its names
         for layer in layers:
             if isinstance(layer, QuantizedKVLayer):
@@ -108,6 +110,28 @@ class QuantizedKVCache(Cache):
 
     def __repr__(self) -> str:
         return f"QuantizedKVCache({self._name()!r}, residual={self.residual}, layers={len(self.layers)})"
+
+
+def _set_eviction(evict, text, layers: list, layer_types: list) -> None:
+    """Give the plan's eviction to every full-attention layer (kvviz.cache.eviction); sliding-window and chunked
+    layers keep their own window. ValueError where no layer would evict, or where eviction cannot apply."""
+    where = f"@ {evict.text}"
+    if any(isinstance(layer, DummyLayer) for layer in layers) or _caches_latent(text):
+        raise ValueError(f"{text.model_type} shares K/V between layers or caches a latent (MLA): eviction ({where}) "
+                         f"runs on per-head K/V of its own. Drop '{where}' for this model.")
+    full = [layer for layer in layers if isinstance(layer, QuantizedKVLayer) and not layer.is_sliding]
+    if not full:
+        kinds = sorted({k for k in layer_types if k in ATTENTION_TYPES})
+        raise ValueError(f"Every K/V layer of {text.model_type} is a {' / '.join(kinds)} layer, which already keeps "
+                         f"only its last window of tokens: eviction ({where}) applies to full-attention layers "
+                         f"and would change nothing here. Drop '{where}', or use a model with full-attention layers.")
+    for layer in full:
+        layer.evict = evict
+        layer.layer_idx = i = layers.index(layer)
+        if evict.rest is not None:
+            for dim, side in zip(layer_head_dims(text, i), "KV"):
+                if dim is not None:
+                    check_fits(evict.rest, dim, f"Layer {i} {side} (rest={evict.rest.spec})")
 
 
 def model_layer_types(config) -> list[str]:

@@ -33,6 +33,7 @@ from .floats import max_value
 from .fp4 import e2m1_decode, e2m1_encode
 from .kv import KVSpec, get_format, parse_kv
 from .packing import hadamard, pack, rotate, unpack
+from .eviction import POLICIES, Eviction, parse_eviction
 from .plan import Plan, as_plan, as_plans, assigns_layers, format_plan, parse_plan, spec_key, spec_text
 from .spec import (BASES, GRANULARITIES, KVVIZ_BASES, LLAMA_CPP_TYPES, PRESET_RESIDUAL, PRESETS, parse_spec,
                    split_pair, valid_names)
@@ -52,9 +53,11 @@ __all__ = [
     "LLAMA_CPP_TYPES",
     "PRESETS",
     "PRESET_RESIDUAL",
+    "Eviction",
     "Format",
     "KVSpec",
     "Layout",
+    "POLICIES",
     "Plan",
     "QTensor",
     "REGISTRY",

@@ -26,6 +26,10 @@ dtype instead (`vllm:auto`), so every cache and memory figure built from a resol
 holds. A plan built from a per-layer list may hold None entries: those layers are kept exact (as DynamicCache holds
 them); only code builds such plans, and their text writes `exact`.
 
+A plan may end in an eviction, `@ POLICY:KEEP[,OPTION=VALUE...]` (kvviz.formats.eviction): which of the context's
+tokens every full-attention layer keeps (`int4 @ snapkv:0.5`, `fp16 @ streaming:0.25,sinks=4`, mixed precision
+`int4 @ knorm:0.5,rest=int2`); it is part of the plan (`Plan.evict`), so it travels, compares and prints with it.
+
     plan = as_plan("int4; 0,27=fp16")      # parsed here, once; everything below takes the Plan
     plan.resolve(28)                        # (KVSpec x 28), checked against the model's layers
     plan.text                               # 'int4; 0,27=fp16' (the shortest form)
@@ -35,9 +39,10 @@ them); only code builds such plans, and their text writes `exact`.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .engines import engine_skip_layers, skip_layer_spec
+from .eviction import Eviction, parse_eviction
 from .kv import KVSpec, parse_kv
 from .spec import PRESETS
 
@@ -72,6 +77,7 @@ class Plan:
     """What each layer stores: `default` (None: none, every layer must be assigned) and `layers`, the assignments
     ((layer, KVSpec | None), ...) in layer order, those equal to the default dropped. `num_layers`: the layer count
     a per-layer list fixed (None for text). `name`: the text as the user wrote it (a label, like KVSpec.name).
+    `evict`: which context tokens full-attention layers keep (kvviz.formats.eviction), None: every token.
 
     Equal plans store the same thing: equality and hash go by spec_key, not by names or spelling."""
 
@@ -79,6 +85,7 @@ class Plan:
     layers: tuple[tuple[int, KVSpec | None], ...] = ()
     num_layers: int | None = None
     name: str = ""
+    evict: Eviction | None = None
 
     def __post_init__(self):
         kept = tuple(sorted((i, kv) for i, kv in dict(self.layers).items()
@@ -88,7 +95,8 @@ class Plan:
             object.__setattr__(self, "name", self.text)
 
     def _key(self) -> tuple:
-        return spec_key(self.default), tuple((i, spec_key(kv)) for i, kv in self.layers), self.num_layers
+        return (spec_key(self.default), tuple((i, spec_key(kv)) for i, kv in self.layers), self.num_layers,
+                None if self.evict is None else self.evict.text)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Plan) and self._key() == other._key()
@@ -109,7 +117,13 @@ class Plan:
         for i, kv in self.layers:
             groups.setdefault(spec_text(kv), []).append(i)
         parts = [] if self.default is None else [spec_text(self.default)]
-        return "; ".join(parts + [f"{_ranges(ids)}={s}" for s, ids in groups.items()])
+        text = "; ".join(parts + [f"{_ranges(ids)}={s}" for s, ids in groups.items()])
+        return text if self.evict is None else f"{text} @ {self.evict.text}"
+
+    def with_eviction(self, evict: Eviction | str | None) -> Plan:
+        """The same layers with another eviction (an Eviction, its text "snapkv:0.5", or None: keep every token)."""
+        evict = parse_eviction(evict) if isinstance(evict, str) else evict
+        return Plan(self.default, self.layers, self.num_layers, evict=evict)
 
     @property
     def is_uniform(self) -> bool:
@@ -168,7 +182,7 @@ class Plan:
         """The plan as a model with `num_layers` layers (of `layer_types`, as resolve takes them) stores it, written
         the shortest way: plans that store the same thing in every layer of that model come out equal (a default
         and assignments, most common spec as the default)."""
-        return _from_layers(self.resolve(num_layers, layer_types))
+        return _from_layers(self.resolve(num_layers, layer_types)).with_eviction(self.evict)
 
 
 def _engine_rules(kvs: list, layer_types) -> tuple[KVSpec | None, ...]:
@@ -230,6 +244,16 @@ def _from_text(text: str) -> Plan:
     if not text.strip():
         raise ValueError("Empty plan: give one spec ('int4') or a default and layer assignments "
                          "('int4; 0,27=fp16').")
+    layers_text, at, evict_text = text.partition("@")
+    evict = None
+    if at:
+        if "@" in evict_text or ";" in evict_text:
+            raise ValueError(f"Plan {text!r}: write one eviction, last, after the layers: e.g. "
+                             f"'int4; 0=fp16 @ snapkv:0.5'.")
+        evict = parse_eviction(evict_text)
+        if not layers_text.strip():
+            raise ValueError(f"Plan {text!r} names no format before '@': e.g. 'fp16 @ {evict.text}'.")
+        return replace(_from_text(layers_text).with_eviction(evict), name=text.strip())
     default: KVSpec | None = None
     assigned: dict[int, KVSpec] = {}
     for part in (p.strip() for p in text.split(";")):

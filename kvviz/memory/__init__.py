@@ -37,14 +37,14 @@ from .bytes import (CacheModel, _check_count, _kv_formats, _preset_residual, _te
                     kv_cache_bytes_for, layer_breakdown, state_bytes_for)
 from .curves import WINDOWED, MemoryCurves, context_samples, memory_curves, windowed_bytes
 from .configs import MAX_CONFIG_BYTES, config_dict, layer_shapes, read_config_file, state_shapes
-from .fit import (CONTEXT_CAP, kv_budget_bytes, max_batch, max_context, memory_table, model_kv_bytes,
+from .fit import (CONTEXT_CAP, fit_keep, kv_budget_bytes, max_batch, max_context, memory_table, model_kv_bytes,
                   resolve_model, split_formats)
 from .layers import KINDS, LAYOUTS, LayerShape
 from .params import count_params
 from .presets import GB, GPU_PRESETS, MODEL_PRESETS, GpuPreset, ModelPreset, get_gpu_preset, get_model_preset
 
 __all__ = ["CONTEXT_CAP", "GB", "GPU_PRESETS", "KINDS", "LAYOUTS", "MAX_CONFIG_BYTES", "MODEL_PRESETS",
-           "CacheModel", "GpuPreset", "LayerShape", "MemoryCurves", "ModelPreset", "WINDOWED", "context_samples", "config_dict", "count_params", "get_gpu_preset",
+           "CacheModel", "GpuPreset", "LayerShape", "MemoryCurves", "ModelPreset", "WINDOWED", "context_samples", "config_dict", "count_params", "fit_keep", "get_gpu_preset",
            "get_model_preset", "kv_budget_bytes", "kv_cache_bytes", "kv_cache_bytes_for", "layer_breakdown",
            "layer_shapes", "max_batch", "max_context", "memory_curves", "memory_table", "model_kv_bytes", "read_config_file",
            "resolve_model", "split_formats", "state_bytes_for", "state_shapes", "windowed_bytes"]

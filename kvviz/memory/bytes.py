@@ -11,6 +11,10 @@ zero points are part of the format's bits (kvviz.formats), so the figure is what
   by every sequence, as vLLM's and SGLang's `k_scale` / `v_scale` are: counted once, not per sequence.
 - `channel` granularity (KIVI) quantizes whole groups of `group` tokens only; the partial group and the
   `residual` most recent tokens wait in a full-precision window, counted as fp16.
+- A plan's eviction (`int4 @ snapkv:0.5`, kvviz.formats.eviction) holds `evict.kept(context)` tokens per head in
+  full-attention (and hybrid) layers, in the plan's format, plus, with `rest=FMT`, the other context tokens in FMT;
+  sliding and chunked layers keep their window. No index is stored (K carries its RoPE position): 0 index bytes.
+  The whole `seq_len` counts as the context (what the cache compresses on its first update).
 - MLA in the engine layout stores one latent per token in K's format (there is no separate V), except vLLM's
   DeepSeek records (vllm:fp8_ds_mla, vllm:nvfp4_ds_mla): the latent in K's format, the RoPE key in V's.
 """
@@ -26,6 +30,7 @@ from kvviz.formats.engines import check_model
 from .configs import config_dict, state_shapes
 from .layers import LAYOUTS, LayerShape, shapes_of
 
+_EVICTS = ("full_attention", "hybrid")  # the layer kinds a plan's eviction compresses (kvviz.cache.eviction)
 _FP16_BYTES = 2  # residual-window tokens are held in fp16
 _MODEL_DTYPE_BYTES = 2  # bf16 / fp16 weights and activations: the dtype of conv states
 
@@ -136,6 +141,10 @@ class CacheModel:
             # those layers count K as the latent (kv_lora_rank) and V as the RoPE key (qk_rope_head_dim)
             split = shapes_of(cfg, "transformers")
             self.shapes = [t if is_latent(f[0]) else s for s, t, f in zip(self.shapes, split, formats)]
+        self.evict = None if (v is not None or isinstance(k, Format)) else as_plan(k).evict
+        if self.evict is not None and not any(s.kind in _EVICTS and s.has_kv for s in self.shapes):
+            raise ValueError(f"Every K/V layer of this model keeps a window already: eviction (@ {self.evict.text}) "
+                             f"applies to full-attention layers and would change nothing. Drop '@ {self.evict.text}'.")
         self.uniform = len(set(formats)) == 1  # False also where an engine's layer rules keep layers in 16 bits
         # layers with equal shape and formats hold equal bytes: count them once
         self.groups = Counter((s.kind, s.window, s.k_heads, s.k_dim, s.v_heads, s.v_dim, f)
@@ -145,10 +154,21 @@ class CacheModel:
         _check_count(seq_len, "seq_len (context length in tokens)")
         _check_count(batch, "batch", 1)
         total = 0
-        for (kind, window, *dims, (k_fmt, v_fmt, res)), count in self.groups.items():
-            shape = LayerShape(-1, kind, window, *dims)
-            total += count * _layer_bytes(shape, seq_len, batch, k_fmt, v_fmt, res, self.layout)
+        for (kind, window, *dims, fmts), count in self.groups.items():
+            total += count * self._group_bytes(LayerShape(-1, kind, window, *dims), seq_len, batch, fmts)
         return total
+
+    def _group_bytes(self, shape: LayerShape, seq_len: int, batch: int, fmts: tuple) -> int:
+        """One layer's bytes: under eviction, a full-attention layer holds kept tokens in its formats and (mixed
+        precision) the other context tokens in the rest format."""
+        evict = self.evict
+        if evict is None or shape.kind not in _EVICTS:
+            return _layer_bytes(shape, seq_len, batch, *fmts, self.layout)
+        kept = evict.kept(seq_len)
+        held = _layer_bytes(shape, kept, batch, *fmts, self.layout)
+        if evict.rest is not None and seq_len > kept:
+            held += _layer_bytes(shape, seq_len - kept, batch, evict.rest, evict.rest, 0, self.layout)
+        return held
 
     @property
     def grows(self) -> bool:
@@ -163,10 +183,11 @@ class CacheModel:
             shape = LayerShape(-1, kind, window, *dims)
             key = (kind, window, *dims)
             row = rows.setdefault(key, {"kind": kind, "layers": 0, "window": window,
-                                        "tokens": shape.tokens(seq_len, self.layout), "k_heads": dims[0],
+                                        "tokens": (self.evict.kept(seq_len) if self.evict and kind in _EVICTS
+                                                   else shape.tokens(seq_len, self.layout)), "k_heads": dims[0],
                                         "k_dim": dims[1], "v_heads": dims[2], "v_dim": dims[3], "bytes": 0})
             row["layers"] += count
-            row["bytes"] += count * _layer_bytes(shape, seq_len, batch, *fmts, self.layout)
+            row["bytes"] += count * self._group_bytes(shape, seq_len, batch, fmts)
         order = {k: i for i, k in enumerate(("full_attention", "hybrid", "sliding_attention", "chunked_attention",
                                              "linear_attention", "shared", "mlp"))}
         return sorted(rows.values(), key=lambda r: (order.get(r["kind"], 99), -(r["window"] or 0)))

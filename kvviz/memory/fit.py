@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 
-from kvviz.formats import Plan, as_plan
+from kvviz.formats import POLICIES, Plan, as_plan
 
 from .bytes import CacheModel, _check_count, _kv_formats, state_bytes_for
 from .configs import config_dict
 from .presets import GB, MODEL_PRESETS, ModelPreset, get_gpu_preset
 
+_EVICT_OPTIONS = {*(o for opts in POLICIES.values() for o in opts), "rest"}
 CONTEXT_CAP = 1 << 40  # tokens: the answer for a model whose cache stops growing (every layer slides or recurs)
 
 
@@ -112,13 +113,17 @@ def max_batch(model, gpu, context: int, k="fp16", v=None, gpus: int = 1, weight_
 def split_formats(text: str) -> list[str]:
     """Split a comma-separated list of KV specs, keeping pair specs whole (an engine's pair name too).
 
+    An eviction's options stay with it: "int4 @ snapkv:0.5,window=16,fp16" is two entries.
+
     >>> split_formats("fp16,k=int8,v=int4,mxfp4,llama.cpp:k=q8_0,v=q4_0")
     ['fp16', 'k=int8,v=int4', 'mxfp4', 'llama.cpp:k=q8_0,v=q4_0']
     """
     items: list[str] = []
     for part in (p.strip() for p in text.split(",")):
         opens = items and (items[-1].lower().startswith("k=") or ":k=" in items[-1].lower())
-        if part.lower().startswith("v=") and opens and "," not in items[-1]:
+        if items and "@" in items[-1] and part.partition("=")[0].strip() in _EVICT_OPTIONS:
+            items[-1] = f"{items[-1]},{part}"
+        elif part.lower().startswith("v=") and opens and "," not in items[-1]:
             items[-1] = f"{items[-1]},{part}"
         elif part:
             items.append(part)
@@ -190,3 +195,39 @@ def memory_table(model, formats, context: int, gpu=None, batch: int = 1, gpus: i
             row["max_batch"] = max_batch(m, gpu, context, spec, **fit)
         rows.append(row)
     return rows
+
+
+def fit_keep(config, plan, budget_bytes: int, context: int, batch: int = 1, layout: str = "transformers") -> float:
+    """The largest keep ratio at which `plan`'s cache of `batch` sequences of `context` tokens takes at most
+    `budget_bytes` (kept tokens x the format's bytes + scales, + the rest format's for mixed precision): k / context
+    for the largest kept count k that fits, 1.0 when every token fits. `plan`: plan text or a Plan, with an eviction
+    (its policy and options are kept, its ratio replaced) or without (then `streaming`). ValueError, saying what
+    to change, when even one token per head does not fit.
+
+        fit_keep("SmolLM2-135M", "fp16 @ snapkv:1", budget_bytes=kv_cache_bytes_for(cfg, 1024, k="fp16") // 4,
+                 context=1024)   # 0.25
+    """
+    plan = as_plan(plan)
+    if plan.evict is None:
+        plan = plan.with_eviction("streaming:1")
+    _check_count(context, "context (tokens)", 1)
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)) or budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be a positive number of bytes, got {budget_bytes!r}.")
+    cache = CacheModel(config, plan, None, layout)
+    evict = plan.evict
+
+    def fits(kept: int) -> bool:
+        cache.evict = evict.with_keep(kept / context)
+        return cache.bytes(context, batch) <= budget_bytes
+
+    if not fits(1):
+        need = cache.bytes(context, batch)
+        raise ValueError(f"No keep ratio of {plan.with_eviction(None).text!r} @ {evict.policy} fits {budget_bytes:,.0f} "
+                         f"bytes at {context} tokens: even one token per head takes {need:,} bytes (with what the "
+                         f"policy does not drop: sliding layers' windows, a rest format). Raise the budget, or pick "
+                         f"a smaller format.")
+    lo, hi = 1, context  # fits(lo); find the largest kept count that fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo / context
