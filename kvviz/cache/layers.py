@@ -203,6 +203,10 @@ class QuantizedKVLayer(CacheLayerMixin):
         else (QTensor, QTensor) over every cached token, this call's included.
         """
         self._flush()
+        if self._observing is not None:
+            raise ValueError(f"{self.name}: snapkv scores the context by its queries, which this cache never got: "
+                             f"prefill the context through the model (attn_implementation='kvviz'), not by copying "
+                             f"K/V into the cache.")
         staged = self._stage(key_states, value_states)
         if staged is not None:
             return staged

@@ -197,6 +197,11 @@ class RowStackCache(Cache):
                  layer_rows: list[list[int]] | None = None, own: frozenset[int] | set[int] = frozenset()):
         n_layers = config.get_text_config(decoder=True).num_hidden_layers
         assert all(s is None or isinstance(s, Plan) for s in specs), "RowStackCache rows are kvviz.Plans or None"
+        evicting = next((s for s in specs if s is not None and s.evict is not None), None)
+        if evicting is not None:  # rows of one batch hold the same tokens; an eviction keeps fewer per head
+            raise ValueError(f"{evicting.name!r} evicts context tokens, which rows of one batch cannot: run it in "
+                             f"its own QuantizedKVCache (kvviz.compare and kvviz.needle do), or drop "
+                             f"'@ {evicting.evict.text}'.")
         kinds, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
         if layer_rows is None:  # rows of one spec share one cache, batched (see the module docstring)
             # equal plans (as this model stores them, the engine's layer rules applied): one cache

@@ -18,6 +18,10 @@ included), and its KL and top-1 are taken teacher-forced on the baseline's token
 run on them (FormatResult.kl_against), in one batch, as kvviz.quality.kld measures it: the same figures kld gives
 for the window prompt + baseline tokens scored from the prompt's length on.
 
+A plan with an eviction (`int4 @ snapkv:0.5`) runs outside the batch too (kvviz.quality.evicted): its own cache,
+the prompt prefilled and compressed, then its teacher-forced and free-running rows step beside the batch, their KL
+and top-1 read against the batch's baseline row; its decode speed is not timed.
+
     for update in compare_stream(model, tok, "Once upon a time", ["fp8_e4m3", "k8v4", "int4"], max_new_tokens=32):
         if update.report is None: show(update.texts)      # partial texts per format, each step
     report = compare(model, tok, prompt, specs)           # QualityReport (the stream's last item)
@@ -38,6 +42,7 @@ from kvviz.formats import Plan, as_plans, parse_kv
 from kvviz.memory import kv_cache_bytes_for
 from kvviz.metrics import kl_top1
 from kvviz.quality.decode import decode_speed, prefill
+from kvviz.quality.evicted import EvictedRows, no_engine_eviction
 from kvviz.quality.report import EXACT, LLAMACPP_METRICS, METRICS_BACKEND, FormatResult, QualityReport, StreamUpdate
 from kvviz.rowstable import row_stable_steps
 
@@ -81,7 +86,10 @@ def _steps(model, tokenizer, prompt, specs: list[str], max_new_tokens: int, scal
     names = [p.name for p in kvs]
     n = len(kvs)
     engine = [j for j in range(n) if llamacpp.runs_llamacpp(kvs[j])]  # run as llama.cpp runs them, unbatched
-    own = [j for j in range(n) if j not in engine]
+    for j in engine:
+        no_engine_eviction(kvs[j])
+    evicts = [j for j in range(n) if kvs[j].evict is not None and j not in engine]  # their own caches, beside
+    own = [j for j in range(n) if j not in engine and j not in evicts]
     vec_dot = llamacpp.weight_vec_dot(model) if engine else {}
     ids = _encode(tokenizer, prompt)
     t0 = time.perf_counter()
@@ -99,6 +107,8 @@ def _steps(model, tokenizer, prompt, specs: list[str], max_new_tokens: int, scal
     greedy = {j: llamacpp.greedy(model, ids, kvs[j], vec_dot) for j in engine} if free_running else {}
     for j, tokens in greedy.items():
         free_ids[j] = [next(tokens)]
+    evicted = {j: EvictedRows(model, ids, kvs[j], scales, free_running) for j in evicts}
+    evicted_kl: dict = {j: ([], []) for j in evicts}  # j -> (KL per step, top-1 per step)
     kl_steps, top1_steps = [], []
     decode = lambda row_ids: tokenizer.decode(row_ids, skip_special_tokens=True)  # noqa: E731
     yield StreamUpdate(0, decode(base_ids), {names[j]: decode(free_ids[j]) for j in range(n)})
@@ -110,6 +120,13 @@ def _steps(model, tokenizer, prompt, specs: list[str], max_new_tokens: int, scal
         kl, top1 = kl_top1(logits[:1], logits[list(tf.values())])  # the baseline's log-softmax once, for all
         kl_steps.append(kl.cpu())
         top1_steps.append(top1.cpu())
+        for j, ev in evicted.items():
+            ev_logits = ev.step(model, base_ids[-1], free_ids[j][-1])  # [rows, vocab]
+            ev_kl, ev_top1 = kl_top1(logits[:1], ev_logits[:1])
+            evicted_kl[j][0].append(float(ev_kl[0]))
+            evicted_kl[j][1].append(float(ev_top1[0]))
+            if free_running:
+                free_ids[j].append(int(ev_logits[-1].argmax()))
         base_ids.append(int(logits[0].argmax()))
         spawn = []
         for j in own if free_running else []:
@@ -132,6 +149,8 @@ def _steps(model, tokenizer, prompt, specs: list[str], max_new_tokens: int, scal
         yield StreamUpdate(step, decode(base_ids), {names[j]: decode(free_ids[j]) for j in range(n)})
     kl_of = dict(zip(own, torch.stack(kl_steps, dim=1).numpy()))  # {format: [steps]}
     top1_of = dict(zip(own, torch.stack(top1_steps, dim=1).numpy()))
+    for j, (ev_kl, ev_top1) in evicted_kl.items():
+        kl_of[j], top1_of[j] = np.array(ev_kl, dtype=np.float32), np.array(ev_top1, dtype=np.float32)
     if engine:  # teacher-forced on the prompt and the baseline's tokens, scored at the decode steps 1..N-1
         window = torch.cat([ids, torch.tensor([base_ids], dtype=ids.dtype)], dim=1)  # [1, prompt + N]
         runs = llamacpp.values(model, window, [kvs[j] for j in engine], ids.shape[1], vec_dot)
@@ -146,7 +165,8 @@ def _steps(model, tokenizer, prompt, specs: list[str], max_new_tokens: int, scal
     base_speed = None
     if speed_tokens > 0:
         base_speed = decode_speed(model, dyn, None, base_ids[0], speed_tokens)
-        speeds = {j: decode_speed(model, dyn, kvs[j], base_ids[0], speed_tokens, scales) for j in range(n)}
+        speeds = {j: decode_speed(model, dyn, kvs[j], base_ids[0], speed_tokens, scales) for j in range(n)
+                  if j not in evicted}
     tokens = ids.shape[1] + max_new_tokens - 1  # tokens held after the last step
     # what a DynamicCache holds for them (sliding layers their window, no state layers): at 16 bits (what engines
     # store), and in the model dtype
@@ -161,6 +181,8 @@ def _steps(model, tokenizer, prompt, specs: list[str], max_new_tokens: int, scal
             free_ids[j], diverge = [], None
         if j in engine:  # what its own cache holds for the same tokens
             nbytes = kv_cache_bytes_for(model.config, tokens, k=llamacpp.held(model, kv), layout="transformers")
+        elif j in evicted:
+            nbytes = evicted[j].nbytes()
         else:
             nbytes = stack.row_nbytes(rows.index(("tf", j)))
         results.append(FormatResult(

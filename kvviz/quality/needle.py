@@ -9,6 +9,11 @@ A plan holding a `llama.cpp:` name answers as llama.cpp would (kvviz.analysis.ll
 the question as one prompt batch reading K/V as stored, with llama.cpp's matmul input rounding, then greedy steps;
 one haystack at a time, outside the batch.
 
+A plan with an eviction (`int4 @ snapkv:0.25`, kvviz.formats.eviction) answers outside the batch too, one haystack
+at a time through its own QuantizedKVCache: the haystack (the context) is prefilled and compressed, the question
+then goes through the compressed cache uncompressed, as kvpress runs it. This is where eviction fails: a needle
+the policy dropped cannot be read back.
+
     res = needle(model, tok, ["fp8_e4m3", "int4", "kivi2"], context_tokens=1024, needles_per_depth=4)
     res["rate"]          # {"baseline": 1.0, "fp8_e4m3": 1.0, "int4": 0.95, ...}
     res["depth_rates"]   # {name: [rate per depth]}
@@ -22,11 +27,12 @@ import random
 import torch
 
 from kvviz.analysis import llamacpp
-from kvviz.cache import model_layer_types
+from kvviz.cache import QuantizedKVCache, model_layer_types
 from kvviz.cache.row_stack import RowStackCache
 from kvviz.formats import as_plans
 from kvviz.quality.corpus import wikitext
 from kvviz.quality.decode import prefill_shared
+from kvviz.quality.evicted import no_engine_eviction
 from kvviz.rowstable import row_stable
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -96,6 +102,20 @@ def _answers(model, tokenizer, haystacks: list, kvs: list, scales, answer_tokens
     return [[texts[f * h + i] for f in range(1 + len(kvs))] for i in range(h)]
 
 
+def _evicted_answer(model, tokenizer, haystack: tuple, plan, scales, answer_tokens: int) -> str:
+    """The greedy answer to one haystack (prompt ids [1, T], question ids [1, q]) through a cache of `plan`, whose
+    eviction compresses the prompt (the first update) and not the question."""
+    prompt, question = haystack
+    cache = QuantizedKVCache(model.config, plan, scales=scales)
+    model(input_ids=prompt.to(model.device), cache=cache, use_cache=True, logits_to_keep=1)  # context: compressed
+    inp, tokens = question.to(model.device), []
+    for _ in range(answer_tokens):
+        nxt = model(input_ids=inp, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1)  # [1]
+        tokens.append(int(nxt))
+        inp = nxt[:, None]
+    return tokenizer.decode(tokens, skip_special_tokens=True)
+
+
 def _llamacpp_answer(model, tokenizer, haystack: tuple, plan, vec_dot: dict, answer_tokens: int) -> str:
     """llama.cpp's greedy answer to one haystack (prompt ids [1, T], question ids [1, q]) with a cache of `plan`."""
     prompt, question = haystack
@@ -136,7 +156,10 @@ def needle(model, tokenizer, specs: list[str], context_tokens: int = 1024, depth
     for i, (prompt, question) in enumerate(built):
         by_shape.setdefault((prompt.shape[1], question.shape[1]), []).append(i)
     engine = [j for j, p in enumerate(kvs) if llamacpp.runs_llamacpp(p)]  # answer as llama.cpp answers
-    own = [j for j in range(len(kvs)) if j not in engine]
+    for j in engine:
+        no_engine_eviction(kvs[j])
+    evicts = [j for j, p in enumerate(kvs) if p.evict is not None and j not in engine]  # their own cache each
+    own = [j for j in range(len(kvs)) if j not in engine and j not in evicts]
     vec_dot = llamacpp.weight_vec_dot(model) if engine else {}
     answers: list = [None] * len(trials)
     for group in by_shape.values():
@@ -147,6 +170,8 @@ def needle(model, tokenizer, specs: list[str], context_tokens: int = 1024, depth
                 by_format = dict(zip([-1, *own], texts))  # -1: the exact cache
                 for j in engine:
                     by_format[j] = _llamacpp_answer(model, tokenizer, built[i], kvs[j], vec_dot, answer_tokens)
+                for j in evicts:
+                    by_format[j] = _evicted_answer(model, tokenizer, built[i], kvs[j], scales, answer_tokens)
                 answers[i] = [by_format[j] for j in range(-1, len(kvs))]
     out = {"depths": list(depths), "context_tokens": context_tokens, "needles_per_depth": needles_per_depth,
            "needles": [value for _, value, _ in trials], "trial_depths": [depth for depth, _, _ in trials],
