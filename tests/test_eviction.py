@@ -1,0 +1,242 @@
+"""Eviction on QuantizedKVCache (kvviz.cache.eviction) and its plan syntax (kvviz.formats.eviction): policies that
+keep every token decode DynamicCache's tokens per architecture family, policies at 0.5 keep the tokens they say
+(streaming: sinks + window, knorm: the smallest norms, snapkv: the top scores of a direct computation from eager
+attention weights), mixed precision stores the rest in the low format, bytes equal the memory model, positions and
+masks stay right after compression, and bad input gets its message.
+
+    python -m pytest tests/test_eviction.py -q
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from kvviz.cache import QuantizedKVCache
+from kvviz.cache.eviction import gather
+from kvviz.cache.row_stack import RowStackCache
+from kvviz.formats import POLICIES, as_plan, get_format
+from kvviz.memory import fit_keep, kv_cache_bytes_for, split_formats
+from kvviz.quality import compare, needle
+from kvviz.tiny import tiny_model
+
+T = 20  # context tokens: longer than the tiny windows (8), so sliding layers cut on their own
+PROMPT = torch.randint(0, 256, (1, T), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@functools.lru_cache(maxsize=None)
+def _model(arch: str = "llama", dtype: torch.dtype = torch.float32):
+    return tiny_model(arch, dtype=dtype)
+
+
+def _prefill(arch: str, spec: str, dtype=torch.float32):
+    model, _ = _model(arch, dtype)
+    cache = QuantizedKVCache(model.config, spec)
+    model(input_ids=PROMPT, cache=cache, use_cache=True)
+    return model, cache
+
+
+def _full_layers(cache):
+    return [layer for layer in cache.layers if getattr(layer, "evict", None) is not None]
+
+
+# ------------------------------------------------------------------------------------------ the syntax
+
+@pytest.mark.parametrize("text, canonical", [
+    ("int4 @ snapkv:0.50,window=32", "int4 @ snapkv:0.5"),
+    ("fp16@streaming:0.25,sinks=4", "fp16 @ streaming:0.25"),
+    ("int4 @ knorm:0.5,rest=int2", "int4 @ knorm:0.5,rest=int2"),
+    ("int4; 0=fp16 @ random:0.5,seed=3", "int4; 0=fp16 @ random:0.5,seed=3"),
+    ("k8v4 @ snapkv:1,kernel=3,window=8", "k8v4 @ snapkv:1,window=8,kernel=3"),
+])
+def test_syntax_round_trips(text, canonical):
+    plan = as_plan(text)
+    assert plan.text == canonical and as_plan(plan.text) == plan
+    assert plan != as_plan(canonical.partition(" @")[0])  # the eviction is part of what the plan stores
+    assert plan.fitted(4).evict == plan.evict
+
+
+@pytest.mark.parametrize("text, message", [
+    ("int4 @ snapkv:1.5", "must be in (0, 1]"),
+    ("int4 @ snapkv:0", "must be in (0, 1]"),
+    ("int4 @ h2o:0.5", "the policies are streaming, snapkv, knorm, random"),
+    ("int4 @ snapkv", "gives no keep ratio"),
+    ("int4 @ snapkv:0.5,sinks=2", "is not an option of snapkv"),
+    ("int4 @ snapkv:0.5,kernel=4", "must be odd"),
+    ("@ knorm:0.5", "names no format before '@'"),
+    ("int4 @ knorm:0.5 @ knorm:0.2", "write one eviction, last"),
+])
+def test_syntax_rejects_bad_input(text, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        as_plan(text)
+
+
+def test_split_formats_keeps_an_evictions_options():
+    assert split_formats("fp16,int4 @ snapkv:0.5,window=16,rest=int2,k8v4") == [
+        "fp16", "int4 @ snapkv:0.5,window=16,rest=int2", "k8v4"]
+
+
+# ------------------------------------------------------------------------------------------ exactness at keep 1
+
+FAMILIES = ("llama", "gemma2", "qwen3_next", "falcon_h1")  # full; sliding + full; linear hybrid; Mamba hybrid
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_keeping_every_token_decodes_dynamic_caches_tokens(arch):
+    model, _ = _model(arch, torch.float16)
+    want = model.generate(input_ids=PROMPT, max_new_tokens=6, do_sample=False, cache=DynamicCache(config=model.config))
+    for policy in POLICIES:
+        cache = QuantizedKVCache(model.config, f"fp16 @ {policy}:1")
+        got = model.generate(input_ids=PROMPT, max_new_tokens=6, do_sample=False, cache=cache)
+        assert torch.equal(got, want), policy
+        assert all(layer.kept_index.shape[2] == T for layer in _full_layers(cache))
+
+
+def test_a_model_of_sliding_layers_only_says_the_policy_changes_nothing():
+    model, _ = _model("mistral")
+    with pytest.raises(ValueError, match="already keeps only its last window"):
+        QuantizedKVCache(model.config, "int4 @ knorm:0.5")
+
+
+# ------------------------------------------------------------------------------------------ what is kept
+
+def test_streaming_keeps_sinks_and_the_recent_window():
+    _, cache = _prefill("gemma2", "fp16 @ streaming:0.5,sinks=3")
+    kept = T // 2
+    want = list(range(3)) + list(range(T - (kept - 3), T))
+    for layer in _full_layers(cache):
+        assert layer.kept_index.shape[-1] == kept
+        assert (layer.kept_index == torch.tensor(want)).all()
+        assert layer.k.seen == kept and layer.get_seq_length() == T
+
+
+def test_knorm_keeps_the_smallest_key_norms_and_stores_those_keys():
+    model, cache = _prefill("llama", "fp16 @ knorm:0.5", torch.float16)
+    dyn = DynamicCache(config=model.config)
+    model(input_ids=PROMPT, cache=dyn, use_cache=True)
+    for i, layer in enumerate(cache.layers):
+        keys = dyn.layers[i].keys  # [1, H, T, D], post-RoPE, as the cache saw them
+        want = (-keys.float().norm(dim=-1)).topk(T // 2, dim=-1).indices.sort(dim=-1).values
+        assert torch.equal(layer.kept_index, want)
+        assert torch.equal(layer.k.packed().dequantize(), gather(keys, want))  # fp16 of an fp16 model: exact
+
+
+def test_snapkv_keeps_the_top_scores_of_eager_attention():
+    """The scores computed directly: eager attention's weights of the last w queries, averaged over them,
+    avg-pooled over the kernel and averaged over each KV head's group of query heads; the window kept."""
+    model, cache = _prefill("llama", "int8 @ snapkv:0.5,window=4,kernel=3")
+    model.set_attn_implementation("eager")
+    try:
+        probs = model(input_ids=PROMPT, output_attentions=True).attentions  # per layer [1, Hq, T, T]
+    finally:
+        model.set_attn_implementation("kvviz")
+    w, k = 4, 3
+    for layer, p in zip(cache.layers, probs):
+        s = p[:, :, -w:, : T - w].mean(dim=2)  # [1, Hq, T - w]
+        s = torch.nn.functional.avg_pool1d(s, k, stride=1, padding=k // 2)
+        h = layer.kept_index.shape[1]
+        s = s.reshape(1, h, -1, T - w).mean(dim=2)  # [1, H, T - w]
+        want = torch.cat([s.topk(T // 2 - w, dim=-1).indices, torch.arange(T - w, T).expand(1, h, w)], dim=-1)
+        assert torch.equal(layer.kept_index, want.sort(dim=-1).values)
+
+
+@pytest.mark.parametrize("policy", ["random:0.5", "knorm:0.5", "snapkv:0.5,window=4"])
+def test_every_head_keeps_the_same_count(policy):
+    _, cache = _prefill("qwen3_next", f"int4 @ {policy}")
+    for layer in _full_layers(cache):
+        assert layer.kept_index.shape == (1, 2, T // 2)
+        assert layer.k.packed().data.shape[2] == T // 2
+
+
+def test_mixed_precision_stores_the_rest_in_the_low_format():
+    model, cache = _prefill("llama", "fp16 @ knorm:0.25,rest=int2", torch.float16)
+    dyn = DynamicCache(config=model.config)
+    model(input_ids=PROMPT, cache=dyn, use_cache=True)
+    int2 = get_format("int2")
+    for i, layer in enumerate(cache.layers):
+        kept = layer.kept_index.shape[-1]
+        assert kept == 5 and layer._rest.tokens == T - kept and layer._dropped == 0
+        assert layer._rest.k.fmt.spec == int2.spec and layer.get_seq_length() == T
+        mask = torch.ones(1, 2, T, dtype=torch.bool)
+        mask.scatter_(-1, layer.kept_index, False)
+        rest_keys = dyn.layers[i].keys[mask].reshape(1, 2, T - kept, -1)
+        assert torch.equal(layer._rest.k.packed().dequantize(), int2.quantize(rest_keys).dequantize())
+
+
+# ------------------------------------------------------------------------------------------ positions and masks
+
+@pytest.mark.parametrize("spec", ["fp16 @ streaming:0.5", "fp16 @ knorm:0.5,rest=int4"])
+def test_a_chunk_after_compression_reads_as_its_tokens_one_by_one(spec):
+    """The question as one chunk equals feeding it a token at a time (where no mask is needed): the mask over
+    the compressed cache keeps the chunk causal, and its positions continue from the full context."""
+    model, _ = _model("llama")
+    chunk = torch.tensor([[65, 66, 67, 68, 69]])
+    a = QuantizedKVCache(model.config, spec)
+    model(input_ids=PROMPT, cache=a, use_cache=True)
+    together = model(input_ids=chunk, cache=a, use_cache=True).logits[0]
+    b = QuantizedKVCache(model.config, spec)
+    model(input_ids=PROMPT, cache=b, use_cache=True)
+    apart = torch.cat([model(input_ids=chunk[:, i:i + 1], cache=b, use_cache=True).logits[0] for i in range(5)])
+    torch.testing.assert_close(together, apart, atol=1e-4, rtol=1e-4)
+    assert a.get_seq_length() == T + 5
+
+
+# ------------------------------------------------------------------------------------------ bytes
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "falcon_h1"])
+@pytest.mark.parametrize("spec", ["int4 @ snapkv:0.5,window=4", "k8v4 @ streaming:0.3,sinks=2", "int8 @ knorm:0.4",
+                                  "int4 @ random:0.5", "int4 @ knorm:0.5,rest=int2", "fp8_e5m2/token @ streaming:0.25,rest=int2",
+                                  "k=int2/channel/g16/asym,v=int4 @ random:0.6,rest=int2/channel/g16"])
+def test_bytes_equal_the_memory_model(arch, spec):
+    _, cache = _prefill(arch, spec)
+    model, _ = _model(arch)
+    assert cache.nbytes() == kv_cache_bytes_for(model.config, T, k=spec, layout="transformers")
+
+
+def test_fit_keep_finds_the_largest_ratio_within_the_budget():
+    config = _model("llama")[0].config
+    budget = kv_cache_bytes_for(config, 100, k="fp16", layout="transformers") // 4
+    assert fit_keep(config, "fp16 @ snapkv:1", budget, 100) == 0.25
+    keep = fit_keep(config, "int8 @ knorm:1,rest=int2", budget, 100)
+    at = lambda r: kv_cache_bytes_for(config, 100, k=f"int8 @ knorm:{r},rest=int2", layout="transformers")  # noqa
+    assert at(keep) <= budget < at(keep + 0.01)
+    with pytest.raises(ValueError, match="No keep ratio .* fits 10 bytes"):
+        fit_keep(config, "fp16", 10, 100)
+
+
+# ------------------------------------------------------------------------------------------ bad input at run time
+
+def test_a_snapkv_window_longer_than_the_prompt_is_refused():
+    model, _ = _model("llama")
+    with pytest.raises(ValueError, match="window of 32 queries is not shorter than the 20-token context"):
+        model(input_ids=PROMPT, cache=QuantizedKVCache(model.config, "int4 @ snapkv:0.5"), use_cache=True)
+
+
+def test_row_batches_refuse_eviction_plans():
+    model, _ = _model("llama")
+    with pytest.raises(ValueError, match="evicts context tokens"):
+        RowStackCache(model.config, [None, as_plan("int4 @ knorm:0.5")])
+
+
+# ------------------------------------------------------------------------------------------ compare and needle
+
+def test_compare_and_needle_run_eviction_plans_beside_the_batch():
+    model, tok = _model("llama")
+    report = compare(model, tok, "the quick brown fox jumps over it", ["fp16", "fp16 @ knorm:1", "int4 @ knorm:0.25"],
+                     max_new_tokens=4)
+    exact, kept_all, quarter = report.formats
+    assert kept_all.token_ids == exact.token_ids and float(kept_all.kl.max()) < 1e-4
+    assert quarter.cache_bytes < exact.cache_bytes / 4
+    res = needle(model, tok, ["fp16", "fp16 @ streaming:1"], context_tokens=200, depths=(0.5,), answer_tokens=3)
+    assert res["answers"]["fp16 @ streaming:1"] == res["answers"]["fp16"]
