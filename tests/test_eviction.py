@@ -174,6 +174,23 @@ def test_mixed_precision_stores_the_rest_in_the_low_format():
         assert torch.equal(layer._rest.k.packed().dequantize(), int2.quantize(rest_keys).dequantize())
 
 
+def test_a_rest_in_the_plans_own_format_reads_as_the_plain_format():
+    """Per-token int4 quantizes each token alone, so keeping the 'dropped' tokens in int4 too holds and reads
+    exactly what plain int4 does (up to the order of attention's sums): the mixed path loses nothing on its own."""
+    model, _ = _model("llama")
+    outs, held = [], []
+    for spec in ("int4", "int4 @ knorm:0.5,rest=int4", "int4 @ snapkv:0.3,window=4,rest=int4"):
+        cache = QuantizedKVCache(model.config, spec)
+        model(input_ids=PROMPT, cache=cache, use_cache=True)
+        chunk = model(input_ids=torch.tensor([[65, 66, 67]]), cache=cache, use_cache=True).logits
+        step = model(input_ids=torch.tensor([[70]]), cache=cache, use_cache=True).logits
+        outs.append(torch.cat([chunk, step], dim=1))
+        held.append(cache.nbytes())
+    assert held[0] == held[1] == held[2]
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], atol=1e-4, rtol=1e-4)
+
+
 # ------------------------------------------------------------------------------------------ positions and masks
 
 @pytest.mark.parametrize("spec", ["fp16 @ streaming:0.5", "fp16 @ knorm:0.5,rest=int4"])
