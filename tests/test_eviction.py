@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvviz.cache import QuantizedKVCache
+from kvviz.cache import QuantizedKVCache, evicting_layers
 from kvviz.cache.eviction import gather
 from kvviz.cache.row_stack import RowStackCache
 from kvviz.formats import POLICIES, as_plan, get_format
@@ -105,6 +105,7 @@ def test_keeping_every_token_decodes_dynamic_caches_tokens(arch):
 
 def test_a_model_of_sliding_layers_only_says_the_policy_changes_nothing():
     model, _ = _model("mistral")
+    assert evicting_layers(model.config) == [] and evicting_layers(_model("gemma2")[0].config) == [1]
     with pytest.raises(ValueError, match="already keeps only its last window"):
         QuantizedKVCache(model.config, "int4 @ knorm:0.5")
 

@@ -46,8 +46,9 @@ Speed, bytes and quality against DynamicCache and transformers' QuantizedCache: 
 """
 
 from .layers import QuantizedHybridLayer, QuantizedHybridSlidingLayer, QuantizedKVLayer, QuantizedSlidingLayer
-from .quantized import SUPPORTED_TYPES, QuantizedKVCache, layer_head_dims, model_layer_types
+from .quantized import SUPPORTED_TYPES, QuantizedKVCache, evicting_layers, layer_head_dims, model_layer_types
 from .sides import ScaleWarning, held_tokens
 
 __all__ = ["ScaleWarning", "QuantizedKVCache", "QuantizedKVLayer", "QuantizedSlidingLayer", "QuantizedHybridLayer",
-           "QuantizedHybridSlidingLayer", "SUPPORTED_TYPES", "held_tokens", "layer_head_dims", "model_layer_types"]
+           "QuantizedHybridSlidingLayer", "SUPPORTED_TYPES", "evicting_layers", "held_tokens", "layer_head_dims",
+           "model_layer_types"]

@@ -134,6 +134,14 @@ def _set_eviction(evict, text, layers: list, layer_types: list) -> None:
                     check_fits(evict.rest, dim, f"Layer {i} {side} (rest={evict.rest.spec})")
 
 
+def evicting_layers(config) -> list[int]:
+    """The decoder layers a plan's eviction compresses on this model (full attention, and the attention half of
+    hybrid layers); sliding-window and chunked layers keep their window. For a view's note: "@ snapkv applies to
+    layers 5, 11, 17; the others keep their 512-token window"."""
+    return [i for i, kind in enumerate(model_layer_types(config))
+            if ATTENTION_TYPES.get(kind) in (QuantizedKVLayer, QuantizedHybridLayer)]
+
+
 def model_layer_types(config) -> list[str]:
     """One transformers layer type per decoder layer of a model config ("full_attention", "sliding_attention",
     "linear_attention", ...): what Plan.resolve takes to apply an engine's layer rules to this model."""
