@@ -214,7 +214,8 @@ def test_a_chunk_after_compression_reads_as_its_tokens_one_by_one(spec):
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "falcon_h1"])
 @pytest.mark.parametrize("spec", ["int4 @ snapkv:0.5,window=4", "k8v4 @ streaming:0.3,sinks=2", "int8 @ knorm:0.4",
-                                  "int4 @ random:0.5", "int4 @ knorm:0.5,rest=int2", "fp8_e5m2/token @ streaming:0.25,rest=int2",
+                                  "int4 @ random:0.5", "int4 @ knorm:0.5,rest=int2",
+                                  "fp8_e5m2/token @ streaming:0.25,rest=int2",
                                   "k=int2/channel/g16/asym,v=int4 @ random:0.6,rest=int2/channel/g16"])
 def test_bytes_equal_the_memory_model(arch, spec):
     _, cache = _prefill(arch, spec)

@@ -222,10 +222,10 @@ def fit_keep(config, plan, budget_bytes: int, context: int, batch: int = 1, layo
 
     if not fits(1):
         need = cache.bytes(context, batch)
-        raise ValueError(f"No keep ratio of {plan.with_eviction(None).text!r} @ {evict.policy} fits {budget_bytes:,.0f} "
-                         f"bytes at {context} tokens: even one token per head takes {need:,} bytes (with what the "
-                         f"policy does not drop: sliding layers' windows, a rest format). Raise the budget, or pick "
-                         f"a smaller format.")
+        raise ValueError(f"No keep ratio of {plan.with_eviction(None).text!r} @ {evict.policy} fits "
+                         f"{budget_bytes:,.0f} bytes at {context} tokens: even one token per head takes {need:,} "
+                         f"bytes (with what the policy does not drop: sliding layers' windows, a rest format). Raise "
+                         f"the budget, or pick a smaller format.")
     lo, hi = 1, context  # fits(lo); find the largest kept count that fits
     while lo < hi:
         mid = (lo + hi + 1) // 2
