@@ -21,7 +21,8 @@ Scores (higher = kept), per batch row and KV head, over the T context tokens:
 - random: uniform from a generator seeded by (seed, layer index), the control;
 - snapkv: kvpress's SnapKVPress: softmax(q k^T * scaling) of the last `window` queries (causal among themselves)
   over the keys, averaged over those queries and over the query heads of the KV head's group (GQA), then averaged
-  over `kernel` neighbouring tokens (avg_pool1d, as kvpress); the window's own tokens score highest (always kept).
+  over `kernel` neighbouring tokens (avg_pool1d, as kvpress); the window's own tokens score highest (always kept;
+  the newest first when fewer than the window are kept).
   It needs the prefill's queries: the layer hands the "kvviz" attention function an `ObservedPrefill`, which
   scores and stores once the queries arrive (kvviz/attention.py).
 """
@@ -72,8 +73,9 @@ def snapkv_scores(queries: torch.Tensor, keys: torch.Tensor, window: int, kernel
     scores = torch.nn.functional.avg_pool1d(scores.reshape(b * h * group, 1, t - window), kernel_size=kernel,
                                             padding=kernel // 2, stride=1).reshape(b, h, group, t - window)
     scores = scores.mean(dim=2)  # over the KV head's group of query heads (GQA): [B, H, T - w]
-    top = scores.amax() + 1.0 if scores.numel() else torch.tensor(1.0)
-    return torch.cat([scores, top.expand(b, h, window)], dim=-1)
+    top = (scores.amax() if scores.numel() else scores.new_zeros(())) + 1.0
+    recent = top + torch.arange(window, device=keys.device, dtype=torch.float32)  # the newest first, if few are kept
+    return torch.cat([scores, recent.expand(b, h, window)], dim=-1)
 
 
 def kept_indices(scores: torch.Tensor, kept: int) -> torch.Tensor:
