@@ -319,6 +319,9 @@ def export_plan(plan, num_layers: int, model: str = "MODEL", layer_types=None) -
     layers are those exports as that one flag. Raises ValueError on a bad plan.
     """
     fitted = as_plan(plan).fitted(num_layers, layer_types)  # the shortest form for this model's layers
+    if fitted.evict is not None:
+        raise ValueError(f"vLLM, SGLang and llama.cpp keep every token: no engine flag evicts (@ "
+                         f"{fitted.evict.text}). Export {fitted.with_eviction(None).text!r} for the formats alone.")
     if fitted.is_uniform:
         return export_commands(fitted.default, model)
     layers, text = fitted.resolve(num_layers, layer_types), fitted.text

@@ -259,3 +259,18 @@ def test_compare_and_needle_run_eviction_plans_beside_the_batch():
     assert quarter.cache_bytes < exact.cache_bytes / 4
     res = needle(model, tok, ["fp16", "fp16 @ streaming:1"], context_tokens=200, depths=(0.5,), answer_tokens=3)
     assert res["answers"]["fp16 @ streaming:1"] == res["answers"]["fp16"]
+
+
+def test_no_engine_flag_claims_an_eviction():
+    from kvviz.export import export_plan
+    from kvviz.quality.report import engine_flag
+    assert engine_flag(as_plan("fp8_e4m3")) is not None and engine_flag(as_plan("fp8_e4m3 @ knorm:0.5")) is None
+    with pytest.raises(ValueError, match="no engine flag evicts"):
+        export_plan("fp8_e4m3 @ knorm:0.5", 2)
+
+
+def test_single_format_views_refuse_an_eviction_rather_than_drop_it():
+    from kvviz.ui import checks
+    with pytest.raises(ValueError, match="also evicts tokens"):
+        checks.check_spec("int4 @ snapkv:0.5")
+    assert [p.name for p in checks.spec_list([], "int4 @ snapkv:0.5\nfp16", limit=4)] == ["int4 @ snapkv:0.5", "fp16"]

@@ -161,8 +161,8 @@ class MapPoint:
 
 def engine_flag(plan: Plan | None) -> str | None:
     """The first engine (vLLM, SGLang, llama.cpp) that stores `plan` exactly, with its KV flags; None for none (and
-    for a per-layer plan, which no engine takes as one flag)."""
-    if plan is None or not plan.is_uniform:
+    for a per-layer plan, which no engine takes as one flag, and for an eviction, which none of them runs)."""
+    if plan is None or not plan.is_uniform or plan.evict is not None:
         return None
     rows = export_commands(plan.default)
     hit = next((e for e in ENGINE_NAMES if rows[e]["supported"] and rows[e]["flags"]), None)

@@ -137,10 +137,15 @@ def spec_list(chosen, custom, limit: int, what: str = "Formats") -> list[Plan]:
 
 
 def single_specs(plans: list[Plan], what: str, why: str) -> list[Plan]:
-    """`plans` when each is one spec for every layer; else ValueError naming the first per-layer plan and `why`."""
+    """`plans` when each is one spec for every layer, keeping every token; else ValueError naming the first per-layer
+    plan (and `why`) or eviction."""
     multi = next((p for p in plans if not p.is_uniform), None)
     if multi is not None:
         raise ValueError(f"{what} are single specs; {multi.name!r} is a per-layer plan. {why}")
+    evicts = next((p for p in plans if p.evict is not None), None)
+    if evicts is not None:  # these views store every token in the format: an eviction would be dropped unseen
+        raise ValueError(f"{what} are single specs; {evicts.name!r} also evicts tokens (@ {evicts.evict.text}), "
+                         f"which this view does not run. Drop '@ {evicts.evict.text}', or use Compare.")
     return plans
 
 
