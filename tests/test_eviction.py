@@ -256,7 +256,7 @@ def test_compare_and_needle_run_eviction_plans_beside_the_batch():
                      max_new_tokens=4)
     exact, kept_all, quarter = report.formats
     assert kept_all.token_ids == exact.token_ids and float(kept_all.kl.max()) < 1e-4
-    assert quarter.cache_bytes < exact.cache_bytes / 4
+    assert quarter.cache_bytes < exact.cache_bytes / 4 and quarter.spec == "int4 @ knorm:0.25"
     res = needle(model, tok, ["fp16", "fp16 @ streaming:1"], context_tokens=200, depths=(0.5,), answer_tokens=3)
     assert res["answers"]["fp16 @ streaming:1"] == res["answers"]["fp16"]
 

@@ -62,7 +62,7 @@ def _spec_and_bits(plan: Plan, layer_types: list[str], head_dim: int) -> tuple[s
     """(canonical spec or plan text, bits per value: a plan's mean over its layers), as a model of `layer_types`
     stores it (the engine's layer rules applied: vLLM's TurboQuant keeps boundary layers in 16 bits)."""
     fitted = plan.fitted(len(layer_types), layer_types)
-    if fitted.is_uniform:
+    if fitted.is_uniform and fitted.evict is None:
         return fitted.default.spec, fitted.default.bits_per_value(head_dim)
     kvs = fitted.resolve(len(layer_types), layer_types)
     return fitted.text, float(np.mean([kv.bits_per_value(head_dim) for kv in kvs]))
