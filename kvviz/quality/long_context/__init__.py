@@ -13,10 +13,13 @@ Modules: text (the long text), checks (bad input, the memory estimate), position
 
 from kvviz.quality.long_context.checks import (MemoryEstimate, check_context, check_depths, check_new_tokens,
                                                estimate_memory, parse_formats)
+from kvviz.quality.long_context.generation import GenerationDrift, generation_drift, repeated_ngrams, repetition
+from kvviz.quality.long_context.needles import CONTEXTS, DEPTHS10, NeedleAtLength, needle_at_length
 from kvviz.quality.long_context.position import (THRESHOLDS, WINDOW, PositionDrift, crossings, position_drift,
                                                  smooth)
 from kvviz.quality.long_context.text import REPEAT_MARKER, long_text_ids, read_text_file
 
-__all__ = ["MemoryEstimate", "PositionDrift", "REPEAT_MARKER", "THRESHOLDS", "WINDOW", "check_context",
+__all__ = ["CONTEXTS", "DEPTHS10", "GenerationDrift", "NeedleAtLength", "generation_drift", "needle_at_length",
+           "repeated_ngrams", "repetition", "MemoryEstimate", "PositionDrift", "REPEAT_MARKER", "THRESHOLDS", "WINDOW", "check_context",
            "check_depths", "check_new_tokens", "crossings", "estimate_memory", "long_text_ids", "parse_formats",
            "position_drift", "read_text_file", "smooth"]

@@ -41,16 +41,22 @@ def long_text_ids(tokenizer, context: int, text: str | None = None) -> tuple[tor
     if text is not None and (not isinstance(text, str) or not text.strip()):
         raise ValueError("The text is empty; paste some text, or leave it empty to use the WikiText-2 slice.")
     name = "The WikiText-2 slice" if text is None else "The text"
-    enc = lambda s: tokenizer(s, return_tensors="pt")["input_ids"][0]  # noqa: E731
-    body = enc(wikitext() if text is None else text)
+    source = wikitext() if text is None else text
+    body = encode(tokenizer, source, special=True)  # the tokenizer's BOS, where it adds one, at the start only
     if body.numel() >= context:
         return body[:context][None], ""
-    marker = enc(REPEAT_MARKER)
+    marker, again = encode(tokenizer, REPEAT_MARKER), encode(tokenizer, source)
     parts, n = [body], body.numel()
     while n < context:
-        parts += [marker, body]
-        n += marker.numel() + body.numel()
-    copies = -(-context // (body.numel() + marker.numel()))
+        parts += [marker, again]
+        n += marker.numel() + again.numel()
+    copies = 1 + -(-(context - body.numel()) // (marker.numel() + again.numel()))
     note = (f"{name} is {body.numel():,} tokens, shorter than the context of {context:,}: it repeats ({copies} "
             f"copies in all), a marker line between copies; past each marker the model can copy from what it read.")
     return torch.cat(parts)[:context][None], note
+
+
+def encode(tokenizer, text: str, special: bool = False) -> torch.Tensor:
+    """Token ids [n] of text; special=False leaves out the tokens a tokenizer adds around a text (Gemma's BOS), for
+    pieces joined after the first."""
+    return tokenizer(text, return_tensors="pt", add_special_tokens=special)["input_ids"][0]
