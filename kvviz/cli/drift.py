@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     needle = (lc.needle_at_length(model, tok, specs, needle_contexts, depths, args.needles_per_depth)
               if needle_contexts else None)
     out = Path(args.out) if args.out else None
-    report: dict = {"model": lc.checks.model_name(model), "formats": specs, "context": args.context,
+    report: dict = {"model": lc.model_name(model), "formats": specs, "context": args.context,
                     "chunk": args.chunk, "window": args.window, "thresholds": list(lc.THRESHOLDS),
                     "text": args.text_file or "WikiText-2 slice (assets/)"}
     t0 = time.perf_counter()

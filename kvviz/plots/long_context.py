@@ -33,7 +33,8 @@ def _thin(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x, np.asarray(values, dtype=np.float64)[x]
 
 
-def position_figure(smoothed: Mapping[str, np.ndarray], crossings: Mapping[str, Mapping[float, int | None]] | None = None,
+def position_figure(smoothed: Mapping[str, np.ndarray],
+                    crossings: Mapping[str, Mapping[float, int | None]] | None = None,
                     thresholds: Sequence[float] = (), title: str | None = None,
                     axis_titles: tuple[str, str] = ("position in the text (tokens)",
                                                     "KL(exact ‖ format), nats (moving average)"),

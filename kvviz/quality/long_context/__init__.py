@@ -12,14 +12,14 @@ Modules: text (the long text), checks (bad input, the memory estimate), position
 """
 
 from kvviz.quality.long_context.checks import (MemoryEstimate, check_context, check_depths, check_new_tokens,
-                                               estimate_memory, parse_formats)
+                                               estimate_memory, model_name, parse_formats)
 from kvviz.quality.long_context.generation import GenerationDrift, generation_drift, repeated_ngrams, repetition
 from kvviz.quality.long_context.needles import CONTEXTS, DEPTHS10, NeedleAtLength, needle_at_length
 from kvviz.quality.long_context.position import (THRESHOLDS, WINDOW, PositionDrift, crossings, position_drift,
                                                  smooth)
 from kvviz.quality.long_context.text import REPEAT_MARKER, long_text_ids, read_text_file
 
-__all__ = ["CONTEXTS", "DEPTHS10", "GenerationDrift", "NeedleAtLength", "generation_drift", "needle_at_length",
-           "repeated_ngrams", "repetition", "MemoryEstimate", "PositionDrift", "REPEAT_MARKER", "THRESHOLDS", "WINDOW", "check_context",
-           "check_depths", "check_new_tokens", "crossings", "estimate_memory", "long_text_ids", "parse_formats",
-           "position_drift", "read_text_file", "smooth"]
+__all__ = ["CONTEXTS", "DEPTHS10", "GenerationDrift", "MemoryEstimate", "NeedleAtLength", "PositionDrift",
+           "REPEAT_MARKER", "THRESHOLDS", "WINDOW", "check_context", "check_depths", "check_new_tokens", "crossings",
+           "estimate_memory", "generation_drift", "long_text_ids", "model_name", "needle_at_length", "parse_formats",
+           "position_drift", "read_text_file", "repeated_ngrams", "repetition", "smooth"]

@@ -98,19 +98,21 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.1f}" if n >= 1e8 else f"{n / 1e9:.2f}"
 
 
-def estimate_memory(model, context: int, plans: list[Plan], chunk: int, available: int | None = None) \
-        -> MemoryEstimate:
-    """The MemoryEstimate of a position pass of `context` tokens in chunks of `chunk` through every plan."""
+def estimate_memory(model, context: int, plans: list[Plan], chunk: int, available: int | None = None,
+                    copies: int = 1) -> MemoryEstimate:
+    """The MemoryEstimate of a position pass of `context` tokens in chunks of `chunk` through every plan; copies:
+    caches held per run (a generation holds a teacher-forced and a free-running row per format, the needle test a
+    cache and the copy an answer reads)."""
     text = model.config.get_text_config(decoder=True)
     itemsize = next(model.parameters()).element_size()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     weights += sum(b.numel() * b.element_size() for b in model.buffers())
     # DynamicCache in the model's dtype: the 16-bit bytes, scaled
-    exact = kv_cache_bytes_for(model.config, context, k="fp16", layout="transformers") * itemsize // 2
+    exact = kv_cache_bytes_for(model.config, context, k="fp16", layout="transformers") * itemsize // 2 * copies
     formats = {}
     for plan in plans:
         try:
-            formats[plan.name] = kv_cache_bytes_for(model.config, context, k=plan, layout="transformers")
+            formats[plan.name] = copies * kv_cache_bytes_for(model.config, context, k=plan, layout="transformers")
         except (ValueError, KeyError, TypeError):  # a dtype the byte model does not size: as the exact cache
             formats[plan.name] = exact
     heads = getattr(text, "num_attention_heads", 1)
@@ -125,11 +127,11 @@ def estimate_memory(model, context: int, plans: list[Plan], chunk: int, availabl
     return MemoryEstimate(weights, exact, formats, transient, available_bytes() if available is None else available)
 
 
-def check_context(model, context, plans: list[Plan], chunk: int = 512, available: int | None = None) \
-        -> MemoryEstimate:
+def check_context(model, context, plans: list[Plan], chunk: int = 512, available: int | None = None,
+                  copies: int = 1) -> MemoryEstimate:
     """ValueError for a context beyond the model's positions, too short, or beyond the free memory (saying how much
     the run would need and how much there is); else the MemoryEstimate. available: free bytes (None: this
-    machine's)."""
+    machine's); copies: as estimate_memory."""
     if isinstance(context, bool) or not isinstance(context, int) or context < 16:
         raise ValueError(f"The context is a number of tokens, at least 16; got {context!r}.")
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
@@ -138,7 +140,7 @@ def check_context(model, context, plans: list[Plan], chunk: int = 512, available
     if limit is not None and context > limit:
         raise ValueError(f"A context of {context:,} tokens is beyond {model_name(model)}'s {limit:,} positions; "
                          f"choose {limit:,} or fewer.")
-    est = estimate_memory(model, context, plans, chunk, available)
+    est = estimate_memory(model, context, plans, chunk, available, copies)
     if not est.fits:
         raise ValueError(
             f"A {context:,}-token run with {len(plans)} format(s) needs about {_gb(est.total_bytes)} GB (model "

@@ -107,8 +107,8 @@ def generation_drift(model, tokenizer, formats, new_tokens: int = 256, prompt: s
         raise ValueError(f"The prompt ({ids.shape[1]:,} tokens) and {new_tokens:,} new tokens make {total:,}, beyond "
                          f"{model_name(model)}'s {limit:,} positions; ask for at most {limit - ids.shape[1]:,} new "
                          "tokens.")
-    # the batch holds 1 + 2 rows per format, each a cache of `total` tokens: as many exact caches' worth at most
-    check_context(model, total, [*plans, *plans, *plans], chunk=ids.shape[1], available=available)
+    # the batch holds 1 + 2 rows per format, each a cache of `total` tokens and its dequantized mirror
+    check_context(model, total, plans, chunk=ids.shape[1], available=available, copies=3)
     return _steps(model, tokenizer, ids, [p.name for p in plans], plans, new_tokens, max(1, every))
 
 

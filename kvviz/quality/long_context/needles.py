@@ -3,12 +3,13 @@ tokens (kvviz.quality.needle asks one needle per haystack, which costs one long 
 
 A haystack of `context` tokens (WikiText-2 filler, repeated with its marker where it must be) holds one needle per
 depth, each a sentence naming its own key and number (" The secret number of the amber room is 48213."). It is
-prefilled once through the exact model (a DynamicCache); its K/V load into each format's kvviz.QuantizedKVCache
-(quantized as stored, kvviz.quality.decode.load_prefill), and each question ("What is the secret number of the
-amber room?") goes through each cache as a chunk, followed by a short greedy answer; after each answer the cache is
-put back as it was after the prefill (the exact cache cropped where its layers allow, else restored from a copy, a
-format's cache from a copy), so every question reads the same prefix. `needles_per_depth` haystacks per context,
-each with its own stretch of filler and its own numbers: each depth's point is found / needles_per_depth.
+prefilled once through the exact model (a DynamicCache, PREFILL_CHUNK tokens per forward); its K/V load into each
+format's kvviz.QuantizedKVCache (quantized as stored, kvviz.quality.decode.load_prefill), and each question ("What
+is the secret number of the amber room?") goes through each cache as a chunk, followed by a short greedy answer;
+after each answer the cache is put back as it was after the prefill (the exact cache cropped where its layers
+allow, else restored from a copy, a format's cache from a copy), so every question reads the same prefix.
+`needles_per_depth` haystacks per context, each with its own stretch of filler and its own numbers: each depth's
+point is found / needles_per_depth.
 
 What this measures: whether the answer, reading the haystack's K/V as each format stores them, retrieves the number
 of the key asked for, among as many same-shaped needles as depths (a key-value recall with distractors, harder
@@ -45,6 +46,7 @@ KEYS = ("amber", "birch", "cobalt", "dune", "ember", "fjord", "garnet", "harbor"
 NEEDLE = " The secret number of the {key} room is {value}."
 QUESTION = "\n\nQuestion: What is the secret number of the {key} room? Answer: The secret number of the {key} room is"
 ANSWER_TOKENS = 7
+PREFILL_CHUNK = 1024  # haystack tokens per forward of the exact prefill (bounds its attention scores)
 
 
 def _key(i: int) -> str:
@@ -114,7 +116,7 @@ def needle_at_length(model, tokenizer, formats, contexts=CONTEXTS, depths=DEPTHS
     if not contexts:
         raise ValueError("Give at least one needle context, e.g. 2048,4096,8192.")
     for c in contexts:  # the exact cache, a copy of it and each format's cache with its copy
-        check_context(model, c, [*plans, *plans], chunk=64, available=available)
+        check_context(model, c, plans, chunk=PREFILL_CHUNK, available=available, copies=2)
     return _steps(model, tokenizer, plans, contexts, depths, needles_per_depth, text, seed, answer_tokens)
 
 
@@ -149,7 +151,10 @@ def _steps(model, tokenizer, plans, contexts, depths, per, text, seed, answer_to
             values = rng.sample(range(10000, 100000), len(depths))
             prompt, questions = haystack(tokenizer, c, depths, [str(v) for v in values], _rotated(filler, k, per),
                                          answer_tokens)
-            exact, _ = prefill(model, prompt)
+            exact, _ = prefill(model, prompt[:, :PREFILL_CHUNK])  # every token kept, sliding layers' too
+            for a in range(PREFILL_CHUNK, prompt.shape[1], PREFILL_CHUNK):
+                model(input_ids=prompt[:, a : a + PREFILL_CHUNK].to(model.device), cache=exact, use_cache=True,
+                      logits_to_keep=1)
             n0 = exact.get_seq_length()
             caches = [exact] + [load_prefill(QuantizedKVCache(model.config, p), exact) for p in plans]
             for i, question in enumerate(questions):
