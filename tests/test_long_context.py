@@ -69,6 +69,9 @@ def test_smoothing_and_crossings_on_a_synthetic_curve():
     assert np.allclose(lc.smooth(kl, 2), [0.0, 0.0, 0.01, 0.02, 0.11, 0.2])
     assert lc.crossings(kl, (0.01, 0.05, 0.1, 1.0), window=2) == {0.01: 3, 0.05: 4, 0.1: 4, 1.0: None}
     assert lc.crossings(kl, (0.01,), window=1) == {0.01: 2}  # exceeds: 0.01 itself is not a crossing
+    # only full windows count: [1, 0, 0, 0] smoothed over 2 is [1, 0.5, 0, 0], a crossing at 1, not at 0
+    assert lc.crossings([1.0, 0.0, 0.0, 0.0], (0.4, 0.6), window=2) == {0.4: 1, 0.6: None}
+    assert lc.crossings([0.0, 0.2], (0.05,), window=10) == {0.05: 1}  # fewer positions than the window: all count
 
 
 def test_repetition_on_handmade_token_lists():
@@ -99,12 +102,12 @@ def test_generation_drift_first_divergence(llama):
 
 def test_needle_at_length_counts_add_up(llama):
     model, tok = llama
-    updates = list(lc.needle_at_length(model, tok, ["int4"], contexts=(160, 200), depths=(0, 0.5, 1),
+    updates = list(lc.needle_at_length(model, tok, ["int4"], contexts=(280, 320), depths=(0, 0.5, 1),
                                        needles_per_depth=2, text=TEXT, answer_tokens=2))
     assert len(updates) == 4 and updates[-1].done and updates[-1].fraction == 1.0
     res = updates[-1]
     assert res.names == ["baseline", "int4"]
-    for c in (160, 200):
+    for c in (280, 320):
         assert res.total[c] == [2, 2, 2] and len(res.values[c]) == 6
         for n in res.names:
             assert len(res.answers[c][n]) == 6
@@ -142,6 +145,7 @@ def test_long_text_repeats_with_a_marker(llama):
     (lambda m, t: lc.needle_at_length(m, t, ["int4"], contexts=(256,), depths=(0.5, 1.5)), "in [0, 1]"),
     (lambda m, t: lc.needle_at_length(m, t, ["int4"], contexts=(256,), depths=()), "none given"),
     (lambda m, t: lc.needle_at_length(m, t, ["int4"], contexts=(256,), needles_per_depth=0), "a whole number"),
+    (lambda m, t: lc.needle_at_length(m, t, ["int4"], contexts=(120,)), "too short for 10 needles"),
 ])
 def test_bad_input_is_a_clear_value_error_before_any_compute(llama, call, says):
     model, tok = llama
@@ -155,7 +159,7 @@ def test_memory_message_says_what_it_needs(llama):
     with pytest.raises(ValueError) as err:
         lc.check_context(model, 512, lc.parse_formats(["int4", "k8v4"], model), 64, available=10**6)
     est = lc.estimate_memory(model, 512, lc.parse_formats(["int4", "k8v4"], model), 64, available=10**6)
-    assert f"needs about {est.total_bytes / 1e9:.2f} GB" in str(err.value) and "0.00 GB free" in str(err.value)
+    assert f"needs about {est.total_bytes / 1e9:.2f} GB" in str(err.value) and "has 0.00 GB free" in str(err.value)
     assert est.format_cache_bytes["int4"] < est.exact_cache_bytes
 
 
@@ -179,7 +183,7 @@ def test_cli_writes_csv_and_json(llama, tmp_path, monkeypatch, capsys):
     text.write_text(TEXT)
     out = tmp_path / "out"
     code = main(["drift", "--formats", "int4,k=int8,v=int4", "--context", "40", "--chunk", "16", "--text-file",
-                 str(text), "--window", "8", "--new-tokens", "6", "--needle-contexts", "160", "--depths", "0,1",
+                 str(text), "--window", "8", "--new-tokens", "6", "--needle-contexts", "240", "--depths", "0,1",
                  "--needles-per-depth", "1", "--out", str(out)])
     assert code == 0
     stdout = capsys.readouterr().out
@@ -193,7 +197,7 @@ def test_cli_writes_csv_and_json(llama, tmp_path, monkeypatch, capsys):
     assert {"mean_kl", "top1", "cross_0.01", "cross_0.05", "cross_0.1", "seconds"} <= set(summary[0])
     report = json.loads((out / "drift.json").read_text())
     assert report["context"] == 40 and len(report["position"]) == 2 and "generation" in report
-    assert report["needle"]["total"]["160"] == [1, 1]
+    assert report["needle"]["total"]["240"] == [1, 1]
     assert (out / "generation.csv").is_file() and (out / "needle.csv").is_file()
     assert "plotly" in (out / "drift.html").read_text()[:200000].lower()
 

@@ -147,7 +147,9 @@ def _generation(stream, report: dict):
                 + [[r["format"], _fmt(r["first_divergence"]), _fmt(r["top1_differ"]), _fmt(r["mean_kl"]),
                     _fmt(r["repeat4_whole"]), _fmt(r["repeat4_last_half"])] for r in rows])
     report["generation"] = {"rows": rows, "new_tokens": last.new_tokens, "seconds": last.seconds,
-                            "prompt": last.prompt_text, "baseline_text": last.baseline_text, "texts": last.texts}
+                            "prompt": last.prompt_text, "baseline_text": last.baseline_text, "texts": last.texts,
+                            "first_divergence": last.first_divergence,
+                            "kl_by_step": {n: [round(float(x), 8) for x in k] for n, k in last.kl.items()}}
     return last
 
 

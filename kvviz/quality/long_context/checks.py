@@ -95,7 +95,7 @@ class MemoryEstimate:
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f}" if n >= 1e8 else f"{n / 1e9:.2f}"
+    return f"{n / 1e9:.2f}"
 
 
 def estimate_memory(model, context: int, plans: list[Plan], chunk: int, available: int | None = None,

@@ -74,6 +74,14 @@ def haystack(tokenizer, context: int, depths, values, text: str | None = None,
     return torch.cat(pieces)[None], questions
 
 
+def min_context(tokenizer, n_needles: int, answer_tokens: int = ANSWER_TOKENS) -> int:
+    """The shortest context haystack() takes for n_needles (their sentences, the longest question, the answer and
+    8 filler tokens per needle), sized with 5-digit numbers."""
+    needles = sum(encode(tokenizer, NEEDLE.format(key=_key(i), value="88888")).numel() for i in range(n_needles))
+    question = max(encode(tokenizer, QUESTION.format(key=_key(i))).numel() for i in range(n_needles))
+    return needles + question + answer_tokens + 8 * n_needles + 2  # + 2: numbers that tokenize longer
+
+
 @dataclass
 class NeedleAtLength:
     """The cumulative needle-at-length result (see the module docstring), one update per haystack."""
@@ -115,7 +123,11 @@ def needle_at_length(model, tokenizer, formats, contexts=CONTEXTS, depths=DEPTHS
     contexts = [int(c) for c in contexts]
     if not contexts:
         raise ValueError("Give at least one needle context, e.g. 2048,4096,8192.")
+    shortest = min_context(tokenizer, len(depths), answer_tokens)
     for c in contexts:  # the exact cache, a copy of it and each format's cache with its copy
+        if c < shortest:
+            raise ValueError(f"A needle context of {c:,} tokens is too short for {len(depths)} needles; use at least "
+                             f"{shortest:,} tokens, or fewer depths.")
         check_context(model, c, plans, chunk=PREFILL_CHUNK, available=available, copies=2)
     return _steps(model, tokenizer, plans, contexts, depths, needles_per_depth, text, seed, answer_tokens)
 

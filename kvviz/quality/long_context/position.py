@@ -12,7 +12,7 @@ against it (kvviz.metrics.kl, float64 over float32 logits: a format whose logits
 
 Position p's values are those of the logits at token p (predicting token p + 1); position 0 reads no cache, so its
 KL is 0. Smoothing is a trailing moving average (`smooth`); a format crosses a threshold at the first position whose
-smoothed KL exceeds it (`crossings`).
+smoothed KL (a full window of positions) exceeds it (`crossings`).
 
     for upd in position_drift(model, tok, ["int4", "k8v4"], context=4096, chunk=512):
         draw(upd.smoothed(256))             # cumulative: every position measured so far
@@ -52,12 +52,15 @@ def smooth(x, window: int = WINDOW) -> np.ndarray:
 
 
 def crossings(kl_values, thresholds=THRESHOLDS, window: int = WINDOW) -> dict:
-    """{threshold: the first position whose smoothed KL (smooth(kl_values, window)) exceeds it, or None}."""
+    """{threshold: the first position whose smoothed KL (smooth(kl_values, window)) exceeds it, or None}, counting
+    only positions whose average holds a full window (p >= window - 1; every position when there are fewer): the
+    first few positions' averages hold one or two values and would cross at once."""
     s = smooth(kl_values, window)
+    start = min(window, s.size) - 1 if s.size else 0
     out = {}
     for t in thresholds:
-        over = np.flatnonzero(s > t)
-        out[float(t)] = int(over[0]) if over.size else None
+        over = np.flatnonzero(s[start:] > t)
+        out[float(t)] = int(over[0]) + start if over.size else None
     return out
 
 
