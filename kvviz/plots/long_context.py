@@ -20,7 +20,6 @@ from plotly.subplots import make_subplots
 from kvviz.plots import _finite, _layout, format_colors
 
 MAX_POINTS = 4000
-_FLOOR = 1e-6  # nats: the log axis's floor (a smoothed KL of 0, e.g. the first position, is drawn there)
 
 
 def _thin(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -45,7 +44,7 @@ def position_figure(smoothed: Mapping[str, np.ndarray],
     colors = format_colors(list(smoothed))
     for name, values in smoothed.items():
         x, y = _thin(values)
-        y = np.maximum(y, _FLOOR) if log_y else y
+        y = np.where(y > 0, y, np.nan) if log_y else y  # a log axis leaves KL 0 (position 0) as a gap
         fig.add_trace(go.Scatter(x=x, y=_finite(y), mode="lines", name=name, line=dict(color=colors[name], width=2)))
         points = [(p, t) for t, p in (crossings or {}).get(name, {}).items() if p is not None]
         if points:
@@ -87,7 +86,7 @@ def generation_figure(kl_by_step: Mapping[str, np.ndarray], first_divergence: Ma
     colors = format_colors(list(kl_by_step))
     for name, values in kl_by_step.items():
         x, y = _thin(values)
-        y = np.maximum(y, _FLOOR) if log_y else y
+        y = np.where(y > 0, y, np.nan) if log_y else y  # a log axis leaves KL 0 (position 0) as a gap
         fig.add_trace(go.Scatter(x=x + 1, y=_finite(y), mode="lines", name=name,
                                  line=dict(color=colors[name], width=2)))
         step = first_divergence.get(name)
