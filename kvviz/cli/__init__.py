@@ -1,5 +1,5 @@
 """kvviz's command line: `python -m kvviz COMMAND ...` (`python -m kvviz --help` lists the commands), one module per
-command: memory, bench, engines, kld, sensitivity, plan (common.py: what sensitivity and plan share).
+command: memory, bench, engines, kld, sensitivity, plan, drift (common.py: what sensitivity and plan share).
 
     python -m kvviz memory --model llama-3.1-70b --context 32768 --formats fp16,fp8,k8v4,mxfp4 --gpu h100-80gb
     python -m kvviz memory --config path/to/config.json --context 131072 --gpu h200 --params 27.4
@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from kvviz.cli import bench, engines, kld, memory, plan, sensitivity
+from kvviz.cli import bench, drift, engines, kld, memory, plan, sensitivity
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,7 +38,7 @@ class Command:
 
 COMMANDS: list[Command] = [
     Command(module.__name__.rsplit(".", 1)[1], module.HELP, module.add_arguments, module.run)
-    for module in (memory, bench, engines, kld, sensitivity, plan)
+    for module in (memory, bench, engines, kld, sensitivity, plan, drift)
 ]
 
 

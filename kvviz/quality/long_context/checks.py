@@ -1,0 +1,150 @@
+"""Bad input for the long-context measurements, caught before any model compute; each a ValueError whose message
+says what to do: a context beyond the model's positions or beyond the memory the run needs, needle depths out of
+[0, 1], no new tokens, an unknown format (the spec parser's own message).
+
+The memory estimate (MemoryEstimate) adds what a position pass holds at its peak: the model's weights, the exact
+DynamicCache and every format's quantized cache at the full context (kvviz.memory.kv_cache_bytes_for, as the
+caches account for themselves), and the working memory of one chunk: the dequantized K/V of one layer a format's
+attention reads, the attention scores of one layer, the MLP's activations, and the logits / log-probs of one block
+of positions (kvviz.quality.long_context.position).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from kvviz.formats import Plan, as_plans
+from kvviz.memory import kv_cache_bytes_for
+
+LOGIT_BLOCK = 1 << 23  # values of one [positions, vocab] block of logits (float64: 64 MiB)
+
+
+def parse_formats(formats, model) -> list[Plan]:
+    """Specs or plans (strings, KVSpecs, Plans) -> Plans checked against the model's layer count; ValueError for an
+    unknown format (the parser's message) or an empty list."""
+    if isinstance(formats, str):
+        formats = [formats]
+    if not formats:
+        raise ValueError("Choose at least one KV format to measure (e.g. int4, k8v4, mxfp4).")
+    return as_plans(list(formats), model.config.get_text_config(decoder=True).num_hidden_layers)
+
+
+def max_positions(model) -> int | None:
+    """The model's max_position_embeddings (None when its config does not say)."""
+    return getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+
+
+def model_name(model) -> str:
+    return str(getattr(model.config, "_name_or_path", "") or "the model").rstrip("/").rsplit("/", 1)[-1]
+
+
+def check_new_tokens(n) -> int:
+    """n as the number of new tokens to generate (a whole number from 2); ValueError otherwise."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"The number of new tokens must be a whole number of at least 2; got {n!r}.")
+    return n
+
+
+def check_depths(depths) -> list[float]:
+    """Needle depths as floats in [0, 1] (fractions of the context); ValueError for an empty list or a depth out of
+    range."""
+    try:
+        out = [float(d) for d in depths]
+    except (TypeError, ValueError):
+        raise ValueError(f"Needle depths are fractions of the context in [0, 1], e.g. 0, 0.5, 1; got {depths!r}.") \
+            from None
+    bad = [d for d in out if not 0.0 <= d <= 1.0 or math.isnan(d)]
+    if not out or bad:
+        raise ValueError(f"Needle depths are fractions of the context in [0, 1] (0: the start, 1: the end); "
+                         f"{'none given' if not out else 'got ' + ', '.join(f'{d:g}' for d in bad)}.")
+    return out
+
+
+def available_bytes() -> int:
+    """Memory this machine can still give (MemAvailable of /proc/meminfo; the physical pages where it is absent)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a long-context run needs at its peak, and what the machine has free (see the module docstring)."""
+
+    model_bytes: int
+    exact_cache_bytes: int
+    format_cache_bytes: dict
+    transient_bytes: int
+    available_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.model_bytes + self.exact_cache_bytes + sum(self.format_cache_bytes.values()) + \
+            self.transient_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.available_bytes
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f}"
+
+
+def estimate_memory(model, context: int, plans: list[Plan], chunk: int, available: int | None = None,
+                    copies: int = 1) -> MemoryEstimate:
+    """The MemoryEstimate of a position pass of `context` tokens in chunks of `chunk` through every plan; copies:
+    caches held per run (a generation holds a teacher-forced and a free-running row per format, the needle test a
+    cache and the copy an answer reads)."""
+    text = model.config.get_text_config(decoder=True)
+    itemsize = next(model.parameters()).element_size()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    weights += sum(b.numel() * b.element_size() for b in model.buffers())
+    # DynamicCache in the model's dtype: the 16-bit bytes, scaled
+    exact = kv_cache_bytes_for(model.config, context, k="fp16", layout="transformers") * itemsize // 2 * copies
+    formats = {}
+    for plan in plans:
+        try:
+            formats[plan.name] = copies * kv_cache_bytes_for(model.config, context, k=plan, layout="transformers")
+        except (ValueError, KeyError, TypeError):  # a dtype the byte model does not size: as the exact cache
+            formats[plan.name] = exact
+    heads = getattr(text, "num_attention_heads", 1)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    chunk = min(chunk, context)
+    kv_read = 2 * kv_heads * context * head_dim * 4 * 2          # one layer's K and V dequantized, and a copy
+    scores = heads * chunk * context * 4 * 2                     # one layer's attention scores and softmax
+    mlp = chunk * (getattr(text, "intermediate_size", 4 * text.hidden_size) * 3 + 8 * text.hidden_size) * 4
+    logits = 6 * LOGIT_BLOCK * 8                                 # a block's logits, log-probs and their products
+    transient = kv_read + scores + mlp + logits
+    return MemoryEstimate(weights, exact, formats, transient, available_bytes() if available is None else available)
+
+
+def check_context(model, context, plans: list[Plan], chunk: int = 512, available: int | None = None,
+                  copies: int = 1) -> MemoryEstimate:
+    """ValueError for a context beyond the model's positions, too short, or beyond the free memory (saying how much
+    the run would need and how much there is); else the MemoryEstimate. available: free bytes (None: this
+    machine's); copies: as estimate_memory."""
+    if isinstance(context, bool) or not isinstance(context, int) or context < 16:
+        raise ValueError(f"The context is a number of tokens, at least 16; got {context!r}.")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"The chunk is a number of tokens per forward pass, at least 1; got {chunk!r}.")
+    limit = max_positions(model)
+    if limit is not None and context > limit:
+        raise ValueError(f"A context of {context:,} tokens is beyond {model_name(model)}'s {limit:,} positions; "
+                         f"choose {limit:,} or fewer.")
+    est = estimate_memory(model, context, plans, chunk, available, copies)
+    if not est.fits:
+        raise ValueError(
+            f"A {context:,}-token run with {len(plans)} format(s) needs about {_gb(est.total_bytes)} GB (model "
+            f"{_gb(est.model_bytes)}, exact cache {_gb(est.exact_cache_bytes)}, format caches "
+            f"{_gb(sum(est.format_cache_bytes.values()))}, working memory {_gb(est.transient_bytes)}); this machine "
+            f"has {_gb(est.available_bytes)} GB free. Choose a shorter context, fewer formats or a smaller chunk.")
+    return est

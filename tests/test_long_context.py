@@ -1,0 +1,222 @@
+"""kvviz.quality.long_context and `python -m kvviz drift` on tiny models and short texts: the lockstep position
+pass against the one-shot teacher-forced reference, its streaming, crossings, repetition, generation drift,
+needle counts, every bad-input message, the CLI's files."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import kvviz.models
+from kvviz.analysis.teacher_forced import row_values
+from kvviz.cli import main
+from kvviz.formats import as_plan
+from kvviz.quality import long_context as lc
+from kvviz.tiny import tiny_model
+
+TEXT = "The quick brown fox jumps over the lazy dog; then it rests by the river and counts the stones. " * 3
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama")
+
+
+def _last(stream):
+    last = None
+    for last in stream:
+        pass
+    return last
+
+
+def test_exact_format_gives_kl_zero_and_full_top1():
+    model, tok = tiny_model("llama", dtype=torch.float16)  # an fp16 cache holds fp16 K/V as they are
+    res = _last(lc.position_drift(model, tok, ["fp16"], context=48, chunk=16, text=TEXT))
+    assert res.done and res.kl["fp16"].shape == (48,)
+    assert np.all(res.kl["fp16"] == 0.0) and res.top1["fp16"].all()
+
+
+def test_matches_the_one_shot_teacher_forced_reference_and_streams_per_chunk(llama):
+    model, tok = llama
+    updates = list(lc.position_drift(model, tok, ["int4", "k8v4"], context=70, chunk=16, text=TEXT))
+    assert [u.done_tokens for u in updates] == [17, 33, 49, 65, 70]  # ceil(69 / 16) updates, the first token inside
+    assert [u.done for u in updates] == [False] * 4 + [True]
+    res = updates[-1]
+    ids = torch.tensor([res.tokens])
+    for name in ("int4", "k8v4"):
+        [(kld, _, _, same)], _ = row_values(model, ids, [as_plan(name)], first_chunk=1, chunk=16, score_from=1)
+        assert np.allclose(res.kl[name][1:69], kld.numpy(), rtol=1e-4, atol=1e-7)
+        assert np.array_equal(res.top1[name][1:69], same.numpy())
+        assert res.kl[name][0] == 0.0 and res.kl[name][1:].max() > 0
+    assert res.kl["int4"].mean() > res.kl["k8v4"].mean()
+    assert set(res.seconds) == {"exact", "int4", "k8v4", "metrics"}
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3_next"])  # sliding + full; linear attention + full
+def test_sliding_and_hybrid_architectures_run(arch):
+    model, tok = tiny_model(arch)
+    res = _last(lc.position_drift(model, tok, ["int4"], context=40, chunk=16, text=TEXT))
+    assert res.kl["int4"].shape == (40,) and np.isfinite(res.kl["int4"]).all() and res.kl["int4"].max() > 0
+    assert ("sliding window" in res.note) == (arch == "gemma3")
+
+
+def test_smoothing_and_crossings_on_a_synthetic_curve():
+    kl = np.array([0.0, 0.0, 0.02, 0.02, 0.2, 0.2])
+    assert np.allclose(lc.smooth(kl, 2), [0.0, 0.0, 0.01, 0.02, 0.11, 0.2])
+    assert lc.crossings(kl, (0.01, 0.05, 0.1, 1.0), window=2) == {0.01: 3, 0.05: 4, 0.1: 4, 1.0: None}
+    assert lc.crossings(kl, (0.01,), window=1) == {0.01: 2}  # exceeds: 0.01 itself is not a crossing
+    # only full windows count: [1, 0, 0, 0] smoothed over 2 is [1, 0.5, 0, 0], a crossing at 1, not at 0
+    assert lc.crossings([1.0, 0.0, 0.0, 0.0], (0.4, 0.6), window=2) == {0.4: 1, 0.6: None}
+    assert lc.crossings([0.0, 0.2], (0.05,), window=10) == {0.05: 1}  # fewer positions than the window: all count
+
+
+def test_repetition_on_handmade_token_lists():
+    assert lc.repeated_ngrams([1, 2, 3, 1, 2, 3], n=2) == pytest.approx(2 / 5)
+    assert lc.repeated_ngrams([1, 2, 3, 4, 5], n=4) == 0.0
+    assert lc.repeated_ngrams([7] * 10, n=4) == pytest.approx(6 / 7)
+    assert lc.repeated_ngrams([1, 2], n=4) == 0.0
+    # the last half: only n-grams starting at index >= 4 count, against everything before them
+    assert lc.repetition([1, 2, 3, 4, 5, 1, 2, 3, 4], n=4) == {"whole": pytest.approx(1 / 6),
+                                                               "last_half": pytest.approx(1 / 2)}
+
+
+def test_generation_drift_first_divergence(llama):
+    model, tok = llama
+    updates = list(lc.generation_drift(model, tok, ["int2", "fp16"], new_tokens=24, prompt=TEXT[:40], every=8))
+    assert [u.steps_done for u in updates] == [8, 16, 24] and updates[-1].done
+    res = updates[-1]
+    base = res.baseline_ids
+    for name in ("int2", "fp16"):
+        ids = res.token_ids[name]
+        first = next((i for i, (a, b) in enumerate(zip(base, ids)) if a != b), None)
+        assert res.first_divergence[name] == first
+        assert 0.0 <= res.top1_differ[name] <= 1.0 and res.kl[name].shape == (23,)
+    assert res.first_divergence["int2"] is not None and res.top1_differ["int2"] > res.top1_differ["fp16"]
+    assert set(res.repetition) == {"baseline", "int2", "fp16"}
+    assert [r["format"] for r in res.rows()] == ["baseline", "int2", "fp16"]
+
+
+def test_needle_at_length_counts_add_up(llama):
+    model, tok = llama
+    updates = list(lc.needle_at_length(model, tok, ["int4"], contexts=(280, 320), depths=(0, 0.5, 1),
+                                       needles_per_depth=2, text=TEXT, answer_tokens=2))
+    assert len(updates) == 4 and updates[-1].done and updates[-1].fraction == 1.0
+    res = updates[-1]
+    assert res.names == ["baseline", "int4"]
+    for c in (280, 320):
+        assert res.total[c] == [2, 2, 2] and len(res.values[c]) == 6
+        for n in res.names:
+            assert len(res.answers[c][n]) == 6
+            assert res.found[c][n] == [sum(str(res.values[c][q]) in res.answers[c][n][q].replace(" ", "")
+                                           for q in range(d, 6, 3)) for d in range(3)]
+    assert len(res.rows()) == 2 * 2 * 3
+
+
+def test_haystack_places_every_needle():
+    _, tok = tiny_model("llama")
+    prompt, questions = lc.needles.haystack(tok, 300, [0.0, 0.5, 1.0], ["11111", "22222", "33333"], TEXT)
+    text = tok.decode(prompt[0].tolist())
+    assert prompt.shape[1] + max(q.shape[1] for q in questions) + lc.needles.ANSWER_TOKENS <= 300
+    assert text.index("11111") < text.index("22222") < text.index("33333")
+    assert "amber" in tok.decode(questions[0][0].tolist())
+
+
+def test_long_text_repeats_with_a_marker(llama):
+    _, tok = llama
+    ids, note = lc.long_text_ids(tok, 700, TEXT)
+    assert ids.shape == (1, 700) and "repeats" in note
+    assert lc.REPEAT_MARKER.strip() in tok.decode(ids[0].tolist())
+    assert lc.long_text_ids(tok, 20, TEXT)[1] == ""
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda m, t: lc.position_drift(m, t, ["int4"], context=2048), "beyond tiny-llama's 1,024 positions"),
+    (lambda m, t: lc.position_drift(m, t, ["int4"], context=512, available=10**6), "this machine has"),
+    (lambda m, t: lc.position_drift(m, t, ["int9"], context=64), "Unknown KV format 'int9'"),
+    (lambda m, t: lc.position_drift(m, t, [], context=64), "at least one KV format"),
+    (lambda m, t: lc.position_drift(m, t, ["int4"], context=64, text="  "), "The text is empty"),
+    (lambda m, t: lc.generation_drift(m, t, ["int4"], new_tokens=0), "at least 2"),
+    (lambda m, t: lc.generation_drift(m, t, ["int4"], new_tokens=-5), "at least 2"),
+    (lambda m, t: lc.generation_drift(m, t, ["int4"], new_tokens=1000), "beyond tiny-llama's 1,024 positions"),
+    (lambda m, t: lc.needle_at_length(m, t, ["int4"], contexts=(256,), depths=(0.5, 1.5)), "in [0, 1]"),
+    (lambda m, t: lc.needle_at_length(m, t, ["int4"], contexts=(256,), depths=()), "none given"),
+    (lambda m, t: lc.needle_at_length(m, t, ["int4"], contexts=(256,), needles_per_depth=0), "a whole number"),
+    (lambda m, t: lc.needle_at_length(m, t, ["int4"], contexts=(120,)), "too short for 10 needles"),
+])
+def test_bad_input_is_a_clear_value_error_before_any_compute(llama, call, says):
+    model, tok = llama
+    with pytest.raises(ValueError, match=None) as err:
+        call(model, tok)
+    assert says in str(err.value)
+
+
+def test_memory_message_says_what_it_needs(llama):
+    model, _ = llama
+    with pytest.raises(ValueError) as err:
+        lc.check_context(model, 512, lc.parse_formats(["int4", "k8v4"], model), 64, available=10**6)
+    est = lc.estimate_memory(model, 512, lc.parse_formats(["int4", "k8v4"], model), 64, available=10**6)
+    assert f"needs about {est.total_bytes / 1e9:.2f} GB" in str(err.value) and "has 0.00 GB free" in str(err.value)
+    assert est.format_cache_bytes["int4"] < est.exact_cache_bytes
+
+
+def test_text_files(tmp_path):
+    empty, binary, good = tmp_path / "empty.txt", tmp_path / "data.bin", tmp_path / "good.txt"
+    empty.write_text("  \n")
+    binary.write_bytes(b"\x00\x01\x02abc")
+    good.write_text("Some text.")
+    with pytest.raises(ValueError, match="is empty"):
+        lc.read_text_file(empty)
+    with pytest.raises(ValueError, match="looks binary"):
+        lc.read_text_file(binary)
+    with pytest.raises(ValueError, match="does not exist"):
+        lc.read_text_file(tmp_path / "missing.txt")
+    assert lc.read_text_file(good) == "Some text."
+
+
+def test_cli_writes_csv_and_json(llama, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(kvviz.models, "load_model", lambda name=None: llama)
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    out = tmp_path / "out"
+    code = main(["drift", "--formats", "int4,k=int8,v=int4", "--context", "40", "--chunk", "16", "--text-file",
+                 str(text), "--window", "8", "--new-tokens", "6", "--needle-contexts", "240", "--depths", "0,1",
+                 "--needles-per-depth", "1", "--out", str(out)])
+    assert code == 0
+    stdout = capsys.readouterr().out
+    assert "Damage by position" in stdout and "exact pass" in stdout and "k=int8,v=int4" in stdout
+    with (out / "position.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["format", "position", "kl", "top1", "kl_smoothed"] and len(rows) == 2 * 40
+    with (out / "position_summary.csv").open() as f:
+        summary = list(csv.DictReader(f))
+    assert [r["format"] for r in summary] == ["int4", "k=int8,v=int4"]
+    assert {"mean_kl", "top1", "cross_0.01", "cross_0.05", "cross_0.1", "seconds"} <= set(summary[0])
+    report = json.loads((out / "drift.json").read_text())
+    assert report["context"] == 40 and len(report["position"]) == 2 and "generation" in report
+    assert report["needle"]["total"]["240"] == [1, 1]
+    assert (out / "generation.csv").is_file() and (out / "needle.csv").is_file()
+    assert "plotly" in (out / "drift.html").read_text()[:200000].lower()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--formats", "int9"], "Unknown KV format"),
+    (["--new-tokens", "0"], "at least 2"),
+    (["--depths", "0,2"], "in [0, 1]"),
+    (["--context", "4096"], "beyond tiny-llama's 1,024 positions"),
+])
+def test_cli_bad_input_one_line_exit_2(llama, monkeypatch, capsys, args, says):
+    monkeypatch.setattr(kvviz.models, "load_model", lambda name=None: llama)
+    assert main(["drift", "--context", "64", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kvviz drift: error:") and says in err[0]
+
+
+def test_cli_empty_text_file(llama, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(kvviz.models, "load_model", lambda name=None: llama)
+    (tmp_path / "e.txt").write_text("")
+    assert main(["drift", "--text-file", str(tmp_path / "e.txt")]) == 2
+    assert "is empty" in capsys.readouterr().err
