@@ -27,8 +27,9 @@ from kvviz.plots import long_context as lc_plots
 from kvviz.quality import long_context as lc
 
 from . import compare
-from .common import (UploadFile, check_bool, check_choice, check_int, check_language, check_model, check_text,
-                     fitting_specs, get_model, model_input, on_click, spec_list, table, upload_path, user_errors)
+from .common import (ScaleNotes, UploadFile, check_bool, check_choice, check_int, check_language, check_model,
+                     check_text, fitting_specs, get_model, model_input, on_click, spec_list, table, upload_path,
+                     user_errors)
 from .i18n import Translator, t
 
 TAB = "long_context"  # the tab id in app.py; prefixes elem_ids the browser test finds
@@ -42,8 +43,9 @@ MAX_NEW_TOKENS, DEFAULT_NEW_TOKENS = 1024, 64
 MAX_TEXT_CHARS = 400_000  # about 100K tokens: a text for the longest context with room to spare
 MAX_FILE_BYTES = 4 << 20
 WINDOW = 256  # the moving average the charts and crossings use (tokens)
+GEN_WINDOW = 16  # the generation chart's moving average (steps)
 DEFAULT_NEEDLE_CONTEXTS = "2048, 4096, 8192"
-DEFAULT_NEEDLE_DEPTHS = ", ".join(str(d) for d in range(0, 100, 10))  # 10 depths, % of the context
+DEFAULT_NEEDLE_DEPTHS = ", ".join(f"{100 * d:.0f}" for d in lc.DEPTHS10)  # 10 depths, 0 to 100% of the context
 NEEDLES_PER_DEPTH = 5
 GEN_PROMPT_TOKENS = 256  # the generation continues the text's first tokens
 MAX_NEEDLE_CONTEXTS, MAX_DEPTHS = 4, 20
@@ -61,14 +63,14 @@ def _text(source, text, file) -> str | None:
     """The text to read: None for the bundled WikiText-2 slice, else the user's text or the uploaded file's."""
     source = check_choice(source, "Text", SOURCES)
     text = check_text(text, "Your text", MAX_TEXT_CHARS)  # checked either way: a wrong type is an error
+    path = None if file is None else upload_path(file, "The text file")  # the same
     if source == "text":
         if not text:
             raise ValueError("Your text is empty: paste a long text, or pick WikiText-2 or a file as the text.")
         return text
     if source == "file":
-        if file is None:
+        if path is None:
             raise ValueError("The text file: upload a UTF-8 text file first, or pick WikiText-2 as the text.")
-        path = upload_path(file, "The text file")
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
             raise ValueError(f"The uploaded file is {size:,} bytes; the limit is {MAX_FILE_BYTES:,} (a few MB of "
@@ -104,11 +106,6 @@ def _numbers(value, what: str, lo: float, hi: float, limit: int, whole: bool) ->
 # --- results in the page's language ------------------------------------------------------------------------------
 
 
-def _relabel(fig, title: str, x: str, y: str):
-    fig.update_layout(title_text=title, xaxis_title_text=x, yaxis_title_text=y)
-    return fig
-
-
 def _quarters(kl: np.ndarray) -> tuple[float, float]:
     """Mean KL over the first and the last quarter of the positions measured."""
     q = max(1, len(kl) // 4)
@@ -137,11 +134,13 @@ def _position_rows(drift, lang: str) -> list[list]:
 
 def _position_outputs(drift, name: str, lang: str):
     """(KL figure, top-1 figure, table) of a PositionDrift, in `lang`."""
-    kl_fig = _relabel(lc_plots.position_figure(drift, window=WINDOW, thresholds=lc.THRESHOLDS),
-                      t("lc_f_kl", lang).format(model=name, n=drift.done_tokens, w=WINDOW),
-                      t("lc_f_kl_x", lang), t("lc_f_kl_y", lang))
-    top_fig = _relabel(lc_plots.top1_figure(drift, window=WINDOW), t("lc_f_top1", lang).format(model=name, w=WINDOW),
-                       t("lc_f_kl_x", lang), t("lc_f_top1_y", lang))
+    axis_x = t("lc_f_kl_x", lang)
+    kl_fig = lc_plots.position_figure(drift.smoothed(WINDOW), drift.crossings(lc.THRESHOLDS, WINDOW), lc.THRESHOLDS,
+                                      t("lc_f_kl", lang).format(model=name, n=drift.done_tokens, w=WINDOW),
+                                      (axis_x, t("lc_f_kl_y", lang)), context=drift.context)
+    top1 = {n: lc.smooth(np.asarray(drift.top1[n], dtype=float), WINDOW) for n in drift.names}
+    top_fig = lc_plots.top1_figure(top1, t("lc_f_top1", lang).format(model=name, w=WINDOW),
+                                   (axis_x, t("lc_f_top1_y", lang)), context=drift.context)
     return kl_fig, top_fig, table(_position_rows(drift, lang), _position_headers(lang))
 
 
@@ -174,13 +173,23 @@ def _generation_rows(gen, lang: str) -> list[list]:
 
 
 def _generation_figure(gen, name: str, lang: str):
-    return _relabel(lc_plots.generation_figure(gen), t("lc_f_gen", lang).format(model=name), t("lc_f_gen_x", lang),
-                    t("lc_f_gen_y", lang))
+    kl = {n: lc.smooth(gen.kl[n], GEN_WINDOW) for n in gen.names}
+    return lc_plots.generation_figure(kl, gen.first_divergence, t("lc_f_gen", lang).format(model=name, w=GEN_WINDOW),
+                                      (t("lc_f_gen_x", lang), t("lc_f_gen_y", lang)))
 
 
 def _needle_figure(res, name: str, lang: str):
-    return _relabel(lc_plots.needle_figure(res), t("lc_f_needle", lang).format(model=name, per=res.needles_per_depth),
-                    t("lc_f_needle_x", lang), t("lc_f_needle_y", lang))
+    return lc_plots.needle_figure(res.depths, res.found, res.total,
+                                  t("lc_f_needle", lang).format(model=name, per=res.needles_per_depth),
+                                  (t("lc_f_needle_x", lang), t("lc_f_needle_y", lang)),
+                                  context_label=t("lc_f_needle_ctx", lang))
+
+
+def _generation_summary(gen, tok, lang: str) -> str:
+    divs = ", ".join(f"`{n}` " + (t("lc_none", lang) if gen.first_divergence[n] is None else
+                                  str(gen.first_divergence[n])) for n in gen.names)
+    prompt = tok(gen.prompt_text, return_tensors="pt")["input_ids"].shape[1]
+    return t("lc_r_gen", lang).format(n=gen.new_tokens, p=prompt, div=divs)
 
 
 def _needle_summary(res, lang: str) -> str:
@@ -232,47 +241,47 @@ def run(source, text, file, specs, custom_specs, context, chunk, new_tokens, nee
     plans, skipped = fitting_specs(lc.parse_formats(plans, llm), llm)
     if not plans:
         raise ValueError("None of the chosen formats fits this model: " + "; ".join(skipped))
-    lc.check_context(llm, context, plans, chunk)
-    if needle:
-        for c in contexts:
-            lc.check_context(llm, c, plans, chunk)
+    # the library checks each part's input when it is called, before any compute: all three are called here, so a
+    # bad needle context is refused now, not after the minutes the position pass takes
+    positions = lc.position_drift(llm, tok, plans, context=context, chunk=chunk, text=body)
+    prompt = None if body is None else tok.decode(
+        tok(body, return_tensors="pt")["input_ids"][0, :GEN_PROMPT_TOKENS].tolist())
+    generation = lc.generation_drift(llm, tok, plans, new_tokens=new_tokens, prompt=prompt,
+                                     prompt_tokens=GEN_PROMPT_TOKENS)
+    needles = lc.needle_at_length(llm, tok, plans, contexts=tuple(contexts), depths=depths,
+                                  needles_per_depth=NEEDLES_PER_DEPTH, text=body) if needle else None
 
-    skip = gr.skip()
+    skip, notes = gr.skip(), ScaleNotes()
     wait = plots.empty_figure(t("lc_gen_off", lang))
     needle_fig = plots.empty_figure(t("lc_needle_off", lang))
     status = t("lc_p_start", lang).format(model=name, n=context, chunk=chunk, formats=len(plans))
     progress(0.0, desc=status.replace("`", ""))
     yield status, skip, skip, skip, wait, skip, "", needle_fig
-    first = None
-    drift = None
-    for drift in lc.position_drift(llm, tok, plans, context=context, chunk=chunk, text=body):
+    first = drift = None
+    for drift in notes.watch(positions):
         first = first if first is not None else time.perf_counter() - started
         status = t("lc_p_chunk", lang).format(model=name, done=drift.done_tokens, n=context, formats=len(plans),
                                               s=time.perf_counter() - started)
         progress(0.6 * drift.fraction, desc=status.replace("`", ""))
-        yield (status, *_position_outputs(drift, name, lang), skip, skip, skip, skip)
+        position = _position_outputs(drift, name, lang)
+        yield (status, *position, skip, skip, skip, skip)
     summary = _position_summary(drift, lang) + _notes(drift.note, lang)
     if skipped:
         summary += f"\n\n{t('r_skipped', lang)} " + "; ".join(skipped)
 
     gen = None
-    prompt = None if body is None else tok.decode(tok(body, return_tensors="pt")["input_ids"][0, :GEN_PROMPT_TOKENS].tolist())
-    for gen in lc.generation_drift(llm, tok, plans, new_tokens=new_tokens, prompt=prompt,
-                                   prompt_tokens=GEN_PROMPT_TOKENS):
+    for gen in notes.watch(generation):
         status = t("lc_p_gen", lang).format(model=name, n=new_tokens, done=gen.steps_done)
-        progress(0.6 + 0.2 * gen.steps_done / new_tokens, desc=status.replace("`", ""))
+        progress(0.6 + (0.2 if needle else 0.4) * gen.fraction, desc=status.replace("`", ""))
         yield (status + "\n\n" + summary, skip, skip, skip, skip, skip,
                compare._columns(gen.baseline_text, gen.texts, {}, lang), skip)
-    divs = ", ".join(f"`{n}` " + (t("lc_none", lang) if gen.first_divergence[n] is None else
-                                  str(gen.first_divergence[n])) for n in gen.names)
-    summary += "\n\n" + t("lc_r_gen", lang).format(n=new_tokens, p=tok(gen.prompt_text, return_tensors="pt")["input_ids"].shape[1], div=divs)
+    summary += "\n\n" + _generation_summary(gen, tok, lang)
     gen_outputs = (_generation_figure(gen, name, lang), table(_generation_rows(gen, lang), _generation_headers(lang)),
                    compare._columns(gen.baseline_text, gen.texts, {}, lang))
 
-    if needle:
+    if needles is not None:
         res = None
-        for res in lc.needle_at_length(llm, tok, plans, contexts=tuple(contexts), depths=depths,
-                                       needles_per_depth=NEEDLES_PER_DEPTH):
+        for res in notes.watch(needles):
             status = t("lc_p_needle", lang).format(model=name, contexts=", ".join(f"{c:,}" for c in contexts),
                                                    per=NEEDLES_PER_DEPTH)
             progress(0.8 + 0.2 * res.fraction, desc=status.replace("`", ""))
@@ -281,7 +290,9 @@ def run(source, text, file, specs, custom_specs, context, chunk, new_tokens, nee
         summary += "\n\n" + _needle_summary(res, lang)
     done = t("lc_r_done", lang).format(s=time.perf_counter() - started, model=name, n=context, chunk=chunk,
                                        first=first)
-    yield done + "\n\n" + summary, skip, skip, skip, *gen_outputs, needle_fig
+    notes.toast()
+    # the last update holds every output: what an API caller's result and a lesson's run read
+    yield done + "\n\n" + summary + notes.markdown(), *position, *gen_outputs, needle_fig
 
 
 # --- the tab -----------------------------------------------------------------------------------------------------
