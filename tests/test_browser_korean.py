@@ -29,7 +29,7 @@ from kvviz.ui.common import EXAMPLES
 playwright_api = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} missing: apt-get install chromium")
 
-TABS = ("compare", "outliers", "errors", "sensitivity", "memory", "export")
+TABS = ("compare", "outliers", "errors", "sensitivity", "long_context", "memory", "export")
 HANGUL = re.compile(r"[\uac00-\ud7a3]")
 # Names the Korean page keeps in Latin letters: models, engines, libraries, measures, units, format families.
 ALLOWED = {

@@ -1,11 +1,11 @@
-"""kvviz.ui.strings.lessons: the nine lessons: button labels, notes and the across-models paragraphs (their measured
+"""kvviz.ui.strings.lessons: the ten lessons: button labels, notes and the across-models paragraphs (their measured
 figures are placeholders filled from lesson_figures.json), in English and Korean.
 """
 
 from __future__ import annotations
 
 EN: dict[str, str] = {
-    "lessons": "### Nine lessons, one click each",
+    "lessons": "### Ten lessons, one click each",
     "lesson1": "1 · K has outlier channels, V doesn't",
     "lesson2": "2 · Per-tensor scales fail, per-token/channel don't",
     "lesson3": "3 · K is sensitive, V tolerant (k8v4 vs k4v8)",
@@ -127,10 +127,13 @@ EN: dict[str, str] = {
                        "{gemma[l9_kl_prod]:.2f}, {gemma[l9_prod_over_mse]:.0f}× TQ-mse's; layer {gemma[l9_layer]}'s "
                        "head {gemma[l9_head]} goes from kurtosis {gemma[l9_kurt_before]:.0f} to "
                        "{gemma[l9_kurt_after]:.1f}."),
+    "lesson10": "10 · Errors pile up with context",
+    "lesson_note10": ("**Lesson 10.** TODO {smol[l10_ctx]}"),
+    "lesson_models10": ("**Across models:** TODO {gemma[l10_ctx]}"),
 }
 
 KO: dict[str, str] = {
-    "lessons": "### 아홉 가지 레슨, 각각 한 번의 클릭",
+    "lessons": "### 열 가지 레슨, 각각 한 번의 클릭",
     "lesson1": "1 · K에는 이상치 채널이 있고 V에는 없다",
     "lesson2": "2 · 텐서 단위 스케일은 실패, 토큰/채널 단위는 성공",
     "lesson3": "3 · K는 민감하고 V는 관대하다 (k8v4 vs k4v8)",
@@ -245,4 +248,7 @@ KO: dict[str, str] = {
                        "{gemma[l9_kl_prod]:.2f}으로 TQ-mse의 {gemma[l9_prod_over_mse]:.0f}배; 레이어 "
                        "{gemma[l9_layer]}의 헤드 {gemma[l9_head]}은 첨도 {gemma[l9_kurt_before]:.0f}에서 "
                        "{gemma[l9_kurt_after]:.1f}로."),
+    "lesson10": "10 · 오차는 문맥이 길수록 쌓인다",
+    "lesson_note10": ("**레슨 10.** TODO {smol[l10_ctx]}"),
+    "lesson_models10": ("**모델 간 차이:** TODO {gemma[l10_ctx]}"),
 }
