@@ -85,10 +85,9 @@ LESSONS: tuple[Lesson, ...] = (
     # 10. Errors pile up with context: the Long context tab reads WikiText-2 through int4, k8v4 and nvfp4 chunk by
     # chunk (kvviz.quality.long_context) and compares each format's mean KL over the last quarter of the positions
     # with the first quarter's; then a short free-running generation. 1,024 tokens (the tiny models' whole context)
-    # keep it to seconds; the bundled models read 2,048 (figures: lesson_figures.json, l10_*).
+    # keep it to seconds (figures: lesson_figures.json, l10_*).
     Lesson("long_context", {"source": "WikiText-2", "specs": LESSON10_SPECS, "custom": "", "context": 1024,
-                            "chunk": 256, "new_tokens": 48, "needle": False},
-           by_model={"smollm2-135m": {"context": 2048}, "gemma-3-270m": {"context": 2048}}),
+                            "chunk": 256, "new_tokens": 48, "needle": False}),
 )
 
 

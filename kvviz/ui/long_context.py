@@ -312,14 +312,15 @@ def build(tr: Translator) -> dict:
             c["file"] = tr(UploadFile(label=t("lc_file"), file_types=[".txt", ".md"], height=110,
                                       elem_id=f"{TAB}-file"), label="lc_file")
         with gr.Column(scale=2, min_width=280):
-            c["specs"] = tr(gr.CheckboxGroup(REGISTRY.choices("fused"), value=DEFAULT_SPECS, label=t("lc_formats")),
-                            label="lc_formats")
+            c["specs"] = tr(gr.CheckboxGroup(REGISTRY.choices("fused"), value=DEFAULT_SPECS, label=t("lc_formats"),
+                                             elem_id=f"{TAB}-specs"), label="lc_formats")
             c["custom"] = tr(gr.Textbox(label=t("custom_specs"), info=t("custom_specs_info"), lines=1,
                                         elem_id=f"{TAB}-custom"), label="custom_specs", info="custom_specs_info")
             c["context"] = tr(gr.Slider(MIN_CONTEXT, MAX_CONTEXT, value=DEFAULT_CONTEXT, step=256,
-                                        label=t("lc_context")), label="lc_context")
+                                        label=t("lc_context"), elem_id=f"{TAB}-context"), label="lc_context")
             c["new_tokens"] = tr(gr.Slider(2, MAX_NEW_TOKENS, value=DEFAULT_NEW_TOKENS, step=1,
-                                           label=t("lc_new_tokens")), label="lc_new_tokens")
+                                           label=t("lc_new_tokens"), elem_id=f"{TAB}-new-tokens"),
+                                 label="lc_new_tokens")
             c["advanced"] = tr(gr.Accordion(t("lc_advanced"), open=False, elem_id=f"{TAB}-advanced"),
                                label="lc_advanced")
             with c["advanced"]:
