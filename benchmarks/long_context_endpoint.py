@@ -67,9 +67,9 @@ def exact_pass(model_name: str, context: int, chunk: int) -> float:
 
     from kvviz.analysis.teacher_forced import decoder
     from kvviz.quality.long_context import long_text_ids
-    from kvviz.ui.picker import get_model
+    from kvviz.ui import registry
 
-    model, tok = get_model(model=model_name)
+    model, tok = registry.load(model_name)  # the app's loader (the tiny-<arch> test models included)
     ids, _ = long_text_ids(tok, context)
     body = decoder(model)
     start = time.perf_counter()
