@@ -205,13 +205,13 @@ def _notes(note: str, lang: str) -> str:
     if not note:
         return ""
     if lang == "en":
-        return "\n\n" + t("lc_r_note", lang).format(note=note)
+        return f"\n\n_{note}_"
     lines = []
     if "repeat" in note:
         lines.append(t("lc_r_repeats", lang))
     if "sliding" in note:
         lines.append(t("lc_r_sliding", lang))
-    return "".join("\n\n" + t("lc_r_note", lang).format(note=line) for line in lines)
+    return "".join(f"\n\n_{line}_" for line in lines)
 
 
 # --- the endpoint ------------------------------------------------------------------------------------------------

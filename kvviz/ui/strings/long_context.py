@@ -74,7 +74,6 @@ EN: dict[str, str] = {
     "lc_r_gen": ("**By generation length** ({n} new tokens after a {p}-token prompt): first divergence from the exact "
                  "text: {div}."),
     "lc_r_needle": "**Needle at length**: {found}.",
-    "lc_r_note": "_{note}_",
     "lc_r_repeats": "The text is shorter than the context: it repeats, a marker line between copies.",
     "lc_r_sliding": ("The sliding-window layers hold 512 tokens: beyond that the curve shows what the "
                      "full-attention layers do."),
@@ -148,7 +147,6 @@ KO: dict[str, str] = {
                  "처음 넘는 위치: {cross}."),
     "lc_r_gen": "**생성 길이별** ({p}토큰 프롬프트 뒤 새 토큰 {n}개): 원본 글에서 처음 갈라지는 단계: {div}.",
     "lc_r_needle": "**긴 문맥의 바늘 찾기**: {found}.",
-    "lc_r_note": "_{note}_",
     "lc_r_repeats": "글이 문맥보다 짧아 복사본 사이에 표시 줄을 넣어 반복했습니다.",
     "lc_r_sliding": "슬라이딩 윈도 레이어는 512토큰만 담습니다: 그 뒤의 곡선은 전체 어텐션 레이어가 하는 일입니다.",
 }
