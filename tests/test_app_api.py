@@ -23,7 +23,7 @@ from gradio_client import Client, handle_file
 from app_server import REPO, serve_app
 
 API_NAMES = ("compare", "needle", "fused_speed", "outliers", "error_map", "sensitivity", "plan_search", "memory",
-             "export", "check_scales", "rotation")
+             "export", "check_scales", "rotation", "long_context")
 PROMPT = "The capital of France is Paris, and the capital of Korea is"
 MEMORY_OK = ("llama-3.1-8b", 32, 8, 128, 8.0, 1, 1024, 131072, ["fp16", "k8v4"], "", ["l4", "h100-80gb"], None, "",
              "engine")
@@ -455,6 +455,60 @@ def test_lesson_9_rotation_kl_and_histogram(client):
     assert "Tokens must be a whole number from 32 to 512" in _error(client, 8, "tiny-llama", api_name="rotation")
 
 
+# --- long_context (lesson 10) ----------------------------------------------------------------------------------
+
+# WikiText-2, two formats, 256 tokens in chunks of 64, 4 new tokens, no needle
+LC_OK = ("WikiText-2", "", None, ["int4", "k8v4"], "", 256, 64, 4, False, "256", "0, 50", "tiny-llama", "English")
+
+
+def test_long_context_streams_chunks_and_ends_with_every_panel(client):
+    job = client.submit(*LC_OK, api_name="/long_context")
+    status, kl_fig, top1_fig, table, gen_fig, gen_table, columns, needle_fig = job.result(timeout=300)
+    assert len(job.outputs()) >= 5, "the start, then one update per chunk of 64 (the first token rides along)"
+    assert "Done in" in status and "`tiny-llama`" in status and "first results came after" in status
+    assert {t["name"] for t in _traces(kl_fig)} >= {"int4", "k8v4"}
+    assert "by position on tiny-llama: 256 tokens" in json.loads(kl_fig["plot"])["layout"]["title"]["text"]
+    assert {t.get("name") for t in _traces(top1_fig)} >= {"int4", "k8v4"}
+    rows = {r[0]: r for r in table["data"]}
+    assert list(rows) == ["int4", "k8v4"] and table["headers"][:2] == ["format", "mean KL (nats/token)"]
+    assert all(r[1] > 0 and 0 <= r[-1] <= 100 for r in rows.values()), rows  # mean KL, top-1 %
+    assert [r[0] for r in gen_table["data"]] == ["exact", "int4", "k8v4"]
+    assert "exact (baseline)" in columns and "k8v4" in columns
+    assert "The needle at length is off" in json.dumps(needle_fig)
+    status, *_, table, _, gen_table, _, _ = client.predict(*LC_OK[:-1], "한국어", api_name="/long_context")
+    assert table["headers"][0] == "포맷" and gen_table["data"][0][0] == "원본" and "완료" in status
+
+
+@pytest.mark.parametrize("change, message", [
+    ({5: 2048}, "positions"),  # tiny-llama holds 1,024
+    ({5: 100}, "Context length must be a whole number from 256 to 32768"),
+    ({7: 0}, "New tokens must be a whole number from 2 to 1024, got the number 0"),
+    ({8: True, 10: "0, 150"}, "Needle depths (%) must be numbers from 0 to 100; 150 is out of range"),
+    ({8: True, 9: "4096"}, "positions"),
+    ({0: "text", 1: "  "}, "Your text is empty"),
+    ({0: "file"}, "upload a UTF-8 text file first"),
+    ({3: [], 4: ""}, "Pick at least one format"),
+    ({4: "int5"}, "Unknown KV format 'int5'"),
+])
+def test_long_context_rejects_bad_input(client, change, message):
+    args = [change.get(i, a) for i, a in enumerate(LC_OK)]
+    assert message in _error(client, *args, api_name="long_context")
+
+
+@pytest.mark.parametrize("content, message", [(b"", "is empty"), (b"   \n\n", "is empty"),
+                                              (b"\x89PNG\r\n\x1a\n\x00\x00\x00", "looks binary")])
+def test_long_context_explains_a_bad_text_file_and_reads_a_good_one(client, tmp_path, content, message):
+    bad = tmp_path / "story.txt"
+    bad.write_bytes(content)
+    args = ["file", "", handle_file(str(bad)), *LC_OK[3:]]
+    text = _error(client, *args, api_name="long_context")
+    assert message in text and "story.txt" in text and "/tmp/gradio" not in text, text
+    good = tmp_path / "good.txt"
+    good.write_text("Once upon a time a cache forgot a little of every token. " * 3)
+    status = client.predict("file", "", handle_file(str(good)), *LC_OK[3:], api_name="/long_context")[0]
+    assert "Done in" in status and "repeats" in status  # shorter than 256 tokens: repeated, a marker between copies
+
+
 # --- memory --------------------------------------------------------------------------------------------------
 
 
@@ -689,6 +743,7 @@ GOOD_ARGS = {  # one valid call per endpoint, with its `model` and `language`; c
     "export": ("fp8_e4m3", "m", "", "tiny-llama", "English"),
     "check_scales": (None, "tiny-llama"),
     "rotation": (64, "tiny-llama", "English"),
+    "long_context": LC_OK,
 }
 _HUGE = 10**30
 

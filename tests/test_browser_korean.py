@@ -8,8 +8,9 @@ runs Compare and reads its metrics table: every header in Korean, none broken in
 ones were squeezed to "form at", "spe c"; checked in English too). Switching to English and back keeps the
 placeholders in the page's language.
 
-The Memory tab is read before and after a run (its chart, tables and formula follow the language); the other tabs
-before they run (the engine view's Korean results: tests/test_ui_engines.py).
+The Memory and Long context tabs are read before and after a run (charts, tables, status and notes follow the
+language; Long context's generated texts are the model's, left out); the other tabs before they run (the engine
+view's Korean results: tests/test_ui_engines.py).
 
 Run: python -m pytest tests/test_browser_korean.py -q       (needs /usr/bin/chromium)
 """
@@ -29,7 +30,7 @@ from kvviz.ui.common import EXAMPLES
 playwright_api = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} missing: apt-get install chromium")
 
-TABS = ("compare", "outliers", "errors", "sensitivity", "memory", "export")
+TABS = ("compare", "outliers", "errors", "sensitivity", "long_context", "memory", "export")
 HANGUL = re.compile(r"[\uac00-\ud7a3]")
 # Names the Korean page keeps in Latin letters: models, engines, libraries, measures, units, format families.
 ALLOWED = {
@@ -226,3 +227,25 @@ def test_the_memory_tabs_results_are_korean(page):
     english = _english(page)
     assert not english, f"memory after a run: English on the Korean page: {english}"
 
+
+
+def test_the_long_context_tabs_results_are_korean(page):
+    """A short Long context run (256 tokens, the tiny model, int4 and k8v4): its charts, tables, status and notes in
+    Korean. The generated texts (the model's own words) are hidden before reading."""
+    page.locator("#tab-long_context-button").click()
+    tab = page.locator("#tab-long_context")
+    tab.wait_for(state="visible")
+    page.locator("#long_context-specs label", has_text="mxfp4").click()  # head_dim 16: the skip note is English
+    for slider, value in (("context", "256"), ("new-tokens", "4")):
+        box = page.locator(f"#long_context-{slider} input[type=number]")
+        box.fill(value)
+        box.press("Enter")
+    page.locator("#long_context-run").click()
+    page.wait_for_function("() => (document.querySelector('#long_context-status')?.innerText || '').includes('완료')",
+                           timeout=180_000)
+    assert "문맥 안의 위치" in page.locator("#long_context-kl").inner_text()
+    headers = [h.strip() for h in page.locator("#long_context-table th").all_inner_texts() if h.strip()]
+    assert "포맷" in headers and not {h: w for h in headers if (w := english_words(h))}, headers
+    page.evaluate("() => { document.querySelector('#long_context-columns').style.display = 'none'; }")
+    english = _english(page)
+    assert not english, f"long context after a run: English on the Korean page: {english}"

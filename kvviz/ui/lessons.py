@@ -1,4 +1,4 @@
-"""kvviz.ui.lessons: the nine lessons of docs/DESIGN.md ("What the app teaches"), one button each.
+"""kvviz.ui.lessons: the ten lessons of docs/DESIGN.md ("What the app teaches"), one button each.
 
 A lesson button opens its tab, fills the inputs that show the lesson, and runs the tab's action: one click, then
 the student reads the tab's opening sentence and the figure. Each tab's `build()` returns its components by name
@@ -25,6 +25,7 @@ from .i18n import EN, lang_code, t
 from .strings import figures
 
 
+LESSON10_SPECS = ["int4", "k8v4", "nvfp4"]  # lesson 10's formats (kvviz.ui.strings.figures reads their rows)
 OPEN = "<open>"  # a setting for an Accordion: open it so the lesson's figure shows
 SELECTED = "<selected model>"  # a setting for the Memory tab's preset: the picked model when it is a preset
 
@@ -81,6 +82,12 @@ LESSONS: tuple[Lesson, ...] = (
     # 9. Rotate, then quantize: int4, int4/rot, vLLM's int4_per_token_head and turboquant_4bit_nc, TQ-mse and TQ-prod
     # at 4 bits (kvviz/ui/rotation.py), and one head's K coordinates before and after the rotation against N(0, 1/d).
     Lesson("compare", {"rot_tokens": 256, "rot_box": OPEN}, action="rotation"),
+    # 10. Errors pile up with context: the Long context tab reads WikiText-2 through int4, k8v4 and nvfp4 chunk by
+    # chunk (kvviz.quality.long_context) and compares each format's mean KL over the last quarter of the positions
+    # with the first quarter's; then a short free-running generation. 1,024 tokens (the tiny models' whole context)
+    # keep it to seconds (figures: lesson_figures.json, l10_*).
+    Lesson("long_context", {"source": "WikiText-2", "specs": LESSON10_SPECS, "custom": "", "context": 1024,
+                            "chunk": 256, "new_tokens": 48, "needle": False}),
 )
 
 

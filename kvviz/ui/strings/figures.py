@@ -20,16 +20,18 @@ from pathlib import Path
 PATH = Path(__file__).with_name("lesson_figures.json")
 MODELS = {"smol": "smollm2-135m", "gemma": "gemma-3-270m"}  # placeholder prefix -> bundled model
 # lesson -> the action whose outputs its figures come from (a lesson runs these in order; see kvviz/ui/lessons.py)
-MEASURED = {3: "run", 5: "needle", 6: "run", 7: "fused", 8: ("run", "search"), 9: "rotation"}
+MEASURED = {3: "run", 5: "needle", 6: "run", 7: "fused", 8: ("run", "search"), 9: "rotation", 10: "run"}
 ONLY = {7: ("smollm2-135m",)}  # lessons whose notes quote one model's figures (lesson 7: SmolLM2's bytes)
 # figures that are counts or names, compared exactly; every other figure is compared to RELATIVE
 EXACT = {"l5_ctx", "l5_total", "l5_exact", "l8_plan", "l8_skip", "l8_move1_layer",
          "l8_peak1_layer", "l8_peak2_layer", "l8_peak3_layer", "l8_peak1_side", "l9_layer", "l9_head",
-         "l3_bits", "l6_bits_row", "l6_bits_g16", "l6_bits_g8", "l7_ctx"}
+         "l3_bits", "l6_bits_row", "l6_bits_g16", "l6_bits_g8", "l7_ctx", "l10_ctx"}
 RELATIVE = 0.05  # measured figures: within 5% of the recorded ones (CPU kernels round differently across machines)
 # lesson 5's counts: one needle either way (per-tensor int4 finds 7 or 8 of SmolLM2's 15 under AVX-512 and AVX2
 # kernels: kvviz/ui/lessons.py)
-ABSOLUTE = {"l5_int4": 1, "l5_tensor": 1, "l5_int4_pct": 100 / 15 + 1e-9, "l5_tensor_pct": 100 / 15 + 1e-9}
+ABSOLUTE = {"l5_int4": 1, "l5_tensor": 1, "l5_int4_pct": 100 / 15 + 1e-9, "l5_tensor_pct": 100 / 15 + 1e-9,
+            # lesson 10's generation: the share of its 47 scored steps whose top-1 differs, two steps either way
+            **{f"l10_{f}_differ": 2 * 100 / 47 + 1e-9 for f in ("int4", "k8v4", "nvfp4")}}
 
 
 def load(path: Path = PATH) -> dict[str, dict]:
@@ -130,6 +132,17 @@ def measure(outputs: dict[int, dict]) -> dict:
                 "l9_kurt_after": float(m.group(4)), "l9_max_before": float(m.group(5)),
                 "l9_max_after": float(m.group(6)), "l9_int4_over_rot": out["l9_kl_int4"] / out["l9_kl_rot"],
                 "l9_prod_over_mse": out["l9_kl_prod"] / out["l9_kl_mse"]}
+    if 10 in outputs:
+        status, _, _, table, _, gen_table, _, _ = outputs[10]["run"]
+        out["l10_ctx"] = int(re.search(r"`: ([\d,]+) tokens, chunks of", status).group(1).replace(",", ""))
+        for name, row in _rows(table).items():  # format, mean KL, first quarter, last quarter, last / first, ...
+            key = re.sub(r"\W", "_", name)
+            out |= {f"l10_{key}_first": float(row[2]), f"l10_{key}_last": float(row[3]),
+                    f"l10_{key}_growth": float(row[3]) / float(row[2]), f"l10_{key}_top1": float(row[-1])}
+        for name, row in _rows(gen_table).items():  # format, first divergence, differing top-1 (%), repetition
+            if name != "exact":
+                key = re.sub(r"\W", "_", name)
+                out[f"l10_{key}_differ"] = float(row[2])
     return out
 
 

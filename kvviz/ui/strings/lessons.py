@@ -1,11 +1,11 @@
-"""kvviz.ui.strings.lessons: the nine lessons: button labels, notes and the across-models paragraphs (their measured
+"""kvviz.ui.strings.lessons: the ten lessons: button labels, notes and the across-models paragraphs (their measured
 figures are placeholders filled from lesson_figures.json), in English and Korean.
 """
 
 from __future__ import annotations
 
 EN: dict[str, str] = {
-    "lessons": "### Nine lessons, one click each",
+    "lessons": "### Ten lessons, one click each",
     "lesson1": "1 · K has outlier channels, V doesn't",
     "lesson2": "2 · Per-tensor scales fail, per-token/channel don't",
     "lesson3": "3 · K is sensitive, V tolerant (k8v4 vs k4v8)",
@@ -127,10 +127,34 @@ EN: dict[str, str] = {
                        "{gemma[l9_kl_prod]:.2f}, {gemma[l9_prod_over_mse]:.0f}× TQ-mse's; layer {gemma[l9_layer]}'s "
                        "head {gemma[l9_head]} goes from kurtosis {gemma[l9_kurt_before]:.0f} to "
                        "{gemma[l9_kurt_after]:.1f}."),
+    "lesson10": "10 · Errors pile up with context",
+    "lesson_note10": ("**Lesson 10.** The chart reads {smol[l10_ctx]:,} WikiText-2 tokens through each cache 256 "
+                      "at a time, each chunk attending to the cache as stored (as an engine's chunked prefill does), "
+                      "and plots KL against position; the table sets each format's mean KL over the last quarter of "
+                      "the positions against the first quarter's. On SmolLM2 int4 goes from "
+                      "{smol[l10_int4_first]:.3f} to {smol[l10_int4_last]:.3f} nats/token "
+                      "({smol[l10_int4_growth]:.2f}×): each new token reads every earlier token's quantized K and V, "
+                      "so a short test understates the damage at the end of a long context. k8v4 stays far below "
+                      "({smol[l10_k8v4_first]:.4f} to {smol[l10_k8v4_last]:.4f}, {smol[l10_k8v4_growth]:.2f}×): "
+                      "8-bit K keeps the attention weights. nvfp4 grows most, {smol[l10_nvfp4_first]:.2f} to "
+                      "{smol[l10_nvfp4_last]:.2f} ({smol[l10_nvfp4_growth]:.1f}×): its one fp32 global scale is "
+                      "fitted on the cache's first update, here the pass's first token, and later tokens outgrow "
+                      "it, as a static scale calibrated on too little text does. In the generation below "
+                      "(its prompt prefilled at once, so nvfp4's scale sees the whole prompt), the share of steps "
+                      "whose top-1 differs from the exact run's: int4 {smol[l10_int4_differ]:.1f}%, k8v4 "
+                      "{smol[l10_k8v4_differ]:.1f}%, nvfp4 {smol[l10_nvfp4_differ]:.1f}%."),
+    "lesson_models10": ("**Across models:** on Gemma 3 270M (its sliding-window layers hold 512 tokens: past "
+                        "position 512 only its 3 full-attention layers read further back) int4 goes from "
+                        "{gemma[l10_int4_first]:.2f} to {gemma[l10_int4_last]:.2f} ({gemma[l10_int4_growth]:.2f}×), "
+                        "k8v4 from {gemma[l10_k8v4_first]:.3f} to {gemma[l10_k8v4_last]:.3f} "
+                        "({gemma[l10_k8v4_growth]:.2f}×), nvfp4 from {gemma[l10_nvfp4_first]:.2f} to "
+                        "{gemma[l10_nvfp4_last]:.2f} ({gemma[l10_nvfp4_growth]:.1f}×); in its generation the top-1 "
+                        "differs at {gemma[l10_int4_differ]:.1f}% (int4), {gemma[l10_k8v4_differ]:.1f}% (k8v4) and "
+                        "{gemma[l10_nvfp4_differ]:.1f}% (nvfp4) of the steps."),
 }
 
 KO: dict[str, str] = {
-    "lessons": "### 아홉 가지 레슨, 각각 한 번의 클릭",
+    "lessons": "### 열 가지 레슨, 각각 한 번의 클릭",
     "lesson1": "1 · K에는 이상치 채널이 있고 V에는 없다",
     "lesson2": "2 · 텐서 단위 스케일은 실패, 토큰/채널 단위는 성공",
     "lesson3": "3 · K는 민감하고 V는 관대하다 (k8v4 vs k4v8)",
@@ -245,4 +269,26 @@ KO: dict[str, str] = {
                        "{gemma[l9_kl_prod]:.2f}으로 TQ-mse의 {gemma[l9_prod_over_mse]:.0f}배; 레이어 "
                        "{gemma[l9_layer]}의 헤드 {gemma[l9_head]}은 첨도 {gemma[l9_kurt_before]:.0f}에서 "
                        "{gemma[l9_kurt_after]:.1f}로."),
+    "lesson10": "10 · 오차는 문맥이 길수록 쌓인다",
+    "lesson_note10": ("**레슨 10.** 그래프는 WikiText-2 {smol[l10_ctx]:,}토큰을 캐시마다 256토큰씩 읽고(각 청크는 "
+                      "저장된 그대로의 캐시를 봅니다. 엔진의 청크 프리필과 같습니다) 위치별 KL을 그립니다. 표는 포맷마다 "
+                      "마지막 4분의 1 위치의 평균 KL을 처음 4분의 1과 견줍니다. SmolLM2에서 int4는 "
+                      "{smol[l10_int4_first]:.3f}에서 {smol[l10_int4_last]:.3f} nats/토큰으로 "
+                      "({smol[l10_int4_growth]:.2f}배) 커집니다: 새 토큰은 앞선 모든 토큰의 양자화된 K와 V를 읽으므로, "
+                      "짧은 시험은 긴 문맥 끝의 손상을 과소평가합니다. k8v4는 훨씬 아래에 머뭅니다"
+                      "({smol[l10_k8v4_first]:.4f}에서 {smol[l10_k8v4_last]:.4f}, {smol[l10_k8v4_growth]:.2f}배): "
+                      "8비트 K가 어텐션 가중치를 지킵니다. nvfp4가 가장 크게 커집니다({smol[l10_nvfp4_first]:.2f}에서 "
+                      "{smol[l10_nvfp4_last]:.2f}, {smol[l10_nvfp4_growth]:.1f}배): fp32 전역 스케일 하나를 캐시의 첫 "
+                      "갱신, 여기서는 첫 토큰 하나로 맞추므로 뒤의 토큰이 그 스케일을 넘어섭니다. 너무 짧은 글로 보정한 "
+                      "정적 스케일과 같습니다. 아래 생성(프롬프트를 한 번에 프리필하므로 nvfp4의 스케일이 프롬프트 "
+                      "전체를 봅니다)에서 top-1이 원본과 다른 단계의 비율: int4 {smol[l10_int4_differ]:.1f}%, k8v4 "
+                      "{smol[l10_k8v4_differ]:.1f}%, nvfp4 {smol[l10_nvfp4_differ]:.1f}%."),
+    "lesson_models10": ("**모델 간 차이:** Gemma 3 270M(슬라이딩 윈도 레이어는 512토큰만 담으므로 위치 512 뒤로는 전체 "
+                        "어텐션 레이어 3개만 더 멀리 읽습니다)에서 int4는 {gemma[l10_int4_first]:.2f}에서 "
+                        "{gemma[l10_int4_last]:.2f}로({gemma[l10_int4_growth]:.2f}배), k8v4는 "
+                        "{gemma[l10_k8v4_first]:.3f}에서 {gemma[l10_k8v4_last]:.3f}로({gemma[l10_k8v4_growth]:.2f}배), "
+                        "nvfp4는 {gemma[l10_nvfp4_first]:.2f}에서 {gemma[l10_nvfp4_last]:.2f}로"
+                        "({gemma[l10_nvfp4_growth]:.1f}배) 커집니다. 생성에서 top-1이 다른 단계는 int4 "
+                        "{gemma[l10_int4_differ]:.1f}%, k8v4 {gemma[l10_k8v4_differ]:.1f}%, nvfp4 "
+                        "{gemma[l10_nvfp4_differ]:.1f}%입니다."),
 }
