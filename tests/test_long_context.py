@@ -56,6 +56,21 @@ def test_matches_the_one_shot_teacher_forced_reference_and_streams_per_chunk(lla
     assert set(res.seconds) == {"exact", "int4", "k8v4", "metrics"}
 
 
+def test_static_scales_are_fitted_on_the_first_chunk_not_the_first_token(llama):
+    """nvfp4's global scale and fp8's per-tensor scale come from the first chunk (as its prefill fits them); the
+    pass then equals the one-shot reference run with those scales."""
+    model, tok = llama
+    for name in ("nvfp4", "fp8_e4m3"):
+        res = _last(lc.position_drift(model, tok, [name], context=70, chunk=16, text=TEXT))
+        ids = torch.tensor([res.tokens])
+        scales = lc.position.first_chunk_scales(model, as_plan(name), ids[:, :17])
+        one_token = lc.position.first_chunk_scales(model, as_plan(name), ids[:, :1])
+        assert any(not torch.equal(scales[i][0], one_token[i][0]) for i in scales)  # the chunk's scale differs
+        [(kld, _, _, _)], _ = row_values(model, ids, [as_plan(name)], first_chunk=1, chunk=16, score_from=1,
+                                         scales=scales)
+        assert np.allclose(res.kl[name][1:69], kld.numpy(), rtol=1e-4, atol=1e-7)
+
+
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3_next"])  # sliding + full; linear attention + full
 def test_sliding_and_hybrid_architectures_run(arch):
     model, tok = tiny_model(arch)

@@ -3,7 +3,8 @@ cache read as stored, chunk by chunk, as an engine's chunked prefill reads it.
 
 The pass: the text's first token goes in alone (a cache's first update hands attention the raw K/V; keeping it to
 one token makes every later position read quantized K/V, kvviz.analysis.teacher_forced's first_chunk=1 rule), then
-chunks of `chunk` tokens. Each chunk runs through the exact model with a DynamicCache and through the model with
+chunks of `chunk` tokens. Static scales (fp8's per-tensor or per-head scale, nvfp4's global scale) are fitted on the
+first chunk (`first_chunk_scales`), as a prefill of it would fit them, not on the lone first token. Each chunk runs through the exact model with a DynamicCache and through the model with
 each format's kvviz.QuantizedKVCache (batch 1 each: `model(input_ids=chunk, cache=cache)`, the path the CPU
 backend fuses), in lockstep: only one chunk's hidden states per run and one block of positions' log-probs are ever
 held (Gemma 3's vocabulary is 262K: [32K, vocab] would not fit). The LM head runs on a block of positions at a time
@@ -132,9 +133,24 @@ def position_drift(model, tokenizer, formats, context: int = 4096, chunk: int = 
     plans = parse_formats(formats, model)
     check_context(model, context, plans, chunk, available)
     ids, note = long_text_ids(tokenizer, context, text)
-    caches = [QuantizedKVCache(model.config, p, scales=scales if p.takes_scale else None) for p in plans]
+    ids = ids.to(model.device)
+    first = ids[:, : min(1 + chunk, ids.shape[1])]
+    caches = [QuantizedKVCache(model.config, p, scales=(scales or first_chunk_scales(model, p, first))
+                               if p.takes_scale else None) for p in plans]
     notes = " ".join(n for n in (note, sliding_note(model)) if n)
-    return _steps(model, ids.to(model.device), [p.name for p in plans], caches, chunk, notes)
+    return _steps(model, ids, [p.name for p in plans], caches, chunk, notes)
+
+
+@torch.no_grad()
+def first_chunk_scales(model, plan, ids: torch.Tensor) -> dict:
+    """{layer: (k_scale, v_scale)}: the static scales (per-tensor, per-head, nvfp4's global scale) a cache of `plan`
+    fits on the text's first chunk ids [1, n]. The pass itself feeds the first token alone, and a scale fitted on one
+    token (often an attention sink) would make every later token saturate or underflow; engines load calibrated
+    scales instead. This is the same scale a prefill of that chunk fits, handed to the pass's cache."""
+    probe = QuantizedKVCache(model.config, plan)
+    decoder(model)(input_ids=ids, cache=probe, use_cache=True)
+    return {i: (layer.k.static, layer.v.static) for i, layer in enumerate(probe.layers)
+            if getattr(layer, "k", None) is not None and (layer.k.static is not None or layer.v.static is not None)}
 
 
 def _block_values(model, exact: torch.Tensor, hidden: list[torch.Tensor]):
