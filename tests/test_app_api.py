@@ -154,33 +154,37 @@ def test_needle_rejects_a_context_out_of_range(client):
 def test_fused_speed_times_each_format_fused_and_unfused(client):
     table, fig, status, curve = client.predict(["int4", "k8v4"], "fp16", 256, 3, api_name="/fused_speed")
     rows = table["data"]
-    assert table["headers"] == ["cache", "decode path", "tokens/s", "× DynamicCache", "read per step (MiB)"]
-    assert [r[0] for r in rows] == ["DynamicCache", "int4", "int4", "k8v4", "k8v4", "fp16", "fp16"]
+    assert table["headers"] == ["cache", "decode path", "tokens/s", "× DynamicCache", "× StaticCache",
+                                "read per step (MiB)"]
+    assert [r[0] for r in rows] == ["DynamicCache", "StaticCache", "int4", "int4", "k8v4", "k8v4", "fp16", "fp16"]
     assert rows[0][1].startswith("exact") and rows[0][3] == "1.00×" and all(r[2] > 0 for r in rows)
+    assert rows[1][1].startswith("exact") and rows[1][4] == "1.00×" and rows[1][5] == rows[0][5]
+    assert all(r[4].endswith("×") and float(r[4][:-1]) > 0 for r in rows)
+    rows = rows[:1] + rows[2:]  # the formats' rows as before StaticCache joined, for the checks below
     assert rows[1][1] == "fused: the cpu kernel reads the packed bytes" and rows[2][1].startswith("unfused")
     assert rows[5][1] == rows[1][1]  # fp16 under the fp32 model rounds: the kernel reads it as it reads int4
     # K/V read at the last step, 2 layers x 2 heads x 261 tokens (256 + 2 warm-up + 3): int4 holds 16 / 2 + 2
     # bytes per row of 16, the fp32 cache 64; unfused reads the packed bytes and writes and reads an fp32 copy
     rows_kv = 2 * 2 * 2 * 261
-    assert rows[0][4] == round(rows_kv * 64 / 2**20, 3) and rows[1][4] == round(rows_kv * 10 / 2**20, 3)
-    assert rows[2][4] == round(rows_kv * (10 + 2 * 64) / 2**20, 3)
+    assert rows[0][5] == round(rows_kv * 64 / 2**20, 3) and rows[1][5] == round(rows_kv * 10 / 2**20, 3)
+    assert rows[2][5] == round(rows_kv * (10 + 2 * 64) / 2**20, 3)
     tps, mib = _traces(fig)
-    assert tps["y"] == [r[2] for r in rows] and mib["y"] == [r[4] for r in rows]
-    assert tps["x"][:3] == ["DynamicCache", "int4 · fused", "int4 · unfused"]
+    assert tps["y"] == [r[2] for r in table["data"]] and mib["y"] == [r[5] for r in table["data"]]
+    assert tps["x"][:4] == ["DynamicCache", "StaticCache", "int4 · fused", "int4 · unfused"]
     assert "Done in" in status and "`tiny-llama`" in status and "a 256-token WikiText-2 prompt" in status
     assert "the same 5 tokens for `int4`, `k8v4`, `fp16`" in status
     assert "the fused path has no branch" not in status and "does not run here" not in status
     # speed against context: no recorded run of the tiny model, so this run's exact and fused points only
     assert "no recorded run for `tiny-llama`" in status
     points = {tr["name"]: (tr["x"], tr["y"]) for tr in _traces(curve)}
-    assert points == {f"{name}: this run": ([256], [rows[i][2]]) for i, name in
-                      ((0, "DynamicCache"), (1, "int4"), (3, "k8v4"), (5, "fp16"))}
+    assert points == {f"{name}: this run": ([256], [table["data"][i][2]]) for i, name in
+                      ((0, "DynamicCache"), (1, "StaticCache"), (2, "int4"), (4, "k8v4"), (6, "fp16"))}
 
 
 def test_fused_speed_cuts_a_prompt_the_model_cannot_hold_and_speaks_korean(client):
     table, fig, status, curve = client.predict(["int4"], "", 4096, 2, "tiny-llama", "한국어",
                                                api_name="/fused_speed")
-    assert table["headers"][:2] == ["캐시", "디코딩 경로"] and table["data"][1][1].startswith("융합: cpu 커널")
+    assert table["headers"][:2] == ["캐시", "디코딩 경로"] and table["data"][2][1].startswith("융합: cpu 커널")
     assert "4096토큰에서 1019토큰으로" in status  # 1024 positions: the prompt, 2 warm-up steps, 2 steps, a spare
     assert "tiny-llama의 융합 대 비융합" in json.loads(fig["plot"])["layout"]["title"]["text"]
     assert "컨텍스트에 따른 디코딩 속도" in json.loads(curve["plot"])["layout"]["title"]["text"]

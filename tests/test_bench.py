@@ -106,14 +106,19 @@ def test_contexts_tables_say_what_they_measured():
     """--contexts: per context tokens/s, ratio, ceiling and its share, ms per layer; the machine and its load."""
     from kvviz.cli import bench_contexts
 
-    row = dict(tokens_per_s=10.0, ratio=1.0, bytes=200e6, ceiling=1.0, share=1.0, update_ms=0.6, attention_ms=0.5)
-    fused = dict(row, tokens_per_s=12.0, ratio=1.2, bytes=25e6, ceiling=1.3, share=1.2 / 1.3, update_ms=0.01)
-    result = {"contexts": {4096: {"DynamicCache": row, "int4": fused}}, "rounds": {4096: 8},
+    row = dict(tokens_per_s=10.0, ratio=1.0, vs_static=0.8, bytes=200e6, ceiling=1.0, share=0.8, update_ms=0.6,
+               attention_ms=0.5)
+    static = dict(row, tokens_per_s=12.5, ratio=1.25, vs_static=1.0, share=1.0, update_ms=0.02)
+    fused = dict(row, tokens_per_s=15.0, ratio=1.5, vs_static=1.2, bytes=25e6, ceiling=1.3, share=1.2 / 1.3,
+                 update_ms=0.01)
+    result = {"contexts": {4096: {"DynamicCache": row, "StaticCache": static, "int4": fused}}, "rounds": {4096: 8},
               "weights_bytes": 538e6, "load_start": (4.0, 5.0, 6.0), "load_end": (7.0, 8.0, 9.0)}
     text = bench_contexts.markdown(result, "2 CPU cores")
     assert "2 CPU cores" in text and "4.00 / 5.00 / 6.00" in text and "7.00 / 8.00 / 9.00" in text
     assert "Context 4096 tokens, 8 rounds:" in text
-    assert "| int4 | 12.00 | 1.20x | 25.0 MB | 1.30x | 92% | 0.010 | 0.500 |" in text
+    assert "| vs DynamicCache | vs StaticCache |" in text
+    assert "| int4 | 15.00 | 1.50x | 1.20x | 25.0 MB | 1.30x | 92% | 0.010 | 0.500 |" in text
+    assert "| StaticCache | 12.50 | 1.25x | 1.00x | 200.0 MB | 1.00x | 100% | 0.020 | 0.500 |" in text
     peer = bench_contexts.llama_cpp_markdown({4096: {("f16", "f16"): 20.0, ("q4_0", "q4_0"): 25.0}})
     assert "| 4096 | q4_0/q4_0 | 25.00 | 1.25x |" in peer
 
@@ -161,8 +166,8 @@ def test_contexts_json_is_what_lesson_7_reads(tmp_path, monkeypatch):
 
 
 def test_the_bundled_model_s_recorded_run_covers_lesson_7_s_curve():
-    """The shipped record (kvviz/quality/recorded/smollm2-135m.json): 1K to 8K, DynamicCache and int4 / k8v4 with
-    their ceilings, and the command that made it."""
+    """The shipped record (kvviz/quality/recorded/smollm2-135m.json): 1K to 8K, DynamicCache, StaticCache and
+    int4 / k8v4 with their ceilings, and the command that made it."""
     from kvviz.quality import recorded_by_context
 
     from kvviz.cli.bench_contexts import TIMING
@@ -171,7 +176,7 @@ def test_the_bundled_model_s_recorded_run_covers_lesson_7_s_curve():
     assert recorded["command"].startswith("python -m kvviz bench --contexts") and recorded["timing"] == TIMING
     assert sorted(int(c) for c in recorded["contexts"]) == [1024, 2048, 4096, 8192]
     for rows in recorded["contexts"].values():
-        assert rows["DynamicCache"]["ratio"] == 1.0
+        assert rows["DynamicCache"]["ratio"] == 1.0 and rows["StaticCache"]["vs_static"] == 1.0
         assert all(rows[f]["ceiling"] > 1.0 and rows[f]["tokens_per_s"] > 0 for f in ("int4", "k8v4"))
 
 
@@ -210,15 +215,17 @@ def test_speed_by_context_times_each_cache_alone_in_rotating_rounds(monkeypatch)
     ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(0))
     result = bench_contexts.speed_by_context(model, ids, ["int4", "k8v4"], [24, 40], decode_tokens=3,
                                              rounds={24: 2, 40: 1})
-    names = ["DynamicCache", "int4", "k8v4"]
+    names = ["DynamicCache", "StaticCache", "int4", "k8v4"]
     block = [False] * (WARMUP + 3) + [True]  # untimed and timed steps, then the one timed per layer
     first_round = [(n, layers) for n in names for layers in block]
     second_round = [(n, layers) for n in names[1:] + names[:1] for layers in block]  # one cache later
     assert order == first_round + second_round + first_round  # 2 rounds at 24 tokens, 1 at 40
     assert result["rounds"] == {24: 2, 40: 1}
     for context, rows in result["contexts"].items():
-        assert list(rows) == names and rows["DynamicCache"]["ratio"] == 1.0
+        assert list(rows) == names and rows["DynamicCache"]["ratio"] == 1.0 and rows["StaticCache"]["vs_static"] == 1.0
         assert rows["int4"]["bytes"] < rows["k8v4"]["bytes"] < rows["DynamicCache"]["bytes"]
+        # the StaticCache holds the prompt, the warm-up and timed steps and the step timed per layer: not a row more
+        assert rows["StaticCache"]["bytes"] == rows["DynamicCache"]["bytes"]
         for row in rows.values():
             assert row["tokens_per_s"] > 0 and row["attention_ms"] > 0 and row["update_ms"] > 0
             assert row["ceiling"] == pytest.approx((result["weights_bytes"] + rows["DynamicCache"]["bytes"])
@@ -231,9 +238,12 @@ def test_speed_by_context_is_one_over_the_median_step(monkeypatch):
     from kvviz.cli import bench_contexts
 
     model, _ = tiny_model("llama")
-    ticks = {"DynamicCache": [0.1, 0.1, 0.1, 5.0], "int4": [0.05, 0.05, 0.05, 0.05]}
+    ticks = {"DynamicCache": [0.1, 0.1, 0.1, 5.0], "StaticCache": [0.08, 0.08, 0.08, 0.08],
+             "int4": [0.05, 0.05, 0.05, 0.05]}
     monkeypatch.setattr(quality, "step_times", lambda run, steps: ticks[run.name][:steps])
     _name_decodings(monkeypatch)
     ids = torch.randint(1, 256, (1, 16), generator=torch.Generator().manual_seed(0))
     rows = bench_contexts.speed_by_context(model, ids, ["int4"], [16], decode_tokens=4, rounds=1)["contexts"][16]
     assert rows["DynamicCache"]["tokens_per_s"] == pytest.approx(10.0) and rows["int4"]["ratio"] == pytest.approx(2.0)
+    assert rows["int4"]["vs_static"] == pytest.approx(1.6) and rows["DynamicCache"]["vs_static"] == pytest.approx(0.8)
+    assert rows["int4"]["share"] == pytest.approx(1.6 / rows["int4"]["ceiling"])

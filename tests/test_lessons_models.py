@@ -120,15 +120,16 @@ def test_lesson6_scales_eat_into_the_savings(lesson):
 def test_lesson7_fused_reads_the_packed_bytes_and_unfused_copies_them(lesson, model):
     table, _, status, curve = lesson(7)["fused"]
     values = table.values.tolist()
-    assert values[0][0] == "DynamicCache"
-    exact_mib = values[0][4]
+    assert [r[0] for r in values[:2]] == ["DynamicCache", "StaticCache"]
+    exact_mib = values[0][-1]  # read per step (MiB): the last column
+    assert values[1][-1] == exact_mib and values[1][4] == "1.00×"  # the StaticCache holds what DynamicCache does
     for name in ("int4", "k8v4"):
         fused, unfused = [r for r in values if r[0] == name]
         assert fused[1].startswith("fused:"), fused  # the numba kernel really ran
-        assert fused[4] < exact_mib < unfused[4], (fused, unfused, exact_mib)
+        assert fused[-1] < exact_mib < unfused[-1], (fused, unfused, exact_mib)
     # speed against context: the recorded curves (SmolLM2: 1K to 8K, with the byte ceilings) and this run's points
     traces = {tr.name: tr for tr in curve.data}
-    assert {"DynamicCache: this run", "int4: this run", "k8v4: this run"} <= set(traces)
+    assert {"DynamicCache: this run", "StaticCache: this run", "int4: this run", "k8v4: this run"} <= set(traces)
     if quality.recorded_by_context(model) is None:
         assert "no recorded run" in status
         return

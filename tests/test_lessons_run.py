@@ -64,3 +64,4 @@ def test_the_figures_the_notes_quote_are_read_back_from_every_measured_lesson(pa
     missing = sorted(quoted - set(measured))
     assert not missing, f"figures the lessons no longer show: {missing}"
     assert measured["l3_bits"] > 0 and measured["l5_total"] == 15 and measured["l7_exact_mib"] > 0
+    assert measured["l7_static_mib"] == measured["l7_exact_mib"]  # StaticCache sized to the tokens DynamicCache holds

@@ -28,13 +28,18 @@ def report(tiny):
                                     new_tokens=NEW_TOKENS, rounds=1)
 
 
-def test_runs_dynamic_cache_then_each_format_fused_and_unfused(report):
+def test_runs_both_exact_caches_then_each_format_fused_and_unfused(report):
     assert [(r.name, r.path) for r in report.runs] == [
-        ("DynamicCache", EXACT), ("int4", FUSED), ("int4", UNFUSED), ("k8v4", FUSED), ("k8v4", UNFUSED),
+        ("DynamicCache", EXACT), ("StaticCache", EXACT), ("int4", FUSED), ("int4", UNFUSED), ("k8v4", FUSED), ("k8v4", UNFUSED),
         ("fp16", FUSED), ("fp16", UNFUSED)]
     assert report.context == PROMPT_TOKENS and report.new_tokens == NEW_TOKENS and report.fused_backend == "cpu"
     assert all(r.tokens_per_s > 0 and len(r.tokens) == NEW_TOKENS + WARMUP for r in report.runs)  # + the warm-up steps
     assert report.run("int4", UNFUSED).backend == "torch" and report.run("DynamicCache", EXACT).backend == "sdpa"
+    static = report.run("StaticCache", EXACT)
+    assert static.backend == "sdpa" and static.vs_static == 1.0
+    assert static.tokens == report.run("DynamicCache", EXACT).tokens  # the same exact attention, preallocated
+    for run in report.runs:
+        assert run.vs_static == pytest.approx(run.tokens_per_s / static.tokens_per_s)
 
 
 def test_fused_runs_the_kernel_where_numba_runs_and_never_for_a_lossless_cast(report):
@@ -63,6 +68,7 @@ def test_bytes_read_per_step_match_the_config(report):
     k8v4 = rows * (dim + 2) + rows * (dim // 2 + 2)  # K: int8 codes + fp16 scale; V as int4
     fp16 = 2 * rows * dim * 2
     assert report.run("DynamicCache", EXACT).bytes_read == exact
+    assert report.run("StaticCache", EXACT).bytes_read == exact  # sized to the last step's tokens, not a row more
     for name, packed in (("int4", int4), ("k8v4", k8v4), ("fp16", fp16)):
         assert report.run(name, FUSED).bytes_read == packed, name
         assert report.run(name, UNFUSED).bytes_read == packed + 2 * exact, name  # + the fp32 copy, written and read

@@ -135,6 +135,10 @@ class _Side:
         self.pk_by_dtype: dict = {}
         side = side_from_format(fmt, data, scale, zero, tensor_scale, head_dim=head_dim)
         self.rotation = side.rotation  # x = stored @ rotation: q takes rotation^T, the output rotation
+        # ... as numpy matmuls: torch's on a [Hq, D] x [D, D] product enters its thread pool, whose barrier waits
+        # for a descheduled worker on a busy machine (30-75 ms a call measured at load 30 on 2 cores, numpy 10 us)
+        self.rot_np = None if side.rotation is None else side.rotation.detach().float().contiguous().numpy()
+        self.rot_t_np = None if side.rotation is None else np.ascontiguousarray(self.rot_np.T)
         self.x_rotation = side.rotation if plan.rot else None  # /rot: the new token is rotated before it is packed
         self.static_limit = None
         if plan.count and plan.rot:  # the count is of the input, before the rotation (as quant_pack_cpu)
@@ -241,10 +245,10 @@ class DecodeStep:
             xk, over_k = self.k.new_token(k_new)
             xv, over_v = self.v.new_token(v_new)
             dtype = q.dtype
-            q = q.detach().float()
-            if self.k.rotation is not None:
-                q = q @ self.k.rotation.T  # score = (q @ R^T) . stored
-            qn = c_order(q.numpy())
+            qn = q.detach().float().numpy()
+            if self.k.rot_t_np is not None:
+                qn = qn @ self.k.rot_t_np  # score = (q @ R^T) . stored
+            qn = c_order(qn)
             dtypes = (k_new.dtype, v_new.dtype)
         if qn.shape != self.q_shape:
             raise ValueError(f"q has shape {tuple(qn.shape)}; the step was bound for {self.q_shape} (one decode "
@@ -275,10 +279,10 @@ class DecodeStep:
                 xk, xv, qn, self.q_order, self.qp, start, pos, self.lengths, mask, has_mask, sm, float(softcap or 0.0),
                 self.heads, splits, per_split, *side_args, self.mid_m, self.mid_l, self.mid_acc, sink, has_sinks,
                 self.outp, self.out_order, out)
+        if views is None and self.v.rot_np is not None:
+            out = out @ self.v.rot_np
         result = torch.from_numpy(out)
         if views is None:
-            if self.v.rotation is not None:
-                result = result @ self.v.rotation
             if dtype != torch.float32:
                 result = result.to(dtype)
         return result, int(over[0]) + over_k, int(over[1]) + over_v

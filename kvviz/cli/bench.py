@@ -46,7 +46,9 @@ from kvviz.models import DEFAULT_MODEL, load_model
 from kvviz.quality.speed import dynamic_bytes
 
 HELP = "decode speed, cache bytes and KL of every KV format vs DynamicCache and transformers' QuantizedCache"
-CONTEXT_FORMATS = ("int4", "k8v4", "mxfp4", "nvfp4", "q4_0", "q8_0")  # issue 23's targets at 4K
+# issue 23's targets at 4K, and issue 43's 4-bit and 8-bit engine stores
+CONTEXT_FORMATS = ("int4", "k8v4", "mxfp4", "nvfp4", "q4_0", "q8_0", "vllm:int4_per_token_head",
+                   "vllm:turboquant_4bit_nc")
 ROUNDS = 4  # the side-by-side run's timing rounds, best kept
 # --contexts: rounds of every cache's 2 untimed + 6 timed steps, median step kept. On a shared 2-core VM a step runs
 # in one of two speeds (at 1K about 70 or 95 ms) that last seconds at a time, so a ratio moves with how each cache's
@@ -78,8 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--formats", default=None, help="comma-separated kvviz specs (default: every base format + presets)")
     p.add_argument("--quick", action="store_true", help="smoke run: context 256, 4 decode tokens, 1 prompt x 16 steps")
     p.add_argument("--contexts", default=None, help="comma-separated contexts, e.g. 1024,4096,8192: decode speed only, "
-                   "per context, with the byte ceiling and the time per layer in update and attention (default "
-                   "formats: int4, k8v4, mxfp4, nvfp4, q4_0, q8_0)")
+                   "per context, against DynamicCache and StaticCache, with the byte ceiling and the time per layer in "
+                   "update and attention (default formats: " + ", ".join(CONTEXT_FORMATS) + ")")
     p.add_argument("--json", default=None, metavar="PATH", help="with --contexts: also write the figures, the "
                    "command, date and machine as JSON (kvviz/quality/recorded/<model>.json is what lesson 7 draws)")
     p.add_argument("--llama-cpp", action="store_true", help="with --contexts: llama.cpp as the peer, its tokens/s "

@@ -1,11 +1,17 @@
-"""`python -m kvviz bench --contexts 1024,4096,8192`: decode speed per context, against DynamicCache, with the byte
-ceiling each format could reach and the time a decode step spends per layer in the cache's update and in attention.
+"""`python -m kvviz bench --contexts 1024,4096,8192`: decode speed per context, against both of transformers' exact
+caches, with the byte ceiling each format could reach and the time a decode step spends per layer in the cache's
+update and in attention.
+
+The two exact baselines: DynamicCache, whose update appends with torch.cat and so copies every layer's whole K/V at
+every step, and StaticCache, preallocated to the tokens the run will hold and written in place (the best exact cache
+for eager decode; SDPA reads it under a mask). Both hold the model's dtype and run the model's SDPA path, on the same
+torch threads as the formats (numba's pool is sized to torch's, kernels/cpu/decode.py).
 
 A decode step reads the weights and the cache, so a cache that costs nothing beyond its bytes speeds a step up by
-at most (weights + DynamicCache's K/V bytes) / (weights + the format's bytes): the ceiling. `share` is the ratio
-reached over that ceiling. On the cpu backend the fused formats append their token inside the attention call (one
-numba call per layer, kernels/cpu/step.py), so their `update` column is the staging alone and `attention` holds the
-append; on the two-call path (torch backend, channel formats) `update` is the append.
+at most (weights + the exact K/V bytes) / (weights + the format's bytes): the ceiling. `share` is the ratio to
+StaticCache reached over that ceiling. On the cpu backend the fused formats append their token inside the attention
+call (one numba call per layer, kernels/cpu/step.py), so their `update` column is the staging alone and `attention`
+holds the append; on the two-call path (torch backend, channel formats) `update` is the append.
 
 Ratios are taken in one process, each cache timed step by step in interleaved rounds and its median step kept, so
 that a burst of other work on a busy machine is set aside; the machine's cores and load average at the start and the
@@ -23,13 +29,13 @@ import statistics
 import time
 
 from transformers import AttentionInterface
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, StaticLayer, StaticSlidingWindowLayer
 
 from kvviz import attention, quality
 from kvviz.cache import QuantizedKVCache, QuantizedKVLayer
 from kvviz.cache.layers import QuantizedSlidingLayer
 from kvviz.engines import llamacpp
-from kvviz.quality.decode import rotated
+from kvviz.quality.decode import DYNAMIC, STATIC, WARMUP, rotated
 from kvviz.quality.speed import dynamic_bytes
 
 TIMING = ("one over the median step, each cache's steps timed alone in interleaved rounds (kvviz.quality.step_times), "
@@ -59,7 +65,8 @@ class _Timer:
     @contextlib.contextmanager
     def patched(self):
         """While the block runs, time every layer update and every "kvviz" attention call (restored after)."""
-        saved = {cls: cls.update for cls in (DynamicLayer, QuantizedKVLayer, QuantizedSlidingLayer)}
+        saved = {cls: cls.update for cls in (DynamicLayer, StaticLayer, StaticSlidingWindowLayer, QuantizedKVLayer,
+                                              QuantizedSlidingLayer)}
         fn = attention.kvviz_attention_forward
 
         def timed_update(original):
@@ -101,15 +108,17 @@ def load() -> tuple[float, float, float]:
 
 
 def _cache_bytes(cache) -> int:
-    """K/V bytes a cache holds: DynamicCache's tensors, or a kvviz cache's packed buffers (its nbytes)."""
+    """K/V bytes a cache holds: DynamicCache's or StaticCache's tensors, or a kvviz cache's packed buffers (nbytes)."""
     return cache.nbytes() if isinstance(cache, QuantizedKVCache) else dynamic_bytes(cache)
 
 
 def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], decode_tokens: int,
                      rounds: int | dict[int, int], log=lambda msg: None) -> dict:
     """{"contexts": {context: {name: row}}, "rounds": {context: rounds}, "weights_bytes", "load_start", "load_end"};
-    a row holds tokens_per_s (one over the median step), ratio (to DynamicCache's), bytes (K/V held), ceiling,
-    share, update_ms / attention_ms (per layer and step, means over the steps timed per layer).
+    rows "DynamicCache", "StaticCache", then the formats. A row holds tokens_per_s (one over the median step), ratio
+    (to DynamicCache's), vs_static (to StaticCache's), bytes (K/V held), ceiling (from DynamicCache's bytes: the
+    exact K/V of the tokens held), share (vs_static over ceiling), update_ms / attention_ms (per layer and step,
+    means over the steps timed per layer).
 
     Per context, `rounds` (one count for all, or a count per context) rounds in which every cache, fresh from one
     prefill, takes two untimed and `decode_tokens` timed steps alone (kvviz.quality.step_times), one cache after
@@ -120,7 +129,7 @@ def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], d
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     start_load = load()
     out = {}
-    names = ["DynamicCache", *formats]
+    names = [DYNAMIC, STATIC, *formats]
     per_context = {c: _rounds_at(rounds, c) for c in contexts}
     for context in contexts:
         rounds = per_context[context]
@@ -135,7 +144,8 @@ def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], d
         held: dict[str, int] = {}
         for r in range(rounds):
             for name in rotated(names, r):  # each round starts one cache later
-                run = quality.Decoding(model, dyn, None if name == "DynamicCache" else name, first)
+                # a StaticCache sized to what the run holds: the prompt, its steps and the one timed per layer
+                run = quality.Decoding(model, dyn, name, first, steps=WARMUP + decode_tokens + 1)
                 seconds[name] += quality.step_times(run, decode_tokens)
                 with timer.patched(), timer.timing(name):  # one more step, each layer's calls timed
                     run.step()
@@ -147,11 +157,12 @@ def speed_by_context(model, text_ids, formats: list[str], contexts: list[int], d
             per_call = 1e3 / max(timer.calls[name], 1)
             rows[name] = dict(tokens_per_s=1.0 / statistics.median(seconds[name]), bytes=held[name],
                               update_ms=timer.update[name] * per_call, attention_ms=timer.attention[name] * per_call)
-        base = rows["DynamicCache"]
+        base, static = rows[DYNAMIC], rows[STATIC]
         for row in rows.values():
             row["ratio"] = row["tokens_per_s"] / base["tokens_per_s"]
+            row["vs_static"] = row["tokens_per_s"] / static["tokens_per_s"]
             row["ceiling"] = (weights + base["bytes"]) / (weights + row["bytes"])
-            row["share"] = row["ratio"] / row["ceiling"]
+            row["share"] = row["vs_static"] / row["ceiling"]
         out[context] = rows
         del dyn
     return {"contexts": out, "rounds": per_context, "weights_bytes": weights, "load_start": start_load,
@@ -164,19 +175,22 @@ def _rounds_at(rounds: int | dict[int, int], context: int) -> int:
 
 
 def markdown(result: dict, machine: str) -> str:
-    """One table per context: tokens/s, ratio, bytes, ceiling and share, update and attention ms per layer."""
+    """One table per context: tokens/s, ratios to DynamicCache and to StaticCache, bytes, ceiling and share (of the
+    ratio to StaticCache), update and attention ms per layer."""
     ls, le = result["load_start"], result["load_end"]
     lines = [f"Machine: {machine}; load average {ls[0]:.2f} / {ls[1]:.2f} / {ls[2]:.2f} at the start, "
              f"{le[0]:.2f} / {le[1]:.2f} / {le[2]:.2f} at the end. Weights {result['weights_bytes'] / 1e6:.0f} MB."]
     for context, rows in result["contexts"].items():
         rounds = result.get("rounds", {}).get(context)
         lines += ["", f"Context {context} tokens" + (f", {rounds} rounds:" if rounds else ":"), "",
-                  "| cache | tokens/s | vs DynamicCache | K/V bytes | ceiling | share of ceiling | update ms/layer "
-                  "| attention ms/layer |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| cache | tokens/s | vs DynamicCache | vs StaticCache | K/V bytes | ceiling | share of ceiling "
+                  "| update ms/layer | attention ms/layer |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, r in rows.items():
-            lines.append(f"| {name} | {r['tokens_per_s']:.2f} | {r['ratio']:.2f}x | {r['bytes'] / 1e6:.1f} MB | "
-                         f"{r['ceiling']:.2f}x | {r['share']:.0%} | {r['update_ms']:.3f} | {r['attention_ms']:.3f} |")
+            vs_static = f"{r['vs_static']:.2f}x" if "vs_static" in r else ""  # records made before StaticCache
+            lines.append(f"| {name} | {r['tokens_per_s']:.2f} | {r['ratio']:.2f}x | {vs_static} | "
+                         f"{r['bytes'] / 1e6:.1f} MB | {r['ceiling']:.2f}x | {r['share']:.0%} | {r['update_ms']:.3f} "
+                         f"| {r['attention_ms']:.3f} |")
     return "\n".join(lines)
 
 

@@ -3,6 +3,11 @@ tokens, once each: `prefill_shared`), its K/V copied into any other cache (`load
 steps after it (`timed_decode`; a step at a time, each timed: `Decoding`, `step_times`). Compare,
 perplexity, the needle and the fused against unfused timings all start from here.
 
+Two exact caches serve as speed baselines: DynamicCache (the default; a decode step appends with torch.cat, so it
+copies every layer's whole history once per token) and StaticCache (`STATIC`: preallocated to the tokens the run
+will hold, written in place; SDPA reads it under a mask of the rows filled so far), the best exact cache transformers
+offers for eager decode.
+
 The timed loop is what generation does after the prompt: model(next_token, cache=cache) per token, batch 1, with
 the model's attention function (for kvviz's cache: the active backend, kvviz.attention.active_backend()).
 
@@ -16,7 +21,7 @@ import contextlib
 import time
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
 from kvviz import attention
@@ -127,10 +132,18 @@ def load_prefill(cache: Cache, prefilled: Cache) -> Cache:
     return cache
 
 
-def make_cache(model, spec, scales: dict | None = None) -> Cache:
-    """None -> DynamicCache; a spec string / KVSpec -> kvviz.QuantizedKVCache; a Cache instance is returned as is."""
-    if spec is None:
+DYNAMIC, STATIC = "DynamicCache", "StaticCache"  # the exact caches' names as speed baselines (not KV formats)
+
+
+def make_cache(model, spec, scales: dict | None = None, capacity: int | None = None) -> Cache:
+    """None or DYNAMIC -> DynamicCache; STATIC -> StaticCache of `capacity` tokens; a spec string / KVSpec ->
+    kvviz.QuantizedKVCache; a Cache instance is returned as is."""
+    if spec is None or (isinstance(spec, str) and spec == DYNAMIC):
         return DynamicCache(config=model.config)
+    if isinstance(spec, str) and spec == STATIC:
+        if not capacity or capacity < 1:
+            raise ValueError("A StaticCache is preallocated: give the tokens it must hold (capacity).")
+        return StaticCache(config=model.config, max_cache_len=capacity)
     if isinstance(spec, Cache):
         return spec
     return QuantizedKVCache(model.config, spec, scales=scales)
@@ -139,8 +152,9 @@ def make_cache(model, spec, scales: dict | None = None) -> Cache:
 class Decoding:
     """One cache's greedy decode after a shared prefill, a step at a time: a fresh cache (make_cache) loaded from
     the prefill, then `step()` per token (`ids`: the tokens it picked). backend: the attention backend its steps
-    run under (kvviz.attention.use_backend; None: the active one). `step_times` times its steps one by one
-    (caches side by side); timed_decode times a run of them.
+    run under (kvviz.attention.use_backend; None: the active one). steps: the steps the run will take, which sizes
+    a StaticCache (spec STATIC) to exactly the prompt plus them (a longer one makes SDPA read masked rows).
+    `step_times` times its steps one by one (caches side by side); timed_decode times a run of them.
 
         run = Decoding(model, dyn, "int4", int(logits.argmax()))
         ids = [run.step() for _ in range(8)]
@@ -148,9 +162,10 @@ class Decoding:
 
     @torch.no_grad()
     def __init__(self, model, prefilled: Cache, spec, first_token: int, scales: dict | None = None,
-                 backend: str | None = None):
+                 backend: str | None = None, steps: int | None = None):
         self.model, self.backend = model, backend
-        self.cache = load_prefill(make_cache(model, spec, scales), prefilled)
+        capacity = None if steps is None else prefilled.get_seq_length() + steps
+        self.cache = load_prefill(make_cache(model, spec, scales, capacity), prefilled)
         self.next = torch.tensor([[first_token]], device=model.device)  # [1, 1]
         self.ids: list[int] = []
 

@@ -1,11 +1,11 @@
-"""Fused against unfused decode (lesson 7): the same prompt decoded through DynamicCache and through each format's
-cache twice, with tokens/s and the K/V bytes each path reads per step. Each run's steps are timed one by one
+"""Fused against unfused decode (lesson 7): the same prompt decoded through both exact caches (DynamicCache and
+StaticCache) and through each format's cache twice, with tokens/s and the K/V bytes each path reads per step. Each run's steps are timed one by one
 (kvviz.quality.decode.step_times), every run starting from one shared prefill.
 
     report = fused_vs_unfused(model, wikitext_ids(tok, 1024), ["int4", "k8v4"])   # kvviz.quality.corpus.wikitext_ids
     report.runs[1].tokens_per_s, report.runs[1].vs_exact                           # one DecodeRun per cache and path
 
-`fused_vs_unfused` times one prompt's decode through DynamicCache and through each format twice: the fused
+`fused_vs_unfused` times one prompt's decode through DynamicCache, StaticCache and each format twice: the fused
 backend (on the CPU the numba kernel of kernels/cpu/decode.py, on CUDA Triton's), which reads the packed bytes in place,
 and the unfused reference (backend "torch"), which dequantizes the whole history at every step and hands it to SDPA.
 
@@ -28,24 +28,25 @@ from transformers.cache_utils import Cache
 from kvviz import attention
 from kvviz.cache import QuantizedKVCache
 from kvviz.formats import KVSpec, as_plan
-from kvviz.quality.decode import WARMUP, Decoding, prefill, rotated, step_times
+from kvviz.quality.decode import DYNAMIC, STATIC, WARMUP, Decoding, prefill, rotated, step_times
 
 
 # ------------------------------------------------------------------------------------------ fused against unfused
 
-EXACT, FUSED, UNFUSED = "exact", "fused", "unfused"  # DecodeRun.path
+EXACT, FUSED, UNFUSED = "exact", "fused", "unfused"  # DecodeRun.path (EXACT: DynamicCache and StaticCache)
 
 
 @dataclass(frozen=True)
 class DecodeRun:
     """One cache and decode path of fused_vs_unfused.
 
-    name: "DynamicCache" or the format's spec as given; path: EXACT (DynamicCache), FUSED or UNFUSED; backend: what
-    decoded: "sdpa" (DynamicCache), "cpu" / "triton" (the fused kernel) or "torch" (the reference; also a FUSED
-    run's when the fused path does not run here or has no branch for the format); tokens_per_s: one over its median step;
-    vs_exact: tokens_per_s over DynamicCache's (1.0 for DynamicCache itself); bytes_read: bytes of K/V the
-    attention moves at the last timed step (see fused_vs_unfused); tokens: the ids generated, the warm-up
-    steps' first (WARMUP of them).
+    name: "DynamicCache", "StaticCache" or the format's spec as given; path: EXACT (the two exact caches), FUSED or
+    UNFUSED; backend: what decoded: "sdpa" (the exact caches), "cpu" / "triton" (the fused kernel) or "torch" (the
+    reference; also a FUSED run's when the fused path does not run here or has no branch for the format);
+    tokens_per_s: one over its median step; vs_exact: tokens_per_s over DynamicCache's (1.0 for DynamicCache
+    itself); vs_static: over StaticCache's, the best exact cache (it writes each token in place, where DynamicCache
+    copies its whole history at every step); bytes_read: bytes of K/V the attention moves at the last timed step
+    (see fused_vs_unfused); tokens: the ids generated, the warm-up steps' first (WARMUP of them).
     """
 
     name: str
@@ -57,6 +58,7 @@ class DecodeRun:
     tokens: list[int]
     why: str = ""  # a FUSED run the reference decoded: "unavailable" (no fused path here), "lossless" (a cast of
     #                the model's own dtype: the reference is DynamicCache's exact read) or "no_branch"
+    vs_static: float = 1.0
 
     @property
     def fused(self) -> bool:
@@ -66,7 +68,8 @@ class DecodeRun:
 
 @dataclass(frozen=True)
 class FusedReport:
-    """What fused_vs_unfused measured. runs: DynamicCache first, then per format its FUSED and UNFUSED run;
+    """What fused_vs_unfused measured. runs: DynamicCache and StaticCache first, then per format its FUSED and
+    UNFUSED run;
     fused_backend: the backend asked for as fused ("cpu" for a model on the CPU, "triton" on CUDA);
     fused_available: whether it runs here (numba imports and compiles; triton and a GPU)."""
 
@@ -128,14 +131,15 @@ def _dense_bytes(cache: QuantizedKVCache) -> int:
 
 @torch.no_grad()
 def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 8, rounds: int = 2) -> FusedReport:
-    """Greedy decode of new_tokens after the prompt `ids` ([1, N]) through DynamicCache, and through each format
-    twice: fused (the kernel reads the packed buffers in place) and unfused (backend "torch": dequantize the whole
-    history, then SDPA). Every run starts from the same prefill (quality.prefill, copied in by load_prefill); in each
+    """Greedy decode of new_tokens after the prompt `ids` ([1, N]) through DynamicCache and StaticCache (sized to
+    the prompt and the run's steps), and through each format twice: fused (the kernel reads the packed buffers in
+    place) and unfused (backend "torch": dequantize the whole history, then SDPA). Every run starts from the same prefill (quality.prefill, copied in by load_prefill); in each
     of `rounds` rounds every run starts afresh and takes WARMUP untimed and new_tokens timed steps alone, one run
     after another (step_times); a run's speed is one over its median step, so a burst of other work is set aside.
 
     Bytes read per decode step, at the last timed step (N + WARMUP + new_tokens tokens held), K and V of every layer:
-    - DynamicCache: its K/V in the model's dtype (what SDPA reads);
+    - DynamicCache, StaticCache: their K/V in the model's dtype (what SDPA reads; the StaticCache holds exactly the
+      tokens of the last step);
     - fused: cache.nbytes(), the packed codes, scales, zero points and full-precision tails, read once in place;
     - unfused: cache.nbytes() read by the dequantize, plus the full-precision copy of every stored token that it
       writes and SDPA then reads (2 x the DynamicCache figure for full-attention layers). The reference's other
@@ -162,7 +166,7 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
     if not specs:
         raise ValueError("Give at least one KV format to decode fused and unfused, e.g. ['int4', 'k8v4'].")
     fused_backend, available = _fused_backend(model)
-    plan = [("DynamicCache", EXACT, None, None)]
+    plan = [(DYNAMIC, EXACT, None, None), (STATIC, EXACT, STATIC, None)]
     whys = {}  # why the reference stands in for a FUSED run
     for name, kv in specs.items():
         fused_here = available and _fuses(kv, fused_backend, model.dtype)
@@ -177,7 +181,7 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
     for r in range(rounds):
         for name, path, kv, backend in rotated(plan, r):  # each round one run later
             # DynamicCache hands SDPA plain tensors under either backend
-            run = Decoding(model, dyn, kv, first, backend=backend or "torch")
+            run = Decoding(model, dyn, kv, first, backend=backend or "torch", steps=WARMUP + new_tokens)
             seconds[name, path] += step_times(run, new_tokens)
             if path == EXACT:
                 nbytes = dynamic_bytes(run.cache)
@@ -186,9 +190,10 @@ def fused_vs_unfused(model, ids: torch.Tensor, formats: list, new_tokens: int = 
             last[name, path] = (nbytes, run.ids)
             del run
     speed = {key: 1.0 / statistics.median(taken) for key, taken in seconds.items()}
-    exact = speed["DynamicCache", EXACT]
+    exact, static = speed[DYNAMIC, EXACT], speed[STATIC, EXACT]
     runs = [DecodeRun(name, path, backend or "sdpa", speed[name, path], speed[name, path] / exact, *last[name, path],
-                      why=whys.get(name, "") if path == FUSED else "") for name, path, _, backend in plan]
+                      why=whys.get(name, "") if path == FUSED else "", vs_static=speed[name, path] / static)
+            for name, path, _, backend in plan]
     return FusedReport(runs, ids.shape[1], new_tokens, rounds, fused_backend, available)
 
 
@@ -201,7 +206,8 @@ def recorded_by_context(model: str) -> dict | None:
     """The recorded speed-by-context run of `model` (a bundled model's name), or None when none was recorded.
 
     Returns the --json file as written: "command", "date", "machine", "contexts" {"1024": {cache: row}} with
-    tokens_per_s, ratio, ceiling, share per row (DynamicCache first)."""
+    tokens_per_s, ratio (to DynamicCache), ceiling, share per row (DynamicCache first; records made since StaticCache
+    joined also hold its row and each row's vs_static)."""
     path = RECORDED / f"{model}.json"
     if not path.is_file():
         return None

@@ -1,5 +1,6 @@
-"""kvviz.ui.fused: the Compare tab's fused-against-unfused view (lesson 7): the same decode through DynamicCache and
-through each format twice, fused and unfused, on the tab's model, live on this machine.
+"""kvviz.ui.fused: the Compare tab's fused-against-unfused view (lesson 7): the same decode through both exact caches
+(DynamicCache, and StaticCache, which writes each token in place where DynamicCache copies its history at every step)
+and through each format twice, fused and unfused, on the tab's model, live on this machine.
 
 The library does the work (kvviz.quality.fused_vs_unfused): one WikiText-2 prompt, one prefill shared by every
 run, each run's steps timed one by one in rounds and its median step kept. Fused is the backend that reads the packed buffers in place (on
@@ -8,13 +9,13 @@ history at every step. Where the fused path does not run (numba missing), the re
 reference twice.
 
 Beside it, tokens/s against context: the model's recorded `python -m kvviz bench --contexts` run (1K to 8K, with
-each format's byte ceiling; kvviz.quality.speed.recorded_by_context) as curves, this run's exact and fused points
-as diamonds, so the crossover shows where it happens and why.
+each format's byte ceiling over StaticCache; kvviz.quality.speed.recorded_by_context) as curves, this run's exact
+and fused points as diamonds, so the crossover shows where it happens and why.
 
 api_name:
     fused_speed(specs, custom_specs, context_tokens, new_tokens, model, language)
       -> (table, figure, status markdown, speed-by-context figure); the table: format, decode path, tokens/s,
-         x DynamicCache, MiB read per step
+         x DynamicCache, x StaticCache, MiB read per step
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 import gradio as gr
 
 from kvviz import plots, quality
-from kvviz.quality.decode import WARMUP
+from kvviz.quality.decode import DYNAMIC, STATIC, WARMUP
 from kvviz.quality.speed import EXACT, FUSED
 from kvviz.formats.family import REGISTRY
 
@@ -52,12 +53,13 @@ def _path_label(run, report, lang: str) -> str:
 
 
 def _headers(lang: str = "en") -> list[str]:
-    return [t(k, lang) for k in ("fused_h_format", "fused_h_path", "fused_h_tps", "fused_h_vs", "fused_h_mib")]
+    return [t(k, lang) for k in ("fused_h_format", "fused_h_path", "fused_h_tps", "fused_h_vs", "fused_h_vs_static",
+                                 "fused_h_mib")]
 
 
 def _rows(report, lang: str) -> list[list]:
     return [[r.name, _path_label(r, report, lang), round(r.tokens_per_s, 2), f"{r.vs_exact:.2f}×",
-             round(r.bytes_read / MIB, 3)] for r in report.runs]
+             f"{r.vs_static:.2f}×", round(r.bytes_read / MIB, 3)] for r in report.runs]
 
 
 def _status(report, seconds: float, name: str, cut: int | None, skipped: list[str], lang: str) -> str:
@@ -86,7 +88,7 @@ def _status(report, seconds: float, name: str, cut: int | None, skipped: list[st
 
 @user_errors
 def run(specs, custom_specs, context_tokens, new_tokens, model=None, lang="en", progress=gr.Progress()):
-    """tokens/s and bytes read per decode step of DynamicCache and of each format fused and unfused, on `model`:
+    """tokens/s and bytes read per decode step of the exact caches and of each format fused and unfused, on `model`:
     table, bars, status (in `lang`)."""
     lang = check_language(lang)
     name = check_model(model)
@@ -124,20 +126,23 @@ def run(specs, custom_specs, context_tokens, new_tokens, model=None, lang="en", 
 
 
 def _by_context(report, name: str, lang: str):
-    """(figure, its note): the recorded speed-by-context curves of the formats this run timed fused (and of
-    DynamicCache), their byte ceilings dashed, and this run's exact and fused points."""
+    """(figure, its note): the recorded speed-by-context curves of the formats this run timed fused (and of the exact
+    caches), their byte ceilings dashed (StaticCache's speed times the ceiling; DynamicCache's in a record made
+    before StaticCache joined), and this run's exact and fused points."""
     live = {r.name: (report.context, round(r.tokens_per_s, 2)) for r in report.runs if r.path in (EXACT, FUSED)}
     recorded = quality.recorded_by_context(name)
     contexts, tps, ceilings = [], {}, {}
     if recorded is not None:
         by_context = recorded["contexts"]
         contexts = sorted(int(c) for c in by_context)
-        base = [by_context[str(x)]["DynamicCache"]["tokens_per_s"] for x in contexts]
+        base_name = STATIC if all(STATIC in by_context[str(x)] for x in contexts) else DYNAMIC
+        base = [by_context[str(x)][base_name]["tokens_per_s"] for x in contexts]
+        exact = {r.name for r in report.runs if r.path == EXACT}
         shown = [c for c in live if all(c in by_context[str(x)] for x in contexts)]
         for cache in shown:
             rows = [by_context[str(x)][cache] for x in contexts]
             tps[cache] = [r["tokens_per_s"] for r in rows]
-            if cache != "DynamicCache":
+            if cache not in exact:
                 ceilings[cache] = [b * r["ceiling"] for b, r in zip(base, rows)]
         note = t("fused_ctx_recorded", lang).format(command=recorded["command"], machine=recorded["machine"],
                                                     date=recorded["date"])

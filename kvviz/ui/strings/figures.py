@@ -95,10 +95,11 @@ def measure(outputs: dict[int, dict]) -> dict:
             out[key] = float(str(rows[fmt][1]).split("/")[0])
     if 7 in outputs:
         table = outputs[7]["fused"][0]
-        values = table.values.tolist()
+        values = table.values.tolist()  # read per step (MiB): the last column
         int4 = [r for r in values if r[0] == "int4"]
-        out |= {"l7_exact_mib": float(values[0][4]), "l7_int4_fused_mib": float(int4[0][4]),
-                "l7_int4_unfused_mib": float(int4[1][4])}
+        static = [r for r in values if r[0] == "StaticCache"]
+        out |= {"l7_exact_mib": float(values[0][-1]), "l7_static_mib": float(static[0][-1]),
+                "l7_int4_fused_mib": float(int4[0][-1]), "l7_int4_unfused_mib": float(int4[1][-1])}
     if 8 in outputs:
         _, _, _, summary = outputs[8]["run"]
         peaks = re.findall(r"- \*\*([KV]) of layer (\d+)\*\*: KL ([0-9.e+-]+) nats/token, ([0-9.]+)× the median; "

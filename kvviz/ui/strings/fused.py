@@ -5,8 +5,10 @@ from __future__ import annotations
 
 EN: dict[str, str] = {
     "fused_title": "Fused against unfused decode: tokens/s and bytes read per step (lesson 7)",
-    "fused_intro": ("**What you see:** the same greedy decode after a WikiText-2 prompt, through the exact cache "
-                    "(DynamicCache) and through each format twice, on this machine, now. *Fused*: the attention "
+    "fused_intro": ("**What you see:** the same greedy decode after a WikiText-2 prompt, through the two exact "
+                    "caches and through each format twice, on this machine, now. *DynamicCache* appends each token "
+                    "with a copy of the whole history (torch.cat); *StaticCache* is preallocated and written in "
+                    "place, the faster exact baseline. *Fused*: the attention "
                     "kernel reads the packed codes and scales in place (on the CPU kvviz's numba kernel, on a GPU "
                     "Triton's). *Unfused*: the reference dequantizes the whole history to full precision at every "
                     "step, then runs SDPA on the copy. *Bytes read per step* counts K/V at the last step: the exact "
@@ -23,6 +25,7 @@ EN: dict[str, str] = {
     "fused_h_path": "decode path",
     "fused_h_tps": "tokens/s",
     "fused_h_vs": "× DynamicCache",
+    "fused_h_vs_static": "× StaticCache",
     "fused_h_mib": "read per step (MiB)",
     "fused_c_tps": "decode speed (tokens/s)",
     "fused_c_mib": "K/V read per step (MiB)",
@@ -54,9 +57,10 @@ EN: dict[str, str] = {
     "fused_ctx_x": "context (tokens)",
     "fused_ctx_recorded": ("**Speed against context** (the curves): a decode step reads the weights and the whole "
                            "cache, so the exact cache slows as the context grows while a 4-bit cache reads about a "
-                           "seventh of its bytes; the dashed lines are each format's ceiling, the exact cache's "
-                           "speed times (weights + its K/V bytes) / (weights + the format's bytes), what the format "
-                           "would reach if it cost nothing beyond its bytes. Lines: recorded with `{command}` on "
+                           "seventh of its bytes; the dashed lines are each format's ceiling, StaticCache's speed "
+                           "times (weights + the exact K/V bytes) / (weights + the format's bytes), what the format "
+                           "would reach if it cost nothing beyond its bytes. DynamicCache falls further behind: it "
+                           "copies its whole history at every step. Lines: recorded with `{command}` on "
                            "{machine}, {date}. Diamonds: this run, on this machine now."),
     "fused_ctx_none": ("**Speed against context**: no recorded run for `{model}` (only the bundled models have one; "
                        "make one with `python -m kvviz bench --contexts 1024,2048,4096,8192 --model ...`). The "
@@ -66,8 +70,10 @@ EN: dict[str, str] = {
 
 KO: dict[str, str] = {
     "fused_title": "융합 대 비융합 디코딩: tokens/s와 단계당 읽는 바이트 (레슨 7)",
-    "fused_intro": ("**보고 있는 것:** WikiText-2 프롬프트 뒤의 같은 greedy 디코딩을 원본 캐시(DynamicCache)로, 그리고 "
-                    "포맷마다 두 번, 지금 이 컴퓨터에서 돌린 결과입니다. *융합*: 어텐션 커널이 패킹된 코드와 스케일을 "
+    "fused_intro": ("**보고 있는 것:** WikiText-2 프롬프트 뒤의 같은 greedy 디코딩을 두 원본 캐시로, 그리고 "
+                    "포맷마다 두 번, 지금 이 컴퓨터에서 돌린 결과입니다. *DynamicCache*는 토큰마다 기록 전체를 "
+                    "복사해 이어 붙이고(torch.cat), *StaticCache*는 미리 할당한 자리에 그대로 써서 더 빠른 원본 "
+                    "기준입니다. *융합*: 어텐션 커널이 패킹된 코드와 스케일을 "
                     "그 자리에서 읽습니다 (CPU에서는 kvviz의 numba 커널, GPU에서는 Triton 커널). *비융합*: 참조 구현이 "
                     "매 단계 기록 전체를 전체 정밀도로 역양자화한 뒤 그 복사본으로 SDPA를 돌립니다. *단계당 읽는 "
                     "바이트*는 마지막 단계의 K/V를 셉니다: 원본 캐시는 그 값, 융합은 패킹된 바이트, 비융합은 패킹된 "
@@ -83,6 +89,7 @@ KO: dict[str, str] = {
     "fused_h_path": "디코딩 경로",
     "fused_h_tps": "토큰/초",
     "fused_h_vs": "DynamicCache 대비 ×",
+    "fused_h_vs_static": "StaticCache 대비 ×",
     "fused_h_mib": "단계당 읽기 (MiB)",
     "fused_c_tps": "디코딩 속도 (tokens/s)",
     "fused_c_mib": "단계당 읽는 K/V (MiB)",
@@ -114,8 +121,9 @@ KO: dict[str, str] = {
     "fused_ctx_x": "컨텍스트 (토큰)",
     "fused_ctx_recorded": ("**컨텍스트에 따른 속도** (곡선): 디코딩 한 단계는 가중치와 캐시 전체를 읽으므로, 컨텍스트가 "
                            "길어질수록 원본 캐시는 느려지고 4비트 캐시는 그 바이트의 약 7분의 1만 읽습니다. 점선은 "
-                           "포맷마다의 한계로, 원본 캐시 속도 × (가중치 + 원본 K/V 바이트) / (가중치 + 포맷의 바이트), "
-                           "즉 바이트 말고는 비용이 없을 때 닿을 속도입니다. 곡선: `{command}`로 {machine}에서 "
+                           "포맷마다의 한계로, StaticCache 속도 × (가중치 + 원본 K/V 바이트) / (가중치 + 포맷의 바이트), "
+                           "즉 바이트 말고는 비용이 없을 때 닿을 속도입니다. DynamicCache는 매 단계 기록 전체를 "
+                           "복사하므로 더 뒤처집니다. 곡선: `{command}`로 {machine}에서 "
                            "{date}에 기록. 마름모: 지금 이 컴퓨터에서 돌린 이번 실행."),
     "fused_ctx_none": ("**컨텍스트에 따른 속도**: `{model}`의 기록이 없습니다 (번들 모델만 있음; "
                        "`python -m kvviz bench --contexts 1024,2048,4096,8192 --model ...`로 만들 수 있음). "
