@@ -121,7 +121,22 @@ def build_demo(rt: runtime.Runtime | None = None) -> gr.Blocks:
 def launch(demo: gr.Blocks, **kwargs):
     """Queue and launch `demo` with the app's CSS; kwargs go to Blocks.launch (server_name, server_port...)."""
     demo.queue(default_concurrency_limit=common.concurrency(), max_size=64)
+    _quiet_queue(demo)
     return demo.launch(css=CSS, theme=gr.themes.Soft(), **kwargs)
+
+
+QUEUE_POLL_S = 0.02  # how often gradio's queue looks for new events (its default 1 ms), and progress at 5x this
+
+
+def _quiet_queue(demo: gr.Blocks) -> None:
+    """Slow gradio's queue polling: it looks for new events every millisecond and for progress every 10 ms, busy
+    or idle; on a 2-core Space each wake-up takes a core from a computation's two OpenMP threads, which then wait
+    for each other. 20 ms later at most, an event starts (gradio's own attributes: left as they are if renamed)."""
+    queue = getattr(demo, "_queue", None)
+    if queue is not None and hasattr(queue, "sleep_when_free"):
+        queue.sleep_when_free = max(queue.sleep_when_free, QUEUE_POLL_S)
+    if queue is not None and hasattr(queue, "progress_update_sleep_when_free"):
+        queue.progress_update_sleep_when_free = max(queue.progress_update_sleep_when_free, 5 * QUEUE_POLL_S)
 
 
 if __name__ == "__main__":

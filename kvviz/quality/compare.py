@@ -112,14 +112,15 @@ def _steps(model, tokenizer, prompt, specs: list[str], max_new_tokens: int, scal
     kl_steps, top1_steps = [], []
     decode = lambda row_ids: tokenizer.decode(row_ids, skip_special_tokens=True)  # noqa: E731
     yield StreamUpdate(0, decode(base_ids), {names[j]: decode(free_ids[j]) for j in range(n)})
+    tf_rows, fr_row = _row_index(rows, own)
+    tf_of = dict(zip(own, tf_rows))
     for step in range(1, max_new_tokens):
         fed = [free_ids[j][-1] if kind == "fr" else base_ids[-1] for kind, j in rows]
         inp = torch.tensor(fed, device=model.device)[:, None]  # [rows, 1]
         logits = model(input_ids=inp, cache=stack, use_cache=True).logits[:, -1].float()  # [rows, vocab]
-        tf = {j: rows.index(("tf", j)) for j in own}
-        kl, top1 = kl_top1(logits[:1], logits[list(tf.values())])  # the baseline's log-softmax once, for all
-        kl_steps.append(kl.cpu())
-        top1_steps.append(top1.cpu())
+        kl, top1 = kl_top1(logits[:1], logits[tf_rows])  # the baseline's log-softmax once, for all
+        kl_steps.append(kl)
+        top1_steps.append(top1)
         for j, ev in evicted.items():
             ev_logits = ev.step(model, base_ids[-1], free_ids[j][-1])  # [rows, vocab]
             ev_kl, ev_top1 = kl_top1(logits[:1], ev_logits[:1])
@@ -127,12 +128,12 @@ def _steps(model, tokenizer, prompt, specs: list[str], max_new_tokens: int, scal
             evicted_kl[j][1].append(float(ev_top1[0]))
             if free_running:
                 free_ids[j].append(int(ev_logits[-1].argmax()))
-        base_ids.append(int(logits[0].argmax()))
+        picks = logits.argmax(-1).tolist()  # every row's greedy token, one call
+        base_ids.append(picks[0])
         spawn = []
         for j in own if free_running else []:
-            split = ("fr", j) in rows
-            free_ids[j].append(int(logits[rows.index(("fr", j)) if split else tf[j]].argmax()))
-            if not split and free_ids[j][-1] != base_ids[-1]:
+            free_ids[j].append(picks[fr_row[j]])
+            if fr_row[j] == tf_of[j] and free_ids[j][-1] != base_ids[-1]:
                 spawn.append(j)
         for j, tokens in greedy.items():
             free_ids[j].append(next(tokens))
@@ -146,9 +147,11 @@ def _steps(model, tokenizer, prompt, specs: list[str], max_new_tokens: int, scal
                     grown.append(("fr", j))
             stack.select_rows(index)
             rows = grown
+            tf_rows, fr_row = _row_index(rows, own)
+            tf_of = dict(zip(own, tf_rows))
         yield StreamUpdate(step, decode(base_ids), {names[j]: decode(free_ids[j]) for j in range(n)})
-    kl_of = dict(zip(own, torch.stack(kl_steps, dim=1).numpy()))  # {format: [steps]}
-    top1_of = dict(zip(own, torch.stack(top1_steps, dim=1).numpy()))
+    kl_of = dict(zip(own, torch.stack(kl_steps, dim=1).cpu().numpy()))  # {format: [steps]}
+    top1_of = dict(zip(own, torch.stack(top1_steps, dim=1).cpu().numpy()))
     for j, (ev_kl, ev_top1) in evicted_kl.items():
         kl_of[j], top1_of[j] = np.array(ev_kl, dtype=np.float32), np.array(ev_top1, dtype=np.float32)
     if engine:  # teacher-forced on the prompt and the baseline's tokens, scored at the decode steps 1..N-1
@@ -197,6 +200,13 @@ def _steps(model, tokenizer, prompt, specs: list[str], max_new_tokens: int, scal
                            baseline_tokens_per_s=base_speed,
                            metrics_backend=METRICS_BACKEND + (LLAMACPP_METRICS if engine else ""))
     yield StreamUpdate(max_new_tokens - 1, report.baseline_text, {r.name: r.text for r in results}, report)
+
+
+def _row_index(rows: list[tuple[str, int]], own: list[int]) -> tuple[list[int], dict[int, int]]:
+    """Where each format's rows sit in the batch: (its teacher-forced row, per format of `own` in order; its
+    free-running row by format, the teacher-forced one until the format has diverged)."""
+    tf = [rows.index(("tf", j)) for j in own]
+    return tf, {j: rows.index(("fr", j)) if ("fr", j) in rows else b for j, b in zip(own, tf)}
 
 
 def compare(model, tokenizer, prompt, specs: list[str], max_new_tokens: int = 32, scales: dict | None = None,

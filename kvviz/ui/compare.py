@@ -47,8 +47,9 @@ SPEED_TOKENS = 2
 NEEDLES_PER_DEPTH = 3  # each depth's point is a rate over this many needles (each one more prefill of the context)
 PPL_WINDOWS, PPL_WINDOW = 1, 512  # one 512-token WikiText-2 window: seconds per format on a 2-core CPU
 # the columns stream at most every this many seconds (the first token at once): each update is a page diff gradio
-# serializes and sends, ~14 ms of the same two cores per update, about 2 s of a 128-token click at one per token
-STREAM_EVERY_S = 0.2
+# serializes and sends, and a client parses, on the same two cores the decode's two threads run on (each such
+# interruption stalls both at their next barrier): at 0.2 s a 6-format, 128-token click streamed ~80 updates
+STREAM_EVERY_S = 0.5
 
 
 def _divergence(text: str, baseline: str) -> int | None:
