@@ -117,6 +117,12 @@ def candidates(config, budget: float, context_tokens: int, policies: Sequence[st
     wanted += [(as_plan(f"fp16 @ {_policy_text(p, window)}"), "tokens") for p in policies]
     wanted += [(as_plan(f"{f} @ {_policy_text(combine, window)}"), "both") for f in BOTH]
     wanted += [(as_plan(f"{f} @ {_policy_text(combine, window)},rest={REST}"), "mixed") for f in BOTH]
+    evicting = [p for p, _ in wanted if p.evict is not None] + [p for p in custom if p.evict is not None]
+    if evicting and "full_attention" not in model_layer_types(config):
+        name = config.get_text_config(decoder=True).model_type
+        raise ValueError(f"Every K/V layer of {name} is a sliding-window (or chunked) layer: it already drops what "
+                         f"leaves its window, so an eviction policy would change nothing. Measure formats alone "
+                         f"(untick the policies), or pick a model with full-attention layers.")
     out, left = [], []
     for plan, kind in wanted:
         if plan.evict is None:
@@ -129,6 +135,9 @@ def candidates(config, budget: float, context_tokens: int, policies: Sequence[st
             continue
         out.append(Candidate(plan.with_eviction(plan.evict.with_keep(keep)), kind))
     out += [Candidate(p, kind_of(p)) for p in custom]
+    for c in out:  # snapkv's window against the context, before anything runs
+        if c.plan.evict is not None:
+            c.plan.evict.check_context(context_tokens)
     sizes = {c.plan.text: kv_cache_bytes_for(config, context_tokens, k=c.plan, layout=layout) for c in out}
     if not any(b <= target for b in sizes.values()):
         smallest = min(sizes, key=sizes.get) if sizes else None

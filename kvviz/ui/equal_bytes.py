@@ -97,11 +97,6 @@ def run(budget_pct, context_tokens, continuation_tokens, policies, combine, wind
     per = check_int(needles_per_depth, "Needles per depth", 0, 3)
     extra = spec_list([], custom, MAX_CUSTOM, "More candidates")
     loaded, tok = get_model(progress, name)
-    kinds = model_layer_types(loaded.config)
-    if "full_attention" not in kinds and any(p.evict is not None for p in extra) | bool(picked):
-        raise ValueError(f"Every K/V layer of {name} is a sliding-window or chunked layer: they already drop "
-                         "what leaves their window, and a policy would change nothing. Pick a model with "
-                         "full-attention layers.")
     note = _sliding_note(loaded, name, lang)
     steps = eb.run(loaded, tok, budget / 100, context, continuation, picked, combine, window, extra, per)
     tokens = eb.context_labels(tok, context)
