@@ -24,6 +24,7 @@ retrieval. `token_bits` draws where each candidate's bits go, token by token.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -34,9 +35,9 @@ from kvviz.formats import Plan, as_plan
 from kvviz.formats.eviction import POLICIES
 from kvviz.memory import fit_keep, kv_cache_bytes_for
 from kvviz.metrics import kl, log_probs
-from kvviz.quality.corpus import wikitext_ids
+from kvviz.quality.corpus import wikitext, wikitext_ids
 from kvviz.quality.decode import prefill
-from kvviz.quality.needle import DEPTHS, needle
+from kvviz.quality.needle import DEPTHS, _rotated, haystack
 
 REST = "int2"  # where mixed precision keeps the tokens its policy would drop
 ALL_TOKENS = ("int4", "int2")  # the "bits" candidates: every token kept
@@ -248,8 +249,34 @@ def run(model, tokenizer, budget: float = 0.25, context_tokens: int = 512, conti
     if not needles_per_depth:
         yield Step(rows, len(cands), left, done=True)
         return
-    res = needle(model, tokenizer, [c.plan for c in cands], context_tokens=context_tokens, depths=depths,
-                 needles_per_depth=needles_per_depth)
-    hits = list(res["retrieved"].values())  # the exact cache's first, then the candidates' in order
+    hits = needles(model, tokenizer, [None, *(c.plan for c in cands)], context_tokens, depths, needles_per_depth)
     rows = [replace(r, found=sum(h), needles=len(h)) for r, h in zip(rows, hits[1:])]
     yield Step(rows, len(cands), left, sum(hits[0]), done=True)
+
+
+@torch.no_grad()
+def needles(model, tokenizer, plans: Sequence[Plan | None], context_tokens: int, depths: Sequence[float] = DEPTHS,
+            per_depth: int = 1, answer_tokens: int = 6, seed: int = 0) -> list[list[bool]]:
+    """kvviz.quality.needle's haystacks (the same needles, depths and filler stretches), each answered through a
+    batch-1 cache of every plan (None: the exact DynamicCache): the haystack is the context, stored (and compressed
+    by the plan's policy) on its first update; the question then goes through the cache uncompressed and the
+    answer is decoded greedily. Returns [plan][needle] whether the answer holds the number."""
+    rng = random.Random(seed)
+    filler = wikitext()
+    trials = [(depth, str(rng.randint(10000, 99999)), k) for depth in depths for k in range(per_depth)]
+    out: list[list[bool]] = [[] for _ in plans]
+    for depth, value, k in trials:
+        prompt, question = haystack(tokenizer, context_tokens, depth, value, _rotated(filler, k, per_depth))
+        for i, plan in enumerate(plans):
+            if plan is None:
+                cache, _ = prefill(model, prompt)
+            else:
+                cache = QuantizedKVCache(model.config, plan)
+                model(input_ids=prompt.to(model.device), cache=cache, use_cache=True, logits_to_keep=1)
+            inp, tokens = question.to(model.device), []
+            for _ in range(answer_tokens):
+                nxt = model(input_ids=inp, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1)
+                tokens.append(int(nxt))
+                inp = nxt[:, None]
+            out[i].append(value in tokenizer.decode(tokens, skip_special_tokens=True).replace(" ", ""))
+    return out

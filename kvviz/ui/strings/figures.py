@@ -20,16 +20,20 @@ from pathlib import Path
 PATH = Path(__file__).with_name("lesson_figures.json")
 MODELS = {"smol": "smollm2-135m", "gemma": "gemma-3-270m"}  # placeholder prefix -> bundled model
 # lesson -> the action whose outputs its figures come from (a lesson runs these in order; see kvviz/ui/lessons.py)
-MEASURED = {3: "run", 5: "needle", 6: "run", 7: "fused", 8: ("run", "search"), 9: "rotation"}
+MEASURED = {3: "run", 5: "needle", 6: "run", 7: "fused", 8: ("run", "search"), 9: "rotation", 11: "run"}
 ONLY = {7: ("smollm2-135m",)}  # lessons whose notes quote one model's figures (lesson 7: SmolLM2's bytes)
 # figures that are counts or names, compared exactly; every other figure is compared to RELATIVE
 EXACT = {"l5_ctx", "l5_total", "l5_exact", "l8_plan", "l8_skip", "l8_move1_layer",
          "l8_peak1_layer", "l8_peak2_layer", "l8_peak3_layer", "l8_peak1_side", "l9_layer", "l9_head",
-         "l3_bits", "l6_bits_row", "l6_bits_g16", "l6_bits_g8", "l7_ctx"}
+         "l3_bits", "l6_bits_row", "l6_bits_g16", "l6_bits_g8", "l7_ctx", "l11_ctx", "l11_needles",
+         "l11_exact"}
 RELATIVE = 0.05  # measured figures: within 5% of the recorded ones (CPU kernels round differently across machines)
 # lesson 5's counts: one needle either way (per-tensor int4 finds 7 or 8 of SmolLM2's 15 under AVX-512 and AVX2
 # kernels: kvviz/ui/lessons.py)
 ABSOLUTE = {"l5_int4": 1, "l5_tensor": 1, "l5_int4_pct": 100 / 15 + 1e-9, "l5_tensor_pct": 100 / 15 + 1e-9}
+# lesson 11's needle counts: one needle either way, as lesson 5's (its keys: l11_found_<candidate>)
+ABSOLUTE_PREFIX = {"l11_found_": 1}
+
 
 
 def load(path: Path = PATH) -> dict[str, dict]:
@@ -130,7 +134,27 @@ def measure(outputs: dict[int, dict]) -> dict:
                 "l9_kurt_after": float(m.group(4)), "l9_max_before": float(m.group(5)),
                 "l9_max_after": float(m.group(6)), "l9_int4_over_rot": out["l9_kl_int4"] / out["l9_kl_rot"],
                 "l9_prod_over_mse": out["l9_kl_prod"] / out["l9_kl_mse"]}
+    if 11 in outputs:
+        _, _, table, status = outputs[11]["run"]
+        m = re.search(r"\(([\d.,]+) KiB of ([\d.,]+) KiB at ([\d,]+) tokens\)\. The exact cache found (\d+) of (\d+)",
+                      status)
+        out |= {"l11_ctx": int(m.group(3).replace(",", "")), "l11_exact": int(m.group(4)),
+                "l11_needles": int(m.group(5))}
+        for row in table.values.tolist():  # candidates no keep ratio fits (Gemma's 16-bit rows) are not rows
+            short = _l11_short(str(row[0]))
+            out |= {f"l11_kl_{short}": float(row[5]), f"l11_pct_{short}": float(row[4]),
+                    f"l11_keep_{short}": float(row[2]), f"l11_found_{short}": int(str(row[6]).split("/")[0])}
     return out
+
+
+def _l11_short(spec: str) -> str:
+    """Lesson 11's name for a candidate in its figures: "int4", "streaming" (fp16 under a policy), "int4_snapkv",
+    "int4_mixed" (the rest in int2)."""
+    base, _, evict = spec.partition(" @ ")
+    if not evict:
+        return base
+    policy = evict.split(":")[0]
+    return policy if base == "fp16" else f"{base}_{'mixed' if 'rest=' in evict else policy}"
 
 
 def disagreements(recorded: dict, measured: dict) -> list[str]:
@@ -144,9 +168,10 @@ def disagreements(recorded: dict, measured: dict) -> list[str]:
         elif key in EXACT or isinstance(value, str):
             if value != was:
                 bad.append(f"{key}: recorded {was}, measured {value}")
-        elif key in ABSOLUTE:
-            if abs(value - was) > ABSOLUTE[key]:
-                bad.append(f"{key}: recorded {was}, measured {value} (over {ABSOLUTE[key]:.3g} apart)")
+        elif key in ABSOLUTE or key.startswith(tuple(ABSOLUTE_PREFIX)):
+            margin = ABSOLUTE.get(key) or next(m for p, m in ABSOLUTE_PREFIX.items() if key.startswith(p))
+            if abs(value - was) > margin:
+                bad.append(f"{key}: recorded {was}, measured {value} (over {margin:.3g} apart)")
         elif abs(value - was) > RELATIVE * abs(was):
             bad.append(f"{key}: recorded {was}, measured {value} (over {RELATIVE:.0%} apart)")
     return bad
