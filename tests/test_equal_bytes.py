@@ -136,10 +136,11 @@ def test_the_tab_streams_rows_and_ends_in_korean():
 
     rt = runtime.Runtime.from_env({"KVVIZ_MODEL": "tiny-llama", "KVVIZ_WARMUP": "0"})
     with rt.activate():
-        steps = list(tab.run(25, CONTEXT, CONTINUATION, ["streaming", "knorm"], "knorm", 32, "", 1,
-                             "tiny-llama", "한국어", progress=lambda *a, **k: None))
-    assert len(steps) >= 3, "one update per candidate, then the last"
+        steps = list(tab.run(25, CONTEXT, CONTINUATION, ["streaming"], "knorm", 32, "", 0, "tiny-llama", "한국어",
+                             progress=lambda *a, **k: None))
+    assert len(steps) == 7 + 1, "one update per candidate (int4, int2, streaming, 2 both, 2 mixed), then the last"
+    assert [len(s[2]) for s in steps[:-1]] == list(range(1, 8)), "the table grows a row at a time"
     chart, fig_map, table, status = steps[-1]
     assert isinstance(table, pd.DataFrame) and list(table.columns)[0] == "스펙"
-    assert "완료" in status and "원본 캐시" in status
+    assert "완료" in status and "16비트 캐시의 25%" in status
     assert "예산" in chart.layout.title.text and fig_map.data

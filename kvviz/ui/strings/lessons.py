@@ -1,11 +1,11 @@
-"""kvviz.ui.strings.lessons: the nine lessons: button labels, notes and the across-models paragraphs (their measured
+"""kvviz.ui.strings.lessons: the lessons: button labels, notes and the across-models paragraphs (their measured
 figures are placeholders filled from lesson_figures.json), in English and Korean.
 """
 
 from __future__ import annotations
 
 EN: dict[str, str] = {
-    "lessons": "### Nine lessons, one click each",
+    "lessons": "### Eleven lessons, one click each",
     "lesson1": "1 · K has outlier channels, V doesn't",
     "lesson2": "2 · Per-tensor scales fail, per-token/channel don't",
     "lesson3": "3 · K is sensitive, V tolerant (k8v4 vs k4v8)",
@@ -127,10 +127,31 @@ EN: dict[str, str] = {
                        "{gemma[l9_kl_prod]:.2f}, {gemma[l9_prod_over_mse]:.0f}× TQ-mse's; layer {gemma[l9_layer]}'s "
                        "head {gemma[l9_head]} goes from kurtosis {gemma[l9_kurt_before]:.0f} to "
                        "{gemma[l9_kurt_after]:.1f}."),
+    "lesson11": "11 · Drop tokens or drop bits?",
+    "lesson_note11": ("**Lesson 11.** Every candidate spends a quarter of the 16-bit cache of {smol[l11_ctx]} WikiText-2 "
+                      "tokens (int4's fp16 scale per row puts it at {smol[l11_pct_int4]:.1f}%). On SmolLM2, int4 on "
+                      "every token reads the next 16 tokens at KL {smol[l11_kl_int4]:.3f} nats/token and finds "
+                      "{smol[l11_found_int4]} of {smol[l11_needles]} needles (the exact cache: {smol[l11_exact]}); 16 "
+                      "bits on a quarter of the tokens costs far more: snapkv KL {smol[l11_kl_snapkv]:.2f} and "
+                      "{smol[l11_found_snapkv]} needles, streaming {smol[l11_kl_streaming]:.2f} and "
+                      "{smol[l11_found_streaming]}. The needle is where eviction fails: the policy picks what to keep "
+                      "from the context before the question arrives, and a number nothing pointed at is gone. int4 "
+                      "under snapkv ({smol[l11_keep_int4_snapkv]:.0f}% of the tokens) reads {smol[l11_kl_int4_snapkv]:.3f}; "
+                      "keeping the dropped tokens in int2 instead (int4 on {smol[l11_keep_int4_mixed]:.0f}%, the rest "
+                      "int2) {smol[l11_kl_int4_mixed]:.3f} and {smol[l11_found_int4_mixed]} needles; int2 on every "
+                      "token {smol[l11_kl_int2]:.2f}. More tokens at fewer bits beat fewer tokens at 16, as \"More "
+                      "Tokens, Lower Precision\" (EMNLP 2025) found."),
+    "lesson_models11": ("**Across models:** Gemma 3 270M keeps 15 of its 18 layers in 512-token sliding windows, which "
+                        "the policies leave as they are: at {gemma[l11_ctx]} tokens those layers hold every token, so 16 "
+                        "bits on fewer tokens cannot reach a quarter of the cache (the tab lists why). int4 on every "
+                        "token: KL {gemma[l11_kl_int4]:.3f}, {gemma[l11_found_int4]} of {gemma[l11_needles]} needles "
+                        "(exact {gemma[l11_exact]}); int4 under snapkv on its 3 full-attention layers "
+                        "({gemma[l11_keep_int4_snapkv]:.0f}% of their tokens) {gemma[l11_kl_int4_snapkv]:.3f}; int2 on "
+                        "every token {gemma[l11_kl_int2]:.2f}, {gemma[l11_found_int2]} needles."),
 }
 
 KO: dict[str, str] = {
-    "lessons": "### 아홉 가지 레슨, 각각 한 번의 클릭",
+    "lessons": "### 열한 가지 레슨, 각각 한 번의 클릭",
     "lesson1": "1 · K에는 이상치 채널이 있고 V에는 없다",
     "lesson2": "2 · 텐서 단위 스케일은 실패, 토큰/채널 단위는 성공",
     "lesson3": "3 · K는 민감하고 V는 관대하다 (k8v4 vs k4v8)",
@@ -245,4 +266,24 @@ KO: dict[str, str] = {
                        "{gemma[l9_kl_prod]:.2f}으로 TQ-mse의 {gemma[l9_prod_over_mse]:.0f}배; 레이어 "
                        "{gemma[l9_layer]}의 헤드 {gemma[l9_head]}은 첨도 {gemma[l9_kurt_before]:.0f}에서 "
                        "{gemma[l9_kurt_after]:.1f}로."),
+    "lesson11": "11 · 토큰을 버릴까, 비트를 버릴까?",
+    "lesson_note11": ("**레슨 11.** 모든 후보가 WikiText-2 {smol[l11_ctx]}토큰의 16비트 캐시의 4분의 1을 씁니다 (int4는 "
+                      "행마다 fp16 스케일을 두어 {smol[l11_pct_int4]:.1f}%). SmolLM2에서 모든 토큰을 int4로 두면 이어지는 "
+                      "16토큰을 KL {smol[l11_kl_int4]:.3f} nats/토큰으로 읽고 바늘 {smol[l11_needles]}개 중 "
+                      "{smol[l11_found_int4]}개를 찾습니다 (원본 캐시: {smol[l11_exact]}개). 토큰의 4분의 1만 16비트로 "
+                      "남기면 훨씬 나쁩니다: snapkv는 KL {smol[l11_kl_snapkv]:.2f}에 바늘 {smol[l11_found_snapkv]}개, "
+                      "streaming은 {smol[l11_kl_streaming]:.2f}에 {smol[l11_found_streaming]}개. 바늘은 축출이 실패하는 "
+                      "곳입니다: 정책은 질문이 오기 전에 문맥에서 남길 것을 고르고, 아무것도 가리키지 않던 숫자는 "
+                      "사라집니다. snapkv 아래의 int4(토큰의 {smol[l11_keep_int4_snapkv]:.0f}%)는 "
+                      "{smol[l11_kl_int4_snapkv]:.3f}; 버릴 토큰을 int2로 남기면(int4로 {smol[l11_keep_int4_mixed]:.0f}%, "
+                      "나머지 int2) {smol[l11_kl_int4_mixed]:.3f}에 바늘 {smol[l11_found_int4_mixed]}개; 모든 토큰을 "
+                      "int2로 두면 {smol[l11_kl_int2]:.2f}. 적은 비트의 많은 토큰이 16비트의 적은 토큰을 이깁니다. "
+                      "\"More Tokens, Lower Precision\"(EMNLP 2025)의 결론과 같습니다."),
+    "lesson_models11": ("**모델 간 차이:** Gemma 3 270M은 18개 레이어 중 15개를 512토큰 슬라이딩 윈도로 두고, 정책은 그 "
+                        "레이어를 그대로 둡니다: {gemma[l11_ctx]}토큰에서는 그 레이어가 모든 토큰을 담으므로 토큰만 줄인 "
+                        "16비트 후보는 캐시의 4분의 1에 닿지 못합니다(탭이 이유를 보여 줍니다). 모든 토큰 int4: KL "
+                        "{gemma[l11_kl_int4]:.3f}, 바늘 {gemma[l11_needles]}개 중 {gemma[l11_found_int4]}개(원본 "
+                        "{gemma[l11_exact]}개); 전체 어텐션 레이어 3개에만 snapkv를 쓴 int4(그 레이어 토큰의 "
+                        "{gemma[l11_keep_int4_snapkv]:.0f}%) {gemma[l11_kl_int4_snapkv]:.3f}; 모든 토큰 int2 "
+                        "{gemma[l11_kl_int2]:.2f}, 바늘 {gemma[l11_found_int2]}개."),
 }
