@@ -640,7 +640,7 @@ def test_equal_bytes_speaks_korean(client):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({0: 0.001}, "No candidate fits 0.001% of the 16-bit cache"),
+    ({0: 0.1}, "No candidate fits 0.1% of the 16-bit cache"),
     ({0: 500}, "Budget (% of the 16-bit cache) must be"),
     ({3: ["streaming", "h2o"]}, "Unknown eviction policy 'h2o'; the policies are streaming, snapkv, knorm, random"),
     ({6: "int4 @ snapkv:1.5"}, "(0, 1]"),
