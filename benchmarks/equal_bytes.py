@@ -3,11 +3,14 @@ Equal bytes tab measures it (kvviz.quality.equal_bytes), printed as markdown wit
 
     python benchmarks/equal_bytes.py                          # both bundled models, 25% of the 16-bit cache
     python benchmarks/equal_bytes.py --models smollm2-135m --budget 15 --context 1024 --needles 3
+    python benchmarks/equal_bytes.py --context 256 --continuation 16 --needles 1 --policies streaming,snapkv  # lesson 11
 
 Per model: the candidates (int4 and int2 on every token, 16 bits under each eviction policy, int8 and int4 under
 snapkv, int4/int8 kept with the rest in int2), each fitted to the budget at the context length; its bytes read from
 its cache after the context, its mean KL against the exact run over the next tokens of WikiText-2 (teacher-forced),
-and the needles it finds at five depths of a haystack of the same length.
+and the needles it finds at five depths of a haystack of the same length. Each needle is one prefill of the
+haystack per candidate (the policy compresses what the prefill stores): on a busy 2-core machine the default run
+takes tens of minutes per model; lesson 11's settings (the last line above) a few.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def main() -> int:
     p.add_argument("--context", type=int, default=512, help="context tokens (default 512)")
     p.add_argument("--continuation", type=int, default=32, help="continuation tokens for the KL (default 32)")
     p.add_argument("--needles", type=int, default=2, help="needles per depth, 5 depths (default 2)")
+    p.add_argument("--policies", default=",".join(POLICIES), help="16-bit candidates' policies (default: all)")
     p.add_argument("--combine", default="snapkv", help="the policy of the int8/int4 and mixed candidates")
     args = p.parse_args()
     print(f"`python benchmarks/equal_bytes.py {' '.join(sys.argv[1:])}`".replace(" `", "`"))
@@ -55,7 +59,7 @@ def main() -> int:
         model, tok = models.load_model(name)
         start = time.perf_counter()
         last = None
-        for last in eb.run(model, tok, args.budget / 100, args.context, args.continuation, POLICIES,
+        for last in eb.run(model, tok, args.budget / 100, args.context, args.continuation, args.policies.split(","),
                            args.combine, needles_per_depth=args.needles):
             pass
         full = last.rows[0].nbytes_16bit

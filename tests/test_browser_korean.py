@@ -231,7 +231,7 @@ def test_the_memory_tabs_results_are_korean(page):
 
 def test_the_equal_bytes_tabs_results_are_korean(page):
     """The Equal bytes tab's run (the chart, the quantization map, the table, the status) in Korean: the tiny model's
-    byte tokenizer, the tab's defaults (512 tokens, one needle per depth: seconds)."""
+    byte tokenizer, the tab's defaults (256 tokens, one needle per depth: seconds)."""
     page.locator("#tab-equal_bytes-button").click()
     page.locator("#tab-equal_bytes").wait_for(state="visible")
     page.locator("#equal_bytes-run").click()

@@ -82,10 +82,10 @@ LESSONS: tuple[Lesson, ...] = (
     # at 4 bits (kvviz/ui/rotation.py), and one head's K coordinates before and after the rotation against N(0, 1/d).
     Lesson("compare", {"rot_tokens": 256, "rot_box": OPEN}, action="rotation"),
     # 11. Drop tokens or drop bits? The Equal bytes tab at a quarter of the 16-bit cache, 256 WikiText-2 tokens, 16
-    # read teacher-forced, 2 needles at each of 5 depths: int4 and int2 on every token, fp16 on a quarter of the
+    # read teacher-forced, one needle at each of 5 depths: int4 and int2 on every token, fp16 on a quarter of the
     # tokens (streaming, snapkv), int8/int4 under snapkv, the same with the rest in int2 (kvviz/ui/equal_bytes.py).
     Lesson("equal_bytes", {"budget": 25, "context": 256, "continuation": 16, "policies": ["streaming", "snapkv"],
-                           "combine": "snapkv", "window": 32, "custom": "", "needles": 2}),
+                           "combine": "snapkv", "window": 32, "custom": "", "needles": 1}),
 )
 
 
