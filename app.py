@@ -2,8 +2,8 @@
 
 `build_demo()` returns the page as a `gr.Blocks` (no side effects at import; the model loads on first use). It
 builds the app's runtime (kvviz.runtime.Runtime.from_env: the backend, the model choices, the resident models, the
-compute threads; the one place the KVVIZ_* variables are read) and makes it the process default. The tabs live in `kvviz/ui/` (one module per tab); the ten lessons of docs/DESIGN.md are one-click buttons
-(`kvviz/ui/lessons.py`); figures come from `kvviz/plots.py`.
+compute threads; the one place the KVVIZ_* variables are read) and makes it the process default. The tabs live in `kvviz/ui/` (one module per tab); the eleven lessons of docs/DESIGN.md are one-click buttons
+(`kvviz/ui/lessons.py`); figures come from `kvviz/plots/`.
 
 Run: `make run` (or `python app.py`) serves http://127.0.0.1:7860; GRADIO_SERVER_NAME and GRADIO_SERVER_PORT
 override the address (Spaces and the Dockerfile set them). KVVIZ_MODEL is the default model (default: the bundled
@@ -16,9 +16,9 @@ On a machine whose cores other jobs keep busy, OMP_WAIT_POLICY=PASSIVE (OpenMP w
 regions) steadies the clicks; on an idle one it costs 20-30% of the decode speed, so the app leaves it as given.
 
 api_names (for gradio_client): compare, needle, fused_speed, rotation, engine_compare, outliers, error_map, anatomy,
-sensitivity, plan_search, long_context, memory, export, check_scales. Every one that runs a model (compare, needle,
-fused_speed, rotation, outliers, error_map, anatomy, sensitivity, plan_search, long_context, export) ends with
-`model` (a name from the page's model picker; omitted: KVVIZ_MODEL) and `language` ("English", the default, or
+sensitivity, plan_search, long_context, equal_bytes, memory, export, check_scales. Every one that runs a model (compare, needle,
+fused_speed, rotation, outliers, error_map, anatomy, sensitivity, plan_search, long_context, equal_bytes,
+export) ends with `model` (a name from the page's model picker; omitted: KVVIZ_MODEL) and `language` ("English", the default, or
 "한국어": the results' language);
 memory ends with `language` too, and engine_compare with `model` and `language`; check_scales takes (file, model).
 """
@@ -35,8 +35,8 @@ with contextlib.suppress(ImportError):  # ZeroGPU: `spaces` must be imported bef
 import gradio as gr
 
 from kvviz import runtime
-from kvviz.ui import (common, compare, errors, export, i18n, lessons, long_context, memory, outliers, sensitivity,
-                      zerogpu)
+from kvviz.ui import (common, compare, equal_bytes, errors, export, i18n, lessons, long_context, memory, outliers,
+                      sensitivity, zerogpu)
 from kvviz.ui.i18n import t
 
 CSS = """
@@ -80,7 +80,8 @@ def build_demo(rt: runtime.Runtime | None = None) -> gr.Blocks:
         with gr.Tabs() as tabs:
             parts = {}
             for tab_id, module in (("compare", compare), ("outliers", outliers), ("errors", errors),
-                                   ("sensitivity", sensitivity), ("long_context", long_context), ("memory", memory),
+                                   ("sensitivity", sensitivity), ("long_context", long_context),
+                                   ("equal_bytes", equal_bytes), ("memory", memory),
                                    ("export", export)):
                 with tr(gr.Tab(t(f"tab_{tab_id}"), id=tab_id, elem_id=f"tab-{tab_id}"), label=f"tab_{tab_id}"):
                     parts[tab_id] = module.build(tr)

@@ -23,7 +23,7 @@ from gradio_client import Client, handle_file
 from app_server import REPO, serve_app
 
 API_NAMES = ("compare", "needle", "fused_speed", "outliers", "error_map", "sensitivity", "plan_search", "memory",
-             "export", "check_scales", "rotation", "long_context")
+             "export", "check_scales", "rotation", "long_context", "equal_bytes")
 PROMPT = "The capital of France is Paris, and the capital of Korea is"
 MEMORY_OK = ("llama-3.1-8b", 32, 8, 128, 8.0, 1, 1024, 131072, ["fp16", "k8v4"], "", ["l4", "h100-80gb"], None, "",
              "engine")
@@ -670,6 +670,43 @@ def test_app_serves_after_errors_and_keeps_users_apart(server):
     assert set(results) == {"a", "b"}
     assert f"{len(prompts['a'])} tokens" in results["a"]  # the byte tokenizer: one token per character
     assert f"{len(prompts['b'])} tokens" in results["b"]
+
+
+# --- equal_bytes --------------------------------------------------------------------------------------------------
+
+# budget %, context, continuation, policies, combine, window, custom, needles per depth (the tiny model's byte
+# tokenizer: the needle's haystack needs 256 tokens)
+EQUAL_BYTES = (25, 256, 8, ["streaming", "knorm"], "knorm", 32, "", 1)
+
+
+def test_equal_bytes_fits_every_candidate_and_measures_it(client):
+    chart, fig_map, table, status = client.predict(*EQUAL_BYTES, "tiny-llama", api_name="/equal_bytes")
+    assert table["headers"] == ["spec", "how", "tokens kept (%)", "bytes (KiB, measured)", "% of 16-bit",
+                                "KL (nats/token)", "needles found"]
+    rows = {r[0]: r for r in table["data"]}
+    assert {"int4", "int2"} <= set(rows) and rows["int2"][2] == 100.0
+    evicting = [r for r in table["data"] if "@" in r[0]]
+    assert len(evicting) == 6 and all(r[4] <= 25.0 for r in evicting), evicting  # 2 policies, 2 both, 2 mixed
+    assert all(re.fullmatch(r"\d/5", r[6]) for r in table["data"])
+    assert "Done in" in status and "`tiny-llama`" in status and "The exact cache found" in status
+    assert len(_traces(chart)) == 2 * len(rows) + 1 and _traces(fig_map)[0]["type"] == "heatmap"
+
+
+def test_equal_bytes_speaks_korean(client):
+    _, _, table, status = client.predict(*EQUAL_BYTES[:-1], 0, "tiny-llama", "한국어", api_name="/equal_bytes")
+    assert table["headers"][0] == "스펙" and "완료" in status
+
+
+@pytest.mark.parametrize("change, message", [
+    ({0: 0.1}, "No candidate fits 0.1% of the 16-bit cache"),
+    ({0: 500}, "Budget (% of the 16-bit cache) must be"),
+    ({3: ["streaming", "h2o"]}, "Unknown eviction policy 'h2o'; the policies are streaming, snapkv, knorm, random"),
+    ({6: "int4 @ snapkv:1.5"}, "(0, 1]"),
+    ({4: "snapkv", 5: 300}, "shorter"),
+])
+def test_equal_bytes_rejects_bad_input(client, change, message):
+    args = [change.get(i, a) for i, a in enumerate(EQUAL_BYTES)]
+    assert message in _error(client, *args, "tiny-llama", api_name="equal_bytes")
 
 
 # --- the model picker: every model endpoint takes `model`; results name it ---------------------------------------

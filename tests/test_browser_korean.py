@@ -8,9 +8,9 @@ runs Compare and reads its metrics table: every header in Korean, none broken in
 ones were squeezed to "form at", "spe c"; checked in English too). Switching to English and back keeps the
 placeholders in the page's language.
 
-The Memory and Long context tabs are read before and after a run (charts, tables, status and notes follow the
-language; Long context's generated texts are the model's, left out); the other tabs before they run (the engine
-view's Korean results: tests/test_ui_engines.py).
+The Memory, Long context and Equal bytes tabs are read before and after a run (charts, tables, status and notes
+follow the language; Long context's generated texts are the model's, left out); the other tabs before they run (the
+engine view's Korean results: tests/test_ui_engines.py).
 
 Run: python -m pytest tests/test_browser_korean.py -q       (needs /usr/bin/chromium)
 """
@@ -30,7 +30,7 @@ from kvviz.ui.common import EXAMPLES
 playwright_api = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} missing: apt-get install chromium")
 
-TABS = ("compare", "outliers", "errors", "sensitivity", "long_context", "memory", "export")
+TABS = ("compare", "outliers", "errors", "sensitivity", "long_context", "equal_bytes", "memory", "export")
 HANGUL = re.compile(r"[\uac00-\ud7a3]")
 # Names the Korean page keeps in Latin letters: models, engines, libraries, measures, units, format families.
 ALLOWED = {
@@ -40,6 +40,7 @@ ALLOWED = {
     "mxfp", "nvfp", "gguf", "tiny", "max", "abs", "nan", "api", "gradio", "plotly", "config", "id", "engine",
     "transformers", "decompressed", "custom", "bits", "fp", "int", "bf", "per", "token", "head", "nc", "ultraquant",
     "rot", "tensor", "channel", "asym", "exact", "baseline", "prompt",  # values API callers pass (layouts, sources)
+    "streaming", "snapkv", "knorm", "random",  # the eviction policies' names, as a spec writes them
 }
 # JS: the visible text nodes of the page (SVG text of the figures included), each once, trimmed.
 _VISIBLE_TEXTS = """() => {
@@ -249,3 +250,18 @@ def test_the_long_context_tabs_results_are_korean(page):
     page.evaluate("() => { document.querySelector('#long_context-columns').style.display = 'none'; }")
     english = _english(page)
     assert not english, f"long context after a run: English on the Korean page: {english}"
+
+
+def test_the_equal_bytes_tabs_results_are_korean(page):
+    """The Equal bytes tab's run (the chart, the quantization map, the table, the status) in Korean: the tiny model's
+    byte tokenizer, the tab's defaults (256 tokens, one needle per depth: seconds)."""
+    page.locator("#tab-equal_bytes-button").click()
+    page.locator("#tab-equal_bytes").wait_for(state="visible")
+    page.locator("#equal_bytes-run").click()
+    page.wait_for_function("() => (document.querySelector('#equal_bytes-status')?.innerText || '').includes('완료')",
+                           timeout=180_000)
+    headers = [h.strip() for h in page.locator("#equal_bytes-table th").all_inner_texts() if h.strip()]
+    assert "스펙" in headers, headers
+    assert "예산" in page.locator("#equal_bytes-chart").inner_text()
+    english = _english(page)
+    assert not english, f"equal bytes after a run: English on the Korean page: {english}"

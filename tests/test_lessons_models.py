@@ -186,6 +186,26 @@ def test_lesson10_errors_pile_up_with_context(lesson):
     assert [r[0] for r in gen_table.values.tolist()] == ["exact", "int4", "k8v4", "nvfp4"]
 
 
+def test_lesson11_more_tokens_at_fewer_bits_beat_fewer_tokens_at_16(lesson, model):
+    """At a quarter of the 16-bit cache: int4 on every token reads the continuation with less KL than 16 bits on a
+    quarter of the tokens under either policy, and int2 on every token collapses; on Gemma 3 270M the 16-bit (and
+    8-bit) evicting candidates cannot reach the budget at all (its sliding layers keep every token of a 256-token
+    context)."""
+    _, _, table, status = lesson(11)["run"]
+    rows = {r[0]: r for r in table.values.tolist()}  # spec -> [spec, how, kept %, KiB, % of 16-bit, KL, found]
+    kl = {spec: r[5] for spec, r in rows.items()}
+    evicting = [r for spec, r in rows.items() if " @ " in spec]
+    assert evicting and all(r[4] <= 25.0 for r in evicting), "every fitted candidate within the budget"
+    fp16 = [spec for spec in rows if spec.startswith("fp16 @ ")]
+    if model == "gemma-3-270m":
+        assert not fp16 and not any(spec.startswith("int8 @ ") for spec in rows), rows
+        assert "fp16 @ streaming" in status and "fp16 @ snapkv" in status, "the tab says which could not fit"
+    else:
+        assert len(fp16) == 2, rows
+        assert all(kl["int4"] < kl[spec] / 2 for spec in fp16), kl
+    assert kl["int2"] > 10 * kl["int4"], kl
+
+
 def test_the_notes_figures_are_what_the_lessons_measure(lesson, model):
     """The figures the notes quote (kvviz/ui/strings/lesson_figures.json, written by benchmarks/lessons_figures.py)
     agree with this run of the lessons: counts, layers and plans exactly, KLs and ratios within 5%."""

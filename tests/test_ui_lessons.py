@@ -60,7 +60,7 @@ def test_notes_quote_the_measured_lessons_figures_not_literals():
     of lesson 8's plan and lesson 9's KLs are nowhere in the texts as literals."""
     quoted = {f for key in NOTES for _, f in figures.placeholders(EN[key])}
     measured_prefixes = {f"l{i}_" for i in figures.MEASURED}
-    assert {f[: f.index("_") + 1] for f in quoted} == measured_prefixes, sorted(quoted)
+    assert {f.split("_")[0] + "_" for f in quoted} == measured_prefixes, sorted(quoted)
     for key in ("lesson_note8", "lesson_note9", "lesson_models9"):
         for literal in ("0.046", "0.027", "0.0038", "0.057", "1.68", "25.6"):
             assert literal not in EN[key] and literal not in KO[key], (key, literal)

@@ -1,4 +1,4 @@
-"""kvviz.ui.lessons: the ten lessons of docs/DESIGN.md ("What the app teaches"), one button each.
+"""kvviz.ui.lessons: the lessons of docs/DESIGN.md ("What the app teaches"), one button each.
 
 A lesson button opens its tab, fills the inputs that show the lesson, and runs the tab's action: one click, then
 the student reads the tab's opening sentence and the figure. Each tab's `build()` returns its components by name
@@ -88,6 +88,11 @@ LESSONS: tuple[Lesson, ...] = (
     # keep it to seconds (figures: lesson_figures.json, l10_*).
     Lesson("long_context", {"source": "WikiText-2", "specs": LESSON10_SPECS, "custom": "", "context": 1024,
                             "chunk": 256, "new_tokens": 48, "needle": False}),
+    # 11. Drop tokens or drop bits? The Equal bytes tab at a quarter of the 16-bit cache, 256 WikiText-2 tokens, 16
+    # read teacher-forced, one needle at each of 5 depths: int4 and int2 on every token, fp16 on a quarter of the
+    # tokens (streaming, snapkv), int8/int4 under snapkv, the same with the rest in int2 (kvviz/ui/equal_bytes.py).
+    Lesson("equal_bytes", {"budget": 25, "context": 256, "continuation": 16, "policies": ["streaming", "snapkv"],
+                           "combine": "snapkv", "window": 32, "custom": "", "needles": 1}),
 )
 
 

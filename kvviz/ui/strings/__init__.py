@@ -2,7 +2,7 @@
 
 Each module holds `EN` and `KO` for its tab: `common` (the page around the tabs and strings several tabs share),
 `lessons`, `compare` (with the accordions it holds: `engines`, `fused`, `rotation`), `outliers`, `errors`,
-`memory`, `export`, `sensitivity`, `long_context`. This package merges them into one table per language; a key lives
+`memory`, `export`, `sensitivity`, `long_context`, `equal_bytes`. This package merges them into one table per language; a key lives
 in exactly one module (checked here, at import). `kvviz.ui.i18n.t(key, lang)` is how callers read them.
 
 The lesson notes quote measured figures through placeholders (`{smol[l8_kl_top]:.4f}`): the figures live in
@@ -11,11 +11,11 @@ The lesson notes quote measured figures through placeholders (`{smol[l8_kl_top]:
 
 from __future__ import annotations
 
-from . import (common, compare, engines, errors, export, fused, lessons, long_context, memory, outliers, rotation,
-               sensitivity)
+from . import (common, compare, engines, equal_bytes, errors, export, fused, lessons, long_context, memory, outliers,
+               rotation, sensitivity)
 
 MODULES = (common, lessons, compare, engines, fused, rotation, outliers, errors, memory, export, sensitivity,
-           long_context)
+           long_context, equal_bytes)
 
 
 def _merge(lang: str) -> dict[str, str]:

@@ -20,18 +20,21 @@ from pathlib import Path
 PATH = Path(__file__).with_name("lesson_figures.json")
 MODELS = {"smol": "smollm2-135m", "gemma": "gemma-3-270m"}  # placeholder prefix -> bundled model
 # lesson -> the action whose outputs its figures come from (a lesson runs these in order; see kvviz/ui/lessons.py)
-MEASURED = {3: "run", 5: "needle", 6: "run", 7: "fused", 8: ("run", "search"), 9: "rotation", 10: "run"}
+MEASURED = {3: "run", 5: "needle", 6: "run", 7: "fused", 8: ("run", "search"), 9: "rotation", 10: "run",
+            11: "run"}
 ONLY = {7: ("smollm2-135m",)}  # lessons whose notes quote one model's figures (lesson 7: SmolLM2's bytes)
 # figures that are counts or names, compared exactly; every other figure is compared to RELATIVE
 EXACT = {"l5_ctx", "l5_total", "l5_exact", "l8_plan", "l8_skip", "l8_move1_layer",
          "l8_peak1_layer", "l8_peak2_layer", "l8_peak3_layer", "l8_peak1_side", "l9_layer", "l9_head",
-         "l3_bits", "l6_bits_row", "l6_bits_g16", "l6_bits_g8", "l7_ctx", "l10_ctx"}
+         "l3_bits", "l6_bits_row", "l6_bits_g16", "l6_bits_g8", "l7_ctx", "l10_ctx",
+         "l11_ctx"}
 RELATIVE = 0.05  # measured figures: within 5% of the recorded ones (CPU kernels round differently across machines)
 # lesson 5's counts: one needle either way (per-tensor int4 finds 7 or 8 of SmolLM2's 15 under AVX-512 and AVX2
 # kernels: kvviz/ui/lessons.py)
 ABSOLUTE = {"l5_int4": 1, "l5_tensor": 1, "l5_int4_pct": 100 / 15 + 1e-9, "l5_tensor_pct": 100 / 15 + 1e-9,
             # lesson 10's generation: the share of its 47 scored steps whose top-1 differs, two steps either way
             **{f"l10_{f}_differ": 2 * 100 / 47 + 1e-9 for f in ("int4", "k8v4", "nvfp4")}}
+
 
 
 def load(path: Path = PATH) -> dict[str, dict]:
@@ -144,7 +147,24 @@ def measure(outputs: dict[int, dict]) -> dict:
             if name != "exact":
                 key = re.sub(r"\W", "_", name)
                 out[f"l10_{key}_differ"] = float(row[2])
+    if 11 in outputs:  # the KL, bytes and keep ratio of each candidate (the needle's counts are not quoted)
+        _, _, table, status = outputs[11]["run"]
+        out["l11_ctx"] = int(re.search(r"KiB at ([\d,]+) tokens\)", status).group(1).replace(",", ""))
+        for row in table.values.tolist():  # candidates no keep ratio fits (Gemma's 16-bit rows) are not rows
+            short = _l11_short(str(row[0]))
+            out |= {f"l11_kl_{short}": float(row[5]), f"l11_pct_{short}": float(row[4]),
+                    f"l11_keep_{short}": float(row[2])}
     return out
+
+
+def _l11_short(spec: str) -> str:
+    """Lesson 11's name for a candidate in its figures: "int4", "streaming" (fp16 under a policy), "int4_snapkv",
+    "int4_mixed" (the rest in int2)."""
+    base, _, evict = spec.partition(" @ ")
+    if not evict:
+        return base
+    policy = evict.split(":")[0]
+    return policy if base == "fp16" else f"{base}_{'mixed' if 'rest=' in evict else policy}"
 
 
 def disagreements(recorded: dict, measured: dict) -> list[str]:

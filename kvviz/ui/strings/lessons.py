@@ -1,11 +1,11 @@
-"""kvviz.ui.strings.lessons: the ten lessons: button labels, notes and the across-models paragraphs (their measured
+"""kvviz.ui.strings.lessons: the lessons: button labels, notes and the across-models paragraphs (their measured
 figures are placeholders filled from lesson_figures.json), in English and Korean.
 """
 
 from __future__ import annotations
 
 EN: dict[str, str] = {
-    "lessons": "### Ten lessons, one click each",
+    "lessons": "### Eleven lessons, one click each",
     "lesson1": "1 · K has outlier channels, V doesn't",
     "lesson2": "2 · Per-tensor scales fail, per-token/channel don't",
     "lesson3": "3 · K is sensitive, V tolerant (k8v4 vs k4v8)",
@@ -155,10 +155,35 @@ EN: dict[str, str] = {
                         "{gemma[l10_nvfp4_last]:.2f} ({gemma[l10_nvfp4_growth]:.1f}×); in its generation the top-1 "
                         "differs at {gemma[l10_int4_differ]:.1f}% (int4), {gemma[l10_k8v4_differ]:.1f}% (k8v4) and "
                         "{gemma[l10_nvfp4_differ]:.1f}% (nvfp4) of the steps."),
+    "lesson11": "11 · Drop tokens or drop bits?",
+    "lesson_note11": ("**Lesson 11.** Every candidate spends a quarter of the 16-bit cache of {smol[l11_ctx]} WikiText-2 "
+                      "tokens; read the KL over the next 16 tokens (teacher-forced) against the bytes. On SmolLM2, "
+                      "int4 on every token reads them at {smol[l11_kl_int4]:.3f} nats/token (its fp16 scale per row "
+                      "puts it at {smol[l11_pct_int4]:.1f}%, just over the budget); 16 bits on a quarter of the "
+                      "tokens costs several times more: snapkv {smol[l11_kl_snapkv]:.2f}, streaming "
+                      "{smol[l11_kl_streaming]:.2f}. In between, int8 on {smol[l11_keep_int8_snapkv]:.0f}% of the "
+                      "tokens {smol[l11_kl_int8_snapkv]:.3f}, int4 on {smol[l11_keep_int4_snapkv]:.0f}% "
+                      "{smol[l11_kl_int4_snapkv]:.3f}. Keeping the dropped tokens in int2 instead does not help here: "
+                      "int4 on {smol[l11_keep_int4_mixed]:.0f}% and the rest in int2 reads {smol[l11_kl_int4_mixed]:.3f}, "
+                      "because per-token int2 is too coarse (on every token it collapses: {smol[l11_kl_int2]:.1f}). "
+                      "More tokens at fewer bits beat fewer tokens at 16, as \"More "
+                      "Tokens, Lower Precision\" (EMNLP 2025) found, down to 4 bits. The needle chart (one needle at "
+                      "each of 5 depths) asks what eviction risks: the policy picks what to keep before the question "
+                      "arrives."),
+    "lesson_models11": ("**Across models:** Gemma 3 270M keeps 15 of its 18 layers in 512-token sliding windows, which "
+                        "the policies leave as they are: at {gemma[l11_ctx]} tokens those layers hold every token, so 16 "
+                        "bits (or 8) on fewer tokens cannot reach a quarter of the cache at all (the tab lists why). "
+                        "What fits: int4 on every token {gemma[l11_kl_int4]:.2f} ({gemma[l11_pct_int4]:.1f}%), int4 "
+                        "under snapkv on its 3 full-attention layers ({gemma[l11_keep_int4_snapkv]:.0f}% of their "
+                        "tokens) {gemma[l11_kl_int4_snapkv]:.2f}, the same with the rest in int2 "
+                        "({gemma[l11_keep_int4_mixed]:.0f}% in int4) {gemma[l11_kl_int4_mixed]:.2f}, int2 on every "
+                        "token {gemma[l11_kl_int2]:.1f}. On Gemma the int2 rest helps (it touches 3 layers' dropped tokens), on "
+                        "SmolLM2 it hurts; either way the budget goes to bits, not tokens. The KLs are over 16 tokens: "
+                        "a few positions weigh a lot."),
 }
 
 KO: dict[str, str] = {
-    "lessons": "### 열 가지 레슨, 각각 한 번의 클릭",
+    "lessons": "### 열한 가지 레슨, 각각 한 번의 클릭",
     "lesson1": "1 · K에는 이상치 채널이 있고 V에는 없다",
     "lesson2": "2 · 텐서 단위 스케일은 실패, 토큰/채널 단위는 성공",
     "lesson3": "3 · K는 민감하고 V는 관대하다 (k8v4 vs k4v8)",
@@ -298,4 +323,27 @@ KO: dict[str, str] = {
                         "({gemma[l10_nvfp4_growth]:.1f}배) 커집니다. 생성에서 top-1이 다른 단계는 int4 "
                         "{gemma[l10_int4_differ]:.1f}%, k8v4 {gemma[l10_k8v4_differ]:.1f}%, nvfp4 "
                         "{gemma[l10_nvfp4_differ]:.1f}%입니다."),
+    "lesson11": "11 · 토큰을 버릴까, 비트를 버릴까?",
+    "lesson_note11": ("**레슨 11.** 모든 후보가 WikiText-2 {smol[l11_ctx]}토큰의 16비트 캐시의 4분의 1을 씁니다; 이어지는 "
+                      "16토큰(교사 강제)의 KL을 바이트와 함께 보세요. SmolLM2에서 모든 토큰을 int4로 두면 "
+                      "{smol[l11_kl_int4]:.3f} nats/토큰입니다(행마다 fp16 스케일을 두어 {smol[l11_pct_int4]:.1f}%, "
+                      "예산을 조금 넘습니다). 토큰의 4분의 1만 16비트로 남기면 몇 배 나쁩니다: snapkv "
+                      "{smol[l11_kl_snapkv]:.2f}, streaming {smol[l11_kl_streaming]:.2f}. 그 사이에서 토큰의 "
+                      "{smol[l11_keep_int8_snapkv]:.0f}%를 int8로 {smol[l11_kl_int8_snapkv]:.3f}, "
+                      "{smol[l11_keep_int4_snapkv]:.0f}%를 int4로 {smol[l11_kl_int4_snapkv]:.3f}, "
+                      "그리고 {smol[l11_keep_int4_mixed]:.0f}%를 int4로 두고 버릴 토큰을 int2로 남기면 "
+                      "{smol[l11_kl_int4_mixed]:.3f}으로 오히려 나쁩니다: 토큰 단위 int2는 너무 거칩니다(모든 토큰을 int2로 두면 "
+                      "무너집니다: {smol[l11_kl_int2]:.1f}). "
+                      "적은 비트의 많은 토큰이 16비트의 적은 토큰을 이깁니다(4비트까지): \"More Tokens, Lower "
+                      "Precision\"(EMNLP 2025)의 결론과 같습니다. 바늘 그래프(다섯 깊이에 하나씩)는 축출이 무엇을 "
+                      "걸고 있는지 묻습니다: 정책은 질문이 오기 전에 남길 것을 고릅니다."),
+    "lesson_models11": ("**모델 간 차이:** Gemma 3 270M은 18개 레이어 중 15개를 512토큰 슬라이딩 윈도로 두고, 정책은 그 "
+                        "레이어를 그대로 둡니다: {gemma[l11_ctx]}토큰에서는 그 레이어가 모든 토큰을 담으므로 토큰만 줄인 "
+                        "16비트(또는 8비트) 후보는 캐시의 4분의 1에 아예 닿지 못합니다(탭이 이유를 보여 줍니다). 들어가는 "
+                        "것: 모든 토큰 int4 {gemma[l11_kl_int4]:.2f} ({gemma[l11_pct_int4]:.1f}%), 전체 어텐션 레이어 "
+                        "3개에만 snapkv를 쓴 int4(그 레이어 토큰의 {gemma[l11_keep_int4_snapkv]:.0f}%) "
+                        "{gemma[l11_kl_int4_snapkv]:.2f}, 나머지를 int2로 남긴 것({gemma[l11_keep_int4_mixed]:.0f}%가 "
+                        "int4) {gemma[l11_kl_int4_mixed]:.2f}, 모든 토큰 int2 {gemma[l11_kl_int2]:.1f}. Gemma에서는 int2로 "
+                        "남긴 나머지가 도움이 되고(레이어 3개의 버릴 토큰만 건드립니다) SmolLM2에서는 해가 됩니다; 어느 "
+                        "쪽이든 예산은 토큰이 아니라 비트에 갑니다. KL은 16토큰에 대한 값이라 몇몇 위치의 비중이 큽니다."),
 }
