@@ -29,8 +29,11 @@ from kernels.cpu import decode as cpu_decode
 from kernels.cpu import meta
 from kernels.packed import PackedSide
 
-TILE = 512  # tokens per K/V tile: a [Hkv, 512, 64] fp32 tile is 384 KiB for SmolLM2
-ROWS = 1024  # query rows (positions x G) per score block: [Hkv, 1024, 512] fp32 scores are 6 MiB for SmolLM2
+TILE = 1024  # tokens per K/V tile: a [Hkv, 1024, 64] fp32 tile is 768 KiB for SmolLM2
+ROWS = 2048  # query rows (positions x G) per block: the bmm path's [Hkv, 2048, 1024] fp32 scores are 24 MiB there
+# torch's CPU flash attention, which returns each row's log-sum-exp with its output, so that tiles merge exactly;
+# a private op: where this torch lacks it, the scores go through bmm and the softmax below
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def reads(side: PackedSide) -> bool:
@@ -87,22 +90,25 @@ def chunk_attention_cpu(
     lengths = np.full(batch, length, dtype=np.int64)
     k_args = meta.side_args(k, lengths, batch, hkv, dk)
     v_args = meta.side_args(v, lengths, batch, hkv, dv)
-    # queries in K's basis and planar order, scaled; rows position-major: row r = (position r // G, head r % G)
+    # queries in K's basis and planar order; rows position-major: row r = (position r // G, head r % G)
     qk = q.detach().float()
     if k.rotation is not None:
         qk = qk @ k.rotation.float().T
     k_pb = meta.codes_per_unit(k)
     if k_pb > 1:
         qk = qk[..., torch.from_numpy(meta.planar_np(dk, k_pb, meta.ggml_nibbles(k)))]
-    qk = (qk * sm_scale).reshape(batch, hkv, gqa, tq, dk).transpose(2, 3).reshape(batch * hkv, tq * gqa, dk)
-    m = torch.full((batch * hkv, tq * gqa, 1), -math.inf)
-    l = torch.zeros((batch * hkv, tq * gqa, 1))
-    acc = torch.zeros((batch * hkv, tq * gqa, dv))
+    qk = qk.reshape(batch, hkv, gqa, tq, dk).transpose(2, 3).reshape(batch, hkv, tq * gqa, dk)
+    flash = _FLASH is not None and not softcap
+    if not flash:  # scores by bmm: scaled once here
+        qk = qk * sm_scale
+    o = torch.zeros((batch, hkv, tq * gqa, dv))  # the running output (flash) or accumulator (bmm)
+    lse = torch.full((batch, hkv, tq * gqa, 1), -math.inf)  # log-sum-exp (flash) or running max (bmm)
+    l = torch.zeros((batch * hkv, tq * gqa, 1))  # the bmm path's running sum
     tile = max(64, tile // 64 * 64)
-    per_block = max(1, rows // gqa)  # query positions per score block
-    kt = torch.empty((batch * hkv, tile, dk))
-    vt = torch.empty((batch * hkv, tile, dv))
-    scores = torch.empty(batch * hkv * min(tq, per_block) * gqa * tile)  # one block's, contiguous per shape
+    per_block = max(1, rows // gqa)  # query positions per block
+    kt = torch.empty((batch, hkv, tile, dk))
+    vt = torch.empty((batch, hkv, tile, dv))
+    scores = None if flash else torch.empty(batch * hkv * min(tq, per_block) * gqa * tile)  # one block's
     cols = length - start
     plan = _plan(visible, per_block, tile)  # per (block, tile): 0 skip, 1 all attend, 2 masked
     for ti, c0 in enumerate(range(0, cols, tile)):
@@ -111,27 +117,33 @@ def chunk_attention_cpu(
         if not needed:
             continue
         with cpu_decode._LOCK:
-            jit_chunk.decode_rows(*k_args, hkv, start + c0, n, kt.numpy())
-            jit_chunk.decode_rows(*v_args, hkv, start + c0, n, vt.numpy())
-        kn, vn = kt[:, :n], vt[:, :n]
+            jit_chunk.decode_rows(*k_args, hkv, start + c0, n, kt.view(batch * hkv, tile, dk).numpy())
+            jit_chunk.decode_rows(*v_args, hkv, start + c0, n, vt.view(batch * hkv, tile, dv).numpy())
+        kn, vn = kt[:, :, :n], vt[:, :, :n]
         for qb in needed:
             p0, p1 = qb * per_block, min(tq, (qb + 1) * per_block)
             r0, r1 = p0 * gqa, p1 * gqa
-            s = scores[: batch * hkv * (r1 - r0) * n].view(batch * hkv, r1 - r0, n)
-            torch.bmm(qk[:, r0:r1], kn.transpose(1, 2), out=s)
-            if softcap:
-                s.div_(softcap).tanh_().mul_(softcap)
-            if plan[qb][ti] == 2:  # [Bm, P, n] -> over [B, Hkv, P, G, n]
-                hidden = ~visible[:, p0:p1, c0:c0 + n]
-                s.view(batch, hkv, p1 - p0, gqa, n).masked_fill_(hidden[:, None, :, None], -math.inf)
-            _fold(s, vn, m[:, r0:r1], l[:, r0:r1], acc[:, r0:r1])
-    if sinks is not None:
-        sink = sinks.detach().float().reshape(1, hkv, 1, gqa).expand(batch, hkv, tq, gqa).reshape(batch * hkv, -1, 1)
-        top = torch.maximum(m, sink)
-        alpha = torch.exp(m - top)
-        l = l * alpha + torch.exp(sink - top)
-        acc = acc * alpha
-    out = acc / torch.where(l > 0, l, torch.ones_like(l))  # l = 0: no token attended, out stays 0
+            shown = visible[:, p0:p1, c0:c0 + n] if plan[qb][ti] == 2 else None  # [Bm, P, n]
+            if flash:
+                _flash_block(qk[:, :, r0:r1], kn, vn, sm_scale, shown, gqa, o[:, :, r0:r1], lse[:, :, r0:r1])
+                continue
+            rb = (r1 - r0)
+            s = scores[: batch * hkv * rb * n].view(batch * hkv, rb, n)
+            torch.bmm(qk[:, :, r0:r1].reshape(batch * hkv, rb, dk), kn.reshape(batch * hkv, n, dk).transpose(1, 2),
+                      out=s)
+            s.div_(softcap).tanh_().mul_(softcap) if softcap else None
+            if shown is not None:  # [Bm, P, n] -> over [B, Hkv, P, G, n]
+                s.view(batch, hkv, p1 - p0, gqa, n).masked_fill_(~shown[:, None, :, None], -math.inf)
+            _fold(s, vn.reshape(batch * hkv, n, dv), lse.view(batch * hkv, -1, 1)[:, r0:r1], l[:, r0:r1],
+                  o.view(batch * hkv, -1, dv)[:, r0:r1], shown is None)
+    if not flash:  # (max, sum, accumulator) -> (output, log-sum-exp); l = 0: nothing attended, output 0
+        l = l.view(batch, hkv, -1, 1)
+        o = o / torch.where(l > 0, l, torch.ones_like(l))
+        lse = lse + torch.log(l)
+    if sinks is not None:  # a sink adds exp(sink) to the denominator: out * exp(lse - logaddexp(lse, sink))
+        sink = sinks.detach().float().reshape(1, hkv, 1, gqa).expand(batch, hkv, tq, gqa).reshape(batch, hkv, -1, 1)
+        o = o * torch.exp(lse - torch.logaddexp(lse, sink))
+    out = o
     out = out.reshape(batch, hkv, tq, gqa, dv).transpose(2, 3).reshape(batch, hq, tq, dv)
     v_pb = meta.codes_per_unit(v)
     if v_pb > 1:  # back from V's planar order
@@ -141,11 +153,33 @@ def chunk_attention_cpu(
     return out.to(q.dtype)
 
 
-def _fold(s: torch.Tensor, vt: torch.Tensor, m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor) -> None:
+def _flash_block(qb: torch.Tensor, kn: torch.Tensor, vn: torch.Tensor, sm_scale: float, shown: torch.Tensor | None,
+                 gqa: int, o: torch.Tensor, lse: torch.Tensor) -> None:
+    """One (query block, tile) by torch's CPU flash attention, merged into the running (o, lse) in place by their
+    log-sum-exps. qb [B, Hkv, R, D_k] (R = positions x G), kn / vn [B, Hkv, n, D]; shown: None (every row attends
+    to every token) or bool [Bm, R / G, n]; o [B, Hkv, R, D_v], lse [B, Hkv, R, 1]."""
+    bias = None
+    if shown is not None:  # an additive mask of query's dtype (the kernel takes no bool), one row per (position, head)
+        rows = shown.repeat_interleave(gqa, dim=1)  # [Bm, R, n]
+        bias = torch.zeros(rows.shape).masked_fill_(~rows, -math.inf)[:, None]
+    out, part = _FLASH(qb, kn, vn, 0.0, False, attn_mask=bias, scale=sm_scale)
+    part = part.unsqueeze(-1)  # [B, Hkv, R, 1]
+    if shown is not None:  # a row that attends to nothing here: the kernel says lse 0, output 0
+        part = part.masked_fill(~rows.any(-1)[:, None, :, None], -math.inf)
+    total = torch.logaddexp(lse, part)
+    safe = total.masked_fill(total == -math.inf, 0.0)  # nothing attended yet: exp(-inf - 0) = 0, not NaN
+    o.mul_(torch.exp(lse - safe)).add_(out * torch.exp(part - safe))
+    lse.copy_(total)
+
+
+def _fold(s: torch.Tensor, vt: torch.Tensor, m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor,
+          whole: bool) -> None:
     """One tile into the online softmax, in place: s [BH, R, n] scores (-inf: hidden; becomes the weights),
-    vt [BH, n, Dv], m / l [BH, R, 1] the running max and sum, acc [BH, R, Dv]."""
+    vt [BH, n, Dv], m / l [BH, R, 1] the running max and sum, acc [BH, R, Dv]. whole: every row attends to every
+    token of the tile, so every row's max is finite."""
     top = torch.maximum(m, s.amax(-1, keepdim=True))
-    safe = top.masked_fill(top == -math.inf, 0.0)  # a row with nothing attended yet: exp(-inf - 0) = 0, not NaN
+    # a row with nothing attended yet: exp(-inf - 0) = 0, not NaN
+    safe = top if whole else top.masked_fill(top == -math.inf, 0.0)
     s.sub_(safe).exp_()
     alpha = (m - safe).exp_()
     l.mul_(alpha).add_(s.sum(-1, keepdim=True))
@@ -169,17 +203,28 @@ def _visible(mask: torch.Tensor | None, batch: int, tq: int, length: int, start:
 
 def _plan(visible: torch.Tensor, per_block: int, tile: int) -> list[list[int]]:
     """Per (block of query positions, tile of tokens): 0 no query attends to any token (skipped), 1 every query to
-    every token (no mask), 2 some (masked)."""
+    every token (no mask), 2 some (masked). Reduced over the block's rows first, then over each tile's columns."""
     bm, tq, cols = visible.shape
     nq, nt = -(-tq // per_block), -(-cols // tile)
-    flags = []
-    for pad in (False, True):  # padding that neither makes a block attended nor keeps it from being whole
-        padded = torch.full((bm, nq * per_block, nt * tile), pad, dtype=torch.bool)
-        padded[:, :tq, :cols] = visible
-        blocks = padded.view(bm, nq, per_block, nt, tile).transpose(0, 1).reshape(nq, bm * per_block, nt, tile)
-        flags.append(blocks.any(dim=3).any(dim=1) if not pad else blocks.all(dim=3).all(dim=1))
-    some, full = flags
+    some = torch.zeros((nq, nt * tile), dtype=torch.bool)  # padding columns: never attended, never whole
+    full = torch.zeros((nq, nt * tile), dtype=torch.bool)
+    for qb in range(nq):
+        rows = visible[:, qb * per_block:(qb + 1) * per_block]
+        some[qb, :cols] = rows.any(dim=1).any(dim=0)
+        full[qb, :cols] = rows.all(dim=1).all(dim=0)
+    some = some.view(nq, nt, tile).any(dim=2)
+    full = full.view(nq, nt, tile)
+    full = full[:, :, : tile].all(dim=2) | _ragged_whole(full, cols, tile)
     return (2 * some.to(torch.int64) - (some & full).to(torch.int64)).tolist()  # 0, 1 (whole) or 2
+
+
+def _ragged_whole(full: torch.Tensor, cols: int, tile: int) -> torch.Tensor:
+    """[nq, nt]: True for the last tile when its real columns (cols - (nt - 1) * tile of them) are all whole."""
+    nq, nt, _ = full.shape
+    out = torch.zeros((nq, nt), dtype=torch.bool)
+    rest = cols - (nt - 1) * tile
+    out[:, -1] = full[:, -1, :rest].all(dim=1)
+    return out
 
 
 def _reference(q, k, v, length, sm_scale, visible, start, sinks, softcap) -> torch.Tensor:
