@@ -7,12 +7,14 @@ The queries sit at the last Tq positions of the `length` tokens each side holds 
 and quantized as the cache stores them), causal bottom-right unless a mask says otherwise. The history is walked in
 tiles of `tile` tokens: numba decodes a tile of every (batch row, KV head) into an fp32 buffer
 (kernels/cpu/jit/chunk.py, the decode kernel's row decoder: every layout decode_attention_cpu reads), then torch's
-GEMM scores the tile against all of its KV head's queries at once (GQA: the G query heads x Tq positions are the
-rows of one matrix), and an online softmax (running max m, sum l, accumulator) folds it in. Memory while it runs:
-the packed bytes, the two tiles, the [rows, tile] scores of one block of query rows, and the output.
+CPU flash attention (the kernel behind SDPA, which returns each row's log-sum-exp too) attends all of the KV head's
+queries to the tile at once (GQA: the G query heads x Tq positions are the rows of one matrix), and the tiles'
+outputs merge exactly by their log-sum-exps. With a softcap, or a torch without that op, torch's bmm scores the tile
+and an online softmax (running max, sum, accumulator) folds it in. Memory while it runs: the packed bytes, the two
+tiles, one block's mask (or bmm scores), and the output.
 
 Tiles no query of a block attends to (before a sliding window, after the causal diagonal, left padding) are
-neither decoded for that block's scores nor multiplied; a tile every query attends to is not masked. Sinks
+neither decoded for that block nor attended; a tile every query attends to is not masked. Sinks
 (gpt-oss) join the denominator at the end, the softcap (Gemma 2) applies to the tile's scores; Hadamard rotations
 as the decode launcher applies them (q H for K, out H^T back for V). TQ-prod's sketch has no chunk branch:
 `reads` says no and the caller takes the reference.
@@ -214,7 +216,7 @@ def _plan(visible: torch.Tensor, per_block: int, tile: int) -> list[list[int]]:
         full[qb, :cols] = rows.all(dim=1).all(dim=0)
     some = some.view(nq, nt, tile).any(dim=2)
     full = full.view(nq, nt, tile)
-    full = full[:, :, : tile].all(dim=2) | _ragged_whole(full, cols, tile)
+    full = full.all(dim=2) | _ragged_whole(full, cols, tile)
     return (2 * some.to(torch.int64) - (some & full).to(torch.int64)).tolist()  # 0, 1 (whole) or 2
 
 
