@@ -74,6 +74,8 @@ def main() -> int:
     runs = [("DynamicCache", None, "torch")] + [(f, f, "cpu") for f in formats] + [(f, f, "torch") for f in reference]
     for name, spec, backend in runs:  # warm-up: one short pass each (first-call costs, numba's dispatch)
         chunked_pass(model, ids[:, : 2 * min(args.chunk, 64)], min(args.chunk, 64), spec, backend)
+    if args.threads:  # again: loading the model and the kernels can reset torch's thread count
+        torch.set_num_threads(args.threads)
     load0 = os.getloadavg()
     start = time.perf_counter()
     best: dict[tuple[str, str], tuple[float, float, float]] = {}
