@@ -14,7 +14,9 @@ dispatches on:
 - backend "triton": for single-token decode, `_triton_decode(...)`, the fused kernel from `kernels/` that reads the
   packed buffers in place; a multi-token query (teacher forcing, chunked prefill) uses the reference;
 - backend "cpu": a single-token step whose token the cache staged (`StagedStep`, a handle for K and one for V) appends
-  and attends in one numba call (kernels/cpu/step.py); other packed steps read QTensors as the triton backend does.
+  and attends in one numba call (kernels/cpu/step.py); other packed steps read QTensors as the triton backend does,
+  and a multi-token query (chunked prefill, teacher forcing) over sides the CPU path reads takes the fused chunk
+  path (`_cpu_chunk`, kernels/cpu/chunk.py: packed tiles decoded by numba, scored by torch's GEMM).
 
 The current runtime's backend (kvviz.runtime: `KVVIZ_BACKEND=auto|torch|triton|cpu` as the runtime is built) picks
 the backend (auto: triton when CUDA is available and triton imports,
@@ -36,6 +38,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from kernels import decode_attention, side_of, triton_installed, triton_usable
 from kernels import decode as triton_decode
+from kernels.cpu import chunk as cpu_chunk
 from kernels.cpu import decode as cpu_decode
 from kvviz import ggml_attention, rowstable, runtime
 from kvviz.formats import QTensor
@@ -146,6 +149,23 @@ def _triton_decode(module, query: torch.Tensor, key: QTensor, value: QTensor,
     out = fused(query[:, :, 0], k_side, v_side, key.seq_len, sm_scale=scaling, kv_mask=kv_mask,
                            sinks=sinks, softcap=kwargs.get("softcap"))
     return out.unsqueeze(1)  # [B, Hq, D_v] -> [B, 1, Hq, D_v]
+
+
+def _cpu_chunk(module, query: torch.Tensor, key: QTensor, value: QTensor, attention_mask: torch.Tensor | None,
+               scaling: float, kwargs: dict) -> torch.Tensor | None:
+    """A chunk of queries (chunked prefill, teacher forcing) over packed K/V read in place on the CPU
+    (kernels/cpu/chunk.py: tiles of rows decoded by numba, scored by torch's GEMM under an online softmax).
+    query: [B, Hq, q_len, D_k]; attention_mask: None (causal, bottom-right) or [B or 1, 1, q_len, visible kv_len].
+    Returns [B, q_len, Hq, D_v], or None for a side the chunk path does not read (the reference takes it)."""
+    k_side, v_side = side_of(key), side_of(value)
+    if not (cpu_chunk.reads(k_side) and cpu_chunk.reads(v_side)):
+        return None
+    sinks = kwargs.get("s_aux")
+    if sinks is None:
+        sinks = _module_sinks(module)
+    out = cpu_chunk.chunk_attention_cpu(query, k_side, v_side, key.seq_len, scaling, mask=attention_mask,
+                                        start=key.skip, sinks=sinks, softcap=kwargs.get("softcap"))
+    return out.transpose(1, 2).contiguous()  # [B, Hq, q_len, D_v] -> [B, q_len, Hq, D_v]
 
 
 def _query_row_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -321,6 +341,11 @@ def kvviz_attention_forward(module, query, key, value, attention_mask, dropout: 
         if fused and (_fused_reads(key, value) and _triton_runs_on(query.device) if backend == "triton" else
                       backend == "cpu" and query.device.type == "cpu" and _cpu_reads(key, value)):
             return _triton_decode(module, query, key, value, attention_mask, scaling, **kwargs), None
+        if (q_len > 1 and backend == "cpu" and query.device.type == "cpu" and key.skip == value.skip
+                and _cpu_reads(key, value)):
+            chunk = _cpu_chunk(module, query, key, value, attention_mask, scaling, kwargs)
+            if chunk is not None:
+                return chunk, None
         key, value = key.dequantize(), value.dequantize()  # [B, Hkv, visible kv_len, D]
     sinks, softcap = _sinks_and_softcap(module, kwargs)
     if attention_mask is None and q_len > 1 and (packed or sinks is not None or softcap is not None):
