@@ -16,7 +16,7 @@ their ratio: on a shared machine the ratio moves far less than either time. `upt
 runs it, through gradio_client: the whole endpoint (the streamed text, the metrics, each format's tokens/s run,
 the tables and charts), after one untimed warm-up click. The plain generation is timed in this process, in the
 same interleaved rounds. Both take OMP_WAIT_POLICY from the environment (the app leaves it as given), so that
-both sides run under one OpenMP wait policy. benchmarks/compare_endpoint.py times the endpoint as issue 43 does:
+both sides run under one OpenMP wait policy. benchmarks/compare_endpoint.py times the endpoint as a user meets it:
 its six formats, the generation in a process of its own, the idle app paused meanwhile.
 
 --two-step adds, in the same interleaved rounds, quality.compare with the rows' one-call append and mirror turned

@@ -1,4 +1,4 @@
-"""What a visitor waits for the Compare tab's side by side, against one plain generation, as issue 43 times it:
+"""What a visitor waits for the Compare tab's side by side, against one plain generation, timed as a user meets it:
 the app's `/compare` endpoint through gradio_client with 6 formats x 128 new tokens on the tab's default prompt,
 against one greedy 128-token `model.generate` of the same model in a process of its own (README's "through the
 app" figure and docs/benchmarks.md's "The Compare tab's cost" come from this script).
@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 from kvviz.ui.common import EXAMPLES  # noqa: E402
 
 TAB_PROMPT = EXAMPLES[3]  # the prompt the Compare tab opens with (kvviz.ui.compare.build: prompt_input(tr, 3))
-ISSUE_FORMATS = ["fp8_e4m3", "k8v4", "k4v8", "int4", "kivi2", "mxfp4"]  # issue 43's six formats
+ISSUE_FORMATS = ["fp8_e4m3", "k8v4", "k4v8", "int4", "kivi2", "mxfp4"]  # six formats of every kind: fp8, int pairs, KIVI, MX
 WARM_TOKENS = 16
 
 # the generation worker: loads the model, then for each number n read from stdin prints the seconds of one greedy
@@ -88,7 +88,7 @@ def _uptime() -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    p.add_argument("--formats", default=",".join(ISSUE_FORMATS), help="comma-separated formats (default: issue 43's)")
+    p.add_argument("--formats", default=",".join(ISSUE_FORMATS), help="comma-separated formats (default: the six above)")
     p.add_argument("--tokens", type=int, default=128, help="new tokens (default 128)")
     p.add_argument("--url", action="append", default=[],
                    help="an app already running SmolLM2 (repeatable; default: start this checkout's app on it)")

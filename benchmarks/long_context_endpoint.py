@@ -1,4 +1,4 @@
-"""What a visitor waits for the Long context tab's default run (issue 43: 3 formats, 4K tokens on SmolLM2, within 60 s
+"""What a visitor waits for the Long context tab's default run (the default: 3 formats, 4K tokens on SmolLM2, within 60 s
 warm, the first results in the chart within 10 s), timed through gradio_client against the running app.
 
     python benchmarks/long_context_endpoint.py                       # starts app.py on SmolLM2, the tab's defaults

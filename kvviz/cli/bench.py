@@ -46,7 +46,7 @@ from kvviz.models import DEFAULT_MODEL, load_model
 from kvviz.quality.speed import dynamic_bytes
 
 HELP = "decode speed, cache bytes and KL of every KV format vs DynamicCache and transformers' QuantizedCache"
-# issue 23's targets at 4K, and issue 43's 4-bit and 8-bit engine stores
+# the 4K targets' formats, and the 4-bit and 8-bit engine stores
 CONTEXT_FORMATS = ("int4", "k8v4", "mxfp4", "nvfp4", "q4_0", "q8_0", "vllm:int4_per_token_head",
                    "vllm:turboquant_4bit_nc")
 ROUNDS = 4  # the side-by-side run's timing rounds, best kept

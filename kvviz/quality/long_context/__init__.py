@@ -1,5 +1,5 @@
 """Long context: how a KV format's damage grows with position and with generation length, and whether a needle
-survives at 2K-8K (issue 43). Every function checks its input first and raises ValueError with what to do.
+survives at 2K-8K. Every function checks its input first and raises ValueError with what to do.
 
     from kvviz.quality import long_context as lc
     for upd in lc.position_drift(model, tok, ["int4", "k8v4"], context=4096):      # streamed, chunk by chunk
