@@ -173,14 +173,15 @@ def test_lesson9_rotation_lowers_int4s_kl_and_tq_prod_pays_for_its_variance(less
 
 def test_lesson10_errors_pile_up_with_context(lesson):
     """Each format's mean KL over the last quarter of the positions against the first quarter's (the table's
-    columns 2 and 3): int4's grows on both models, nvfp4's (its global scale fitted on the pass's first token) more
-    than doubles, and k8v4 stays over 10x below int4 at both ends."""
+    columns 2 and 3): int4's grows on both models, nvfp4's (its global scale fitted on the first chunk) grows most,
+    by over half, and k8v4 stays over 10x below int4 at both ends."""
     status, kl_fig, _, table, _, gen_table, columns, _ = lesson(10)["run"]
     rows = _rows(table)
     assert list(rows) == ["int4", "k8v4", "nvfp4"], rows
     first, last = {n: r[2] for n, r in rows.items()}, {n: r[3] for n, r in rows.items()}
     assert last["int4"] > 1.05 * first["int4"], (first, last)
-    assert last["nvfp4"] > 2 * first["nvfp4"], (first, last)
+    assert last["nvfp4"] > 1.5 * first["nvfp4"], (first, last)
+    assert last["nvfp4"] / first["nvfp4"] > last["int4"] / first["int4"], (first, last)
     assert all(10 * v < rows["int4"][i] for i, v in ((2, first["k8v4"]), (3, last["k8v4"]))), (first, last)
     assert {tr.name for tr in kl_fig.data} >= {"int4", "k8v4", "nvfp4"} and "1,024 tokens" in status
     assert [r[0] for r in gen_table.values.tolist()] == ["exact", "int4", "k8v4", "nvfp4"]
