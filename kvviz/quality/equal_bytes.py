@@ -37,7 +37,7 @@ from kvviz.memory import fit_keep, kv_cache_bytes_for
 from kvviz.metrics import kl, log_probs
 from kvviz.quality.corpus import wikitext, wikitext_ids
 from kvviz.quality.decode import prefill
-from kvviz.quality.needle import DEPTHS, _rotated, haystack
+from kvviz.quality.needle import DEPTHS, haystack, rotated_filler
 
 REST = "int2"  # where mixed precision keeps the tokens its policy would drop
 ALL_TOKENS = ("int4", "int2")  # the "bits" candidates: every token kept
@@ -266,7 +266,7 @@ def needles(model, tokenizer, plans: Sequence[Plan | None], context_tokens: int,
     trials = [(depth, str(rng.randint(10000, 99999)), k) for depth in depths for k in range(per_depth)]
     out: list[list[bool]] = [[] for _ in plans]
     for depth, value, k in trials:
-        prompt, question = haystack(tokenizer, context_tokens, depth, value, _rotated(filler, k, per_depth))
+        prompt, question = haystack(tokenizer, context_tokens, depth, value, rotated_filler(filler, k, per_depth))
         for i, plan in enumerate(plans):
             if plan is None:
                 cache, _ = prefill(model, prompt)

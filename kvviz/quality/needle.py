@@ -61,7 +61,7 @@ _BATCH_TOKENS = 8192  # haystack tokens prefilled as one batch (bounds the prefi
 _BATCHABLE = {"full_attention", "sliding_attention"}  # layer types whose prefilled K/V tile across batch rows
 
 
-def _rotated(text: str, k: int, n: int) -> str:
+def rotated_filler(text: str, k: int, n: int) -> str:
     """Needle k of n at one depth gets its own stretch of filler: the text started k/n of the way in (at a word
     boundary), wrapping around."""
     if k == 0:
@@ -147,7 +147,7 @@ def needle(model, tokenizer, specs: list[str], context_tokens: int = 1024, depth
     rng = random.Random(seed)
     filler = text if text is not None else wikitext()
     trials = [(depth, str(rng.randint(10000, 99999)), k) for depth in depths for k in range(needles_per_depth)]
-    built = [haystack(tokenizer, context_tokens, depth, value, _rotated(filler, k, needles_per_depth))
+    built = [haystack(tokenizer, context_tokens, depth, value, rotated_filler(filler, k, needles_per_depth))
              for depth, value, k in trials]
     per_batch = max(1, _BATCH_TOKENS // context_tokens)
     if not set(model_layer_types(model.config)) <= _BATCHABLE:

@@ -36,7 +36,7 @@ from kvviz.cache import QuantizedKVCache
 from kvviz.quality.decode import load_prefill, prefill
 from kvviz.quality.long_context.checks import check_context, check_depths, parse_formats
 from kvviz.quality.long_context.text import encode, long_text_ids
-from kvviz.quality.needle import _rotated
+from kvviz.quality.needle import rotated_filler
 from kvviz.quality.corpus import wikitext
 
 DEPTHS10 = tuple(round(i / 9, 4) for i in range(10))  # 0, 0.1111, ..., 1
@@ -161,7 +161,7 @@ def _steps(model, tokenizer, plans, contexts, depths, per, text, seed, answer_to
         res.values[c] = []
         for k in range(per):
             values = rng.sample(range(10000, 100000), len(depths))
-            prompt, questions = haystack(tokenizer, c, depths, [str(v) for v in values], _rotated(filler, k, per),
+            prompt, questions = haystack(tokenizer, c, depths, [str(v) for v in values], rotated_filler(filler, k, per),
                                          answer_tokens)
             exact, _ = prefill(model, prompt[:, :PREFILL_CHUNK])  # every token kept, sliding layers' too
             for a in range(PREFILL_CHUNK, prompt.shape[1], PREFILL_CHUNK):
