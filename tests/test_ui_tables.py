@@ -35,7 +35,7 @@ def test_every_table_has_its_headers_before_the_first_run(tables):
     for df in tables:
         headers = df.value["headers"]
         assert headers and not any(str(h).isdigit() for h in headers), (df.label, headers)
-        assert headers[0] in ("format", "cache", "layer", "step", "layer kind"), (df.label, headers)
+        assert headers[0] in ("format", "cache", "layer", "step", "layer kind", "spec"), (df.label, headers)
 
 
 def test_memory_tables_start_with_the_columns_their_default_run_returns():

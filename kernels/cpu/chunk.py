@@ -30,6 +30,7 @@ import torch
 from kernels.cpu import decode as cpu_decode
 from kernels.cpu import meta
 from kernels.packed import PackedSide
+from kernels.reference import dequantize_side
 
 TILE = 1024  # tokens per K/V tile: a [Hkv, 1024, 64] fp32 tile is 768 KiB for SmolLM2
 ROWS = 2048  # query rows (positions x G) per block: the bmm path's [Hkv, 2048, 1024] fp32 scores are 24 MiB there
@@ -231,8 +232,6 @@ def _ragged_whole(full: torch.Tensor, cols: int, tile: int) -> torch.Tensor:
 
 def _reference(q, k, v, length, sm_scale, visible, start, sinks, softcap) -> torch.Tensor:
     """The unfused answer: both sides dequantized (kernels/reference.py, float64), then the same masked softmax."""
-    from kernels.reference import dequantize_side
-
     batch, hq, tq, _ = q.shape
     kx = dequantize_side(k, length)[:, :, start:]
     vx = dequantize_side(v, length)[:, :, start:]

@@ -24,6 +24,7 @@ from pathlib import Path
 from kvviz import models
 from kvviz.cli.common import print_table
 from kvviz.formats import as_plan
+from kvviz.plots import long_context as figures
 from kvviz.quality import long_context as lc
 
 HELP = "KL and top-1 against the exact model at every position of a long text, per KV format (and long generation, "\
@@ -183,8 +184,6 @@ def _csv(path: Path, rows: list[dict]) -> None:
 
 
 def _write(out: Path, pos, gen, needle, report: dict, window: int) -> None:
-    from kvviz.plots import long_context as figures  # plotly only when charts are written
-
     out.mkdir(parents=True, exist_ok=True)
     smoothed = pos.smoothed(window)
     with (out / "position.csv").open("w", newline="") as f:
