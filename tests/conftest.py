@@ -80,3 +80,14 @@ def use_runtime(monkeypatch):
         return rt
 
     return install
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module of tiny-model tests (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`):
+    on tensors this small, intra-op threads only spin, which costs about ten times the CPU time on a busy 2-core
+    machine. Restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -31,14 +31,7 @@ TINY_KIVI = "k=int2/channel/g16/asym,v=int2/token/g16/asym"  # kivi2 with groups
 LOSSY = ["k8v4", "int4", "fp8", "fp8_e5m2/token", "int8/head", "nvfp4", "int4/rot", TINY_KIVI]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread for this module: on tensors this small, intra-op threads only spin, which costs about ten
-    times the CPU time on a busy 2-core machine. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @functools.lru_cache(maxsize=None)

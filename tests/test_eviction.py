@@ -27,12 +27,7 @@ T = 20  # context tokens: longer than the tiny windows (8), so sliding layers cu
 PROMPT = torch.randint(0, 256, (1, T), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @functools.lru_cache(maxsize=None)
