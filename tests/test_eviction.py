@@ -205,6 +205,76 @@ def test_a_chunk_after_compression_reads_as_its_tokens_one_by_one(spec):
     assert a.get_seq_length() == T + 5
 
 
+# ------------------------------------------------------------------------------------------ loaded from a prefill
+
+LOADED = ["fp16 @ streaming:0.5,sinks=2", "int4 @ snapkv:0.5,window=4", "int8 @ snapkv:0.3,window=6,kernel=3",
+          "int4 @ knorm:0.5", "int4 @ random:0.6", "int4 @ snapkv:0.5,window=4,rest=int2",
+          "int8 @ streaming:0.3,rest=int2", "k8v4 @ knorm:0.4,rest=int2"]
+
+
+def _stored(cache) -> list:
+    """Everything a cache's K/V layers store: kept indices, the packed fields of both sides and of a rest store."""
+    out = []
+    for layer in cache.layers:
+        if not hasattr(layer, "k"):
+            continue
+        sides = [layer.k, layer.v] + ([layer._rest.k, layer._rest.v] if layer._rest is not None else [])
+        fields = [getattr(layer, "kept_index", None), layer.get_seq_length()]
+        for side in sides:
+            q = side.packed()
+            fields += [q.data, q.scale, q.zero, q.tensor_scale, q.tail]
+        out.append(fields)
+    return out
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("arch, spec", [(arch, spec) for arch in ("llama", "gemma2", "gemma3") for spec in LOADED]
+                         + [("falcon_h1", spec) for spec in LOADED[:2] + LOADED[-3:-1]])  # its hybrid layers
+def test_a_cache_loaded_from_the_exact_prefill_stores_what_its_own_prefill_stores(arch, spec):
+    """Equal bytes loads every candidate from one exact prefill (kvviz.quality.decode.load_prefill; snapkv scored by
+    the queries the prefill kept): each layer keeps the same tokens and stores the same bits as a cache that
+    prefilled the context itself, and the next chunk reads the same logits. Two rows: each compressed on its own."""
+    from kvviz.quality.decode import load_prefill, prefill
+    model, _ = _model(arch)
+    prompts = torch.cat([PROMPT, PROMPT.flip(1)]) if arch != "falcon_h1" else PROMPT  # states load from batch 1
+    plan = as_plan(spec)
+    own = QuantizedKVCache(model.config, plan)
+    model(input_ids=prompts, cache=own, use_cache=True)
+    window = plan.evict.window if plan.evict.policy == "snapkv" else 0
+    exact, _ = prefill(model, prompts, queries=window)
+    loaded = load_prefill(QuantizedKVCache(model.config, plan), exact)
+    mine, theirs = _stored(loaded), _stored(own)
+    assert len(mine) == len(theirs) and any(f[0] is not None for f in mine), "layers that evict"
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        assert all(_same(x, y) for x, y in zip(a, b)), f"layer {i}: {[_same(x, y) for x, y in zip(a, b)]}"
+    assert loaded.nbytes() == own.nbytes()
+    chunk = torch.tensor([[65, 66, 67]]).expand(prompts.shape[0], -1)
+    assert torch.equal(model(input_ids=chunk, cache=loaded, use_cache=True).logits,
+                       model(input_ids=chunk, cache=own, use_cache=True).logits)
+
+
+def test_load_prefill_takes_one_row_and_asks_for_the_queries_snapkv_scores_by():
+    from kvviz.quality.decode import load_prefill, prefill
+    model, _ = _model("llama")
+    prompts = torch.cat([PROMPT, PROMPT.flip(1)])
+    exact, _ = prefill(model, prompts, queries=4)
+    both = load_prefill(QuantizedKVCache(model.config, "int4 @ snapkv:0.5,window=4"), exact)
+    second = load_prefill(QuantizedKVCache(model.config, "int4 @ snapkv:0.5,window=4"), exact, row=1)
+    for a, b in zip(_full_layers(both), _full_layers(second)):
+        assert torch.equal(a.kept_index[1:], b.kept_index) and b.kept_index.shape[0] == 1
+    model(input_ids=torch.tensor([[1], [2]]), cache=exact, use_cache=True)  # tokens after the prompt: not recorded
+    assert all(q.shape == (2, q.shape[1], 4, q.shape[3]) for q, _ in exact.queries.values())
+    with pytest.raises(ValueError, match="queries=window"):
+        load_prefill(QuantizedKVCache(model.config, "int4 @ snapkv:0.5,window=4"), prefill(model, PROMPT)[0])
+    with pytest.raises(AssertionError, match="window of 6 queries, given the last 4"):
+        load_prefill(QuantizedKVCache(model.config, "int4 @ snapkv:0.5,window=6"), exact)
+
+
 # ------------------------------------------------------------------------------------------ bytes
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "falcon_h1"])
