@@ -326,6 +326,32 @@ def test_compare_and_needle_run_eviction_plans_beside_the_batch():
     assert res["answers"]["fp16 @ streaming:1"] == res["answers"]["fp16"]
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_the_needle_alone_answers_as_each_plans_own_cache_prefilling_each_haystack(arch):
+    """needle(alone=True) (Equal bytes) prefills the haystacks once and loads each plan's cache from it, the
+    haystacks as its rows: every answer is the one a batch-1 cache of the plan gives prefilling its own haystack
+    (and the baseline's, a DynamicCache's), as the needle ran them before."""
+    from kvviz.quality.decode import prefill
+    from kvviz.quality.needle import haystack
+    model, tok = _model(arch)
+    specs = ["int4 @ snapkv:0.5,window=8", "fp16 @ streaming:0.4,rest=int2", "int4 @ knorm:0.3", "int4", "int2"]
+    res = needle(model, tok, specs, context_tokens=160, depths=(0.0, 0.5, 1.0), answer_tokens=4,
+                 text="the quick brown fox jumps over the lazy dog " * 40, alone=True)
+    for i, (depth, value) in enumerate(zip(res["trial_depths"], res["needles"])):
+        prompt, question = haystack(tok, 160, depth, value, "the quick brown fox jumps over the lazy dog " * 40)
+        for name in ["baseline", *specs]:
+            if name == "baseline":
+                cache, _ = prefill(model, prompt)
+            else:
+                cache = QuantizedKVCache(model.config, name)
+                model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+            inp, ids = question, []
+            for _ in range(4):
+                inp = model(input_ids=inp, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+                ids.append(int(inp))
+            assert res["answers"][name][i] == tok.decode(ids, skip_special_tokens=True), (name, depth)
+
+
 def test_no_engine_flag_claims_an_eviction():
     from kvviz.export import export_plan
     from kvviz.quality.report import engine_flag
