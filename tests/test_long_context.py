@@ -14,10 +14,11 @@ import pytest
 import torch
 
 import kvviz.models
-from kvviz.analysis.teacher_forced import row_values
+from kvviz.analysis.teacher_forced import lm_logits, row_values
 from kvviz.cache import QuantizedKVCache
 from kvviz.cli import main
 from kvviz.formats import as_plan
+from kvviz.metrics import kl, log_probs
 from kvviz.quality import long_context as lc
 from kvviz.quality.decode import load_prefill
 from kvviz.quality.long_context import needles
@@ -75,6 +76,31 @@ def test_static_scales_are_fitted_on_the_first_chunk_not_the_first_token(llama):
         [(kld, _, _, _)], _ = row_values(model, ids, [as_plan(name)], first_chunk=1, chunk=16, score_from=1,
                                          scales=scales)
         assert np.allclose(res.kl[name][1:69], kld.numpy(), rtol=1e-4, atol=1e-7)
+
+
+def test_block_metrics_equal_kl_of_the_log_softmaxes(llama, monkeypatch):
+    """The pass's KL (sum P z0 - sum P z + (lse(z) - lse(z0)) sum P over reused buffers, in equal blocks of
+    positions) against kvviz.metrics.kl of the two float64 log-softmaxes: equal to 1e-12 nats, the same top-1, and
+    KL 0 exactly where the hidden states are the exact ones."""
+    model, _ = llama
+    vocab, width = model.get_output_embeddings().weight.shape
+    monkeypatch.setattr(lc.position, "LOGIT_BLOCK", 7 * vocab)  # 7 rows a block: 20 positions run as 7, 7, 6
+    g = torch.Generator().manual_seed(0)
+    exact = 3 * torch.randn(20, width, generator=g)
+    near = exact + 0.05 * torch.randn(20, width, generator=g)
+    near[:3] = exact[:3]
+    far = exact + torch.randn(20, width, generator=g)
+    kls, tops = lc.position._Metrics(model).values(exact, [near, far, exact.clone()])
+    head = lambda h: torch.cat([lm_logits(model, h[a : a + 7]) for a in range(0, 20, 7)])  # noqa: E731  the same rows
+    with torch.no_grad():
+        z0 = head(exact)
+        for h, got, top in zip((near, far, exact), kls, tops):
+            z = head(h)
+            want = kl(log_probs(z0), log_probs(z)).clamp(min=0.0).numpy()
+            assert np.allclose(got, want, rtol=0, atol=1e-12), np.abs(got - want).max()
+            assert np.array_equal(top, (z.argmax(-1) == z0.argmax(-1)).numpy())
+    assert np.all(kls[0][:3] == 0.0) and np.all(kls[0][3:] > 0) and np.all(kls[2] == 0.0)
+    assert kls[1].mean() > kls[0].mean() and not tops[1].all()
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3_next"])  # sliding + full; linear attention + full

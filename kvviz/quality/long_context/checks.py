@@ -5,10 +5,10 @@ says what to do: a context beyond the model's positions or beyond the memory the
 The memory estimate (MemoryEstimate) adds what a position pass holds at its peak: the model's weights, the exact
 DynamicCache and every format's quantized cache at the full context (kvviz.memory.kv_cache_bytes_for, as the
 caches account for themselves), and the working memory of one chunk: the dequantized K/V of one layer a format's
-attention reads, the attention scores of one layer, the MLP's activations, and the logits / log-probs of one block
-of positions (kvviz.quality.long_context.position). The needle at length holds instead (`rows`) the prefill
-with every token kept, then in turn a batch of exact rows (a full-precision mirror of the context each) and each
-format's cache with a row per question, and row_stable's packed copy of the linear weights.
+attention reads, the attention scores of one layer, the MLP's activations, and one block of positions' logits with
+the float64 buffers the KL is taken in (kvviz.quality.long_context.position). The needle at length holds instead
+(`rows`) the prefill with every token kept, then in turn a batch of exact rows (a full-precision mirror of the
+context each) and each format's cache with a row per question, and row_stable's packed copy of the linear weights.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def estimate_memory(model, context: int, plans: list[Plan], chunk: int, availabl
     kv_read = 2 * kv_heads * context * head_dim * 4 * 2          # one layer's K and V dequantized, and a copy
     scores = heads * chunk * context * 4 * 2                     # one layer's attention scores and softmax
     mlp = chunk * (getattr(text, "intermediate_size", 4 * text.hidden_size) * 3 + 8 * text.hidden_size) * 4
-    logits = 6 * LOGIT_BLOCK * 8                                 # a block's logits, log-probs and their products
+    logits = 4 * LOGIT_BLOCK * 8                                 # a block's logits, the pass's 3 float64 buffers
     transient = kv_read + scores + mlp + logits
     return MemoryEstimate(weights, exact, formats, transient, available_bytes() if available is None else available,
                           mirrors, one_at_a_time=bool(rows))

@@ -8,8 +8,9 @@ first chunk (`first_chunk_scales`), as a prefill of it would fit them, not on th
 each format's kvviz.QuantizedKVCache (batch 1 each: `model(input_ids=chunk, cache=cache)`, the path the CPU
 backend fuses), in lockstep: only one chunk's hidden states per run and one block of positions' log-probs are ever
 held (Gemma 3's vocabulary is 262K: [32K, vocab] would not fit). The LM head runs on a block of positions at a time
-(checks.LOGIT_BLOCK values); the exact run's log-softmax is formed once per block and every format's KL taken
-against it (kvviz.metrics.kl, float64 over float32 logits: a format whose logits equal the exact ones gets KL 0).
+(checks.LOGIT_BLOCK values); what the exact run's distribution gives every format (P, its lse, sum P z0) is formed
+once per block and each format's KL taken against it in float64, in buffers reused for the whole pass (`_Metrics`:
+kvviz.metrics.kl of the two log-softmaxes to float64 rounding; a format whose logits equal the exact ones gets KL 0).
 
 Position p's values are those of the logits at token p (predicting token p + 1); position 0 reads no cache, so its
 KL is 0. Smoothing is a trailing moving average (`smooth`); a format crosses a threshold at the first position whose
@@ -32,7 +33,6 @@ from transformers import DynamicCache
 
 from kvviz.cache import QuantizedKVCache, model_layer_types
 from kvviz.analysis.teacher_forced import decoder, lm_logits
-from kvviz.metrics import kl, log_probs
 from kvviz.quality.long_context.checks import LOGIT_BLOCK, check_context, parse_formats
 from kvviz.quality.long_context.text import long_text_ids
 
@@ -153,19 +153,58 @@ def first_chunk_scales(model, plan, ids: torch.Tensor) -> dict:
             if getattr(layer, "k", None) is not None and (layer.k.static is not None or layer.v.static is not None)}
 
 
-def _block_values(model, exact: torch.Tensor, hidden: list[torch.Tensor]):
-    """KL [n] and top-1 [n] of each format's final hidden states [n, hidden] against the exact run's [n, hidden],
-    the head run on LOGIT_BLOCK values at a time."""
-    vocab = model.get_output_embeddings().weight.shape[0]
-    step = max(1, LOGIT_BLOCK // vocab)
-    kls, tops = [[] for _ in hidden], [[] for _ in hidden]
-    for a in range(0, exact.shape[0], step):
-        lp = log_probs(lm_logits(model, exact[a : a + step]).float())  # [n, vocab] float64, once per block
-        for i, h in enumerate(hidden):
-            z = lm_logits(model, h[a : a + step]).float()
-            kls[i].append(kl(lp, log_probs(z)).clamp(min=0.0))
-            tops[i].append(z.argmax(-1) == lp.argmax(-1))
-    return [torch.cat(k).numpy() for k in kls], [torch.cat(t).numpy() for t in tops]
+class _Metrics:
+    """KL(exact || format) and top-1 of each format's final hidden states against the exact run's, the LM head run
+    on at most LOGIT_BLOCK values ([n, vocab]) at a time, the float64 work in three [n, vocab] buffers made once per
+    pass (a fresh 64 MiB array a block costs as much in page faults as the arithmetic on it).
+
+    Per block, from the exact logits z0: lse0 = lse(z0), P = exp(z0 - lse0), sum P and sum P z0; per format's
+    logits z: lse(z), sum P z and argmax. KL = sum P (lp0 - lq) = (sum P z0 - sum P z) + (lse(z) - lse0) sum P, in
+    float64 over the logits as the head gives them: equal to kvviz.metrics.kl of the two float64 log-softmaxes to
+    float64 rounding (~1e-13 nats; a test holds 1e-12), and no [n, vocab] array made per format. Where z
+    equals z0 (position 0; a format that stores K/V exactly) both terms are the same sums of the same numbers: KL 0
+    exactly."""
+
+    def __init__(self, model):
+        self.model = model
+        self.vocab = model.get_output_embeddings().weight.shape[0]
+        self.rows = max(1, LOGIT_BLOCK // self.vocab)
+        self._buffers = None  # (logits, scratch, P): [rows, vocab] float64 each
+
+    def _buffer(self, n: int):
+        if self._buffers is None:
+            self._buffers = tuple(torch.empty(self.rows, self.vocab, dtype=torch.float64) for _ in range(3))
+        return tuple(b[:n] for b in self._buffers)
+
+    def _logits(self, hidden: torch.Tensor, z: torch.Tensor, e: torch.Tensor):
+        """The head on hidden [n, hidden] into z [n, vocab] (float64), and e [n, vocab] = exp(z - max); returns
+        (lse(z) [n], sum e [n, 1], argmax [n])."""
+        logits = lm_logits(self.model, hidden)  # [n, vocab], the model's dtype
+        top = logits.argmax(-1)
+        z.copy_(logits)  # one widening copy: mixed-dtype arithmetic runs slower than the copy and the float64 ops
+        del logits
+        m = z.amax(dim=-1, keepdim=True)  # [n, 1]
+        torch.sub(z, m, out=e).exp_()
+        total = e.sum(-1, keepdim=True)
+        return (m + total.log())[:, 0], total, top
+
+    @torch.no_grad()
+    def values(self, exact: torch.Tensor, hidden: list[torch.Tensor]):
+        """(KL [n] float64 per format, top-1 [n] bool per format) of hidden [n, hidden] each against exact [n,
+        hidden]."""
+        n, size = exact.shape[0], self.rows
+        kls, tops = [[] for _ in hidden], [[] for _ in hidden]
+        for a in range(0, n, size):
+            z, e, p = self._buffer(min(size, n - a))
+            lse0, total, top0 = self._logits(exact[a : a + size], z, e)
+            torch.div(e, total, out=p)  # P = exp(z0 - max) / sum exp(z0 - max)
+            p_sum, p_z0 = p.sum(-1), torch.mul(p, z, out=e).sum(-1)
+            for i, h in enumerate(hidden):
+                lse, _, top = self._logits(h[a : a + size], z, e)
+                p_z = torch.mul(p, z, out=e).sum(-1)
+                kls[i].append((p_z0 - p_z + (lse - lse0) * p_sum).clamp(min=0.0))
+                tops[i].append(top == top0)
+        return [torch.cat(k).numpy() for k in kls], [torch.cat(t).numpy() for t in tops]
 
 
 @torch.no_grad()
@@ -176,6 +215,7 @@ def _steps(model, ids: torch.Tensor, names: list, caches: list, chunk: int, note
     bounds = [0, 1] + list(range(1 + chunk, t, chunk)) + [t]
     seconds = {"exact": 0.0, **{n: 0.0 for n in names}, "metrics": 0.0}
     kls, tops = [[] for _ in names], [[] for _ in names]
+    metrics = _Metrics(model)
     pending = None  # the first token's hidden states, measured with the first chunk
     for a, b in zip(bounds[:-1], bounds[1:]):
         x = ids[:, a:b]
@@ -195,7 +235,7 @@ def _steps(model, ids: torch.Tensor, names: list, caches: list, chunk: int, note
             pending = (exact, hidden)
             continue
         t0 = time.perf_counter()
-        block_kl, block_top = _block_values(model, exact, hidden)
+        block_kl, block_top = metrics.values(exact, hidden)
         seconds["metrics"] += time.perf_counter() - t0
         for i in range(len(names)):
             kls[i].append(block_kl[i])
