@@ -42,14 +42,15 @@ ALLOWED = {
     "rot", "tensor", "channel", "asym", "exact", "baseline", "prompt",  # values API callers pass (layouts, sources)
     "streaming", "snapkv", "knorm", "random",  # the eviction policies' names, as a spec writes them
 }
-# JS: the visible text nodes of the page (SVG text of the figures included), each once, trimmed.
+# JS: the visible text nodes of the page (SVG text of the figures included), each once, trimmed. gradio's
+# screen-reader announcer (.sr-only) is not on screen; its Korean locale leaves "In queue: 1 of 1" in English.
 _VISIBLE_TEXTS = """() => {
     const out = [];
     const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
     for (let n = walker.nextNode(); n; n = walker.nextNode()) {
         const text = n.textContent.trim();
         const el = n.parentElement;
-        if (!text || !el || el.closest('script, style, code, pre, textarea, [aria-hidden=true], .modebar'))
+        if (!text || !el || el.closest('script, style, code, pre, textarea, [aria-hidden=true], .modebar, .sr-only'))
             continue;
         const box = el.getBoundingClientRect();
         const style = getComputedStyle(el);

@@ -3,7 +3,12 @@ shows its note in the page's language for the picked model, runs to its end with
 of the tab it opened is left as the page's placeholder (each holds drawn marks, or says why it has none); a
 screenshot per lesson, model and language.
 
-It runs the nine lessons twice per model (about 4 minutes on SmolLM2 and 6 on Gemma 3 270M on a 2-core CPU), more
+Then the two views of the long-context and equal-bytes questions run as a visitor first meets them: each tab's own
+Run button with its default settings (Long context: 4,096 tokens, int4, k8v4 and mxfp4; Equal bytes: a quarter of the
+16-bit cache of 256 tokens, the needle at five depths), per model and language: the status says done in the page's
+language, the table holds rows, no error toast, every figure drawn.
+
+It runs the lessons twice per model (about 4 minutes on SmolLM2 and 6 on Gemma 3 270M on a 2-core CPU), more
 than CI's time budget holds beside the rest of the suite, so it runs when KVVIZ_BROWSER_LESSONS=1 (`make
 browser-lessons`); CI asserts every lesson's claim through the API on SmolLM2 (tests/test_lessons_models.py) and
 clicks lessons 5-8 in the browser on the tiny model (tests/test_browser.py). Screenshots go to $KVVIZ_SCREENSHOTS
@@ -28,8 +33,8 @@ from kvviz.ui import lessons
 pytest.importorskip("playwright.sync_api")
 pytestmark = [
     pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} missing: apt-get install chromium"),
-    pytest.mark.skipif(os.environ.get("KVVIZ_BROWSER_LESSONS") != "1",
-                       reason="the browser lesson sweep takes ~10 minutes: KVVIZ_BROWSER_LESSONS=1 runs it"),
+    pytest.mark.skipif(os.environ.get("KVVIZ_BROWSER_LESSONS") not in ("1", "views"),
+                       reason="the browser lesson sweep takes ~20 minutes: KVVIZ_BROWSER_LESSONS=1 runs it (=views: the views only)"),
 ]
 LESSON_TIMEOUT_S = 600
 NOTE = {"en": "Lesson {i}", "ko": "레슨 {i}"}  # how each language's lesson note begins (kvviz/ui/i18n.py)
@@ -88,6 +93,8 @@ def _idle(page, quiet_s: float = 3.0) -> None:
 
 @pytest.mark.parametrize("lang", ["en", "ko"])
 def test_every_lesson_button_runs_and_draws(page, server, shots, model, lang):
+    if os.environ.get("KVVIZ_BROWSER_LESSONS") == "views":
+        pytest.skip("KVVIZ_BROWSER_LESSONS=views: the views only")
     page.get_by_label("한국어" if lang == "ko" else "English").check()
     page.locator("#kv-lang").wait_for()
     _idle(page)
@@ -107,4 +114,37 @@ def test_every_lesson_button_runs_and_draws(page, server, shots, model, lang):
         assert not empty, f"lesson {i} on {model} ({lang}): figures left empty {empty}"
         page.locator(f"#tab-{lesson.tab}").screenshot(path=str(shots / f"lesson{i}-{model}-{lang}.png"))
         print(f"lesson {i} on {model} ({lang}): {time.monotonic() - started:.1f} s, marks {[m[1] for m in marks]}")
+    page.get_by_label("English").check()
+
+
+DONE = {"en": "Done in", "ko": "완료"}  # how each language's status of a finished run reads (kvviz/ui/strings)
+
+
+@pytest.mark.parametrize("lang", ["en", "ko"])
+@pytest.mark.parametrize("tab", ["long_context", "equal_bytes"])
+def test_the_views_run_their_defaults(page, server, shots, model, lang, tab):
+    """The tab's Run button with the tab's own defaults, as a visitor first clicks it."""
+    page.get_by_label("한국어" if lang == "ko" else "English").check()
+    page.locator("#kv-lang").wait_for()
+    _idle(page)
+    started = time.monotonic()
+    page.locator(f"#tab-{tab}-button").click()
+    page.locator(f"#tab-{tab}").wait_for(state="visible", timeout=30_000)
+    _idle(page)
+    page.locator(f"#{tab}-run").click()
+    page.wait_for_function("([id, text]) => (document.querySelector(id)?.innerText || '').includes(text)",
+                           arg=[f"#{tab}-status", DONE[lang]], timeout=LESSON_TIMEOUT_S * 1000)
+    _idle(page)
+    errors = [t.strip() for t in page.locator(".toast-body.error").all_inner_texts()]
+    assert not errors, f"{tab} on {model} ({lang}): {errors}\n{server.log_tail()}"
+    table = page.locator(f"#{tab}-table").inner_text()
+    rows = len([line for line in table.splitlines() if line.strip()])  # the header, then one line per row
+    assert rows >= 4 and "int4" in table, f"{tab} on {model} ({lang}): the table reads {table[:300]!r}"
+    marks = page.evaluate(_MARKS, tab)
+    empty = [m for m in marks if m[1] == 0 and (not m[2] or PLACEHOLDER in m[2])]
+    assert not empty, f"{tab} on {model} ({lang}): figures left empty {empty}"
+    status = page.locator(f"#{tab}-status").inner_text()
+    page.locator(f"#tab-{tab}").screenshot(path=str(shots / f"{tab}-{model}-{lang}.png"))
+    print(f"{tab} on {model} ({lang}): {time.monotonic() - started:.1f} s, {rows} rows, marks {[m[1] for m in marks]};"
+          f" {status[:160]}")
     page.get_by_label("English").check()

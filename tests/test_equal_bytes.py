@@ -14,9 +14,11 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
+import torch
 
 from kvviz.formats import as_plan
 from kvviz.memory import kv_cache_bytes_for
+from kvviz.metrics import kl, log_probs
 from kvviz.plots import equal_bytes as eb_plots
 from kvviz.quality import equal_bytes as eb
 from kvviz.tiny import tiny_model
@@ -60,29 +62,53 @@ def test_every_fitted_candidate_is_within_the_budget_and_its_cache_holds_the_mem
     assert all(r.found is not None and r.needles == 5 for r in result.rows)
 
 
+def _context(model, tok, plans=()):
+    """(the context's exact prefill, the continuation ids, the exact run's log-probs)."""
+    ctx, cont = eb._split(tok, CONTEXT, CONTINUATION)
+    prefilled = eb.context_prefill(model, ctx, plans)
+    return prefilled, cont, eb.exact_logprobs(model, prefilled, cont)
+
+
 def test_a_policy_that_keeps_every_token_reads_the_exact_run(llama):
     model, tok = llama
-    ctx, cont = eb._split(tok, CONTEXT, CONTINUATION)
-    base = eb._exact_logprobs(model, ctx, cont)
+    prefilled, cont, base = _context(model, tok, [as_plan("fp16 @ snapkv:1")])
     for policy in eb.POLICIES:
-        row = eb.measure(model, eb.Candidate(as_plan(f"fp16 @ {policy}:1"), "tokens"), ctx, cont, base, 1)
+        row = eb.measure(model, eb.Candidate(as_plan(f"fp16 @ {policy}:1"), "tokens"), prefilled, cont, base, 1)
         assert row.kl < 1e-6, (policy, row.kl)
-    dropped = eb.measure(model, eb.Candidate(as_plan("fp16 @ streaming:0.25"), "tokens"), ctx, cont, base, 1)
+    dropped = eb.measure(model, eb.Candidate(as_plan("fp16 @ streaming:0.25"), "tokens"), prefilled, cont, base, 1)
     assert dropped.kl > 1e-4, "dropping three quarters of the context changes the continuation's log-probs"
+
+
+@pytest.mark.parametrize("spec", ["int4", "fp16 @ streaming:0.25", "int8 @ snapkv:0.4", "int4 @ snapkv:0.8,rest=int2"])
+def test_a_candidate_loaded_from_the_prefill_measures_what_its_own_prefill_measures(llama, spec):
+    """measure loads each candidate's cache from one exact prefill of the context: the bytes, the kept tokens and
+    the continuation's KL are bit for bit those of a cache that prefilled the context itself."""
+    model, tok = llama
+    plan = as_plan(spec)
+    prefilled, cont, base = _context(model, tok, [plan])
+    row = eb.measure(model, eb.Candidate(plan, eb.kind_of(plan)), prefilled, cont, base, 1)
+    ctx, _ = eb._split(tok, CONTEXT, CONTINUATION)
+    own = eb.QuantizedKVCache(model.config, plan)
+    with torch.no_grad():
+        model(input_ids=ctx, cache=own, use_cache=True, logits_to_keep=1)
+        nbytes, bits = own.nbytes(), eb.token_bits(model.config, plan, own, CONTEXT)
+        lp = log_probs(model(input_ids=cont, cache=own, use_cache=True).logits[0])
+    assert row.nbytes == nbytes and row.token_bits == bits
+    assert row.kl == float(kl(base, lp).mean()), (row.kl, float(kl(base, lp).mean()))
 
 
 def test_the_quantization_map_marks_what_streaming_keeps(llama):
     model, tok = llama
-    ctx, cont = eb._split(tok, CONTEXT, CONTINUATION)
+    prefilled, cont, base = _context(model, tok)
     plan = as_plan("fp16 @ streaming:0.25,sinks=4")
-    row = eb.measure(model, eb.Candidate(plan, "tokens"), ctx, cont, eb._exact_logprobs(model, ctx, cont), 1)
+    row = eb.measure(model, eb.Candidate(plan, "tokens"), prefilled, cont, base, 1)
     bits = row.token_bits
     kept = plan.evict.kept(CONTEXT)
     assert bits[:4] == (16.0,) * 4, "the sinks"
     assert set(bits[CONTEXT - (kept - 4):]) == {16.0}, "the recent window"
     assert set(bits[4:CONTEXT - (kept - 4)]) == {0.0}, "the middle: dropped"
-    mixed = eb.measure(model, eb.Candidate(as_plan("int4 @ streaming:0.25,rest=int2"), "mixed"), ctx, cont,
-                       eb._exact_logprobs(model, ctx, cont), 1).token_bits
+    mixed = eb.measure(model, eb.Candidate(as_plan("int4 @ streaming:0.25,rest=int2"), "mixed"), prefilled, cont,
+                       base, 1).token_bits
     assert min(mixed) > 0 and max(mixed) > min(mixed), "mixed precision: nothing dropped, the kept tokens richer"
 
 

@@ -205,6 +205,76 @@ def test_a_chunk_after_compression_reads_as_its_tokens_one_by_one(spec):
     assert a.get_seq_length() == T + 5
 
 
+# ------------------------------------------------------------------------------------------ loaded from a prefill
+
+LOADED = ["fp16 @ streaming:0.5,sinks=2", "int4 @ snapkv:0.5,window=4", "int8 @ snapkv:0.3,window=6,kernel=3",
+          "int4 @ knorm:0.5", "int4 @ random:0.6", "int4 @ snapkv:0.5,window=4,rest=int2",
+          "int8 @ streaming:0.3,rest=int2", "k8v4 @ knorm:0.4,rest=int2"]
+
+
+def _stored(cache) -> list:
+    """Everything a cache's K/V layers store: kept indices, the packed fields of both sides and of a rest store."""
+    out = []
+    for layer in cache.layers:
+        if not hasattr(layer, "k"):
+            continue
+        sides = [layer.k, layer.v] + ([layer._rest.k, layer._rest.v] if layer._rest is not None else [])
+        fields = [getattr(layer, "kept_index", None), layer.get_seq_length()]
+        for side in sides:
+            q = side.packed()
+            fields += [q.data, q.scale, q.zero, q.tensor_scale, q.tail]
+        out.append(fields)
+    return out
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("arch, spec", [(arch, spec) for arch in ("llama", "gemma2", "gemma3") for spec in LOADED]
+                         + [("falcon_h1", spec) for spec in LOADED[:2] + LOADED[-3:-1]])  # its hybrid layers
+def test_a_cache_loaded_from_the_exact_prefill_stores_what_its_own_prefill_stores(arch, spec):
+    """Equal bytes loads every candidate from one exact prefill (kvviz.quality.decode.load_prefill; snapkv scored by
+    the queries the prefill kept): each layer keeps the same tokens and stores the same bits as a cache that
+    prefilled the context itself, and the next chunk reads the same logits. Two rows: each compressed on its own."""
+    from kvviz.quality.decode import load_prefill, prefill
+    model, _ = _model(arch)
+    prompts = torch.cat([PROMPT, PROMPT.flip(1)]) if arch != "falcon_h1" else PROMPT  # states load from batch 1
+    plan = as_plan(spec)
+    own = QuantizedKVCache(model.config, plan)
+    model(input_ids=prompts, cache=own, use_cache=True)
+    window = plan.evict.window if plan.evict.policy == "snapkv" else 0
+    exact, _ = prefill(model, prompts, queries=window)
+    loaded = load_prefill(QuantizedKVCache(model.config, plan), exact)
+    mine, theirs = _stored(loaded), _stored(own)
+    assert len(mine) == len(theirs) and any(f[0] is not None for f in mine), "layers that evict"
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        assert all(_same(x, y) for x, y in zip(a, b)), f"layer {i}: {[_same(x, y) for x, y in zip(a, b)]}"
+    assert loaded.nbytes() == own.nbytes()
+    chunk = torch.tensor([[65, 66, 67]]).expand(prompts.shape[0], -1)
+    assert torch.equal(model(input_ids=chunk, cache=loaded, use_cache=True).logits,
+                       model(input_ids=chunk, cache=own, use_cache=True).logits)
+
+
+def test_load_prefill_takes_one_row_and_asks_for_the_queries_snapkv_scores_by():
+    from kvviz.quality.decode import load_prefill, prefill
+    model, _ = _model("llama")
+    prompts = torch.cat([PROMPT, PROMPT.flip(1)])
+    exact, _ = prefill(model, prompts, queries=4)
+    both = load_prefill(QuantizedKVCache(model.config, "int4 @ snapkv:0.5,window=4"), exact)
+    second = load_prefill(QuantizedKVCache(model.config, "int4 @ snapkv:0.5,window=4"), exact, row=1)
+    for a, b in zip(_full_layers(both), _full_layers(second)):
+        assert torch.equal(a.kept_index[1:], b.kept_index) and b.kept_index.shape[0] == 1
+    model(input_ids=torch.tensor([[1], [2]]), cache=exact, use_cache=True)  # tokens after the prompt: not recorded
+    assert all(q.shape == (2, q.shape[1], 4, q.shape[3]) for q, _ in exact.queries.values())
+    with pytest.raises(ValueError, match="queries=window"):
+        load_prefill(QuantizedKVCache(model.config, "int4 @ snapkv:0.5,window=4"), prefill(model, PROMPT)[0])
+    with pytest.raises(AssertionError, match="window of 6 queries, given the last 4"):
+        load_prefill(QuantizedKVCache(model.config, "int4 @ snapkv:0.5,window=6"), exact)
+
+
 # ------------------------------------------------------------------------------------------ bytes
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "falcon_h1"])
@@ -254,6 +324,32 @@ def test_compare_and_needle_run_eviction_plans_beside_the_batch():
     assert quarter.cache_bytes < exact.cache_bytes / 4 and quarter.spec == "int4 @ knorm:0.25"
     res = needle(model, tok, ["fp16", "fp16 @ streaming:1"], context_tokens=200, depths=(0.5,), answer_tokens=3)
     assert res["answers"]["fp16 @ streaming:1"] == res["answers"]["fp16"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_the_needle_alone_answers_as_each_plans_own_cache_prefilling_each_haystack(arch):
+    """needle(alone=True) (Equal bytes) prefills the haystacks once and loads each plan's cache from it, the
+    haystacks as its rows: every answer is the one a batch-1 cache of the plan gives prefilling its own haystack
+    (and the baseline's, a DynamicCache's), as the needle ran them before."""
+    from kvviz.quality.decode import prefill
+    from kvviz.quality.needle import haystack
+    model, tok = _model(arch)
+    specs = ["int4 @ snapkv:0.5,window=8", "fp16 @ streaming:0.4,rest=int2", "int4 @ knorm:0.3", "int4", "int2"]
+    res = needle(model, tok, specs, context_tokens=160, depths=(0.0, 0.5, 1.0), answer_tokens=4,
+                 text="the quick brown fox jumps over the lazy dog " * 40, alone=True)
+    for i, (depth, value) in enumerate(zip(res["trial_depths"], res["needles"])):
+        prompt, question = haystack(tok, 160, depth, value, "the quick brown fox jumps over the lazy dog " * 40)
+        for name in ["baseline", *specs]:
+            if name == "baseline":
+                cache, _ = prefill(model, prompt)
+            else:
+                cache = QuantizedKVCache(model.config, name)
+                model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+            inp, ids = question, []
+            for _ in range(4):
+                inp = model(input_ids=inp, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+                ids.append(int(inp))
+            assert res["answers"][name][i] == tok.decode(ids, skip_special_tokens=True), (name, depth)
 
 
 def test_no_engine_flag_claims_an_eviction():

@@ -1,11 +1,13 @@
 """kvviz.quality.long_context and `python -m kvviz drift` on tiny models and short texts: the lockstep position
 pass against the one-shot teacher-forced reference, its streaming, crossings, repetition, generation drift,
-needle counts, every bad-input message, the CLI's files."""
+needle counts, the needle's batch against the per-question loop, every bad-input message, the CLI's files."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
+import random
 
 import numpy as np
 import pytest
@@ -13,10 +15,14 @@ import torch
 
 import kvviz.models
 from kvviz.analysis.teacher_forced import lm_logits, row_values
+from kvviz.cache import QuantizedKVCache
 from kvviz.cli import main
 from kvviz.formats import as_plan
 from kvviz.metrics import kl, log_probs
 from kvviz.quality import long_context as lc
+from kvviz.quality.decode import load_prefill
+from kvviz.quality.long_context import needles
+from kvviz.quality.needle import rotated_filler
 from kvviz.tiny import tiny_model
 
 TEXT = "The quick brown fox jumps over the lazy dog; then it rests by the river and counts the stones. " * 3
@@ -155,6 +161,87 @@ def test_needle_at_length_counts_add_up(llama):
             assert res.found[c][n] == [sum(str(res.values[c][q]) in res.answers[c][n][q].replace(" ", "")
                                            for q in range(d, 6, 3)) for d in range(3)]
     assert len(res.rows()) == 2 * 2 * 3
+
+
+@torch.no_grad()
+def _per_question_answers(model, tok, formats, context: int, depths, per: int, answer_tokens: int) -> dict:
+    """The reference: the per-question loop needle_at_length ran before its batch. Each haystack (the same
+    haystacks, seed 0) is prefilled once; its K/V load into each format's QuantizedKVCache; each question then goes
+    through a copy of the exact cache and of every format's, batch 1, outside row_stable. {name: [answer text]}."""
+    plans = lc.parse_formats(formats, model)
+    names = ["baseline"] + [p.name for p in plans]
+    rng, out = random.Random(0), {n: [] for n in names}
+    for k in range(per):
+        values = rng.sample(range(10000, 100000), len(depths))
+        prompt, questions = needles.haystack(tok, context, depths, [str(v) for v in values],
+                                             rotated_filler(TEXT, k, per), answer_tokens)
+        exact = needles._prefill(model, prompt)
+        caches = [exact] + [load_prefill(QuantizedKVCache(model.config, p), exact) for p in plans]
+        for question in questions:
+            for n, cache in zip(names, caches):
+                run, inp, ids = copy.deepcopy(cache), question, []
+                for _ in range(answer_tokens):
+                    logits = model(input_ids=inp, cache=run, use_cache=True, logits_to_keep=1).logits
+                    ids.append(int(logits[0, -1].argmax()))
+                    inp = torch.tensor([[ids[-1]]])
+                out[n].append(tok.decode(ids, skip_special_tokens=True))
+    return out
+
+
+@pytest.mark.parametrize("arch, exact_rows, batches", [
+    # amber and birch tokenize to 103 bytes, cobalt to 105: per cache a batch of 2 rows and one of 1
+    ("llama", None, {"RowStackCache": [2, 1], "QuantizedKVCache": [2, 1] * 4 + [1] * 3}),
+    ("llama", 1, {"RowStackCache": [1, 1, 1], "QuantizedKVCache": [2, 1] * 4 + [1] * 3}),  # one exact row a batch
+    ("gemma3", None, {"RowStackCache": [2, 1], "QuantizedKVCache": [2, 1] * 4 + [1] * 3}),  # sliding + full layers
+])
+def test_needle_batch_answers_as_the_per_question_loop(arch, exact_rows, batches, monkeypatch):
+    """The batched needle (a batch per cache and question length: exact rows of a RowStackCache, a format's rows
+    in one copy of its cache) gives every answer, and so every count, the per-question loop gives, with fused
+    formats (int4, k8v4), a per-tensor scale fitted on the prefill (int4/tensor), NVFP4's global scale, and an
+    eviction plan, which answers one question at a time (the last three batches of 1)."""
+    model, tok = tiny_model(arch)
+    if exact_rows is not None:
+        monkeypatch.setattr(needles, "BATCH_BYTES", exact_rows * lc.checks.mirror_bytes(model, 300))
+    seen: dict = {}
+    greedy = needles._greedy
+
+    def recorded(model, cache, questions, answer_tokens):  # the rows each batch runs, by the cache's kind
+        seen.setdefault(type(cache).__name__, []).append(questions.shape[0])
+        return greedy(model, cache, questions, answer_tokens)
+
+    monkeypatch.setattr(needles, "_greedy", recorded)
+    formats, depths = ["int4", "k8v4", "int4/tensor", "nvfp4", "int4 @ streaming:0.5"], (0.0, 0.5, 1.0)
+    res = _last(lc.needle_at_length(model, tok, formats, contexts=(300,), depths=depths, needles_per_depth=2,
+                                    text=TEXT, answer_tokens=4))
+    assert seen == {kind: rows * 2 for kind, rows in batches.items()}  # two haystacks
+    want = _per_question_answers(model, tok, formats, 300, depths, 2, 4)
+    assert res.answers[300] == want
+    assert res.found[300] == {n: [sum(str(res.values[300][q]) in want[n][q].replace(" ", "") for q in range(d, 6, 3))
+                                  for d in range(3)] for n in res.names}
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_needle_memory_counts_the_batch_and_shrinks_it_to_fit(arch):
+    """A row's mirror holds every token of every K/V layer (the prefill's bytes, sliding layers' too); the needle's
+    estimate counts the prefill, then the exact rows' mirrors or a format's rows, whichever is larger; the exact
+    rows shrink to what the free memory holds, down to one, below which the message names the mirrors."""
+    model, tok = tiny_model(arch)
+    held = needles._prefill(model, torch.arange(1, 41)[None])
+    assert lc.checks.mirror_bytes(model, 40) == sum(layer.keys.nbytes + layer.values.nbytes for layer in held.layers)
+    plans = lc.parse_formats(["int4", "k8v4"], model)
+    one, two = (lc.estimate_memory(model, 300, plans, needles.PREFILL_CHUNK, 10**12, rows=r, questions=3)
+                for r in (1, 2))
+    assert two.mirror_bytes == 2 * one.mirror_bytes == 2 * lc.checks.mirror_bytes(model, 300)
+    assert one.exact_cache_bytes == lc.checks.mirror_bytes(model, 300)  # the prefill keeps every token
+    held_in_turn = max(two.mirror_bytes, *two.format_cache_bytes.values())
+    assert two.total_bytes == two.model_bytes + two.exact_cache_bytes + held_in_turn + two.transient_bytes
+    assert two.total_bytes > one.total_bytes
+    assert needles._exact_rows(model, 300, plans, 3, None) == 3
+    assert needles._exact_rows(model, 300, plans, 3, (one.total_bytes + two.total_bytes) // 2) == 1
+    with pytest.raises(ValueError, match="exact rows' mirrors") as err:
+        lc.needle_at_length(model, tok, ["int4", "k8v4"], contexts=(300,), depths=(0.0, 0.5, 1.0),
+                            available=one.total_bytes - 1)
+    assert f"needs about {one.total_bytes / 1e9:.2f} GB" in str(err.value)
 
 
 def test_haystack_places_every_needle():

@@ -24,7 +24,8 @@ Scores (higher = kept), per batch row and KV head, over the T context tokens:
   over `kernel` neighbouring tokens (avg_pool1d, as kvpress); the window's own tokens score highest (always kept;
   the newest first when fewer than the window are kept).
   It needs the prefill's queries: the layer hands the "kvviz" attention function an `ObservedPrefill`, which
-  scores and stores once the queries arrive (kvviz/attention.py).
+  scores and stores once the queries arrive (kvviz/attention.py). A cache loaded from an exact prefill
+  (kvviz.quality.decode.load_prefill) gets them from what that prefill recorded (`prefill(..., queries=window)`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from .sides import Side
 def policy_scores(evict: Eviction, keys: torch.Tensor, layer_idx: int = 0,
                   queries: torch.Tensor | None = None, scaling: float | None = None) -> torch.Tensor:
     """Scores [B, H, T] (float32; higher = kept) of the context keys [B, H, T, D] under `evict`. snapkv takes the
-    prefill's queries [B, Hq, T, D] (Hq a multiple of H) and the attention's scaling."""
+    prefill's queries [B, Hq, T or at least its last window, D] (Hq a multiple of H) and the attention's scaling."""
     b, h, t, _ = keys.shape
     if evict.policy == "streaming":
         pos = torch.arange(t, device=keys.device, dtype=torch.float32)
@@ -59,12 +60,14 @@ def policy_scores(evict: Eviction, keys: torch.Tensor, layer_idx: int = 0,
 
 def snapkv_scores(queries: torch.Tensor, keys: torch.Tensor, window: int, kernel: int,
                   scaling: float) -> torch.Tensor:
-    """kvpress's SnapKVPress scores [B, H, T]: queries [B, Hq, T, D], keys [B, H, T, D] (post-RoPE), the last
-    `window` queries scoring keys 0..T-window-1, pooled over `kernel` tokens; the window scores above all."""
-    b, hq, t, d = queries.shape
-    h = keys.shape[1]
+    """kvpress's SnapKVPress scores [B, H, T]: queries [B, Hq, T', D] (the prompt's last T' >= window, as the prefill
+    or kvviz.quality.decode.prefill's record holds them), keys [B, H, T, D] (post-RoPE), the last `window` queries
+    scoring keys 0..T-window-1, pooled over `kernel` tokens; the window scores above all."""
+    b, hq, held, d = queries.shape
+    assert held >= window, f"snapkv's window of {window} queries, given the last {held}"
+    h, t = keys.shape[1], keys.shape[2]
     group = hq // h
-    q = queries[:, :, t - window:].float().reshape(b, h, group, window, d)  # [B, H, g, w, D]
+    q = queries[:, :, held - window:].float().reshape(b, h, group, window, d)  # [B, H, g, w, D]
     logits = torch.einsum("bhgwd,bhtd->bhgwt", q, keys.float()) * scaling  # [B, H, g, w, T]
     causal = torch.arange(t, device=keys.device)[None, :] > torch.arange(t - window, t, device=keys.device)[:, None]
     logits = logits.masked_fill(causal, float("-inf"))  # window query i sees keys up to its own position

@@ -205,8 +205,8 @@ class QuantizedKVLayer(CacheLayerMixin):
         self._flush()
         if self._observing is not None:
             raise ValueError(f"{self.name}: snapkv scores the context by its queries, which this cache never got: "
-                             f"prefill the context through the model (attn_implementation='kvviz'), not by copying "
-                             f"K/V into the cache.")
+                             f"prefill the context through the model (attn_implementation='kvviz'), or load it with "
+                             f"kvviz.quality.decode.load_prefill from a prefill that kept them (queries=window).")
         staged = self._stage(key_states, value_states)
         if staged is not None:
             return staged

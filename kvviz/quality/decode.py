@@ -1,7 +1,13 @@
 """Running one cache on its own: the prompt through a DynamicCache once (`prefill`; prompts that share their first
 tokens, once each: `prefill_shared`), its K/V copied into any other cache (`load_prefill`), and timed greedy decode
 steps after it (`timed_decode`; a step at a time, each timed: `Decoding`, `step_times`). Compare,
-perplexity, the needle and the fused against unfused timings all start from here.
+perplexity, the needle, Equal bytes and the fused against unfused timings all start from here.
+
+A prefill serves eviction plans too (kvviz.cache.eviction): the prompt attends to its own unquantized K/V whatever
+the cache stores, so its K/V do not depend on the plan, and a plan's cache loaded from it compresses them on that
+first update as it would holding the prompt itself. SnapKV scores the context by the prompt's last queries, which
+only the attention function sees: `prefill(..., queries=window)` keeps them (`KeptCache.queries`) and
+`load_prefill` hands them to the loading layer.
 
 Two exact caches serve as speed baselines: DynamicCache (the default; a decode step appends with torch.cat, so it
 copies every layer's whole history once per token) and StaticCache (`STATIC`: preallocated to the tokens the run
@@ -25,22 +31,73 @@ from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
 from kvviz import attention
-from kvviz.cache import QuantizedKVCache
+from kvviz.cache import QuantizedKVCache, evicting_layers
 from kvviz.cache.layers import copy_states
 from kvviz.rowstable import row_stable
 
 
 @torch.no_grad()
-def prefill(model, ids: torch.Tensor):
-    """The prompt through a DynamicCache: (cache, last-position logits [1, vocab]).
+def prefill(model, ids: torch.Tensor, queries: int = 0):
+    """The prompt through a DynamicCache: (cache, last-position logits [batch, vocab]).
 
     Its sliding-window layers keep every token, as full layers do (the model's sliding mask still hides what the
     window has passed), so that a cache loaded from it (`load_prefill`, `RowStackCache.load_prefill`) gets the
     whole prompt and evicts by its own rule, as it would have holding the prompt itself.
+    queries: keep the prompt's last `queries` queries of every layer an eviction compresses (for SnapKV's window,
+    see `KeptCache`); 0: none.
     """
-    cache = _kept_cache(model)
+    cache = KeptCache(model.config, queries)
     out = model(input_ids=ids.to(model.device), cache=cache, use_cache=True, logits_to_keep=1)
+    cache.window = 0  # the prompt's queries, not those of tokens read through the cache later
     return cache, out.logits[:, -1].float()
+
+
+class KeptCache(DynamicCache):
+    """The DynamicCache `prefill` fills: its sliding-window layers keep every token (see `prefill`), and with
+    `window`, it keeps the last `window` queries of each layer an eviction compresses (kvviz.cache.evicting_layers)
+    with the attention's scaling: `queries` {layer: (query [B, Hq, <= window, D], scaling)}. SnapKV scores the
+    context by the prompt's last queries (kvviz.cache.eviction.snapkv_scores); `load_prefill` hands them over.
+
+    Only the attention function sees the queries: update returns the layer's states wrapped in an
+    attention.ObservedPrefill, whose `observe(query, scaling)` the "kvviz" attention function calls (as it does
+    for a snapkv layer of QuantizedKVCache) and which returns the states unchanged, so the prompt computes exactly as
+    through a plain DynamicCache. Set window to 0 to stop recording (`prefill` does, once the prompt is in).
+    """
+
+    def __init__(self, config, window: int = 0):
+        super().__init__(config=config)
+        self.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer for layer in self.layers]
+        self.window = window
+        self.recorded = frozenset(evicting_layers(config)) if window else frozenset()
+        self.queries: dict[int, tuple[torch.Tensor, float]] = {}
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        if not self.window or layer_idx not in self.recorded:
+            return keys, values
+        return _Recorded(keys, self, layer_idx), _Recorded(values)
+
+    def record(self, layer_idx: int, query: torch.Tensor, scaling: float) -> None:
+        """Keep the last `window` of the queries held for layer_idx followed by `query` [B, Hq, q_len, D]."""
+        held = self.queries.get(layer_idx)
+        if held is not None:  # a prompt read in chunks
+            query = torch.cat([held[0], query], dim=2)
+        self.queries[layer_idx] = (query[:, :, -self.window:].clone(), scaling)  # a copy: not the whole query
+
+
+class _Recorded(attention.ObservedPrefill):
+    """A KeptCache layer's states, K or V, as update returns them while the cache records queries: observe hands the
+    query to the cache (K's only) and returns the states, which attention then reads as it would have."""
+
+    __slots__ = ("states", "cache", "layer_idx")
+
+    def __init__(self, states: torch.Tensor, cache: KeptCache | None = None, layer_idx: int = -1):
+        self.states, self.cache, self.layer_idx = states, cache, layer_idx
+
+    def observe(self, query: torch.Tensor, scaling: float) -> torch.Tensor:
+        if self.cache is not None:
+            self.cache.record(self.layer_idx, query, scaling)
+        return self.states
 
 
 _MIN_FORK = 16  # tokens: a shared run shorter than this is computed by each prompt (one pass less per fork)
@@ -93,7 +150,7 @@ def prefill_shared(model, prompts: list[torch.Tensor]) -> Cache:
         assert ready, "an edge's parent is never computed"
         pending = [p for p in pending if p not in ready]
         for (start, end), es in ready:
-            cache = _kept_cache(model)
+            cache = KeptCache(model.config)
             if start:  # the parents' K/V up to the fork, one row per edge
                 parents = [held[edges[e][3]] for e in es]
                 for i, layer in enumerate(cache.layers):
@@ -106,27 +163,32 @@ def prefill_shared(model, prompts: list[torch.Tensor]) -> Cache:
     rows = [held[leaf[p]] for p in range(len(prompts))]
     if all(c is rows[0][0] for c, _ in rows) and [r for _, r in rows] == list(range(len(prompts))):
         return rows[0][0]  # one batch already in the prompts' order (nothing shared)
-    out = _kept_cache(model)
+    out = KeptCache(model.config)
     for i, layer in enumerate(out.layers):
         layer.update(torch.cat([c.layers[i].keys[r : r + 1] for c, r in rows]),
                      torch.cat([c.layers[i].values[r : r + 1] for c, r in rows]))
     return out
 
 
-def _kept_cache(model) -> DynamicCache:
-    """An empty DynamicCache whose sliding-window layers keep every token, as full layers do (see `prefill`)."""
-    cache = DynamicCache(config=model.config)
-    cache.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer for layer in cache.layers]
-    return cache
+def load_prefill(cache: Cache, prefilled: Cache, row: int | None = None) -> Cache:
+    """Copy a prefilled cache's K/V (e.g. a DynamicCache; `row`: its batch row `row` only) into an empty cache,
+    layer by layer, through its own update (which quantizes them, as its first update would), and its linear-attention
+    / Mamba states as they are (from a batch-1 prefill). Returns `cache`.
 
-
-def load_prefill(cache: Cache, prefilled: Cache) -> Cache:
-    """Copy a prefilled batch-1 cache's K/V (e.g. a DynamicCache) into an empty cache, layer by layer, through
-    its own update (which quantizes them, as its first update would), and its linear-attention / Mamba states as
-    they are. Returns `cache`."""
+    A layer that scores the context by its queries before storing it (an eviction under snapkv: update returns an
+    attention.ObservedPrefill) gets the prompt's last queries kept by `prefill(..., queries=window)` (KeptCache),
+    and stores what it would have after that prefill; ValueError when the prefill kept none."""
+    pick = (lambda x: x) if row is None else (lambda x: x[row : row + 1])  # noqa: E731
     for i, layer in enumerate(prefilled.layers):
         if getattr(layer, "keys", None) is not None:  # attention (not a state layer, nor Gemma 4's shared KV)
-            cache.update(layer.keys, layer.values, i)
+            keys, _ = cache.update(pick(layer.keys), pick(layer.values), i)
+            if isinstance(keys, attention.ObservedPrefill):
+                held = getattr(prefilled, "queries", {}).get(i)
+                if held is None:
+                    raise ValueError(f"Layer {i} scores the context by the prompt's last queries (snapkv), which this "
+                                     f"prefill did not keep: prefill with kvviz.quality.decode.prefill(model, ids, "
+                                     f"queries=window) before loading it.")
+                keys.observe(pick(held[0]), held[1])  # scores, compresses and stores (V's observe has nothing to add)
         if isinstance(layer, LinearAttentionCacheLayerMixin):
             copy_states(layer, cache.layers[i])
     return cache

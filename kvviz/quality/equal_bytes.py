@@ -14,9 +14,12 @@ module runs that comparison on a model and a context: for a budget given as a fr
 KEEP is the largest keep ratio whose bytes fit the budget (kvviz.memory.fit_keep, the memory model). Each
 candidate is then measured (`measure`): its cache holds the context (the policy compresses it), the bytes are read
 from that cache (`QuantizedKVCache.nbytes`), the continuation is read through it teacher-forced as one chunk, and
-its log-probs are compared with the exact run's (mean KL over the continuation, nats/token). The needle (kvviz.
-quality.needle: the haystack is the context, compressed; the question is not) says what eviction loses:
-retrieval. `token_bits` draws where each candidate's bits go, token by token.
+its log-probs are compared with the exact run's (mean KL over the continuation, nats/token). The context is
+prefilled once (kvviz.quality.decode.prefill, keeping SnapKV's window of queries) and each candidate's cache loaded
+from it: the prompt attends to its own unquantized K/V whatever the cache stores, so each cache holds what it would
+have prefilling the context itself, bit for bit. The needle (kvviz.quality.needle: the haystack is the context,
+compressed; the question is not) says what eviction loses: retrieval. `token_bits` draws where each candidate's
+bits go, token by token.
 
     for step in run(model, tok, budget=0.25, context_tokens=512):   # one Row as each candidate finishes
         ...
@@ -24,7 +27,7 @@ retrieval. `token_bits` draws where each candidate's bits go, token by token.
 
 from __future__ import annotations
 
-import random
+import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -35,9 +38,9 @@ from kvviz.formats import Plan, as_plan
 from kvviz.formats.eviction import POLICIES
 from kvviz.memory import fit_keep, kv_cache_bytes_for
 from kvviz.metrics import kl, log_probs
-from kvviz.quality.corpus import wikitext, wikitext_ids
-from kvviz.quality.decode import prefill
-from kvviz.quality.needle import DEPTHS, haystack, rotated_filler
+from kvviz.quality.corpus import wikitext_ids
+from kvviz.quality.decode import load_prefill, prefill
+from kvviz.quality.needle import DEPTHS, needle
 
 REST = "int2"  # where mixed precision keeps the tokens its policy would drop
 ALL_TOKENS = ("int4", "int2")  # the "bits" candidates: every token kept
@@ -149,23 +152,31 @@ def candidates(config, budget: float, context_tokens: int, policies: Sequence[st
     return out, left
 
 
-@torch.no_grad()
-def _exact_logprobs(model, ctx: torch.Tensor, cont: torch.Tensor) -> torch.Tensor:
-    """The exact run's log-probs [N, vocab] at the continuation's positions (each predicting the next token)."""
-    cache, _ = prefill(model, ctx)
-    return log_probs(model(input_ids=cont, cache=cache, use_cache=True).logits[0])
+def context_prefill(model, ctx: torch.Tensor, plans: Sequence[Plan] = ()):
+    """The exact prefill of the context ids ctx [1, C] that every candidate's cache loads (kvviz.quality.decode:
+    every token kept, and the last queries of the widest snapkv window among `plans`)."""
+    window = max((p.evict.window for p in plans if p.evict is not None and p.evict.policy == "snapkv"), default=0)
+    return prefill(model, ctx, queries=window)[0]
 
 
 @torch.no_grad()
-def measure(model, candidate: Candidate, ctx: torch.Tensor, cont: torch.Tensor, base: torch.Tensor,
+def exact_logprobs(model, prefilled, cont: torch.Tensor) -> torch.Tensor:
+    """The exact run's log-probs [N, vocab] at the continuation's positions (each predicting the next token), read
+    through a copy of the context's prefill (which the candidates still load)."""
+    cache = copy.deepcopy(prefilled)
+    return log_probs(model(input_ids=cont.to(model.device), cache=cache, use_cache=True).logits[0])
+
+
+@torch.no_grad()
+def measure(model, candidate: Candidate, prefilled, cont: torch.Tensor, base: torch.Tensor,
             nbytes_16bit: int) -> Row:
-    """One candidate on the context ids ctx [1, C] and the continuation cont [1, N]: its cache holds the context
-    (compressed by its policy), its bytes are the cache's own, and its log-probs at the continuation's positions
-    (read teacher-forced, as one chunk, through that cache) against the exact run's `base` [N, vocab]."""
-    cache = QuantizedKVCache(model.config, candidate.plan)
-    model(input_ids=ctx.to(model.device), cache=cache, use_cache=True, logits_to_keep=1)
+    """One candidate on the context (`prefilled`: its exact prefill, context_prefill) and the continuation ids cont
+    [1, N]: its cache holds the context (loaded, compressed by its policy as on a first update), its bytes are the
+    cache's own, and its log-probs at the continuation's positions (read teacher-forced, as one chunk, through that
+    cache) against the exact run's `base` [N, vocab]."""
+    cache = load_prefill(QuantizedKVCache(model.config, candidate.plan), prefilled)
     nbytes = cache.nbytes()
-    bits = token_bits(model.config, candidate.plan, cache, ctx.shape[1])
+    bits = token_bits(model.config, candidate.plan, cache, prefilled.get_seq_length())
     lp = log_probs(model(input_ids=cont.to(model.device), cache=cache, use_cache=True).logits[0])
     return Row(candidate, nbytes, nbytes_16bit, float(kl(base, lp).mean()), token_bits=bits)
 
@@ -237,46 +248,19 @@ def run(model, tokenizer, budget: float = 0.25, context_tokens: int = 512, conti
     config = model.config
     cands, left = candidates(config, budget, context_tokens, policies, combine, window, custom, layout)
     ctx, cont = _split(tokenizer, context_tokens, continuation_tokens)
-    base = _exact_logprobs(model, ctx, cont)
-    ref = QuantizedKVCache(config, "fp16")
-    with torch.no_grad():
-        model(input_ids=ctx.to(model.device), cache=ref, use_cache=True, logits_to_keep=1)
-    full = ref.nbytes()  # the 16-bit cache of the same context, measured the same way
+    prefilled = context_prefill(model, ctx, [c.plan for c in cands])
+    base = exact_logprobs(model, prefilled, cont)
+    full = load_prefill(QuantizedKVCache(config, "fp16"), prefilled).nbytes()  # the 16-bit cache, as measured
     rows: list[Row] = []
     for cand in cands:
-        rows.append(measure(model, cand, ctx, cont, base, full))
+        rows.append(measure(model, cand, prefilled, cont, base, full))
         yield Step(list(rows), len(cands), left)
+    del prefilled
     if not needles_per_depth:
         yield Step(rows, len(cands), left, done=True)
         return
-    hits = needles(model, tokenizer, [None, *(c.plan for c in cands)], context_tokens, depths, needles_per_depth)
-    rows = [replace(r, found=sum(h), needles=len(h)) for r, h in zip(rows, hits[1:])]
-    yield Step(rows, len(cands), left, sum(hits[0]), done=True)
-
-
-@torch.no_grad()
-def needles(model, tokenizer, plans: Sequence[Plan | None], context_tokens: int, depths: Sequence[float] = DEPTHS,
-            per_depth: int = 1, answer_tokens: int = 6, seed: int = 0) -> list[list[bool]]:
-    """kvviz.quality.needle's haystacks (the same needles, depths and filler stretches), each answered through a
-    batch-1 cache of every plan (None: the exact DynamicCache): the haystack is the context, stored (and compressed
-    by the plan's policy) on its first update; the question then goes through the cache uncompressed and the
-    answer is decoded greedily. Returns [plan][needle] whether the answer holds the number."""
-    rng = random.Random(seed)
-    filler = wikitext()
-    trials = [(depth, str(rng.randint(10000, 99999)), k) for depth in depths for k in range(per_depth)]
-    out: list[list[bool]] = [[] for _ in plans]
-    for depth, value, k in trials:
-        prompt, question = haystack(tokenizer, context_tokens, depth, value, rotated_filler(filler, k, per_depth))
-        for i, plan in enumerate(plans):
-            if plan is None:
-                cache, _ = prefill(model, prompt)
-            else:
-                cache = QuantizedKVCache(model.config, plan)
-                model(input_ids=prompt.to(model.device), cache=cache, use_cache=True, logits_to_keep=1)
-            inp, tokens = question.to(model.device), []
-            for _ in range(answer_tokens):
-                nxt = model(input_ids=inp, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1)
-                tokens.append(int(nxt))
-                inp = nxt[:, None]
-            out[i].append(value in tokenizer.decode(tokens, skip_special_tokens=True).replace(" ", ""))
-    return out
+    res = needle(model, tokenizer, [c.plan for c in cands], context_tokens, depths,
+                 needles_per_depth=needles_per_depth, alone=True)  # each candidate read through its own cache
+    hits = [res["retrieved"][c.plan.name] for c in cands]
+    rows = [replace(r, found=sum(h), needles=len(h)) for r, h in zip(rows, hits)]
+    yield Step(rows, len(cands), left, sum(res["retrieved"]["baseline"]), done=True)

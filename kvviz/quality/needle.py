@@ -9,10 +9,12 @@ A plan holding a `llama.cpp:` name answers as llama.cpp would (kvviz.analysis.ll
 the question as one prompt batch reading K/V as stored, with llama.cpp's matmul input rounding, then greedy steps;
 one haystack at a time, outside the batch.
 
-A plan with an eviction (`int4 @ snapkv:0.25`, kvviz.formats.eviction) answers outside the batch too, one haystack
-at a time through its own QuantizedKVCache: the haystack (the context) is prefilled and compressed, the question
-then goes through the compressed cache uncompressed, as kvpress runs it. This is where eviction fails: a needle
-the policy dropped cannot be read back.
+A plan with an eviction (`int4 @ snapkv:0.25`, kvviz.formats.eviction) answers outside the row batch, through a
+QuantizedKVCache of its own whose rows are the batch's haystacks, read as that cache reads alone: the haystacks
+prefill once, exact, and each haystack (the context) loads into the cache, compressed on that first update
+(kvviz.quality.decode.load_prefill, SnapKV scoring it by the queries the prefill kept); the question then goes
+through the compressed cache uncompressed, as kvpress runs it. This is where eviction fails: a needle the policy
+dropped cannot be read back. With `alone=True` every plan and the baseline answer that way (Equal bytes).
 
     res = needle(model, tok, ["fp8_e4m3", "int4", "kivi2"], context_tokens=1024, needles_per_depth=4)
     res["rate"]          # {"baseline": 1.0, "fp8_e4m3": 1.0, "int4": 0.95, ...}
@@ -31,7 +33,7 @@ from kvviz.cache import QuantizedKVCache, model_layer_types
 from kvviz.cache.row_stack import RowStackCache
 from kvviz.formats import as_plans
 from kvviz.quality.corpus import wikitext
-from kvviz.quality.decode import prefill_shared
+from kvviz.quality.decode import KeptCache, load_prefill, prefill, prefill_shared
 from kvviz.quality.evicted import no_engine_eviction
 from kvviz.rowstable import row_stable
 
@@ -71,49 +73,82 @@ def rotated_filler(text: str, k: int, n: int) -> str:
 
 
 @torch.no_grad()
-def _answers(model, tokenizer, haystacks: list, kvs: list, scales, answer_tokens: int) -> list[list[str]]:
-    """Greedy answers to each haystack's question, read through the exact cache and each plan's: [haystack][row]
-    with row 0 the exact cache. haystacks: (prompt ids [1, T], question ids [1, q]) pairs, all of one T and q.
+def _answers(model, tokenizer, haystacks: list, batched: list, alone: list, scales,
+             answer_tokens: int) -> list[list[str]]:
+    """Greedy answers to each haystack's question: [haystack][plan], the plans of `batched` (None: the exact cache)
+    read as rows of one row-stable batch (`_batched_answers`), then those of `alone` each through a cache of its own
+    (`_alone_answers`). haystacks: (prompt ids [1, T], question ids [1, q]) pairs, all of one T and q."""
+    questions = torch.cat([q for _, q in haystacks])  # [H, q]
+    ids = _batched_answers(model, haystacks, batched, scales, answer_tokens) if batched else []
+    if alone:
+        ids += _alone_answers(model, torch.cat([p for p, _ in haystacks]), questions, alone, scales, answer_tokens)
+    return [[tokenizer.decode(plan[i], skip_special_tokens=True) for plan in ids] for i in range(len(haystacks))]
+
+
+def _batched_answers(model, haystacks: list, plans: list, scales, answer_tokens: int) -> list[list[list[int]]]:
+    """The greedy answers (token ids, [plan][haystack][answer_tokens]) of every plan (None: the exact cache, no
+    eviction) to every haystack, as rows of one batch, each row as it would be beside any other rows (row_stable).
 
     The prompts prefill as one batch [H, T], each run of filler they share from their start computed once
     (kvviz.quality.decode.prefill_shared: the depths of one filler share it up to the shallowest needle); its K/V
-    load into one RowStackCache whose rows are tiled format-major ([(1 + len(kvs)) * H, ...]: every format's rows
-    hold every haystack), read from the prefill's rows in place. A plan's rows share one cache, batched, unless
-    the plan fits a scale on a cache's first update (per-tensor / per-head, NVFP4's global scale): over a shared
-    cache that scale would be the batch's, and each haystack's must be its own, as it would be alone, so those rows
-    get a cache each.
+    load into one RowStackCache whose rows are tiled plan-major ([len(plans) * H, ...]: every plan's rows hold every
+    haystack), read from the prefill's rows in place. A plan's rows share one cache, batched, unless the plan fits a
+    scale on a cache's first update (per-tensor / per-head, NVFP4's global scale): over a shared cache that scale
+    would be the batch's, and each haystack's must be its own, as it would be alone, so those rows get a cache each.
     """
-    h, rows = len(haystacks), (1 + len(kvs)) * len(haystacks)
-    with row_stable(model):  # each row's answer as it would be beside any other rows
+    h = len(haystacks)
+    questions = torch.cat([q for _, q in haystacks])  # [H, q]
+    with row_stable(model):
         dyn = prefill_shared(model, [p for p, _ in haystacks])  # K/V [H, kv_heads, T, head_dim] per layer
-        specs = [p for p in [None] + kvs for _ in range(h)]
+        specs = [p for p in plans for _ in range(h)]
         own = {r for r, p in enumerate(specs) if p is not None and p.takes_scale}
         stack = RowStackCache(model.config, specs, scales=scales, own=own)
-        stack.load_prefill(dyn, reserve=haystacks[0][1].shape[1] + answer_tokens)
+        stack.load_prefill(dyn, reserve=questions.shape[1] + answer_tokens)
         del dyn
-        inp = torch.cat([q for _, q in haystacks]).repeat(1 + len(kvs), 1).to(model.device)  # [rows, q]
-        tokens = []
-        for _ in range(answer_tokens):
-            logits = model(input_ids=inp, cache=stack, use_cache=True, logits_to_keep=1).logits  # [rows, 1, vocab]
-            nxt = logits[:, -1].argmax(-1)  # [rows]
-            tokens.append(nxt.tolist())
-            inp = nxt[:, None]
-    texts = [tokenizer.decode([step[r] for step in tokens], skip_special_tokens=True) for r in range(rows)]
-    return [[texts[f * h + i] for f in range(1 + len(kvs))] for i in range(h)]
+        tokens = _greedy(model, stack, questions.repeat(len(plans), 1), answer_tokens)  # [rows][answer_tokens]
+    return [tokens[f * h:(f + 1) * h] for f in range(len(plans))]
 
 
-def _evicted_answer(model, tokenizer, haystack: tuple, plan, scales, answer_tokens: int) -> str:
-    """The greedy answer to one haystack (prompt ids [1, T], question ids [1, q]) through a cache of `plan`, whose
-    eviction compresses the prompt (the first update) and not the question."""
-    prompt, question = haystack
-    cache = QuantizedKVCache(model.config, plan, scales=scales)
-    model(input_ids=prompt.to(model.device), cache=cache, use_cache=True, logits_to_keep=1)  # context: compressed
-    inp, tokens = question.to(model.device), []
+def _alone_answers(model, prompts: torch.Tensor, questions: torch.Tensor, plans: list, scales,
+                   answer_tokens: int) -> list[list[list[int]]]:
+    """The greedy answers (token ids, [plan][haystack][answer_tokens]) to H haystacks (prompts [H, T], questions
+    [H, q]) through a cache of each plan (None: the exact cache) read as it reads alone: its own kernels, outside
+    row_stable. A plan's eviction compresses the prompt (its first update) and not the question, as kvpress runs it.
+
+    The prompts prefill once, as one batch (kvviz.quality.decode.prefill, keeping SnapKV's window of queries):
+    each row's K/V and queries are the bits its own prefill gives on the bundled models (the matrix products run
+    over 4 rows or more either way). Each plan's cache loads them (load_prefill: what prefilling the prompt itself
+    stores, compressed on that first update) and answers the H questions as the rows of one batch; a plan that
+    fits a scale on its first update gets a cache per haystack. The rows' logits differ from a batch-1 cache's by
+    float32 rounding (~3e-5 on SmolLM2: the decode steps' products run over H rows, not 1); at lesson 11's settings
+    they answered as batch-1 caches prefilling their own haystack do, on both bundled models.
+    """
+    window = max((p.evict.window for p in plans if p is not None and p.evict is not None
+                  and p.evict.policy == "snapkv"), default=0)
+    prefilled, _ = prefill(model, prompts, queries=window)
+    out = []
+    for plan in plans:
+        if plan is None:
+            out.append(_greedy(model, load_prefill(KeptCache(model.config), prefilled), questions, answer_tokens))
+        elif not plan.takes_scale:  # static scales reach only formats that take them, as in the row batch
+            cache = load_prefill(QuantizedKVCache(model.config, plan), prefilled)
+            out.append(_greedy(model, cache, questions, answer_tokens))
+        else:
+            out.append([_greedy(model, load_prefill(QuantizedKVCache(model.config, plan, scales=scales), prefilled, r),
+                                questions[r : r + 1], answer_tokens)[0] for r in range(questions.shape[0])])
+    return out
+
+
+def _greedy(model, cache, inp: torch.Tensor, answer_tokens: int) -> list[list[int]]:
+    """`answer_tokens` greedy tokens of each row after inp [rows, q] (read through `cache` as one chunk):
+    [rows][answer_tokens]."""
+    inp, tokens = inp.to(model.device), []
     for _ in range(answer_tokens):
-        nxt = model(input_ids=inp, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1)  # [1]
-        tokens.append(int(nxt))
+        logits = model(input_ids=inp, cache=cache, use_cache=True, logits_to_keep=1).logits  # [rows, 1, vocab]
+        nxt = logits[:, -1].argmax(-1)  # [rows]
+        tokens.append(nxt.tolist())
         inp = nxt[:, None]
-    return tokenizer.decode(tokens, skip_special_tokens=True)
+    return [list(row) for row in zip(*tokens)]
 
 
 def _llamacpp_answer(model, tokenizer, haystack: tuple, plan, vec_dot: dict, answer_tokens: int) -> str:
@@ -126,7 +161,7 @@ def _llamacpp_answer(model, tokenizer, haystack: tuple, plan, vec_dot: dict, ans
 @torch.no_grad()
 def needle(model, tokenizer, specs: list[str], context_tokens: int = 1024, depths=DEPTHS, seed: int = 0,
            answer_tokens: int = 6, scales: dict | None = None, text: str | None = None,
-           needles_per_depth: int = 1) -> dict:
+           needles_per_depth: int = 1, alone: bool = False) -> dict:
     """Retrieval against depth for the baseline and every spec, `needles_per_depth` needles at each depth (each a
     different number in its own stretch of the filler), so each depth's point is a rate.
 
@@ -138,6 +173,9 @@ def needle(model, tokenizer, specs: list[str], context_tokens: int = 1024, depth
     On attention-only models the haystacks run as batches (up to 8,192 prompt tokens each): one prefill, then
     every format's rows of every haystack answer together. Models with state layers (linear attention, Mamba) run
     one haystack at a time.
+    alone: the baseline and every plan answer as eviction plans always do, each through a cache of its own read as
+    it reads alone (its kernels, outside row_stable; `_alone_answers`), not as rows of the row-stable batch: Equal
+    bytes reads its candidates so, eviction or not, as it measures their KL.
     """
     if isinstance(needles_per_depth, bool) or not isinstance(needles_per_depth, int) or needles_per_depth < 1:
         raise ValueError(f"needles_per_depth is how many needles to hide at each depth, a whole number from 1, got "
@@ -158,20 +196,20 @@ def needle(model, tokenizer, specs: list[str], context_tokens: int = 1024, depth
     engine = [j for j, p in enumerate(kvs) if llamacpp.runs_llamacpp(p)]  # answer as llama.cpp answers
     for j in engine:
         no_engine_eviction(kvs[j])
-    evicts = [j for j, p in enumerate(kvs) if p.evict is not None and j not in engine]  # their own cache each
-    own = [j for j in range(len(kvs)) if j not in engine and j not in evicts]
+    # -1: the exact cache; the rest read as rows of the row-stable batch, or (eviction, `alone`) a cache each
+    own = [j for j in range(-1, len(kvs)) if j not in engine and (alone or j >= 0 and kvs[j].evict is not None)]
+    batched = [j for j in range(-1, len(kvs)) if j not in engine and j not in own]
     vec_dot = llamacpp.weight_vec_dot(model) if engine else {}
     answers: list = [None] * len(trials)
+    plans = lambda js: [None if j < 0 else kvs[j] for j in js]  # noqa: E731
     for group in by_shape.values():
         for at in range(0, len(group), per_batch):
             batch = group[at:at + per_batch]
-            for i, texts in zip(batch, _answers(model, tokenizer, [built[i] for i in batch], [kvs[j] for j in own],
-                                                scales, answer_tokens)):
-                by_format = dict(zip([-1, *own], texts))  # -1: the exact cache
+            for i, texts in zip(batch, _answers(model, tokenizer, [built[i] for i in batch], plans(batched),
+                                                plans(own), scales, answer_tokens)):
+                by_format = dict(zip([*batched, *own], texts))
                 for j in engine:
                     by_format[j] = _llamacpp_answer(model, tokenizer, built[i], kvs[j], vec_dot, answer_tokens)
-                for j in evicts:
-                    by_format[j] = _evicted_answer(model, tokenizer, built[i], kvs[j], scales, answer_tokens)
                 answers[i] = [by_format[j] for j in range(-1, len(kvs))]
     out = {"depths": list(depths), "context_tokens": context_tokens, "needles_per_depth": needles_per_depth,
            "needles": [value for _, value, _ in trials], "trial_depths": [depth for depth, _, _ in trials],

@@ -32,7 +32,7 @@ from .i18n import Translator, t
 TAB = "equal_bytes"  # the tab id in app.py; prefixes elem_ids the browser test finds
 
 DEFAULT_BUDGET = 25.0  # % of the 16-bit cache: int4's nominal share, a quarter of the tokens at 16 bits
-DEFAULT_CONTEXT = 256  # tokens: each needle is one prefill of the haystack per candidate; lesson 11 runs at 256
+DEFAULT_CONTEXT = 256  # tokens: lesson 11's context
 DEFAULT_CONTINUATION = 32
 DEFAULT_WINDOW = 32  # snapkv's own default (kvviz.formats.eviction)
 MAX_CONTEXT = 2048

@@ -3,11 +3,24 @@ tokens (kvviz.quality.needle asks one needle per haystack, which costs one long 
 
 A haystack of `context` tokens (WikiText-2 filler, repeated with its marker where it must be) holds one needle per
 depth, each a sentence naming its own key and number (" The secret number of the amber room is 48213."). It is
-prefilled once through the exact model (a DynamicCache, PREFILL_CHUNK tokens per forward); its K/V load into each
-format's kvviz.QuantizedKVCache (quantized as stored, kvviz.quality.decode.load_prefill), and each question ("What
-is the secret number of the amber room?") goes through each cache as a chunk, followed by a short greedy answer;
-after each answer the cache is put back as it was after the prefill (the exact cache cropped where its layers
-allow, else restored from a copy, a format's cache from a copy), so every question reads the same prefix.
+prefilled once through the exact model (a DynamicCache keeping every token, PREFILL_CHUNK tokens per forward).
+Each question ("What is the secret number of the amber room?") is then read through the exact cache and through
+each format's cache (its K/V quantized as stored) as a chunk, followed by a short greedy answer, every question
+from the same prefix.
+
+The questions run as the rows of a batch, under kvviz.rowstable.row_stable (each row's answer what it would be
+alone), one batch per cache and question length: the keys tokenize to different lengths, and a batch takes only
+questions of one length, so every row holds its own question's tokens, no padding. Through the exact cache the
+rows are a RowStackCache of exact rows (kvviz.cache.row_stack), each reading the prefill as its own (a
+full-precision mirror of the context per row, so a batch holds at most BATCH_BYTES of them: at 8K tokens all ten
+of SmolLM2-135M's). Through a format's cache they are the rows of one copy of its QuantizedKVCache loaded from the
+prefill (the prefill quantized once, its per-tensor or NVFP4 global scale fitted on it, then its packed codes
+copied per question by reorder_cache): attention reads the packed bytes in place through the fused CPU kernels, as
+for one cache alone, with no full-precision copy per row (a format's row of a RowStackCache mirrors the context in
+full precision and is read a row at a time; on SmolLM2-135M at 2K the answers took about 5x as long that way).
+Plans that are not batched answer one question at a time, batch 1, each through a copy of the cache loaded from
+the prefill: an eviction (`int4 @ streaming:0.5`) and llama.cpp names (K/V in llama.cpp's layout).
+
 `needles_per_depth` haystacks per context, each with its own stretch of filler and its own numbers: each depth's
 point is found / needles_per_depth.
 
@@ -30,14 +43,17 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
-from transformers.cache_utils import DynamicLayer
 
+from kvviz.analysis.llamacpp import runs_llamacpp
 from kvviz.cache import QuantizedKVCache
+from kvviz.cache.row_stack import RowStackCache
+from kvviz.quality.corpus import wikitext
 from kvviz.quality.decode import load_prefill, prefill
-from kvviz.quality.long_context.checks import check_context, check_depths, parse_formats
+from kvviz.quality.long_context.checks import (check_context, check_depths, estimate_memory, mirror_bytes,
+                                               parse_formats)
 from kvviz.quality.long_context.text import encode, long_text_ids
 from kvviz.quality.needle import rotated_filler
-from kvviz.quality.corpus import wikitext
+from kvviz.rowstable import row_stable
 
 DEPTHS10 = tuple(round(i / 9, 4) for i in range(10))  # 0, 0.1111, ..., 1
 CONTEXTS = (2048, 4096, 8192)
@@ -47,6 +63,7 @@ NEEDLE = " The secret number of the {key} room is {value}."
 QUESTION = "\n\nQuestion: What is the secret number of the {key} room? Answer: The secret number of the {key} room is"
 ANSWER_TOKENS = 7
 PREFILL_CHUNK = 1024  # haystack tokens per forward of the exact prefill (bounds its attention scores)
+BATCH_BYTES = 4 << 30  # exact rows' full-precision mirrors one batch holds (each row's context)
 
 
 def _key(i: int) -> str:
@@ -124,31 +141,114 @@ def needle_at_length(model, tokenizer, formats, contexts=CONTEXTS, depths=DEPTHS
     if not contexts:
         raise ValueError("Give at least one needle context, e.g. 2048,4096,8192.")
     shortest = min_context(tokenizer, len(depths), answer_tokens)
-    for c in contexts:  # the exact cache, a copy of it and each format's cache with its copy
+    rows = {}
+    for c in contexts:
         if c < shortest:
             raise ValueError(f"A needle context of {c:,} tokens is too short for {len(depths)} needles; use at least "
                              f"{shortest:,} tokens, or fewer depths.")
-        check_context(model, c, plans, chunk=PREFILL_CHUNK, available=available, copies=2)
-    return _steps(model, tokenizer, plans, contexts, depths, needles_per_depth, text, seed, answer_tokens)
+        rows[c] = _exact_rows(model, c, plans, len(depths), available)
+    return _steps(model, tokenizer, plans, contexts, depths, needles_per_depth, text, seed, answer_tokens, rows)
 
 
-def _croppable(cache) -> bool:
-    return all(type(layer) is DynamicLayer for layer in cache.layers)
+def _own_cache(plan) -> bool:
+    """Whether a plan answers one question at a time (see the module docstring)."""
+    return plan.evict is not None or runs_llamacpp(plan)
+
+
+def _exact_rows(model, context: int, plans, questions: int, available: int | None) -> int:
+    """How many exact rows (questions through the exact cache) one batch holds at `context` tokens: as many as
+    BATCH_BYTES of their mirrors hold and the free memory allows, at most every question, at least one
+    (ValueError, from check_context, when even one does not fit)."""
+    rows = max(1, min(questions, BATCH_BYTES // mirror_bytes(model, context)))
+    while rows > 1 and not estimate_memory(model, context, plans, PREFILL_CHUNK, available, rows=rows,
+                                           questions=questions).fits:
+        rows -= 1
+    check_context(model, context, plans, chunk=PREFILL_CHUNK, available=available, rows=rows, questions=questions)
+    return rows
+
+
+def _by_length(questions: list[torch.Tensor]) -> list[list[int]]:
+    """The questions' indices grouped by token length, in order of first appearance."""
+    groups: dict[int, list[int]] = {}
+    for i, q in enumerate(questions):
+        groups.setdefault(q.shape[1], []).append(i)
+    return list(groups.values())
 
 
 @torch.no_grad()
-def _answer(model, cache, question: torch.Tensor, answer_tokens: int) -> list[int]:
-    """The greedy answer (answer_tokens ids) to question ids [1, q] read through cache (which it grows)."""
-    inp, out = question.to(model.device), []
+def _greedy(model, cache, questions: torch.Tensor, answer_tokens: int) -> list[list[int]]:
+    """The greedy answers (answer_tokens ids per row) to questions [rows, q] read through cache (which grows)."""
+    inp, steps = questions.to(model.device), []
     for _ in range(answer_tokens):
-        logits = model(input_ids=inp, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-        out.append(int(logits.argmax()))
-        inp = torch.tensor([[out[-1]]], device=model.device)
+        nxt = model(input_ids=inp, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1)  # [rows]
+        steps.append(nxt.tolist())
+        inp = nxt[:, None]
+    return [list(row) for row in zip(*steps)]
+
+
+def _exact_answers(model, exact, questions: list[torch.Tensor], answer_tokens: int, rows: int) -> list[list[int]]:
+    """Each question's answer (ids) through the exact cache: the questions of one token length as rows of a
+    RowStackCache of exact rows, up to `rows` a batch, each reading the prefill `exact` as its own."""
+    out: list = [None] * len(questions)
+    for group in _by_length(questions):
+        reserve = questions[group[0]].shape[1] + answer_tokens
+        for at in range(0, len(group), rows):
+            batch = group[at : at + rows]
+            stack = RowStackCache(model.config, [None] * len(batch))
+            stack.load_prefill(exact, reserve=reserve)
+            answers = _greedy(model, stack, torch.cat([questions[i] for i in batch]), answer_tokens)
+            del stack
+            for i, answer in zip(batch, answers):
+                out[i] = answer
+    return out
+
+
+def _format_answers(model, cache, questions: list[torch.Tensor], answer_tokens: int) -> list[list[int]]:
+    """Each question's answer (ids) through a format's cache loaded from the prefill (left as it is): the questions
+    of one token length as the rows of one copy of it (reorder_cache: packed codes copied, nothing re-quantized)."""
+    out: list = [None] * len(questions)
+    for group in _by_length(questions):
+        run = copy.deepcopy(cache)
+        run.reorder_cache(torch.zeros(len(group), dtype=torch.long))  # [1, ...] -> [len(group), ...] per layer
+        for i, answer in zip(group, _greedy(model, run, torch.cat([questions[i] for i in group]), answer_tokens)):
+            out[i] = answer
+        del run
     return out
 
 
 @torch.no_grad()
-def _steps(model, tokenizer, plans, contexts, depths, per, text, seed, answer_tokens) -> Iterator[NeedleAtLength]:
+def _prefill(model, prompt: torch.Tensor):
+    """The haystack through the exact model, PREFILL_CHUNK tokens per forward: a DynamicCache keeping every token
+    (sliding layers' too), as kvviz.quality.decode.prefill holds it."""
+    exact, _ = prefill(model, prompt[:, :PREFILL_CHUNK])
+    for a in range(PREFILL_CHUNK, prompt.shape[1], PREFILL_CHUNK):
+        model(input_ids=prompt[:, a : a + PREFILL_CHUNK].to(model.device), cache=exact, use_cache=True,
+              logits_to_keep=1)
+    return exact
+
+
+@torch.no_grad()
+def _answers(model, exact, plans, questions: list[torch.Tensor], answer_tokens: int, rows: int) -> list[list]:
+    """Every question's answer (ids) through the exact cache and each plan's, all loaded from the prefill `exact`:
+    [cache][question], cache 0 the exact one (see the module docstring)."""
+    out: dict[int, list] = {}
+    with row_stable(model):  # each row's answer as it would be alone
+        out[-1] = _exact_answers(model, exact, questions, answer_tokens, rows)
+        for j, plan in enumerate(plans):
+            if not _own_cache(plan):
+                out[j] = _format_answers(model, load_prefill(QuantizedKVCache(model.config, plan), exact), questions,
+                                         answer_tokens)
+    for j, plan in enumerate(plans):
+        if _own_cache(plan):  # one question at a time, batch 1, each through a copy of the loaded cache
+            cache = load_prefill(QuantizedKVCache(model.config, plan), exact)
+            out[j] = [_greedy(model, copy.deepcopy(cache), q, answer_tokens)[0] for q in questions]
+            del cache
+    return [out[j] for j in range(-1, len(plans))]
+
+
+@torch.no_grad()
+def _steps(model, tokenizer, plans, contexts, depths, per, text, seed, answer_tokens,
+           rows: dict) -> Iterator[NeedleAtLength]:
     names = ["baseline"] + [p.name for p in plans]
     res = NeedleAtLength(names, list(contexts), list(depths), per)
     rng = random.Random(seed)
@@ -163,21 +263,12 @@ def _steps(model, tokenizer, plans, contexts, depths, per, text, seed, answer_to
             values = rng.sample(range(10000, 100000), len(depths))
             prompt, questions = haystack(tokenizer, c, depths, [str(v) for v in values], rotated_filler(filler, k, per),
                                          answer_tokens)
-            exact, _ = prefill(model, prompt[:, :PREFILL_CHUNK])  # every token kept, sliding layers' too
-            for a in range(PREFILL_CHUNK, prompt.shape[1], PREFILL_CHUNK):
-                model(input_ids=prompt[:, a : a + PREFILL_CHUNK].to(model.device), cache=exact, use_cache=True,
-                      logits_to_keep=1)
-            n0 = exact.get_seq_length()
-            caches = [exact] + [load_prefill(QuantizedKVCache(model.config, p), exact) for p in plans]
-            for i, question in enumerate(questions):
+            ids = _answers(model, _prefill(model, prompt), plans, questions, answer_tokens, rows[c])
+            for i in range(len(questions)):
                 res.values[c].append(values[i])
                 res.total[c][i] += 1
-                for n, cache in zip(names, caches):
-                    crop = _croppable(cache)
-                    run = cache if crop else copy.deepcopy(cache)
-                    answer = tokenizer.decode(_answer(model, run, question, answer_tokens), skip_special_tokens=True)
-                    if crop:
-                        cache.crop(n0 - cache.get_seq_length())  # a negative count: tokens to drop
+                for n, by_question in zip(names, ids):
+                    answer = tokenizer.decode(by_question[i], skip_special_tokens=True)
                     res.answers[c][n].append(answer)
                     res.found[c][n][i] += str(values[i]) in answer.replace(" ", "")
             res.haystacks_done += 1
