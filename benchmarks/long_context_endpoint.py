@@ -4,10 +4,11 @@ warm, the first results in the chart within 10 s), timed through gradio_client a
     python benchmarks/long_context_endpoint.py                       # starts app.py on SmolLM2, the tab's defaults
     python benchmarks/long_context_endpoint.py --url http://127.0.0.1:7860/ --rounds 3
     python benchmarks/long_context_endpoint.py --context 2048 --formats int4,k8v4 --new-tokens 32
+    python benchmarks/long_context_endpoint.py --split                # no app: where the library call's time goes
 
 Without --url it starts `python app.py` on --model (tests/app_server.py; KVVIZ_WARMUP=0, so the untimed warm-up
 click below is what loads the model and compiles the kernels). Each round submits /long_context with the tab's
-defaults (kvviz.ui.long_context: WikiText-2, chunks of 512, the generation panel, no needle) and records, from the
+defaults (kvviz.ui.long_context: WikiText-2, chunks of 256, the generation panel, no needle) and records, from the
 streamed updates as the client receives them: the first update that carries the KL chart (the first chunk's
 results) and the last (the whole run). One untimed warm-up click (256 tokens, the same formats) runs first.
 
@@ -15,6 +16,11 @@ The baseline, timed in this process between rounds: the exact model's own chunke
 (DynamicCache, the same chunks; the library's checks.LOGIT_BLOCK is not involved: hidden states only), so the
 printed ratio says what the formats, the metrics and the app add on top of one exact read of the context.
 `uptime` is printed beside each round: on a shared machine the absolute times move with the load.
+
+--split runs no app: the library calls the tab makes, in this process after the exact pass, each part's seconds
+against it: the position pass's exact run, each format's run and the LM head with the KL (PositionDrift.seconds),
+then the generation (kvviz.quality.long_context.generation_drift); what is left of the tab's time is the app's
+(figures, tables, the transport).
 """
 
 from __future__ import annotations
@@ -80,6 +86,33 @@ def exact_pass(model_name: str, context: int, chunk: int) -> float:
     return time.perf_counter() - start
 
 
+def split(model_name: str, context: int, chunk: int, formats: list[str], new_tokens: int) -> None:
+    """Print the seconds of each part of the tab's library calls against the exact chunked pass (this process)."""
+    from kvviz.quality import long_context as lc
+    from kvviz.ui import long_context as tab
+    from kvviz.ui import registry
+
+    model, tok = registry.load(model_name)
+    for _ in lc.position_drift(model, tok, formats, context=256, chunk=128):  # compiles the kernels, untimed
+        pass
+    before = _uptime()
+    exact = exact_pass(model_name, context, chunk)
+    start = time.perf_counter()
+    for drift in lc.position_drift(model, tok, formats, context=context, chunk=chunk):
+        pass
+    position = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in lc.generation_drift(model, tok, formats, new_tokens=new_tokens, prompt_tokens=tab.GEN_PROMPT_TOKENS):
+        pass
+    generation = time.perf_counter() - start
+    parts = {**{f"position: {k}": v for k, v in drift.seconds.items()},
+             "position: the rest": position - sum(drift.seconds.values()), "generation": generation}
+    print(f"the exact model's chunked pass alone {exact:.1f} s | {before}")
+    for name, seconds in parts.items():
+        print(f"  {name:24s} {seconds:7.1f} s  {seconds / exact:5.2f}x")
+    print(f"  {'in all':24s} {position + generation:7.1f} s  {(position + generation) / exact:5.2f}x | {_uptime()}")
+
+
 def main() -> int:
     from kvviz.ui import long_context as tab
 
@@ -91,8 +124,12 @@ def main() -> int:
     p.add_argument("--new-tokens", type=int, default=tab.DEFAULT_NEW_TOKENS)
     p.add_argument("--formats", default=",".join(tab.DEFAULT_SPECS))
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--split", action="store_true", help="no app: time each part of the library calls the tab makes")
     args = p.parse_args()
     formats = [f for f in args.formats.split(",") if f]
+    if args.split:
+        split(args.model, args.context, args.chunk, formats, args.new_tokens)
+        return 0
 
     import contextlib
 
