@@ -15,6 +15,7 @@ clicks lessons 5-8 in the browser on the tiny model (tests/test_browser.py). Scr
 when set, else to pytest's temporary directory.
 
 Run: KVVIZ_BROWSER_LESSONS=1 python -m pytest tests/test_browser_lessons.py -q
+(KVVIZ_LESSONS=10,11 clicks those lessons only; -k "gemma and equal_bytes" picks a model and a view.)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import pytest
 from app_server import CHROMIUM, browser_page, screenshot_dir, serve_app
 from kvviz.models import BUNDLED, bundled_installed
 from kvviz.ui import lessons
+from kvviz.ui.strings import common
 
 pytest.importorskip("playwright.sync_api")
 pytestmark = [
@@ -39,18 +41,20 @@ pytestmark = [
 LESSON_TIMEOUT_S = 600
 NOTE = {"en": "Lesson {i}", "ko": "레슨 {i}"}  # how each language's lesson note begins (kvviz/ui/i18n.py)
 
-# JS: whether any event of the page is still running (a status tracker shows, not hidden), and for every plotly
-# figure in the visible tab: its block's id, its drawn marks and its annotation text (a figure a lesson leaves
-# without data on purpose says why, e.g. "no codebook" for a format without one; the page's placeholder says
-# PLACEHOLDER).
-_BUSY = """() => Array.from(document.querySelectorAll('.eta-bar, .progress-text, .meta-text, .meta-text-center'))
+# JS: whether any event of the page is still running (a status tracker shows, or streams: `generating`), and for
+# every plotly figure in the visible tab: its block's id, its drawn marks and its annotation text (a figure a lesson
+# leaves without data on purpose says why, e.g. "no codebook" for a format without one; the page's placeholder says
+# one of PLACEHOLDERS).
+_BUSY = """() => Array.from(document.querySelectorAll(
+        '.eta-bar, .progress-text, .meta-text, .meta-text-center, [data-testid=status-tracker].generating'))
     .some(e => e.offsetParent !== null)"""
 _MARKS = """(tab) => Array.from(document.querySelectorAll('#tab-' + tab + ' .js-plotly-plot'))
     .filter(p => p.offsetParent !== null)
     .map(p => [p.closest('[id]')?.id || '?',
                p.querySelectorAll('.trace path, .trace .point, .cartesianlayer image, .layer-below image').length,
                Array.from(p.querySelectorAll('.annotation-text')).map(a => a.textContent).join(' ')])"""
-PLACEHOLDER = "Run the tab to draw this figure."  # kvviz.plots.empty_figure's default: a figure nothing drew yet
+# a figure nothing drew yet says this, in the page's language (kvviz.plots.empty_figure, kvviz/ui/strings)
+PLACEHOLDERS = (common.EN["empty_figure"], common.KO["empty_figure"])
 
 
 @pytest.fixture(scope="module", params=[m for m in BUNDLED])
@@ -77,6 +81,18 @@ def page(server):
         yield pg
 
 
+def _lessons() -> list[tuple[int, lessons.Lesson]]:
+    """(number, lesson) of every lesson, or of those KVVIZ_LESSONS names (a comma list of numbers)."""
+    every = list(enumerate(lessons.LESSONS, start=1))
+    chosen = os.environ.get("KVVIZ_LESSONS", "").strip()
+    if not chosen:
+        return every
+    numbers = {int(n) for n in chosen.split(",") if n.strip()}
+    unknown = numbers - {i for i, _ in every}
+    assert not unknown, f"KVVIZ_LESSONS={chosen}: no lesson {sorted(unknown)}; there are 1 to {len(every)}"
+    return [(i, lesson) for i, lesson in every if i in numbers]
+
+
 def _idle(page, quiet_s: float = 3.0) -> None:
     """Wait until no event has run for quiet_s seconds (a lesson chains its fill and its actions)."""
     deadline, since = time.monotonic() + LESSON_TIMEOUT_S, None
@@ -98,7 +114,7 @@ def test_every_lesson_button_runs_and_draws(page, server, shots, model, lang):
     page.get_by_label("한국어" if lang == "ko" else "English").check()
     page.locator("#kv-lang").wait_for()
     _idle(page)
-    for i, lesson in enumerate(lessons.LESSONS, start=1):
+    for i, lesson in _lessons():
         started = time.monotonic()
         page.locator(f"#lesson-{i}").click()
         page.locator(f"#tab-{lesson.tab}").wait_for(state="visible", timeout=30_000)
@@ -110,7 +126,7 @@ def test_every_lesson_button_runs_and_draws(page, server, shots, model, lang):
         errors = [t.strip() for t in page.locator(".toast-body.error").all_inner_texts()]
         assert not errors, f"lesson {i} on {model} ({lang}): {errors}\n{server.log_tail()}"
         marks = page.evaluate(_MARKS, lesson.tab)
-        empty = [m for m in marks if m[1] == 0 and (not m[2] or PLACEHOLDER in m[2])]
+        empty = [m for m in marks if m[1] == 0 and (not m[2] or any(p in m[2] for p in PLACEHOLDERS))]
         assert not empty, f"lesson {i} on {model} ({lang}): figures left empty {empty}"
         page.locator(f"#tab-{lesson.tab}").screenshot(path=str(shots / f"lesson{i}-{model}-{lang}.png"))
         print(f"lesson {i} on {model} ({lang}): {time.monotonic() - started:.1f} s, marks {[m[1] for m in marks]}")
@@ -123,7 +139,10 @@ DONE = {"en": "Done in", "ko": "완료"}  # how each language's status of a fini
 @pytest.mark.parametrize("lang", ["en", "ko"])
 @pytest.mark.parametrize("tab", ["long_context", "equal_bytes"])
 def test_the_views_run_their_defaults(page, server, shots, model, lang, tab):
-    """The tab's Run button with the tab's own defaults, as a visitor first clicks it."""
+    """The tab's Run button with the tab's own defaults, as a visitor first clicks it: on a fresh page, so no
+    lesson clicked before has left its settings in the tab."""
+    page.reload(wait_until="networkidle")
+    page.wait_for_selector("#lesson-1", timeout=30_000)
     page.get_by_label("한국어" if lang == "ko" else "English").check()
     page.locator("#kv-lang").wait_for()
     _idle(page)
@@ -141,7 +160,7 @@ def test_the_views_run_their_defaults(page, server, shots, model, lang, tab):
     rows = len([line for line in table.splitlines() if line.strip()])  # the header, then one line per row
     assert rows >= 4 and "int4" in table, f"{tab} on {model} ({lang}): the table reads {table[:300]!r}"
     marks = page.evaluate(_MARKS, tab)
-    empty = [m for m in marks if m[1] == 0 and (not m[2] or PLACEHOLDER in m[2])]
+    empty = [m for m in marks if m[1] == 0 and (not m[2] or any(p in m[2] for p in PLACEHOLDERS))]
     assert not empty, f"{tab} on {model} ({lang}): figures left empty {empty}"
     status = page.locator(f"#{tab}-status").inner_text()
     page.locator(f"#tab-{tab}").screenshot(path=str(shots / f"{tab}-{model}-{lang}.png"))

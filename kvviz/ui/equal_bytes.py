@@ -163,5 +163,6 @@ def build(tr: Translator) -> dict:
                                   "needles", "model")] + [lang]
     c["outputs"] = [c["chart"], c["map"], c["table"], c["status"]]
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model")}
-    on_click(c["run"], run, c["inputs"], c["outputs"], "equal_bytes", progress_on=[c["status"]])
+    c["progress_on"] = [c["status"]]  # the bar over the status only: the charts stay readable as they stream
+    on_click(c["run"], run, c["inputs"], c["outputs"], "equal_bytes", progress_on=c["progress_on"])
     return c

@@ -180,4 +180,5 @@ def wire(buttons: list[gr.Button], tabs: gr.Tabs, parts: dict[str, dict], note_b
         for action in (lesson.action,) if isinstance(lesson.action, str) else lesson.action or ():
             fn, inputs, outputs, concurrency_id = tab["actions"][action]
             event = event.then(model_task(fn, concurrency_id), inputs, outputs, api_visibility="private",
-                               concurrency_id=concurrency_id)
+                               concurrency_id=concurrency_id, show_progress="full",
+                               show_progress_on=tab.get("progress_on"))  # where the tab's own Run shows it

@@ -255,16 +255,16 @@ def run(source, text, file, specs, custom_specs, context, chunk, new_tokens, nee
     wait = plots.empty_figure(t("lc_gen_off", lang))
     needle_fig = plots.empty_figure(t("lc_needle_off", lang))
     status = t("lc_p_start", lang).format(model=name, n=context, chunk=chunk, formats=len(plans))
-    progress(0.0, desc=status.replace("`", ""))
     yield status, skip, skip, skip, wait, skip, "", needle_fig
+    progress(0.0, desc=status.replace("`", ""))  # after the yield: the page shows the bar while the work runs
     first = drift = None
     for drift in notes.watch(positions):
         first = first if first is not None else time.perf_counter() - started
         status = t("lc_p_chunk", lang).format(model=name, done=drift.done_tokens, n=context, formats=len(plans),
                                               s=time.perf_counter() - started)
-        progress(0.6 * drift.fraction, desc=status.replace("`", ""))
         position = _position_outputs(drift, name, lang)
         yield (status, *position, skip, skip, skip, skip)
+        progress(0.6 * drift.fraction, desc=status.replace("`", ""))
     summary = _position_summary(drift, lang) + _notes(drift.note, lang)
     if skipped:
         summary += f"\n\n{t('r_skipped', lang)} " + "; ".join(skipped)
@@ -272,9 +272,9 @@ def run(source, text, file, specs, custom_specs, context, chunk, new_tokens, nee
     gen = None
     for gen in notes.watch(generation):
         status = t("lc_p_gen", lang).format(model=name, n=new_tokens, done=gen.steps_done)
-        progress(0.6 + (0.2 if needle else 0.4) * gen.fraction, desc=status.replace("`", ""))
         yield (status + "\n\n" + summary, skip, skip, skip, skip, skip,
                compare._columns(gen.baseline_text, gen.texts, {}, lang), skip)
+        progress(0.6 + (0.2 if needle else 0.4) * gen.fraction, desc=status.replace("`", ""))
     summary += "\n\n" + _generation_summary(gen, tok, lang)
     gen_outputs = (_generation_figure(gen, name, lang), table(_generation_rows(gen, lang), _generation_headers(lang)),
                    compare._columns(gen.baseline_text, gen.texts, {}, lang))
@@ -284,8 +284,8 @@ def run(source, text, file, specs, custom_specs, context, chunk, new_tokens, nee
         for res in notes.watch(needles):
             status = t("lc_p_needle", lang).format(model=name, contexts=", ".join(f"{c:,}" for c in contexts),
                                                    per=NEEDLES_PER_DEPTH)
-            progress(0.8 + 0.2 * res.fraction, desc=status.replace("`", ""))
             yield status + "\n\n" + summary, skip, skip, skip, *gen_outputs, _needle_figure(res, name, lang)
+            progress(0.8 + 0.2 * res.fraction, desc=status.replace("`", ""))
         needle_fig = _needle_figure(res, name, lang)
         summary += "\n\n" + _needle_summary(res, lang)
     done = t("lc_r_done", lang).format(s=time.perf_counter() - started, model=name, n=context, chunk=chunk,
@@ -359,5 +359,6 @@ def build(tr: Translator) -> dict:
     c["outputs"] = [c["status"], c["kl_fig"], c["top1_fig"], c["table"], c["gen_fig"], c["gen_table"], c["columns"],
                     c["needle_fig"]]
     c["actions"] = {"run": (run, c["inputs"], c["outputs"], "model")}
-    on_click(c["run"], run, c["inputs"], c["outputs"], "long_context", progress_on=[c["status"]])
+    c["progress_on"] = [c["status"]]  # the bar over the status only: the charts stay readable as they stream
+    on_click(c["run"], run, c["inputs"], c["outputs"], "long_context", progress_on=c["progress_on"])
     return c
