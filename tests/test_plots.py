@@ -150,3 +150,15 @@ def test_ranking_puts_the_worst_on_top_and_plan_tradeoff_marks_the_choice():
     path, budget, chosen = fig.data
     assert list(path.y) == [0.237, 0.154, None]  # a zero KL has no place on the log axis: a gap
     assert list(budget.y) == [0.16, 0.16] and list(chosen.x) == [27.4] and list(chosen.text) == ["int4; 19=fp16"]
+
+
+@pytest.mark.parametrize("log_y", [True, False])
+def test_position_figure_labels_each_threshold_at_its_line(log_y):
+    """Each threshold's label sits at its dashed line's height, on a log axis too (where the axis reads log10)."""
+    from kvviz.plots.long_context import position_figure
+
+    thresholds = (0.01, 0.05, 0.1)
+    fig = position_figure({"int4": np.linspace(0.01, 0.3, 50)}, thresholds=thresholds, log_y=log_y)
+    labels = {a.text: a.y for a in fig.layout.annotations if a.text in {f"{t:g}" for t in thresholds}}
+    assert labels == {f"{t:g}": pytest.approx(np.log10(t) if log_y else t) for t in thresholds}
+    assert sorted(s.y0 for s in fig.layout.shapes) == list(thresholds)

@@ -11,6 +11,8 @@ Long curves are drawn at most MAX_POINTS points per line (every k-th position of
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -51,9 +53,10 @@ def position_figure(smoothed: Mapping[str, np.ndarray],
             fig.add_trace(go.Scatter(x=[p for p, _ in points], y=[t for _, t in points], mode="markers",
                                      marker=dict(color=colors[name], size=9, symbol="diamond"), showlegend=False,
                                      name=name, hovertemplate=f"{name}: %{{y}} nats crossed at %{{x}}<extra></extra>"))
-    for t in thresholds:
-        fig.add_hline(y=t, line=dict(color="#999", dash="dash", width=1), annotation_text=f"{t:g}",
-                      annotation_position="right")
+    for t in thresholds:  # the label placed by hand: add_hline's annotation takes y as data on a log axis too
+        fig.add_hline(y=t, line=dict(color="#999", dash="dash", width=1))
+        fig.add_annotation(x=1, xref="paper", xanchor="left", y=math.log10(t) if log_y else t, yref="y",
+                           text=f"{t:g}", showarrow=False, font=dict(size=10, color="#666"))
     fig.update_xaxes(title_text=axis_titles[0], range=[0, context] if context else None)
     fig.update_yaxes(title_text=axis_titles[1], type="log" if log_y else "linear")
     return _layout(fig, title or "KL against the exact model by position (each format's cache read as stored)")
