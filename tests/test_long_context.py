@@ -203,13 +203,13 @@ def test_needle_batch_answers_as_the_per_question_loop(arch, exact_rows, batches
     if exact_rows is not None:
         monkeypatch.setattr(needles, "BATCH_BYTES", exact_rows * lc.checks.mirror_bytes(model, 300))
     seen: dict = {}
-    greedy = needles._greedy
+    greedy = needles.greedy
 
     def recorded(model, cache, questions, answer_tokens):  # the rows each batch runs, by the cache's kind
         seen.setdefault(type(cache).__name__, []).append(questions.shape[0])
         return greedy(model, cache, questions, answer_tokens)
 
-    monkeypatch.setattr(needles, "_greedy", recorded)
+    monkeypatch.setattr(needles, "greedy", recorded)
     formats, depths = ["int4", "k8v4", "int4/tensor", "nvfp4", "int4 @ streaming:0.5"], (0.0, 0.5, 1.0)
     res = _last(lc.needle_at_length(model, tok, formats, contexts=(300,), depths=depths, needles_per_depth=2,
                                     text=TEXT, answer_tokens=4))

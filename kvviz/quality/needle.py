@@ -105,7 +105,7 @@ def _batched_answers(model, haystacks: list, plans: list, scales, answer_tokens:
         stack = RowStackCache(model.config, specs, scales=scales, own=own)
         stack.load_prefill(dyn, reserve=questions.shape[1] + answer_tokens)
         del dyn
-        tokens = _greedy(model, stack, questions.repeat(len(plans), 1), answer_tokens)  # [rows][answer_tokens]
+        tokens = greedy(model, stack, questions.repeat(len(plans), 1), answer_tokens)  # [rows][answer_tokens]
     return [tokens[f * h:(f + 1) * h] for f in range(len(plans))]
 
 
@@ -129,17 +129,17 @@ def _alone_answers(model, prompts: torch.Tensor, questions: torch.Tensor, plans:
     out = []
     for plan in plans:
         if plan is None:
-            out.append(_greedy(model, load_prefill(KeptCache(model.config), prefilled), questions, answer_tokens))
+            out.append(greedy(model, load_prefill(KeptCache(model.config), prefilled), questions, answer_tokens))
         elif not plan.takes_scale:  # static scales reach only formats that take them, as in the row batch
             cache = load_prefill(QuantizedKVCache(model.config, plan), prefilled)
-            out.append(_greedy(model, cache, questions, answer_tokens))
+            out.append(greedy(model, cache, questions, answer_tokens))
         else:
-            out.append([_greedy(model, load_prefill(QuantizedKVCache(model.config, plan, scales=scales), prefilled, r),
+            out.append([greedy(model, load_prefill(QuantizedKVCache(model.config, plan, scales=scales), prefilled, r),
                                 questions[r : r + 1], answer_tokens)[0] for r in range(questions.shape[0])])
     return out
 
 
-def _greedy(model, cache, inp: torch.Tensor, answer_tokens: int) -> list[list[int]]:
+def greedy(model, cache, inp: torch.Tensor, answer_tokens: int) -> list[list[int]]:
     """`answer_tokens` greedy tokens of each row after inp [rows, q] (read through `cache` as one chunk):
     [rows][answer_tokens]."""
     inp, tokens = inp.to(model.device), []

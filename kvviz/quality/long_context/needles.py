@@ -52,7 +52,7 @@ from kvviz.quality.decode import load_prefill, prefill
 from kvviz.quality.long_context.checks import (check_context, check_depths, estimate_memory, mirror_bytes,
                                                parse_formats)
 from kvviz.quality.long_context.text import encode, long_text_ids
-from kvviz.quality.needle import rotated_filler
+from kvviz.quality.needle import greedy, rotated_filler
 from kvviz.rowstable import row_stable
 
 DEPTHS10 = tuple(round(i / 9, 4) for i in range(10))  # 0, 0.1111, ..., 1
@@ -175,17 +175,6 @@ def _by_length(questions: list[torch.Tensor]) -> list[list[int]]:
     return list(groups.values())
 
 
-@torch.no_grad()
-def _greedy(model, cache, questions: torch.Tensor, answer_tokens: int) -> list[list[int]]:
-    """The greedy answers (answer_tokens ids per row) to questions [rows, q] read through cache (which grows)."""
-    inp, steps = questions.to(model.device), []
-    for _ in range(answer_tokens):
-        nxt = model(input_ids=inp, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1)  # [rows]
-        steps.append(nxt.tolist())
-        inp = nxt[:, None]
-    return [list(row) for row in zip(*steps)]
-
-
 def _exact_answers(model, exact, questions: list[torch.Tensor], answer_tokens: int, rows: int) -> list[list[int]]:
     """Each question's answer (ids) through the exact cache: the questions of one token length as rows of a
     RowStackCache of exact rows, up to `rows` a batch, each reading the prefill `exact` as its own."""
@@ -196,7 +185,7 @@ def _exact_answers(model, exact, questions: list[torch.Tensor], answer_tokens: i
             batch = group[at : at + rows]
             stack = RowStackCache(model.config, [None] * len(batch))
             stack.load_prefill(exact, reserve=reserve)
-            answers = _greedy(model, stack, torch.cat([questions[i] for i in batch]), answer_tokens)
+            answers = greedy(model, stack, torch.cat([questions[i] for i in batch]), answer_tokens)
             del stack
             for i, answer in zip(batch, answers):
                 out[i] = answer
@@ -210,7 +199,7 @@ def _format_answers(model, cache, questions: list[torch.Tensor], answer_tokens: 
     for group in _by_length(questions):
         run = copy.deepcopy(cache)
         run.reorder_cache(torch.zeros(len(group), dtype=torch.long))  # [1, ...] -> [len(group), ...] per layer
-        for i, answer in zip(group, _greedy(model, run, torch.cat([questions[i] for i in group]), answer_tokens)):
+        for i, answer in zip(group, greedy(model, run, torch.cat([questions[i] for i in group]), answer_tokens)):
             out[i] = answer
         del run
     return out
@@ -241,7 +230,7 @@ def _answers(model, exact, plans, questions: list[torch.Tensor], answer_tokens: 
     for j, plan in enumerate(plans):
         if _own_cache(plan):  # one question at a time, batch 1, each through a copy of the loaded cache
             cache = load_prefill(QuantizedKVCache(model.config, plan), exact)
-            out[j] = [_greedy(model, copy.deepcopy(cache), q, answer_tokens)[0] for q in questions]
+            out[j] = [greedy(model, copy.deepcopy(cache), q, answer_tokens)[0] for q in questions]
             del cache
     return [out[j] for j in range(-1, len(plans))]
 
