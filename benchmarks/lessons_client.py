@@ -14,9 +14,11 @@ done in the call's language, stops the run with exit status 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -69,7 +71,7 @@ def main() -> int:
     apis = endpoints(demo)
     failed = 0
     for model in args.models.split(","):
-        with (serve_app(model=model) if not args.url else _given(args.url)) as srv:
+        with serve_app(model=model) if not args.url else contextlib.nullcontext(SimpleNamespace(url=args.url)) as srv:
             client = Client(srv.url, verbose=False)
             for i in numbers:
                 tab = demo.parts[lessons.LESSONS[i - 1].tab]
@@ -93,17 +95,6 @@ def main() -> int:
                         line = status.strip().splitlines()[0] if status else "no status says done"
                         print(f"{model} lesson {i} {lang} /{api}: {seconds:.1f} s | {line[:150]}", flush=True)
     return 1 if failed else 0
-
-
-class _given:
-    def __init__(self, url: str):
-        self.url = url
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 if __name__ == "__main__":
