@@ -78,10 +78,13 @@ def test_static_scales_are_fitted_on_the_first_chunk_not_the_first_token(llama):
         assert np.allclose(res.kl[name][1:69], kld.numpy(), rtol=1e-4, atol=1e-7)
 
 
-def test_block_metrics_equal_kl_of_the_log_softmaxes(llama, monkeypatch):
-    """The pass's KL (sum P z0 - sum P z + (lse(z) - lse(z0)) sum P over reused buffers, in equal blocks of
+@pytest.mark.parametrize("through", ["numba", "torch"])  # kernels/cpu/logits.py, and its fallback without numba
+def test_block_metrics_equal_kl_of_the_log_softmaxes(llama, monkeypatch, through):
+    """The pass's KL (sum P z0 - sum P z + (lse(z) - lse(z0)) sum P over a reused buffer, in equal blocks of
     positions) against kvviz.metrics.kl of the two float64 log-softmaxes: equal to 1e-12 nats, the same top-1, and
     KL 0 exactly where the hidden states are the exact ones."""
+    if through == "torch":
+        monkeypatch.setattr(lc.position.cpu_logits, "_numba_rows", lambda z: (None, None))
     model, _ = llama
     vocab, width = model.get_output_embeddings().weight.shape
     monkeypatch.setattr(lc.position, "LOGIT_BLOCK", 7 * vocab)  # 7 rows a block: 20 positions run as 7, 7, 6

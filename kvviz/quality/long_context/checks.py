@@ -6,7 +6,7 @@ The memory estimate (MemoryEstimate) adds what a position pass holds at its peak
 DynamicCache and every format's quantized cache at the full context (kvviz.memory.kv_cache_bytes_for, as the
 caches account for themselves), and the working memory of one chunk: the dequantized K/V of one layer a format's
 attention reads, the attention scores of one layer, the MLP's activations, and one block of positions' logits with
-the float64 buffers the KL is taken in (kvviz.quality.long_context.position). The needle at length holds instead
+the float64 probabilities the KL is taken against (kvviz.quality.long_context.position). The needle at length holds instead
 (`rows`) the prefill with every token kept, then in turn a batch of exact rows (a full-precision mirror of the
 context each) and each format's cache with a row per question, and row_stable's packed copy of the linear weights.
 """
@@ -22,7 +22,9 @@ from torch import nn
 from kvviz.formats import Plan, as_plans
 from kvviz.memory import kv_cache_bytes_for, layer_shapes
 
-LOGIT_BLOCK = 1 << 23  # values of one [positions, vocab] block of logits (float64: 64 MiB)
+# Values of one [positions, vocab] block of logits: 64 MiB in fp32, its P 128 MiB in float64. 64 positions of Gemma 3's
+# 262K vocabulary a block: the LM head's product ran at 92 GFLOP/s there against 65 at 32 (2 cores, 2026-12-07)
+LOGIT_BLOCK = 1 << 24
 
 
 def parse_formats(formats, model) -> list[Plan]:
@@ -149,7 +151,7 @@ def estimate_memory(model, context: int, plans: list[Plan], chunk: int, availabl
     kv_read = 2 * kv_heads * context * head_dim * 4 * 2          # one layer's K and V dequantized, and a copy
     scores = heads * chunk * context * 4 * 2                     # one layer's attention scores and softmax
     mlp = chunk * (getattr(text, "intermediate_size", 4 * text.hidden_size) * 3 + 8 * text.hidden_size) * 4
-    logits = 4 * LOGIT_BLOCK * 8                                 # a block's logits, the pass's 3 float64 buffers
+    logits = 4 * LOGIT_BLOCK * 8  # a block's fp32 logits and float64 P; without numba, float64 copies of the logits
     transient = kv_read + scores + mlp + logits
     return MemoryEstimate(weights, exact, formats, transient, available_bytes() if available is None else available,
                           mirrors, one_at_a_time=bool(rows))

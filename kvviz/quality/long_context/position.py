@@ -9,8 +9,9 @@ each format's kvviz.QuantizedKVCache (batch 1 each: `model(input_ids=chunk, cach
 backend fuses), in lockstep: only one chunk's hidden states per run and one block of positions' log-probs are ever
 held (Gemma 3's vocabulary is 262K: [32K, vocab] would not fit). The LM head runs on a block of positions at a time
 (checks.LOGIT_BLOCK values); what the exact run's distribution gives every format (P, its lse, sum P z0) is formed
-once per block and each format's KL taken against it in float64, in buffers reused for the whole pass (`_Metrics`:
-kvviz.metrics.kl of the two log-softmaxes to float64 rounding; a format whose logits equal the exact ones gets KL 0).
+once per block and each format's KL taken against it in float64, read from the fp32 logits by kernels/cpu/logits.py
+with P the one float64 buffer of the pass (`_Metrics`: kvviz.metrics.kl of the two log-softmaxes to float64
+rounding; a format whose logits equal the exact ones gets KL 0).
 
 Position p's values are those of the logits at token p (predicting token p + 1); position 0 reads no cache, so its
 KL is 0. Smoothing is a trailing moving average (`smooth`); a format crosses a threshold at the first position whose
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from kernels.cpu import logits as cpu_logits
 from kvviz.cache import QuantizedKVCache, model_layer_types
 from kvviz.analysis.teacher_forced import decoder, lm_logits
 from kvviz.quality.long_context.checks import LOGIT_BLOCK, check_context, parse_formats
@@ -155,53 +157,47 @@ def first_chunk_scales(model, plan, ids: torch.Tensor) -> dict:
 
 class _Metrics:
     """KL(exact || format) and top-1 of each format's final hidden states against the exact run's, the LM head run
-    on at most LOGIT_BLOCK values ([n, vocab]) at a time, the float64 work in three [n, vocab] buffers made once per
-    pass (a fresh 64 MiB array a block costs as much in page faults as the arithmetic on it).
+    on at most LOGIT_BLOCK values ([n, vocab]) at a time.
 
     Per block, from the exact logits z0: lse0 = lse(z0), P = exp(z0 - lse0), sum P and sum P z0; per format's
     logits z: lse(z), sum P z and argmax. KL = sum P (lp0 - lq) = (sum P z0 - sum P z) + (lse(z) - lse0) sum P, in
-    float64 over the logits as the head gives them: equal to kvviz.metrics.kl of the two float64 log-softmaxes to
-    float64 rounding (~1e-13 nats; a test holds 1e-12), and no [n, vocab] array made per format. Where z
-    equals z0 (position 0; a format that stores K/V exactly) both terms are the same sums of the same numbers: KL 0
-    exactly."""
+    float64 over the logits as the head gives them (kernels/cpu/logits.py: read from the fp32 logits, widened one
+    value at a time; P the one float64 [n, vocab] buffer, made once per pass): equal to kvviz.metrics.kl of the two
+    float64 log-softmaxes to float64 rounding (a test holds 1e-12 nats), and no [n, vocab] array made per format.
+    Where z equals z0 (position 0; a format that stores K/V exactly) both terms are the same sums of the same
+    numbers: KL 0 exactly."""
 
     def __init__(self, model):
         self.model = model
         self.vocab = model.get_output_embeddings().weight.shape[0]
         self.rows = max(1, LOGIT_BLOCK // self.vocab)
-        self._buffers = None  # (logits, scratch, P): [rows, vocab] float64 each
+        self._p = None  # P: [rows, vocab] float64
 
-    def _buffer(self, n: int):
-        if self._buffers is None:
-            self._buffers = tuple(torch.empty(self.rows, self.vocab, dtype=torch.float64) for _ in range(3))
-        return tuple(b[:n] for b in self._buffers)
-
-    def _logits(self, hidden: torch.Tensor, z: torch.Tensor, e: torch.Tensor):
-        """The head on hidden [n, hidden] into z [n, vocab] (float64), and e [n, vocab] = exp(z - max); returns
-        (lse(z) [n], sum e [n, 1], argmax [n])."""
+    def _logits(self, hidden: torch.Tensor):
+        """(logits [n, vocab], fp32 unless the model runs in float64; their argmax [n])."""
         logits = lm_logits(self.model, hidden)  # [n, vocab], the model's dtype
-        top = logits.argmax(-1)
-        z.copy_(logits)  # one widening copy: mixed-dtype arithmetic runs slower than the copy and the float64 ops
-        del logits
-        m = z.amax(dim=-1, keepdim=True)  # [n, 1]
-        torch.sub(z, m, out=e).exp_()
-        total = e.sum(-1, keepdim=True)
-        return (m + total.log())[:, 0], total, top
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()  # exact
+        return logits, logits.argmax(-1)
 
     @torch.no_grad()
     def values(self, exact: torch.Tensor, hidden: list[torch.Tensor]):
         """(KL [n] float64 per format, top-1 [n] bool per format) of hidden [n, hidden] each against exact [n,
         hidden]."""
         n, size = exact.shape[0], self.rows
+        if self._p is None:
+            self._p = torch.empty(size, self.vocab, dtype=torch.float64)
         kls, tops = [[] for _ in hidden], [[] for _ in hidden]
         for a in range(0, n, size):
-            z, e, p = self._buffer(min(size, n - a))
-            lse0, total, top0 = self._logits(exact[a : a + size], z, e)
-            torch.div(e, total, out=p)  # P = exp(z0 - max) / sum exp(z0 - max)
-            p_sum, p_z0 = p.sum(-1), torch.mul(p, z, out=e).sum(-1)
+            p = self._p[: min(size, n - a)]
+            z0, top0 = self._logits(exact[a : a + size])
+            lse0 = cpu_logits.lse_rows(z0)
+            p_sum = cpu_logits.probs_rows(z0, lse0, p)
+            p_z0 = cpu_logits.dot_rows(p, z0)
+            del z0
             for i, h in enumerate(hidden):
-                lse, _, top = self._logits(h[a : a + size], z, e)
-                p_z = torch.mul(p, z, out=e).sum(-1)
+                z, top = self._logits(h[a : a + size])
+                lse, p_z = cpu_logits.lse_rows(z), cpu_logits.dot_rows(p, z)
                 kls[i].append((p_z0 - p_z + (lse - lse0) * p_sum).clamp(min=0.0))
                 tops[i].append(top == top0)
         return [torch.cat(k).numpy() for k in kls], [torch.cat(t).numpy() for t in tops]
