@@ -174,10 +174,11 @@ class _Metrics:
         self._p = None  # P: [rows, vocab] float64
 
     def _logits(self, hidden: torch.Tensor):
-        """(logits [n, vocab], fp32 unless the model runs in float64; their argmax [n])."""
-        logits = lm_logits(self.model, hidden)  # [n, vocab], the model's dtype
+        """(logits [n, vocab] on the CPU, fp32 unless the model runs in float64; their argmax [n])."""
+        logits = lm_logits(self.model, hidden)  # [n, vocab], the model's dtype and device
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()  # exact
+        logits = logits.cpu()  # the KL is taken on the CPU, beside P (a GPU model's block: one copy)
         return logits, logits.argmax(-1)
 
     @torch.no_grad()
