@@ -74,3 +74,12 @@ def test_float64_logits_keep_their_precision_and_bad_shapes_say_what_to_pass():
         cpu_logits.lse_rows(z0[0])
     with pytest.raises(ValueError, match="float64 buffer shaped as z"):
         cpu_logits.probs_rows(z0, cpu_logits.lse_rows(z0), torch.empty(z0.shape))
+
+
+def test_warm_up_compiles_the_three_kernels():
+    """What the app's launch warm-up calls (kvviz.ui.wiring.warm_up), so that a first Long context run does not
+    compile them."""
+    from kernels.cpu.jit import logits as jit
+
+    assert cpu_logits.warm_up()
+    assert all(f.signatures for f in (jit.lse_rows, jit.probs_rows, jit.dot_rows))

@@ -4,6 +4,7 @@ fp32 logits as the LM head gives them, accumulated in float64, one parallel work
     lse = lse_rows(z)              # z: [n, V] logits -> [n] float64, log sum exp of each row
     sums = probs_rows(z, lse, p)   # p: [n, V] float64 <- exp(z - lse); returns [n] sum p
     pz = dot_rows(p, z)            # [n] float64, sum p z of each row
+    warm_up()                      # compile them now (the app's launch warm-up does)
 
 KL(P || Q) of a row is then  sum P z0 - sum P z + (lse(z) - lse(z0)) sum P  (kvviz.quality.long_context.position).
 Where numba is unavailable the same values come from torch's float64 ops on a widened copy of the rows (slower: a
@@ -28,6 +29,18 @@ def _jit():
     from kernels.cpu.jit import logits as jit
 
     return jit
+
+
+def warm_up() -> bool:
+    """Compile (or load from numba's disk cache) the three kernels now, so that a first KL does not wait for it
+    (about 2 s cold on 2 cores). Returns whether they run here."""
+    if _jit() is None:
+        return False
+    z = torch.zeros(1, 16)
+    p = torch.empty(1, 16, dtype=torch.float64)
+    probs_rows(z, lse_rows(z), p)
+    dot_rows(p, z)
+    return True
 
 
 def _numba_rows(z: torch.Tensor) -> tuple:

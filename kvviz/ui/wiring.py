@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import gradio as gr
 
+from kernels.cpu import logits as cpu_logits
 from kvviz import attention, quality, runtime
 
 from . import zerogpu
@@ -59,6 +60,7 @@ def warm_up(model: str | None = None, specs: list[str] | tuple[str, ...] = ("int
         with attention.compiling_cpu_kernels():  # meanwhile clicks decode through the reference, not waiting
             # 3 new tokens: the second decode step is the first to take the rows' one-call path (kernels/cpu/mirror.py)
             quality.compare(loaded, tok, WARMUP_PROMPT, list(specs), max_new_tokens=3, speed_tokens=2)
+            cpu_logits.warm_up()  # the Long context tab's KL over the vocabulary
     except (ValueError, RuntimeError, OSError) as err:
         _set_warmup(name, f"failed: {err}")
         raise ValueError(f"Warming up {name!r} failed: {err}") from None
