@@ -83,3 +83,22 @@ def test_warm_up_compiles_the_three_kernels():
 
     assert cpu_logits.warm_up()
     assert all(f.signatures for f in (jit.lse_rows, jit.probs_rows, jit.dot_rows))
+
+
+def test_a_kernel_that_fails_to_compile_leaves_the_kl_to_torch(monkeypatch, caplog):
+    from kernels.cpu.jit import logits as jit
+
+    def broken(*args):
+        raise RuntimeError("LLVM says no")
+
+    monkeypatch.setattr(jit, "lse_rows", broken)
+    cpu_logits._jit.cache_clear()
+    try:
+        assert not cpu_logits.warm_up()
+        assert "failed to compile" in caplog.text
+        z0, _ = _rows(3)
+        torch.testing.assert_close(cpu_logits.lse_rows(z0), torch.logsumexp(z0.double(), -1), rtol=0, atol=0)
+    finally:
+        monkeypatch.undo()
+        cpu_logits._jit.cache_clear()
+    assert cpu_logits.warm_up()

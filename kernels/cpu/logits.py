@@ -14,33 +14,41 @@ float64 [n, V] array made and walked per operation).
 from __future__ import annotations
 
 import functools
+import logging
 
 import numpy as np
 import torch
 
 from kernels.cpu import decode as cpu_decode
 
+log = logging.getLogger(__name__)
+
 
 @functools.cache
 def _jit():
-    """The jit module, threads sized as the decode kernels' (None when numba is unavailable)."""
+    """The jit module, its three kernels compiled (or loaded from numba's disk cache) and threads sized as the
+    decode kernels'; None when numba is unavailable or a kernel fails to compile (the callers then take torch)."""
     if cpu_decode._jit() is None:
         return None
     from kernels.cpu.jit import logits as jit
 
+    z, p, lse, out = np.zeros((1, 16), np.float32), np.empty((1, 16)), np.empty(1), np.empty(1)
+    try:
+        with cpu_decode._LOCK:
+            jit.lse_rows(z, lse)
+            jit.probs_rows(z, lse, p, out)
+            jit.dot_rows(p, z, out)
+    except Exception as err:  # noqa: BLE001 - any compile or LLVM failure means: use torch's float64 ops
+        log.warning("kvviz: the KL kernels failed to compile (%s: %s); the KL runs through torch.",
+                    type(err).__name__, err)
+        return None
     return jit
 
 
 def warm_up() -> bool:
     """Compile (or load from numba's disk cache) the three kernels now, so that a first KL does not wait for it
     (about 2 s cold on 2 cores). Returns whether they run here."""
-    if _jit() is None:
-        return False
-    z = torch.zeros(1, 16)
-    p = torch.empty(1, 16, dtype=torch.float64)
-    probs_rows(z, lse_rows(z), p)
-    dot_rows(p, z)
-    return True
+    return _jit() is not None
 
 
 def _numba_rows(z: torch.Tensor) -> tuple:

@@ -6,9 +6,10 @@ The memory estimate (MemoryEstimate) adds what a position pass holds at its peak
 DynamicCache and every format's quantized cache at the full context (kvviz.memory.kv_cache_bytes_for, as the
 caches account for themselves), and the working memory of one chunk: the dequantized K/V of one layer a format's
 attention reads, the attention scores of one layer, the MLP's activations, and one block of positions' logits with
-the float64 probabilities the KL is taken against (kvviz.quality.long_context.position). The needle at length holds instead
-(`rows`) the prefill with every token kept, then in turn a batch of exact rows (a full-precision mirror of the
-context each) and each format's cache with a row per question, and row_stable's packed copy of the linear weights.
+the float64 probabilities the KL is taken against (kvviz.quality.long_context.position). The needle at length holds
+instead (`rows`) the prefill with every token kept, then in turn a batch of exact rows (a full-precision mirror of
+the context each) and each format's cache with a row per question, and row_stable's packed copy of the linear
+weights.
 """
 
 from __future__ import annotations
